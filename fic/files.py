@@ -1,0 +1,99 @@
+"""Reading records and writing outputs atomically.
+
+Every output FiC writes goes to a temporary file in the same folder and is renamed into
+place, so an interrupted job never leaves a half-written file behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from fic.errors import FicError
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[Any]:
+    """Open a temporary file next to `path`; rename it onto `path` only if the block succeeds."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    binary = "b" in mode
+    try:
+        with os.fdopen(fd, mode, encoding=None if binary else encoding) as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    with atomic_open(path) as handle:
+        handle.write(text)
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> None:
+    write_text(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+
+
+def write_jsonl(path: str | os.PathLike, records: Iterable[dict]) -> int:
+    """Write records one JSON object per line, atomically; return how many were written."""
+    count = 0
+    with atomic_open(path) as handle:
+        for record in records:
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+            count += 1
+    return count
+
+
+def append_jsonl(path: str | os.PathLike, record: dict) -> None:
+    """Append one record and fsync it: used by resumable logs, where each line is one finished unit."""
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def read_records(path: str | os.PathLike) -> list[dict]:
+    """Read a JSON list, a single JSON object or JSONL file into a list of dicts.
+
+    Errors name the file and the line (JSONL) or the 1-based record number (JSON list).
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FicError("file not found", path=str(path))
+    if path.is_dir():
+        raise FicError("is a folder, expected a JSON or JSONL file", path=str(path))
+    text = path.read_text(encoding="utf-8")
+    stripped = text.lstrip()
+    if not stripped:
+        raise FicError("file is empty, expected JSON or JSONL records", path=str(path))
+    if stripped.startswith("["):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise FicError(f"not valid JSON (line {err.lineno}, column {err.colno}: {err.msg})",
+                           path=str(path)) from None
+        records = data
+    else:
+        records = []
+        for lineno, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise FicError(f"line {lineno} is not valid JSON ({err.msg})", path=str(path)) from None
+    for index, record in enumerate(records):
+        if not isinstance(record, dict):
+            raise FicError(f"expected a JSON object, got {type(record).__name__}", path=str(path),
+                           record=index + 1)
+    return records
