@@ -1,0 +1,5 @@
+import sys
+
+from fic.cli import main
+
+sys.exit(main())

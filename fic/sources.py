@@ -1,0 +1,121 @@
+"""Data sources: where instances come from.
+
+A source is named by a spec string:
+
+- `lic:PATH`            a Lost-in-Conversation JSON/JSONL file (already sharded), filtered by task
+- `gsm8k[:SPLIT]`       GSM8K through `datasets.load_dataset` ("main" config; default split test);
+                        `gsm8k:PATH` reads a local JSON/JSONL/Parquet file in the same format
+- `reasoning-gym:NAME`  problems generated from a seed by reasoning-gym (gsm_symbolic, leg_counting, ...)
+- `jsonl:PATH`          your own file of `{question, answer}` records or already sharded instances
+
+Every source yields `Instance`s carrying the task's LiC keys, so they are interchangeable.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from fic.errors import FicError
+from fic.files import read_records
+from fic.instance import Instance
+
+SOURCE_KINDS = ("lic", "gsm8k", "reasoning-gym", "jsonl")
+
+
+def load_source(spec: str, task: str = "math", *, limit: int | None = None, seed: int = 0) -> list[Instance]:
+    """Load up to `limit` instances of `task` from the source named by `spec`."""
+    kind, _, arg = spec.partition(":")
+    if kind == "lic":
+        instances = _from_records(_need(arg, spec), task, require_shards=True, filter_task=True)
+    elif kind == "jsonl":
+        instances = _from_records(_need(arg, spec), task, require_shards=False, filter_task=False)
+    elif kind == "gsm8k":
+        instances = _from_gsm8k(arg or "test", task, limit)
+    elif kind == "reasoning-gym":
+        instances = _from_reasoning_gym(_need(arg, spec), task, limit or 100, seed)
+    else:
+        raise FicError(f"unknown source {spec!r}; expected one of "
+                       "lic:PATH, gsm8k[:SPLIT|:PATH], reasoning-gym:NAME, jsonl:PATH", field="source")
+    return instances[:limit] if limit is not None else instances
+
+
+def _need(arg: str, spec: str) -> str:
+    if not arg:
+        raise FicError(f"source {spec!r} needs a value after ':'", field="source")
+    return arg
+
+
+def _from_records(path: str, task: str, *, require_shards: bool, filter_task: bool) -> list[Instance]:
+    instances, seen = [], {}
+    for number, record in enumerate(read_records(path), start=1):
+        if filter_task and record.get("task") != task:
+            continue
+        instance = Instance.from_dict(record, path=path, record_no=number, require_shards=require_shards,
+                                      default_task=task)
+        if instance.task != task:
+            raise FicError(f"expected task {task!r}, got {instance.task!r}", path=path, record=number,
+                           field="task")
+        if instance.task_id in seen:
+            raise FicError(f"duplicate task_id {instance.task_id!r} (first at record {seen[instance.task_id]})",
+                           path=path, record=number, field="task_id")
+        seen[instance.task_id] = number
+        instances.append(instance)
+    if not instances:
+        raise FicError(f"no {task!r} instances in the file", path=path)
+    return instances
+
+
+def _from_gsm8k(split_or_path: str, task: str, limit: int | None) -> list[Instance]:
+    import datasets  # heavy import, only for this source
+
+    if task != "math":
+        raise FicError(f"gsm8k is a math source; got --task {task}", field="task")
+    local = Path(split_or_path)
+    if local.suffix in (".json", ".jsonl", ".parquet") or local.exists():
+        if not local.exists():
+            raise FicError("file not found", path=split_or_path)
+        builder = "parquet" if local.suffix == ".parquet" else "json"
+        rows = datasets.load_dataset(builder, data_files=str(local), split="train")
+        name, origin = local.stem, str(local)
+    else:
+        split = split_or_path if not limit else f"{split_or_path}[:{limit}]"
+        try:
+            rows = datasets.load_dataset("openai/gsm8k", "main", split=split)
+        except Exception as err:  # hub unreachable, unknown split: say which and how to work around it
+            raise FicError(f"could not load GSM8K split {split!r} from the Hugging Face hub ({err}); "
+                           "pass a local copy as gsm8k:PATH", field="source") from None
+        name, origin = split_or_path, "gsm8k"
+    for column in ("question", "answer"):
+        if column not in rows.column_names:
+            raise FicError(f"missing column {column!r}; GSM8K rows have question and answer", path=origin)
+    return [Instance.from_dict({"task_id": f"gsm8k-{name}/{i}", "task": "math", "question": row["question"],
+                                "answer": row["answer"]}, path=origin, record_no=i + 1, require_shards=False)
+            for i, row in enumerate(rows)]
+
+
+def _from_reasoning_gym(name: str, task: str, size: int, seed: int) -> list[Instance]:
+    import reasoning_gym  # heavy import, only for this source
+
+    if task != "math":
+        raise FicError(f"reasoning-gym generators give numeric answers (task math); got --task {task}",
+                       field="task")
+    try:
+        dataset = reasoning_gym.create_dataset(name, size=size, seed=seed)
+    except Exception as err:
+        raise FicError(f"reasoning-gym could not create dataset {name!r}: {err}", field="source") from None
+    origin = f"reasoning-gym:{name}"
+    instances = []
+    for i, entry in enumerate(dataset):
+        answer = str(entry["answer"]).strip()
+        if not re.fullmatch(r"-?\d+(?:\.\d+)?(?:/\d+)?", answer.replace(",", "")):
+            raise FicError(f"answer {answer!r} is not a number; only numeric generators make math instances",
+                           path=origin, record=i + 1, field="answer")
+        worked = (entry.get("metadata") or {}).get("answer_cot")
+        # Keep the generator's worked solution when it ends in the same number; else just the number.
+        solution = worked if isinstance(worked, str) and worked.rstrip().endswith(f"#### {answer}") \
+            else f"#### {answer}"
+        record = {"task_id": f"reasoning-gym/{name}/{seed}/{i}", "task": "math",
+                  "question": entry["question"].strip(), "answer": solution}
+        instances.append(Instance.from_dict(record, path=origin, record_no=i + 1, require_shards=False))
+    return instances

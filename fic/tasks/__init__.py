@@ -1,0 +1,39 @@
+"""The task registry: `fic.tasks.get(name)` returns the object that knows a task.
+
+A task supplies its system prompt, how to render the full and concat prompts of an
+instance, how to validate its LiC keys, how to extract and score an answer, and the gold
+reply used for SFT. New tasks (database, actions, code) plug in with `register(task)`
+without touching the core.
+"""
+
+from __future__ import annotations
+
+from fic.errors import FicError
+from fic.tasks.base import Task
+from fic.tasks.math import MathTask
+
+_REGISTRY: dict[str, Task] = {}
+
+
+def register(task: Task) -> Task:
+    """Add a task under `task.name`; registering a name twice is a programming error."""
+    if task.name in _REGISTRY:
+        raise ValueError(f"task {task.name!r} is already registered")
+    _REGISTRY[task.name] = task
+    return task
+
+
+def get(name: str) -> Task:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise FicError(f"unknown task {name!r}; known tasks: {', '.join(names())}") from None
+
+
+def names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+register(MathTask())
+
+__all__ = ["Task", "get", "names", "register"]

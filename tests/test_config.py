@@ -1,0 +1,83 @@
+"""The config loader: YAML + key=value overrides, with errors naming file, key and expectation."""
+
+from dataclasses import dataclass
+
+import pytest
+
+from fic.config import describe, load_config, setting
+from fic.errors import FicError
+
+
+@dataclass
+class Optim:
+    lr: float = setting(1e-4, "learning rate", min=0.0)
+    schedule: str = setting("cosine", "schedule", choices=["cosine", "constant"])
+
+
+@dataclass
+class Example:
+    model: str = setting(help="model folder")
+    steps: int = setting(10, "optimizer steps", min=1)
+    views: list[str] = setting(["full"], "views to play")
+    name: str | None = setting(None, "run name")
+    bf16: bool = setting(False, "use bf16")
+    optim: Optim = setting(Optim(), "optimizer")
+
+
+def write(tmp_path, text):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_yaml_and_nested_overrides(tmp_path):
+    path = write(tmp_path, "model: m\nsteps: 3\noptim:\n  lr: 1e-3\n")
+    config = load_config(Example, path, ["optim.schedule=constant", "views=[full,sharded]", "name=007",
+                                         "bf16=true"])
+    assert config.model == "m" and config.steps == 3
+    assert config.optim.lr == pytest.approx(1e-3) and config.optim.schedule == "constant"
+    assert config.views == ["full", "sharded"]
+    assert config.name == "007"  # strings stay strings on the command line
+    assert config.bf16 is True
+
+
+def test_defaults_are_not_shared_between_instances():
+    a = load_config(Example, None, ["model=a"])
+    b = load_config(Example, None, ["model=b"])
+    a.views.append("x")
+    a.optim.lr = 5.0
+    assert b.views == ["full"] and b.optim.lr == pytest.approx(1e-4)
+
+
+@pytest.mark.parametrize("text,overrides,needle", [
+    ("model: m\nstepz: 3\n", [], "field 'stepz': unknown key"),
+    ("model: m\noptim:\n  lrr: 1\n", [], "field 'optim.lrr': unknown key"),
+    ("model: m\nsteps: three\n", [], "field 'steps': expected an integer, got 'three'"),
+    ("model: m\nsteps: 0\n", [], "field 'steps': expected a value >= 1"),
+    ("model: m\noptim:\n  schedule: linear\n", [], "expected one of 'cosine', 'constant'"),
+    ("model: m\nbf16: 1\n", [], "field 'bf16': expected true or false"),
+    ("steps: 2\n", [], "field 'model': missing required key"),
+    ("model: m\n", ["steps=2.5"], "field 'steps': expected an integer"),
+    ("model: m\n", ["optim.lr=-1"], "field 'optim.lr': expected a value >= 0.0"),
+    ("model: m\n", ["nokey"], "expected key=value"),
+    ("- a\n- b\n", [], "expected a mapping of settings"),
+    ("model: [unclosed\n", [], "not valid YAML"),
+])
+def test_bad_values_name_file_key_and_expectation(tmp_path, text, overrides, needle):
+    path = write(tmp_path, text)
+    with pytest.raises(FicError) as err:
+        load_config(Example, path, overrides)
+    assert needle in str(err.value)
+    assert str(path) in str(err.value) or "command line" in str(err.value)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(FicError, match="config file not found"):
+        load_config(Example, tmp_path / "nope.yaml")
+
+
+def test_describe_lists_every_key_with_help():
+    text = describe(Example)
+    for key in ("model", "steps", "views", "optim.lr", "optim.schedule"):
+        assert f"\n{key} (" in "\n" + text
+    assert "learning rate" in text and "one of cosine, constant" in text

@@ -1,0 +1,137 @@
+"""Every data source, the LiC round trip, and malformed input that must be refused clearly."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fic.errors import FicError
+from fic.instance import Instance
+from fic.sources import load_source
+
+LIC_SAMPLE = Path(__file__).resolve().parents[2] / "shared/data/lost_in_conversation/sample_5_per_task.json"
+needs_lic = pytest.mark.skipif(not LIC_SAMPLE.exists(), reason="../shared (LiC sample data) is not present")
+
+GOOD = {"task_id": "t1", "task": "math", "question": "Ann has 3 apples. She buys 4 more. How many now?",
+        "answer": "3+4=7\n#### 7", "shards": [{"shard_id": 1, "shard": "how many apples does Ann have?"},
+                                              {"shard_id": 2, "shard": "she had 3"},
+                                              {"shard_id": 3, "shard": "she buys 4 more"}]}
+
+
+def write_jsonl(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+@needs_lic
+def test_lic_source_keeps_math_instances_unchanged():
+    raw = [r for r in json.loads(LIC_SAMPLE.read_text()) if r["task"] == "math"]
+    instances = load_source(f"lic:{LIC_SAMPLE}", "math")
+    assert len(instances) == 5
+    assert [i.to_dict() for i in instances] == raw
+
+
+def test_lic_source_filters_by_task(tmp_path):
+    other = {"task_id": "x", "task": "summary", "shards": [{"shard_id": 0, "shard": ""}]}
+    path = tmp_path / "lic.json"
+    path.write_text(json.dumps([other, GOOD]))
+    assert [i.task_id for i in load_source(f"lic:{path}", "math")] == ["t1"]
+
+
+def test_jsonl_source_plain_and_sharded(tmp_path):
+    plain = {"question": "Bo has 2 cats. How many cats?", "answer": "#### 2", "task_id": "p"}
+    path = write_jsonl(tmp_path / "mine.jsonl", [plain, GOOD])
+    first, second = load_source(f"jsonl:{path}", "math")
+    assert not first.is_sharded and first.task == "math" and first.fields["question"] == plain["question"]
+    assert second.is_sharded and second.to_dict() == GOOD
+
+
+def test_gsm8k_local_file_in_hub_format(tmp_path):
+    rows = [{"question": "Tom has 5 pens. He loses 2. How many are left?", "answer": "5-2=<<5-2=3>>3\n#### 3"},
+            {"question": "A box has 6 eggs. How many in 2 boxes?", "answer": "#### 12"}]
+    path = write_jsonl(tmp_path / "gsm8k_test.jsonl", rows)
+    instances = load_source(f"gsm8k:{path}", "math")
+    assert [i.fields["answer"] for i in instances] == [r["answer"] for r in rows]
+    assert instances[0].task_id == "gsm8k-gsm8k_test/0" and not instances[0].is_sharded
+
+
+def test_gsm8k_hub_split_goes_through_datasets(monkeypatch):
+    import datasets
+
+    calls = []
+
+    def fake_load_dataset(*args, **kwargs):
+        calls.append((args, kwargs))
+        return datasets.Dataset.from_list([{"question": "q 1?", "answer": "#### 1"}])
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    instances = load_source("gsm8k:train", "math", limit=1)
+    assert calls == [(("openai/gsm8k", "main"), {"split": "train[:1]"})]
+    assert instances[0].task_id == "gsm8k-train/0"
+
+
+def test_reasoning_gym_is_deterministic_and_keeps_worked_solutions():
+    a = load_source("reasoning-gym:gsm_symbolic", "math", limit=5, seed=3)
+    b = load_source("reasoning-gym:gsm_symbolic", "math", limit=5, seed=3)
+    c = load_source("reasoning-gym:gsm_symbolic", "math", limit=5, seed=4)
+    assert [i.to_dict() for i in a] == [i.to_dict() for i in b]
+    assert [i.fields["question"] for i in a] != [i.fields["question"] for i in c]
+    assert all(len(i.fields["answer"].splitlines()) > 1 for i in a)  # the worked solution is kept
+    legs = load_source("reasoning-gym:leg_counting", "math", limit=2)
+    assert all(i.fields["answer"].startswith("#### ") for i in legs)
+
+
+MALFORMED = [
+    # (file text, what the error must mention)
+    ("{not json", "line 1 is not valid JSON"),
+    ("[1, 2]", "expected a JSON object"),
+    (json.dumps({**GOOD, "shards": None}), "field 'shards'"),
+    (json.dumps({k: v for k, v in GOOD.items() if k != "shards"}), "field 'shards': missing"),
+    (json.dumps({**GOOD, "shards": []}), "non-empty list of shards"),
+    (json.dumps({**GOOD, "shards": [{"shard_id": 1, "shard": "  "}]}), "shards[0].shard': expected non-empty text"),
+    (json.dumps({**GOOD, "shards": [{"shard_id": 1, "shard": "a"}, {"shard_id": 1, "shard": "b"}]}),
+     "duplicate shard_id 1"),
+    (json.dumps({**GOOD, "shards": [{"shard_id": "1", "shard": "a"}]}), "shards[0].shard_id': expected an integer"),
+    (json.dumps({**GOOD, "shards": [{"shard_id": 1, "shard_text": "a"}]}), "the LiC data names this key 'shard'"),
+    (json.dumps({**GOOD, "task": "poetry"}), "unknown task 'poetry'"),
+    (json.dumps({**GOOD, "answer": "seven"}), "field 'answer'"),
+    (json.dumps({**GOOD, "answer": "#### seven"}), "no number after '####'"),
+    (json.dumps({k: v for k, v in GOOD.items() if k != "question"}), "field 'question'"),
+    (json.dumps({k: v for k, v in GOOD.items() if k != "task_id"}), "field 'task_id'"),
+    (json.dumps(GOOD) + "\n" + json.dumps(GOOD), "duplicate task_id 't1'"),
+    ("", "file is empty"),
+]
+
+
+@pytest.mark.parametrize("text,needle", MALFORMED)
+def test_malformed_input_is_refused_with_file_record_and_field(tmp_path, text, needle):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(text)
+    with pytest.raises(FicError) as err:
+        load_source(f"lic:{path}", "math") if '"task": "poetry"' not in text else load_source(f"jsonl:{path}", "math")
+    message = str(err.value)
+    assert needle in message
+    assert str(path) in message
+
+
+def test_record_number_is_reported(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [GOOD, {**GOOD, "task_id": "t2", "answer": "no"}])
+    with pytest.raises(FicError, match="record 2: field 'answer'"):
+        load_source(f"jsonl:{path}", "math")
+
+
+def test_bad_source_specs():
+    with pytest.raises(FicError, match="unknown source"):
+        load_source("hub:gsm8k", "math")
+    with pytest.raises(FicError, match="needs a value"):
+        load_source("lic:", "math")
+    with pytest.raises(FicError, match="not a number"):
+        load_source("reasoning-gym:spell_backward", "math", limit=1)
+    with pytest.raises(FicError, match="could not create dataset"):
+        load_source("reasoning-gym:no_such_generator", "math", limit=1)
+
+
+def test_round_trip_keeps_extra_shard_keys():
+    record = {"task_id": "s", "task": "math", "question": "q", "answer": "#### 1",
+              "shards": [{"shard_id": 1, "shard": "x", "doc_idxs": [1, 2]}], "extra_key": {"a": 1}}
+    assert Instance.from_dict(record).to_dict() == record
