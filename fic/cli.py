@@ -39,8 +39,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import logging
+
     from fic.errors import FicError
 
+    # fic's own progress lines (model preparation, training, evaluation) go through logging.
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     verb = next((a for a in argv if not a.startswith("-")), None)
