@@ -1,0 +1,420 @@
+"""Generation backends: hf on a tiny random model, openai against a real local HTTP server,
+vllm only where it can run (a GPU with vllm installed)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import torch
+
+from fic.config import load_config
+from fic.errors import FicError
+from fic.generation import (BackendConfig, FunctionBackend, Generation, SamplingParams,
+                            make_backend)
+
+GREEDY = SamplingParams(max_new_tokens=12, temperature=0.0)
+
+
+# --------------------------------------------------------------------------- tiny model
+
+def _sharpen(model: torch.nn.Module) -> torch.nn.Module:
+    """Re-draw the weights at a larger scale, with an untied output layer. A default random
+    init (std 0.02, tied embeddings) gives near-uniform logits and repeats its input token
+    forever, which would make the batching and stopping tests vacuous; this one writes varied
+    tokens with log-probs around -4, far from argmax ties."""
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() == 2:
+                scale = 1.0 if "embed" in name else 2.0 / param.shape[1] ** 0.5
+                param.copy_(torch.randn(param.shape, generator=gen) * scale)
+        head = model.get_output_embeddings()
+        head.weight = torch.nn.Parameter(torch.randn(head.weight.shape, generator=gen) * 2.0 / head.weight.shape[1] ** 0.5)
+        model.config.tie_word_embeddings = False
+    return model.float().eval()
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    """(model, tokenizer) from conftest's tiny Llama: fp32, eval mode, sharpened logits."""
+    from transformers import AutoModelForCausalLM
+
+    from fic.model import load_tokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    return _sharpen(model), load_tokenizer(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny):
+    from fic.chat import prompt_ids
+
+    _, tokenizer = tiny
+    texts = ["Hi", "What is 2 + 2?", "Tell me a long story about a cat who learns to count " * 3,
+             "ok", "Name three colours.", "Why is the sky blue? Explain briefly."]
+    return [prompt_ids(tokenizer, [{"role": "user", "content": t}]) for t in texts]
+
+
+def _hf(tiny, batch_size=16):
+    from fic.backend_hf import HFBackend
+
+    model, tokenizer = tiny
+    return HFBackend(model, tokenizer, batch_size=batch_size)
+
+
+def _forward_logprobs(model, prompt, generated):
+    """Log-prob of each generated id from one plain forward pass over prompt + reply."""
+    ids = torch.tensor([prompt + generated])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0].float()
+    steps = torch.log_softmax(logits[len(prompt) - 1:-1], dim=-1)
+    return steps.gather(-1, torch.tensor(generated)[:, None]).squeeze(-1).tolist()
+
+
+# --------------------------------------------------------------------------- hf backend
+
+def test_hf_greedy_is_deterministic_and_well_formed(tiny, prompts):
+    backend = _hf(tiny)
+    first, second = backend.generate(prompts, GREEDY), backend.generate(prompts, GREEDY)
+    assert [g.token_ids for g in first] == [g.token_ids for g in second]
+    for gen in first:
+        assert isinstance(gen, Generation)
+        assert len(gen.token_ids) == len(gen.logprobs) <= GREEDY.max_new_tokens
+        assert gen.finish_reason in ("stop", "length")
+        assert all(lp <= 0 for lp in gen.logprobs)
+    # The sharpened model produces varied text, so the batching test below means something.
+    assert len({tuple(g.token_ids) for g in first}) > 1
+
+
+def test_hf_batched_equals_unbatched(tiny, prompts):
+    batched = _hf(tiny, batch_size=4).generate(prompts, GREEDY)  # uneven batches, left padding
+    alone = [_hf(tiny, batch_size=1).generate([p], GREEDY)[0] for p in prompts]
+    for b, a in zip(batched, alone):
+        assert b.token_ids == a.token_ids
+        assert b.finish_reason == a.finish_reason
+        assert b.logprobs == pytest.approx(a.logprobs, abs=1e-4)
+
+
+def test_hf_logprobs_match_a_forward_pass(tiny, prompts):
+    model, _ = tiny
+    for params in (GREEDY, SamplingParams(max_new_tokens=12, temperature=0.7, top_p=0.9, seed=3)):
+        for prompt, gen in zip(prompts, _hf(tiny, batch_size=3).generate(prompts, params)):
+            # Raw model log-probs: the same whatever temperature was used to sample.
+            assert gen.logprobs == pytest.approx(_forward_logprobs(model, prompt, gen.token_ids), abs=1e-4)
+
+
+def test_hf_stops_at_end_of_turn_and_keeps_the_id(tiny, prompts):
+    backend = _hf(tiny)
+    from fic.chat import end_of_turn_ids
+
+    assert backend.stop_ids >= frozenset(end_of_turn_ids(tiny[1]))
+    assert tiny[1].convert_tokens_to_ids("<|im_end|>") in backend.stop_ids
+    free = backend.generate(prompts[:1], GREEDY)[0].token_ids
+    # Declare a token the model is about to produce as the end of turn: it must stop right there.
+    k = next(i for i in range(2, len(free)) if free[i] not in free[:i])
+    backend.stop_ids = frozenset({free[k]})
+    gen = backend.generate(prompts[:1], GREEDY)[0]
+    assert gen.token_ids == free[:k + 1]
+    assert gen.finish_reason == "stop"
+    assert len(gen.logprobs) == k + 1
+    assert gen.text == tiny[1].decode(free[:k], skip_special_tokens=True)
+
+
+def test_hf_max_new_tokens_gives_length(tiny, prompts):
+    # (The sharpened random model does not write an end-of-turn token in its first 5 tokens.)
+    for gen in _hf(tiny).generate(prompts, SamplingParams(max_new_tokens=5)):
+        assert len(gen.token_ids) == len(gen.logprobs) == 5 and gen.finish_reason == "length"
+
+
+def test_hf_seeded_sampling_is_reproducible_and_scoped(tiny, prompts):
+    backend = _hf(tiny, batch_size=4)
+    params = SamplingParams(max_new_tokens=10, temperature=1.0, seed=123)
+    state = torch.random.get_rng_state()
+    first = backend.generate(prompts, params)
+    assert torch.equal(torch.random.get_rng_state(), state)  # the caller's RNG is left alone
+    again = backend.generate(prompts, params)
+    other = backend.generate(prompts, SamplingParams(max_new_tokens=10, temperature=1.0, seed=124))
+    assert [g.token_ids for g in first] == [g.token_ids for g in again]
+    assert [g.token_ids for g in first] != [g.token_ids for g in other]
+    # The same prompt twice in one call is sampled twice, not copied.
+    twice = backend.generate([prompts[1], prompts[1]], params)
+    assert twice[0].token_ids != twice[1].token_ids
+
+
+def test_hf_chat_renders_with_the_template_and_restores_training_mode(tiny):
+    from fic.chat import prompt_ids
+
+    model, tokenizer = tiny
+    backend = _hf(tiny)
+    conversation = [{"role": "user", "content": "Add 3 and 4."}]
+    model.train()
+    try:
+        via_chat = backend.chat([conversation], GREEDY)[0]
+        assert model.training
+    finally:
+        model.eval()
+    assert via_chat.token_ids == backend.generate([prompt_ids(tokenizer, conversation)], GREEDY)[0].token_ids
+
+
+def test_hf_rejects_bad_prompts_and_params(tiny):
+    backend = _hf(tiny)
+    assert backend.generate([], GREEDY) == []
+    with pytest.raises(FicError, match="empty prompt"):
+        backend.generate([[]], GREEDY)
+    with pytest.raises(FicError, match="temperature"):
+        SamplingParams(temperature=-1.0)
+    with pytest.raises(FicError, match="top_p"):
+        SamplingParams(top_p=0.0)
+
+
+# --------------------------------------------------------------------------- function backend
+
+def test_function_backend_scripts_chat_and_token_replies(tiny):
+    _, tokenizer = tiny
+    from fic.generation import end_of_turn_id
+
+    seen = []
+    chat_only = FunctionBackend(lambda conv: seen.append(conv) or f"turn {len(conv)}")
+    [gen] = chat_only.chat([[{"role": "user", "content": "hi"}]], GREEDY)
+    assert gen == Generation(token_ids=[], text="turn 1", logprobs=[], finish_reason="stop")
+    with pytest.raises(FicError, match="tokenizer"):
+        chat_only.generate([[1, 2]], GREEDY)
+
+    scripted = FunctionBackend(lambda prompt: "The answer is 7.", tokenizer=tokenizer)
+    [gen] = scripted.generate([tokenizer.encode("<|im_start|>user\nhi<|im_end|>\n")], GREEDY)
+    expected = tokenizer.encode("The answer is 7.", add_special_tokens=False) + [end_of_turn_id(tokenizer)]
+    assert gen.token_ids == expected and gen.finish_reason == "stop" and gen.text == "The answer is 7."
+    [cut] = scripted.generate([[1]], SamplingParams(max_new_tokens=2))
+    assert cut.token_ids == expected[:2] and cut.finish_reason == "length"
+
+
+# --------------------------------------------------------------------------- openai backend
+
+class _Server:
+    """A real HTTP server on 127.0.0.1 that answers /v1/chat/completions with `respond`.
+
+    `respond(body, n)` gets the request body and the request's number (1-based) and returns
+    (status, payload, headers, delay_s). The server counts requests in flight at once.
+    """
+
+    def __init__(self, respond):
+        self.respond, self.bodies, self.headers = respond, [], []
+        self.lock, self.in_flight, self.max_in_flight = threading.Lock(), 0, 0
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                length = int(self.headers.get("Content-Length", 0))
+                body = json.loads(self.rfile.read(length))
+                with server.lock:
+                    server.bodies.append(body)
+                    server.headers.append(dict(self.headers))
+                    number = len(server.bodies)
+                    server.in_flight += 1
+                    server.max_in_flight = max(server.max_in_flight, server.in_flight)
+                try:
+                    if self.path != "/v1/chat/completions":
+                        status, payload, headers, delay = 404, {"error": {"message": "no such path"}}, {}, 0
+                    else:
+                        status, payload, headers, delay = server.respond(body, number)
+                    time.sleep(delay)
+                    data = json.dumps(payload).encode()
+                    self.send_response(status)
+                    for key, value in {"Content-Type": "application/json", **headers}.items():
+                        self.send_header(key, value)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up (timeout test)
+                finally:
+                    with server.lock:
+                        server.in_flight -= 1
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.httpd.block_on_close = False
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def serve():
+    servers = []
+
+    def start(respond):
+        servers.append(_Server(respond))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+def _reply(text, finish="stop", logprobs=None):
+    choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
+    if logprobs is not None:
+        choice["logprobs"] = {"content": [{"token": "x", "logprob": lp, "top_logprobs": []} for lp in logprobs]}
+    return {"id": "c1", "object": "chat.completion", "choices": [choice]}
+
+
+def _echo(body, number):
+    return 200, _reply("echo: " + body["messages"][-1]["content"]), {}, 0
+
+
+def _openai(server, **kwargs):
+    from fic.backend_openai import OpenAIBackend
+
+    kwargs.setdefault("backoff_s", 0.01)
+    return OpenAIBackend("test-model", server.url, kwargs.pop("api_key", None), **kwargs)
+
+
+def _conv(text):
+    return [{"role": "user", "content": text}]
+
+
+def test_openai_normal_reply_and_request_fields(serve):
+    server = serve(lambda body, n: (200, _reply("Sure.", "length", [-0.1, -0.2]), {}, 0))
+    backend = _openai(server, api_key="sk-test", request_logprobs=True)
+    params = SamplingParams(max_new_tokens=33, temperature=0.5, top_p=0.9, seed=7)
+    gens = backend.chat([_conv("a"), _conv("b")], params)
+    assert gens[0] == Generation(token_ids=[], text="Sure.", logprobs=[-0.1, -0.2], finish_reason="length")
+    body = server.bodies[0]
+    assert body["model"] == "test-model" and body["max_tokens"] == 33 and body["logprobs"] is True
+    assert body["temperature"] == 0.5 and body["top_p"] == 0.9
+    assert sorted(b["seed"] for b in server.bodies) == [7, 8]  # seed + index: repeats differ
+    assert server.headers[0]["Authorization"] == "Bearer sk-test"
+    assert backend.tokenizer is None
+    with pytest.raises(FicError, match="local backend"):
+        backend.generate([[1, 2, 3]], params)
+
+
+def test_openai_retries_server_errors_then_succeeds(serve):
+    def flaky(body, n):
+        if n <= 2:
+            return 500, {"error": {"message": "overloaded"}}, {}, 0
+        return _echo(body, n)
+
+    server = serve(flaky)
+    [gen] = _openai(server, max_retries=3).chat([_conv("hello")], GREEDY)
+    assert gen.text == "echo: hello" and gen.finish_reason == "stop" and gen.logprobs == []
+    assert len(server.bodies) == 3
+
+
+def test_openai_retries_429_and_gives_up_clearly(serve):
+    once = serve(lambda body, n: (429, {"error": {"message": "slow down"}}, {"Retry-After": "0"}, 0)
+                 if n == 1 else _echo(body, n))
+    assert _openai(once, max_retries=2).chat([_conv("x")], GREEDY)[0].text == "echo: x"
+    assert len(once.bodies) == 2
+
+    always = serve(lambda body, n: (429, {"error": {"message": "slow down"}}, {}, 0))
+    with pytest.raises(FicError, match=r"gave up after 3 attempt.*429.*slow down"):
+        _openai(always, max_retries=2).chat([_conv("x")], GREEDY)
+    assert len(always.bodies) == 3
+
+
+def test_openai_client_error_is_clear_and_not_retried(serve):
+    server = serve(lambda body, n: (400, {"error": {"message": "model 'test-model' does not exist"}}, {}, 0))
+    with pytest.raises(FicError, match=r"HTTP 400: model 'test-model' does not exist"):
+        _openai(server, max_retries=5).chat([_conv("x")], GREEDY)
+    assert len(server.bodies) == 1
+
+
+def test_openai_timeout_is_retried_then_reported(serve):
+    server = serve(lambda body, n: (200, _reply("late"), {}, 1.0))
+    start = time.monotonic()
+    with pytest.raises(FicError, match="gave up after 2 attempt"):
+        _openai(server, timeout_s=0.2, max_retries=1).chat([_conv("x")], GREEDY)
+    assert time.monotonic() - start < 2.0
+    assert len(server.bodies) == 2
+
+
+def test_openai_connection_refused_is_reported(serve):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    from fic.backend_openai import OpenAIBackend
+
+    backend = OpenAIBackend("m", f"http://127.0.0.1:{port}/v1", max_retries=1, backoff_s=0.01)
+    with pytest.raises(FicError, match="gave up after 2 attempt"):
+        backend.chat([_conv("x")], GREEDY)
+
+
+def test_openai_concurrency_limit_and_order(serve):
+    server = serve(lambda body, n: (200, _reply("echo: " + body["messages"][-1]["content"]), {}, 0.3))
+    start = time.monotonic()
+    gens = _openai(server, concurrency=4).chat([_conv(str(i)) for i in range(8)], GREEDY)
+    elapsed = time.monotonic() - start
+    assert [g.text for g in gens] == [f"echo: {i}" for i in range(8)]  # order kept
+    assert server.max_in_flight == 4  # overlapping, but never more than the limit
+    assert elapsed < 8 * 0.3  # really concurrent
+
+
+# --------------------------------------------------------------------------- config and factory
+
+def test_make_backend_rejects_bad_kinds_and_settings(monkeypatch):
+    with pytest.raises(FicError, match="unknown backend kind 'nope'"):
+        make_backend(BackendConfig(kind="nope", model="m"))
+    with pytest.raises(FicError, match=r"field 'kind': expected one of 'hf', 'vllm', 'openai'"):
+        load_config(BackendConfig, overrides=["kind=gpt", "model=m"])
+    with pytest.raises(FicError, match="model"):
+        make_backend(BackendConfig(kind="openai"))
+    with pytest.raises(FicError, match="model"):
+        load_config(BackendConfig, overrides=["kind=openai"])
+    with pytest.raises(FicError, match="concurrency"):
+        load_config(BackendConfig, overrides=["model=m", "concurrency=0"])
+    monkeypatch.delenv("FIC_TEST_KEY", raising=False)
+    with pytest.raises(FicError, match="FIC_TEST_KEY"):
+        make_backend(BackendConfig(kind="openai", model="gpt-4o-mini", api_key_env="FIC_TEST_KEY"))
+    with pytest.raises(FicError, match="base_url"):
+        make_backend(BackendConfig(kind="openai", model="m", base_url="localhost:8000/v1"))
+    local = make_backend(BackendConfig(kind="openai", model="m", base_url="http://127.0.0.1:9/v1",
+                                       api_key_env="FIC_TEST_KEY"))
+    assert local.name == "openai" and local.api_key is None
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
+def test_vllm_missing_is_a_clear_error():
+    with pytest.raises(FicError, match=r"pip install 'fic\[vllm\]' on a GPU machine"):
+        make_backend(BackendConfig(kind="vllm", model="anything"))
+
+
+# --------------------------------------------------------------------------- vllm backend
+
+def _vllm_runnable() -> bool:
+    return importlib.util.find_spec("vllm") is not None and torch.cuda.is_available()
+
+
+@pytest.mark.skipif(not _vllm_runnable(), reason="needs vllm installed and a CUDA GPU")
+def test_vllm_matches_hf_on_the_tiny_model(request):
+    folder = request.getfixturevalue("tiny_model_dir")
+    from fic.backend_hf import load_hf_backend
+    from fic.chat import prompt_ids
+
+    vllm_backend = make_backend(BackendConfig(kind="vllm", model=str(folder), dtype="float32",
+                                              gpu_memory_utilization=0.3, max_model_len=512))
+    hf = load_hf_backend(BackendConfig(kind="hf", model=str(folder), dtype="float32", device="cuda"))
+    prompts = [prompt_ids(hf.tokenizer, _conv(t)) for t in ("hi", "what is 2+2?")]
+    params = SamplingParams(max_new_tokens=8)
+    for v, h in zip(vllm_backend.generate(prompts, params), hf.generate(prompts, params)):
+        assert len(v.token_ids) == len(v.logprobs) and v.finish_reason in ("stop", "length")
+        # Same raw log-probs as the hf backend, to kernel precision.
+        n = min(len(v.token_ids), len(h.token_ids))
+        if v.token_ids[:n] == h.token_ids[:n]:
+            assert v.logprobs[:n] == pytest.approx(h.logprobs[:n], abs=1e-2)
+    sampled = SamplingParams(max_new_tokens=8, temperature=1.0, seed=5)
+    assert [g.token_ids for g in vllm_backend.generate(prompts, sampled)] == \
+           [g.token_ids for g in vllm_backend.generate(prompts, sampled)]
