@@ -20,12 +20,28 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
                             help="lic:PATH, gsm8k[:SPLIT|:PATH], reasoning-gym:NAME or jsonl:PATH")
         parser.add_argument("--task", default="math", help="task of the instances (default: math)")
         parser.add_argument("--out", required=True, help="output JSONL file (LiC schema, one instance a line)")
-        parser.add_argument("--sharder", default="rule", choices=["rule"],
-                            help="how to shard instances that have no shards yet (default: rule)")
+        parser.add_argument("--sharder", default="rule", choices=["rule", "llm"],
+                            help="how to shard instances that have no shards yet: rule (math, offline) or llm "
+                            "(a model, any task; needs --sharder-config) (default: rule)")
+        parser.add_argument("--sharder-config", default=None, metavar="FILE",
+                            help="backend YAML of the sharder model (keys of `model:` in an eval recipe: "
+                            "kind, model, device, ...)")
+        parser.add_argument("--retries", type=int, default=2,
+                            help="llm sharder: ask again this many times when the output fails a check (default: 2)")
         parser.add_argument("--limit", type=int, default=None, help="at most this many instances")
         parser.add_argument("--seed", type=int, default=0, help="seed for generated sources and phrasing")
         parser.add_argument("--reshard", action="store_true",
                             help="re-shard instances that already have shards instead of keeping them")
+        parser.add_argument("--validate", default=None, metavar="MODEL_CONFIG",
+                            help="backend YAML of a model: keep an instance only if its concat and shuffle-concat "
+                            "scores reach --validate-threshold x its full score over --validate-runs runs")
+        parser.add_argument("--validate-runs", type=int, default=3, help="validation runs per view (default: 3)")
+        parser.add_argument("--validate-temperature", type=float, default=1.0,
+                            help="validation sampling temperature (default: 1.0; 0 is greedy)")
+        parser.add_argument("--validate-threshold", type=float, default=0.8,
+                            help="share of the full score concat and shuffle-concat must reach (default: 0.8, LiC)")
+        parser.add_argument("--validate-max-new-tokens", type=int, default=384,
+                            help="most tokens of one validation reply (default: 384)")
     elif verb == "views":
         parser.add_argument("--data", required=True, help="sharded instances (JSONL or LiC JSON)")
         parser.add_argument("--view", required=True, help="full, concat, shuffle-concat, sharded, recap or snowball")
@@ -57,29 +73,88 @@ def shard(args: argparse.Namespace) -> int:
     from fic.sharding import ShardingError, shard_rule
     from fic.sources import load_source
 
-    if args.limit is not None and args.limit < 1:
-        raise FicError(f"expected a positive number, got {args.limit}", field="--limit")
+    _check_shard_args(args)
     instances = load_source(args.source, args.task, limit=args.limit, seed=args.seed)
     kept, rejected, reasons = [], [], Counter()
-    for instance in tqdm(instances, desc="sharding", unit="inst", disable=None):
-        if instance.is_sharded and not args.reshard:
-            kept.append(instance)
-            continue
-        try:
-            kept.append(shard_rule(instance, seed=args.seed))
-        except ShardingError as err:
-            reasons[err.message] += 1
-            rejected.append({**instance.to_dict(), "rejected_reason": err.message})
+
+    def reject(instance, reason: str, stage: str, **extra) -> None:
+        reasons[f"{stage}: {reason}" if stage != "shard" else reason] += 1
+        rejected.append({**instance.to_dict(), "rejected_reason": reason, "rejected_stage": stage, **extra})
+
+    to_shard = [i for i in instances if args.reshard or not i.is_sharded]
+    kept = [i for i in instances if not (args.reshard or not i.is_sharded)]
+    if args.sharder == "llm" and to_shard:
+        from fic.llm_sharder import shard_with_llm
+
+        done, dropped = shard_with_llm(to_shard, _backend_from_yaml(args.sharder_config, "--sharder-config"),
+                                       retries=args.retries, seed=args.seed)
+        kept += done
+        for instance, reason in dropped:
+            reject(instance, reason, "shard")
+    else:
+        for instance in tqdm(to_shard, desc="sharding", unit="inst", disable=None):
+            try:
+                kept.append(shard_rule(instance, seed=args.seed))
+            except ShardingError as err:
+                reject(instance, err.message, "shard")
+    order = {instance.task_id: n for n, instance in enumerate(instances)}
+    kept.sort(key=lambda instance: order[instance.task_id])
+    if kept and args.validate:
+        from fic.llm_sharder import validate_shards
+
+        verdicts = validate_shards(kept, _backend_from_yaml(args.validate, "--validate"), runs=args.validate_runs,
+                                   temperature=args.validate_temperature, threshold=args.validate_threshold,
+                                   max_new_tokens=args.validate_max_new_tokens, seed=args.seed)
+        kept = [v.instance for v in verdicts if v.keep]
+        for verdict in verdicts:
+            if not verdict.keep:
+                reject(verdict.instance, verdict.reason, "validate", validation_scores=verdict.scores)
+        unsolved = sum(1 for v in verdicts if v.keep and v.scores["full"] == 0)
+        print(f"validation kept {len(kept)} of {len(verdicts)}"
+              + (f" ({unsolved} kept without evidence: the model never solved their full view)" if unsolved else ""))
+    rejected_path = Path(args.out).with_suffix(".rejected.jsonl")
+    if rejected:  # written first: when nothing is kept, the reasons are what the user needs
+        write_jsonl(rejected_path, rejected)
     if not kept:
-        raise FicError(f"no instance could be sharded ({dict(reasons)})", field="--source")
+        raise FicError(f"no instance was kept ({dict(reasons.most_common(3))}); see {rejected_path}",
+                       field="--source")
     count = write_jsonl(args.out, (instance.to_dict() for instance in kept))
     print(f"wrote {count} sharded instances to {args.out}")
     if rejected:
-        rejected_path = Path(args.out).with_suffix(".rejected.jsonl")
-        write_jsonl(rejected_path, rejected)
-        summary = "; ".join(f"{n} x {reason}" for reason, n in reasons.most_common())
-        print(f"dropped {len(rejected)} that could not be sharded ({summary}); see {rejected_path}")
+        summary = "; ".join(f"{n} x {reason}" for reason, n in reasons.most_common(5))
+        print(f"dropped {len(rejected)} ({summary}); see {rejected_path}")
     return 0
+
+
+def _check_shard_args(args: argparse.Namespace) -> None:
+    if args.limit is not None and args.limit < 1:
+        raise FicError(f"expected a positive number, got {args.limit}", field="--limit")
+    if args.sharder == "llm" and not args.sharder_config:
+        raise FicError("--sharder llm needs --sharder-config FILE (a backend YAML: kind, model, ...)",
+                       field="--sharder-config")
+    if args.sharder_config and args.sharder != "llm":
+        raise FicError("--sharder-config is only used with --sharder llm", field="--sharder-config")
+    if args.retries < 0:
+        raise FicError(f"expected 0 or more, got {args.retries}", field="--retries")
+    if args.validate_runs < 1:
+        raise FicError(f"expected a positive number, got {args.validate_runs}", field="--validate-runs")
+    if args.validate_temperature < 0:
+        raise FicError(f"expected a value >= 0, got {args.validate_temperature}", field="--validate-temperature")
+    if not 0 < args.validate_threshold <= 1:
+        raise FicError(f"expected a value in (0, 1], got {args.validate_threshold}", field="--validate-threshold")
+    if args.validate_max_new_tokens < 1:
+        raise FicError(f"expected a positive number, got {args.validate_max_new_tokens}",
+                       field="--validate-max-new-tokens")
+
+
+def _backend_from_yaml(path: str, option: str):
+    """A backend from a YAML of BackendConfig keys; a file missing or wrong is a FicError naming it."""
+    from fic.config import load_config
+    from fic.generation import BackendConfig, make_backend
+
+    if not Path(path).is_file():
+        raise FicError("backend config not found", path=path, field=option)
+    return make_backend(load_config(BackendConfig, path))
 
 
 def load_sharded(path: str) -> list:

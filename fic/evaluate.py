@@ -1,0 +1,358 @@
+"""`fic eval --config YAML [key=value ...]`: play conversations in each view and report.
+
+For every instance, view and run (N runs at one temperature) a conversation is played by
+`fic.simulator` in lockstep batches; each finished conversation is appended (and fsync'd)
+to `<out>/conversations.jsonl` at once. Then `<out>/metrics.json` (`fic.metrics`),
+`<out>/report.md` and its plots (`fic.report`) are written atomically.
+
+Output folder `out`:
+
+- `config.yaml`: the resolved config of the latest run.
+- `fingerprint.json`: the settings that decide what a conversation is (model, data, user,
+  classifier, decoding, seed). A re-run into the same folder resumes: conversations already
+  in the log, keyed by (task_id, view, run), are skipped; adding views or runs is allowed,
+  other changes are an error naming the keys that differ (use a new `out`).
+- `conversations.jsonl`, `metrics.json`, `report.md`, `scores_by_view.png`, `answer_timing.png`.
+
+Data: `data.source` is a spec of `fic.sources` (`lic:PATH`, `jsonl:PATH` (e.g. the output of
+`fic shard`), `reasoning-gym:NAME`, `gsm8k[:SPLIT|:PATH]`); instances without shards are
+sharded on the fly with the rule sharder (those it cannot shard are skipped and counted).
+
+Baseline: the recovery rate R = P(model; sharded) / P(baseline; full) needs the single-turn
+score of the model *before* training. `baseline` names a previous run's folder (or its
+`metrics.json`); left empty, this run's own full view is the baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from tqdm import tqdm
+
+from fic.classify import CLASSIFIER_KINDS, make_classifier
+from fic.config import config_to_dict, describe, load_config, setting
+from fic.errors import FicError
+from fic.files import append_jsonl, write_json, write_text
+from fic.generation import BackendConfig, SamplingParams, make_backend
+from fic.instance import Instance
+from fic.user_sim import USER_KINDS, make_user
+from fic.views import VIEWS
+
+LOG_NAME, METRICS_NAME, REPORT_NAME = "conversations.jsonl", "metrics.json", "report.md"
+FINGERPRINT_NAME, CONFIG_NAME = "fingerprint.json", "config.yaml"
+
+
+@dataclass
+class DataConfig:
+    source: str = setting("", "Where instances come from: lic:PATH, jsonl:PATH (e.g. `fic shard` output), "
+                          "reasoning-gym:NAME or gsm8k[:SPLIT|:PATH]. Unsharded instances are sharded with "
+                          "the rule sharder.")
+    task: str = setting("math", "Task of the instances (LiC files hold several; only this one is read).")
+    limit: int | None = setting(None, "At most this many instances (null: all).", min=1)
+    seed: int = setting(0, "Seed of generated sources (reasoning-gym) and of on-the-fly sharding phrasing.")
+
+
+@dataclass
+class UserConfig:
+    kind: str = setting("verbatim", "verbatim: reveal shards in order, word for word (no model); llm: a model "
+                        "plays the user under the LiC rules.", choices=USER_KINDS)
+    backend: BackendConfig = setting(BackendConfig(), "The user model (kind llm only).")
+    temperature: float = setting(1.0, "Sampling temperature of the user model.", min=0.0)
+    max_new_tokens: int = setting(256, "Most tokens of one user-model reply.", min=1)
+
+
+@dataclass
+class ClassifierConfig:
+    kind: str = setting("rule", "rule: fast offline heuristic; llm: a model labels each reply with one of the "
+                        "7 LiC labels.", choices=CLASSIFIER_KINDS)
+    backend: BackendConfig = setting(BackendConfig(), "The classifier model (kind llm only).")
+    max_new_tokens: int = setting(64, "Most tokens of one classifier reply.", min=1)
+
+
+@dataclass
+class EvalConfig:
+    model: BackendConfig = setting(BackendConfig(), "The assistant under evaluation.")
+    data: DataConfig = setting(DataConfig(), "Instances to evaluate.")
+    user: UserConfig = setting(UserConfig(), "The user simulator.")
+    classifier: ClassifierConfig = setting(ClassifierConfig(), "The reply classifier.")
+    views: list[str] = setting(["full", "concat", "sharded"], f"Views to play, from: {', '.join(VIEWS)}.")
+    runs: int = setting(1, "N: conversations per instance and view (LiC uses 10 at temperature 1.0).", min=1)
+    temperature: float = setting(0.0, "Assistant sampling temperature (0: greedy).", min=0.0)
+    top_p: float = setting(1.0, "Assistant nucleus sampling threshold.", min=0.0, max=1.0)
+    max_new_tokens: int = setting(384, "Most tokens of one assistant reply.", min=1)
+    stop_at_correct: bool = setting(True, "Stop a conversation at its first correct answer (LiC); false plays "
+                                    "every turn and scores the last answer attempt.")
+    baseline: str = setting("", "Previous run folder (or its metrics.json) whose full-view P is the recovery "
+                            "rate's denominator; empty: this run's full view.")
+    out: str = setting("runs/eval", "Output folder; re-running into it resumes.")
+    seed: int = setting(0, "Seed of sampling (per call) and of the shuffle-concat order.")
+    batch_size: int = setting(64, "Most conversations advanced by one generation call (the backend splits "
+                              "a call further into micro-batches of model.batch_size).", min=1)
+
+    def check(self, source: str) -> None:
+        if not self.model.model:
+            raise FicError("missing: the assistant model to evaluate (a checkpoint folder)", path=source,
+                           field="model.model")
+        if not self.data.source:
+            raise FicError("missing: where instances come from, e.g. lic:PATH or reasoning-gym:gsm_symbolic",
+                           path=source, field="data.source")
+        if not self.views:
+            raise FicError("expected at least one view", path=source, field="views")
+        for index, view in enumerate(self.views):
+            if view not in VIEWS:
+                raise FicError(f"expected one of {', '.join(VIEWS)}, got {view!r}", path=source,
+                               field=f"views[{index}]")
+        if len(set(self.views)) != len(self.views):
+            raise FicError("a view is listed twice", path=source, field="views")
+        if self.top_p <= 0:
+            raise FicError("expected a value in (0, 1]", path=source, field="top_p")
+        for role in ("user", "classifier"):
+            part = getattr(self, role)
+            if part.kind == "llm" and not part.backend.model:
+                raise FicError(f"{role}.kind is llm but no model is set", path=source,
+                               field=f"{role}.backend.model")
+        if not self.out:
+            raise FicError("missing: the output folder", path=source, field="out")
+
+
+# --------------------------------------------------------------------------- resume
+
+def fingerprint(cfg: EvalConfig) -> dict:
+    """What decides a conversation's content. Views and runs may grow between resumed runs."""
+    def backend(b: BackendConfig) -> dict:
+        return {"kind": b.kind, "model": b.model, "dtype": b.dtype}
+
+    parts = {
+        "model": backend(cfg.model),
+        "data": config_to_dict(cfg.data),
+        "user": {"kind": cfg.user.kind, **({"backend": backend(cfg.user.backend), "temperature":
+                                            cfg.user.temperature, "max_new_tokens": cfg.user.max_new_tokens}
+                                           if cfg.user.kind == "llm" else {})},
+        "classifier": {"kind": cfg.classifier.kind, **({"backend": backend(cfg.classifier.backend)}
+                                                       if cfg.classifier.kind == "llm" else {})},
+        "temperature": cfg.temperature, "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens,
+        "stop_at_correct": cfg.stop_at_correct, "seed": cfg.seed,
+    }
+    return parts
+
+
+def _flatten(obj: Any, prefix: str = "") -> dict:
+    if isinstance(obj, dict):
+        out = {}
+        for key, value in obj.items():
+            out.update(_flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix.rstrip("."): obj}
+
+
+def check_resume(out: Path, cfg: EvalConfig) -> None:
+    """Save the fingerprint on a fresh folder; on an existing one, refuse an incompatible config."""
+    path = out / FINGERPRINT_NAME
+    wanted = fingerprint(cfg)
+    if path.exists():
+        try:
+            saved = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError:
+            raise FicError("unreadable fingerprint; delete the folder or pick another out", path=str(path)) from None
+        if saved != wanted:
+            old, new = _flatten(saved), _flatten(wanted)
+            diff = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+            details = "; ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff[:4])
+            raise FicError(f"this folder holds conversations from a different config ({details}); resuming "
+                           "would mix them. Use another out= or delete the folder", field="out")
+    elif (out / LOG_NAME).exists():
+        raise FicError(f"{LOG_NAME} exists without {FINGERPRINT_NAME}; cannot tell which config made it. "
+                       "Use another out= or delete the folder", field="out")
+    else:
+        write_json(path, wanted)
+
+
+def load_log(path: Path) -> list[dict]:
+    """Finished conversations of an earlier (possibly interrupted) run.
+
+    A torn last line (the process died while writing it) is dropped and the file rewritten
+    without it; a broken line elsewhere is an error.
+    """
+    if not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number == len(lines):
+                tqdm.write(f"dropping a torn last line of {path} (interrupted while writing); it is replayed")
+                write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+                break
+            raise FicError(f"line {number} is not valid JSON; the log is damaged", path=str(path)) from None
+    return records
+
+
+# --------------------------------------------------------------------------- data and backends
+
+def load_instances(cfg: EvalConfig) -> tuple[list[Instance], dict]:
+    """The instances to play, sharded where needed; and counts of what was skipped and why."""
+    from fic.sharding import ShardingError, shard_rule
+    from fic.sources import load_source
+
+    instances = load_source(cfg.data.source, cfg.data.task, limit=cfg.data.limit, seed=cfg.data.seed)
+    needs_shards = any(view != "full" for view in cfg.views)
+    kept, skipped = [], {}
+    for instance in instances:
+        if needs_shards and not instance.is_sharded:
+            try:
+                instance = shard_rule(instance, seed=cfg.data.seed)
+            except ShardingError as err:
+                skipped[err.message] = skipped.get(err.message, 0) + 1
+                continue
+        kept.append(instance)
+    if not kept:
+        raise FicError(f"no instance could be sharded ({skipped})", field="data.source")
+    return kept, skipped
+
+
+def _backend_cache(cfg: EvalConfig, given: dict) -> dict:
+    """One loaded backend per distinct config: a user or classifier on the assistant's own
+    model shares its weights instead of loading them again."""
+    loaded: dict[str, Any] = {}
+
+    def get(role: str, bcfg: BackendConfig) -> Any:
+        if given.get(role) is not None:
+            return given[role]
+        key = json.dumps(config_to_dict(bcfg), sort_keys=True)
+        if key not in loaded:
+            loaded[key] = make_backend(bcfg)
+        return loaded[key]
+
+    return {"assistant": get("assistant", cfg.model),
+            "user": get("user", cfg.user.backend) if cfg.user.kind == "llm" else None,
+            "classifier": get("classifier", cfg.classifier.backend) if cfg.classifier.kind == "llm" else None}
+
+
+def read_baseline(spec: str) -> dict:
+    path = Path(spec)
+    if path.is_dir():
+        path = path / METRICS_NAME
+    if not path.exists():
+        raise FicError("baseline metrics not found (expected a run folder or its metrics.json)", path=str(path),
+                       field="baseline")
+    try:
+        metrics = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError:
+        raise FicError("baseline metrics are not valid JSON", path=str(path), field="baseline") from None
+    if not isinstance(metrics, dict) or (metrics.get("views", {}).get("full") or {}).get("P") is None:
+        raise FicError("the baseline run has no full-view score; evaluate it with the full view",
+                       path=str(path), field="baseline")
+    return metrics
+
+
+# --------------------------------------------------------------------------- the run
+
+def evaluate(cfg: EvalConfig, *, assistant: Any = None, user_backend: Any = None, classifier_backend: Any = None,
+             progress: bool = True) -> dict:
+    """Run (or resume) an evaluation; return the metrics. Backends may be passed in (tests, the
+    trainer's live model); else they are built from the config."""
+    from fic.metrics import summarize
+    from fic.report import write_report
+    from fic.simulator import make_conversations, play
+
+    out = Path(cfg.out)
+    if out.exists() and not out.is_dir():
+        raise FicError("exists and is not a folder", path=str(out), field="out")
+    baseline = read_baseline(cfg.baseline) if cfg.baseline else None
+    instances, skipped = load_instances(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    check_resume(out, cfg)
+    write_text(out / CONFIG_NAME, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+
+    log_path = out / LOG_NAME
+    done = {(r["task_id"], r["view"], r["run"]): r for r in load_log(log_path)}
+    conversations = make_conversations(instances, cfg.views, cfg.runs, view_seed=cfg.seed, skip=set(done))
+    total = len(instances) * len(cfg.views) * cfg.runs
+    if conversations:
+        backends = _backend_cache(cfg, {"assistant": assistant, "user": user_backend,
+                                        "classifier": classifier_backend})
+        user = make_user(cfg.user.kind, backends["user"], temperature=cfg.user.temperature,
+                         max_new_tokens=cfg.user.max_new_tokens) if cfg.user.kind == "llm" else make_user("verbatim")
+        classifier = (make_classifier("llm", backends["classifier"], max_new_tokens=cfg.classifier.max_new_tokens,
+                                      seed=cfg.seed) if cfg.classifier.kind == "llm" else make_classifier("rule"))
+        params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
+                                seed=cfg.seed)
+        bar = tqdm(total=total, initial=total - len(conversations), desc="conversations", unit="conv",
+                   disable=not progress or None, dynamic_ncols=True)
+
+        def finished(conv) -> None:
+            record = conv.to_record()
+            append_jsonl(log_path, record)  # fsync'd: an interruption after this keeps it
+            done[conv.key] = record
+            bar.update(1)
+
+        def step(number: int, active: int) -> None:
+            bar.set_postfix(turn=number + 1, active=active, refresh=True)
+
+        try:
+            play(conversations, backends["assistant"], user, classifier, params, batch_size=cfg.batch_size,
+                 stop_at_correct=cfg.stop_at_correct, seed=cfg.seed, max_context=_max_context(backends["assistant"]),
+                 on_finish=finished, on_step=step)
+        finally:
+            bar.close()
+
+    planned = {(i.task_id, view, run) for i in instances for view in cfg.views for run in range(cfg.runs)}
+    records = [r for key, r in done.items() if key in planned]
+    metrics = summarize(records, baseline)
+    metrics["baseline_source"] = cfg.baseline or "this run (full view)"
+    metrics["skipped_instances"] = skipped
+    metrics["settings"] = {"model": cfg.model.model, "source": cfg.data.source, "task": cfg.data.task,
+                           "views": cfg.views, "runs": cfg.runs, "temperature": cfg.temperature,
+                           "user": cfg.user.kind, "classifier": cfg.classifier.kind,
+                           "stop_at_correct": cfg.stop_at_correct, "max_new_tokens": cfg.max_new_tokens}
+    write_json(out / METRICS_NAME, metrics)
+    write_report(out, metrics)
+    return metrics
+
+
+def _max_context(backend: Any) -> int | None:
+    config = getattr(getattr(backend, "model", None), "config", None)
+    value = getattr(config, "max_position_embeddings", None)
+    return int(value) if isinstance(value, int) else None
+
+
+# --------------------------------------------------------------------------- CLI
+
+def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
+    parser.add_argument("--config", default=None, help="eval YAML, e.g. recipes/smollm2-135m-instruct/eval.yaml")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="override settings, e.g. out=runs/x runs=3")
+    parser.add_argument("--keys", action="store_true", help="list every config key with its help and exit")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.keys:
+        print(describe(EvalConfig))
+        return 0
+    if args.config is None and not args.overrides:
+        raise FicError("give --config FILE (and/or key=value settings); --keys lists the settings",
+                       field="--config")
+    cfg = load_config(EvalConfig, args.config, args.overrides)
+    started = time.perf_counter()
+    metrics = evaluate(cfg, progress=not args.quiet)
+    elapsed = time.perf_counter() - started
+    for view, figures in metrics["views"].items():
+        print(f"{view:>15}: P={_fmt(figures['P'])} A90={_fmt(figures['A90'])} U90_10={_fmt(figures['U90_10'])}")
+    print(f"recovery rate: {_fmt(metrics['recovery_rate'], 3)}   retention: {_fmt(metrics['retention'], 3)}"
+          f"   ({metrics['conversations']} conversations, {elapsed:.0f} s)")
+    print(f"report: {Path(cfg.out) / REPORT_NAME}")
+    return 0
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"

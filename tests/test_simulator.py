@@ -1,0 +1,228 @@
+"""The lockstep simulator, user simulators and reply classifiers, on scripted backends."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from fic.chat import render_chat
+from fic.classify import LLMClassifier, RuleClassifier, parse_label, rule_label
+from fic.generation import FunctionBackend, SamplingParams
+from fic.instance import Instance, Shard
+from fic.simulator import Conversation, make_conversations, play
+from fic.user_sim import LLMUser, VerbatimUser, parse_user_reply
+from fic.views import RECAP_HEADER, SNOWBALL_HEADER, VIEWS, user_turns
+
+PARAMS = SamplingParams(max_new_tokens=64)
+SHARDS = ["How many points did Ara score in total?", "Ara played for 4 years.",
+          "She played 40 games every year.", "She scored 21 points in each game."]
+
+
+def ara(task_id="ara"):
+    return Instance(task_id, "math", [Shard(i + 1, text) for i, text in enumerate(SHARDS)],
+                    {"question": "Ara played 4 years, 40 games a year, 21 points a game. How many points in total?",
+                     "answer": "40*4*21 = 3360\n#### 3360"})
+
+
+class Scripted(FunctionBackend):
+    """A token-level scripted assistant that counts calls and prompts per call."""
+
+    def __init__(self, fn, tokenizer):
+        super().__init__(fn, tokenizer)
+        self.calls = []
+
+    def generate(self, prompts, params):
+        self.calls.append(len(prompts))
+        return super().generate(prompts, params)
+
+
+def waits_for_all(prompt: str) -> str:
+    """Answers 3360 once the last shard is in the prompt, otherwise asks to go on."""
+    return "So 4 * 40 * 21 = 3360.\n#### 3360" if "21 points" in prompt else "Got it, please go on."
+
+
+def test_verbatim_turns_are_the_views_turns_and_ids_match_the_text(smollm2_tokenizer):
+    assistant = Scripted(lambda prompt: "Okay, noted.", smollm2_tokenizer)
+    convs = make_conversations([ara()], VIEWS, runs=1)
+    play(convs, assistant, VerbatimUser(), RuleClassifier(), PARAMS, stop_at_correct=True)
+    for conv in convs:
+        assert [t.user for t in conv.turns] == user_turns(conv.instance, conv.view), conv.view
+        assert conv.stop_reason == "last_turn" and conv.score() == 0.0
+        # Token-in/token-out: the ids the assistant saw and produced are the rendering of the text.
+        rendered = render_chat(smollm2_tokenizer, conv.messages).input_ids
+        assert rendered[:len(conv.ids)] == conv.ids and len(rendered) - len(conv.ids) <= 1
+    sharded = next(c for c in convs if c.view == "sharded")
+    assert [t.shard_ids for t in sharded.turns] == [[1], [2], [3], [4]]
+    recap = next(c for c in convs if c.view == "recap")
+    assert recap.turns[-1].user.startswith(RECAP_HEADER) and recap.turns[-1].shard_ids == []
+    assert all(s in recap.turns[-1].user for s in SHARDS)
+    snowball = next(c for c in convs if c.view == "snowball")
+    assert snowball.turns[2].user == f"{SNOWBALL_HEADER}\n- {SHARDS[0]}\n- {SHARDS[1]}\n\n{SHARDS[2]}"
+    # The assistant is never told it is in a multi-turn conversation: system prompt is the task's own.
+    assert sharded.messages[0]["content"] == sharded.task.system_prompt
+
+
+def test_lockstep_costs_one_call_per_turn_and_stops_at_the_first_correct_answer(smollm2_tokenizer):
+    assistant = Scripted(waits_for_all, smollm2_tokenizer)
+    convs = make_conversations([ara(f"a{i}") for i in range(8)], ["full", "sharded"], runs=2)
+    finished = []
+    play(convs, assistant, VerbatimUser(), RuleClassifier(), PARAMS, on_finish=finished.append)
+    # 32 conversations; the sharded ones have 4 turns: 4 calls, the first with all 32.
+    assert assistant.calls == [32, 16, 16, 16]
+    assert len(finished) == 32 and len({c.key for c in finished}) == 32
+    for conv in convs:
+        assert conv.stop_reason == "correct" and conv.score() == 1.0
+        if conv.view == "sharded":
+            assert [t.label for t in conv.turns] == ["discussion"] * 3 + ["answer_attempt"]
+            assert conv.turns[-1].answer == "3360" and conv.turns[-1].score == 1.0
+            assert conv.turns[0].score is None and conv.turns[0].answer is None  # not an attempt: unscored
+    record = convs[-1].to_record()
+    assert record["premature_answer"] is False and record["first_answer_turn"] == 3
+    assert record["generated_tokens"] == sum(t["reply_tokens"] for t in record["turns"]) > 0
+    # Chunks: batch_size 5 splits every step into chunks of at most 5 prompts.
+    chunked = Scripted(waits_for_all, smollm2_tokenizer)
+    play(make_conversations([ara(f"b{i}") for i in range(3)], ["sharded"], runs=2), chunked, VerbatimUser(),
+         RuleClassifier(), PARAMS, batch_size=5)
+    assert chunked.calls == [5, 1] * 4
+
+
+def test_premature_answers_and_playing_every_turn(smollm2_tokenizer):
+    answers = iter(["#### 3360", "Maybe #### 12", "Let me think.", "#### 7"])
+    assistant = Scripted(lambda prompt: next(answers), smollm2_tokenizer)
+    (conv,) = make_conversations([ara()], ["sharded"], runs=1)
+    play([conv], assistant, VerbatimUser(), RuleClassifier(), PARAMS, stop_at_correct=False)
+    assert len(conv.turns) == 4 and conv.stop_reason == "last_turn"
+    assert [t.score for t in conv.turns] == [1.0, 0.0, None, 0.0]
+    assert conv.score() == 0.0  # the last answer attempt counts when every turn is played
+    record = conv.to_record()
+    assert record["premature_answer"] is True and record["first_answer_turn"] == 0
+    # The same replies with stop_at_correct: the first (lucky) correct answer ends it.
+    answers = iter(["#### 3360"])
+    (again,) = make_conversations([ara()], ["sharded"], runs=1)
+    play([again], Scripted(lambda prompt: next(answers), smollm2_tokenizer), VerbatimUser(), RuleClassifier(),
+         PARAMS)
+    assert len(again.turns) == 1 and again.stop_reason == "correct" and again.to_record()["premature_answer"]
+
+
+def test_max_context_ends_a_conversation_without_an_unanswered_turn(smollm2_tokenizer):
+    assistant = Scripted(lambda prompt: "word " * 30, smollm2_tokenizer)
+    (conv,) = make_conversations([ara()], ["sharded"], runs=1)
+    play([conv], assistant, VerbatimUser(), RuleClassifier(), PARAMS, max_context=150)
+    assert conv.stop_reason == "context_full" and 0 < len(conv.turns) < 4
+    assert all(t.reply for t in conv.turns) and conv.messages[-1]["role"] == "assistant"
+
+
+# --------------------------------------------------------------------------- LLM user simulator
+
+def _conv_after_turn_one():
+    conv = Conversation(ara(), "sharded")
+    conv.revealed = [1]
+    conv.turns = [object()]  # the simulator is asked from turn 2 on
+    conv.messages += [{"role": "user", "content": SHARDS[0]}, {"role": "assistant", "content": "How long?"}]
+    return conv
+
+
+@pytest.mark.parametrize("reply, reason", [
+    ("Sure! I'll reveal the years.", "no JSON object"),
+    ('{"response": "played 4 years", "shard_id": 1}', "already revealed"),
+    ('{"response": "played 4 years", "shard_id": 9}', "does not exist"),
+    ('{"response": "", "shard_id": 2}', "'response' missing"),
+    ('{"response": "she played a few years", "shard_id": 2}', "drops number(s) 4"),
+    ('{"response": "she played 4 years", "shard_id": "two"}', "not an integer"),
+    ('{"response": "she played 4 years", "shard_id": true}', "not an integer"),
+    ('[{"response": "x"}]', "'shard_id' is not an integer"),
+])
+def test_user_reply_parser_rejects_malformed_output(reply, reason):
+    with pytest.raises(ValueError, match=re.escape(reason)):
+        parse_user_reply(reply, _conv_after_turn_one())
+
+
+def test_user_reply_parser_accepts_json_inside_chatter_and_fences():
+    reply = 'Here you go:\n```json\n{"response": "oh and each game she got 21 pts", "shard_id": "4"}\n```'
+    assert parse_user_reply(reply, _conv_after_turn_one()) == ("oh and each game she got 21 pts", 4)
+
+
+def test_llm_user_follows_valid_choices_and_falls_back_on_bad_ones(smollm2_tokenizer):
+    seen_prompts = []
+
+    def user_model(messages):
+        seen_prompts.append(messages)
+        body = messages[-1]["content"]
+        if "shard 4:" in body and "Shards not revealed yet (pick exactly one):\n- shard 2" in body:
+            return json.dumps({"response": "btw she got 21 points per game", "shard_id": 4})
+        return "I refuse to use JSON"
+
+    assistant = Scripted(lambda prompt: "Okay.", smollm2_tokenizer)
+    user = LLMUser(FunctionBackend(user_model), temperature=0.0)
+    (conv,) = make_conversations([ara()], ["sharded"], runs=1)
+    play([conv], assistant, user, RuleClassifier(), PARAMS)
+    assert [t.shard_ids for t in conv.turns] == [[1], [4], [2], [3]]  # the model picked 4, then fallbacks
+    assert conv.turns[1].user == "btw she got 21 points per game" and conv.turns[1].user_note is None
+    assert conv.turns[2].user == SHARDS[1] and "fallback to verbatim" in conv.turns[2].user_note
+    assert len(seen_prompts) == 3  # turn 1 is shard 1 verbatim: no user-model call
+    assert "[assistant] Okay." in seen_prompts[0][-1]["content"]
+    assert "I don't know" in seen_prompts[0][0]["content"]
+
+
+# --------------------------------------------------------------------------- classifiers
+
+@pytest.mark.parametrize("reply, label", [
+    ("", "missing"),
+    ("   ", "missing"),
+    ("I'm sorry, but I can't help with that.", "refuse"),
+    ("Let's compute: 4 * 40 = 160 games, 160 * 21 = 3360.\n#### 3360", "answer_attempt"),
+    ("The answer is \\boxed{3360}.", "answer_attempt"),
+    ("She played 160 games, so she scored 3360 points in total.", "answer_attempt"),
+    ("She scored 3360 points. Let me know if you need anything else!", "answer_attempt"),
+    ("So the total is 3360. Anything else?", "answer_attempt"),
+    ("How many games did she play each year?", "clarification"),
+    ("Thanks! How many games per year? And how many points per game?", "interrogation"),
+    ("It depends on the number of games: if she played 40 games, 3360; if 30 games, 2520.", "hedge"),
+    ("To find the total, we need the number of games and the points per game.", "discussion"),
+])
+def test_rule_classifier(reply, label):
+    assert rule_label(reply) == label
+
+
+def test_rule_classifier_does_not_take_a_parroted_shard_for_an_answer():
+    said = ["how many lollipops did Ray's friends get?", "Ray started with 25 lollipops.",
+            "he decided to keep 5 lollipops for himself."]
+    assert rule_label("He decided to keep 5 lollipops for himself.", said) == "discussion"
+    assert rule_label("Ray started with 25 lollipops.", said) == "discussion"
+    # Same words as the question, but a number the user never gave there: a (wrong) answer.
+    assert rule_label("Ray's friends got 2 lollipops.", said) == "answer_attempt"
+    assert rule_label("So each friend got 5 lollipops.", said) == "answer_attempt"
+    assert rule_label("He decided to keep 5 lollipops for himself.\n#### 5", said) == "answer_attempt"
+
+
+@pytest.mark.parametrize("text, label", [
+    ('{"label": "clarification"}', "clarification"),
+    ('Sure. ```{"label": "Answer_Attempt"}```', "answer_attempt"),
+    ("The reply is a hedge.", "hedge"),
+])
+def test_classifier_parser_accepts(text, label):
+    assert parse_label(text) == label
+
+
+@pytest.mark.parametrize("text", ['{"label": "question"}', "clarification or discussion", "", '{"lab": 1}'])
+def test_classifier_parser_rejects(text):
+    with pytest.raises(ValueError):
+        parse_label(text)
+
+
+def test_llm_classifier_falls_back_to_the_rule_label():
+    convs = []
+    for reply in ["#### 3360", "#### 3360", "", "How many?"]:
+        conv = Conversation(ara(), "sharded")
+        conv.messages += [{"role": "user", "content": SHARDS[0]}, {"role": "assistant", "content": reply}]
+        convs.append(conv)
+    # The batch asks the model about all four; the empty reply is labelled missing whatever it says.
+    outputs = iter(['{"label": "discussion"}', "no idea", "unused", '{"label": "answer_attempt"}'])
+    classifier = LLMClassifier(FunctionBackend(lambda messages: next(outputs)))
+    labels = classifier.classify(convs)
+    assert labels[0] == ("discussion", None)
+    assert labels[1][0] == "answer_attempt" and "rule label used" in labels[1][1]
+    assert labels[2] == ("missing", None)
+    assert labels[3] == ("answer_attempt", None)
