@@ -159,7 +159,12 @@ def _build(cls: type, data: dict, source: str, prefix: str = "") -> Any:
     config = cls(**kwargs)
     check = getattr(config, "check", None)
     if callable(check):
-        check(source)
+        try:
+            check(source)
+        except FicError as err:  # a nested section's check names its field from its own root
+            if prefix and err.field is not None and not err.field.startswith(prefix):
+                err.field = prefix + err.field
+            raise
     return config
 
 

@@ -81,3 +81,22 @@ def test_describe_lists_every_key_with_help():
     for key in ("model", "steps", "views", "optim.lr", "optim.schedule"):
         assert f"\n{key} (" in "\n" + text
     assert "learning rate" in text and "one of cosine, constant" in text
+
+
+@dataclass
+class Checked:
+    name: str = setting("", "must not be empty")
+
+    def check(self, source):
+        if not self.name:
+            raise FicError("must not be empty", path=source, field="name")
+
+
+@dataclass
+class Outer:
+    inner: Checked = setting(Checked(name="x"), "a checked section")
+
+
+def test_nested_check_errors_name_the_full_key():
+    with pytest.raises(FicError, match="field 'inner.name': must not be empty"):
+        load_config(Outer, None, ["inner.name="])
