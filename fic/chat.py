@@ -49,6 +49,9 @@ PROBE_CONVERSATION = [
 ]
 
 
+_REPLY_PLACEHOLDER = "reply"  # see continue_ids
+
+
 class TemplateError(FicError):
     """The chat template breaks a rule FiC relies on (see the module docstring)."""
 
@@ -214,8 +217,15 @@ def continue_ids(tokenizer: Any, messages: Sequence[Mapping], ids: Sequence[int]
 
     When the model's ids equal the tokenisation of its text, the result equals
     `prompt_ids(messages + new_messages)`.
+
+    Earlier assistant turns are rendered with a placeholder text: only the template's turn
+    markup matters here, and a noisy reply that would re-tokenise differently at the turn
+    boundary (leading newlines, odd whitespace) must not break the prefix check, since its
+    text never enters the ids anyway.
     """
-    msgs, new = _template_messages(messages), _template_messages(new_messages)
+    msgs = [{**m, "content": _REPLY_PLACEHOLDER} if m["role"] == "assistant" else m
+            for m in _template_messages(messages)]
+    new = _template_messages(new_messages)
     base = _render(tokenizer, msgs, False, tools)
     extended = _render(tokenizer, msgs + new, True, tools)
     _check_prefix(base, extended, f"message {len(msgs) + 1}: adding new messages changes earlier ones")

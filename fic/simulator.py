@@ -18,8 +18,7 @@ conversation by one turn per step:
 Two forms of each conversation are kept: the text messages (for the user simulator, the
 classifier and the logs) and the exact token ids the assistant saw and produced. The ids
 grow with `fic.chat.prompt_ids` / `continue_ids` plus the ids the backend generated, so the
-assistant's replies are never re-tokenised (`continue_ids` renders earlier assistant turns
-with a placeholder text: it only needs the template's turn markup). Backends without token ids (openai) get the text
+assistant's replies are never re-tokenised. Backends without token ids (openai) get the text
 messages through `chat` instead.
 
 Views: `full`, `concat`, `shuffle-concat` (one turn), `sharded` (one shard per turn),
@@ -49,7 +48,6 @@ from fic.instance import Instance
 from fic.views import RECAP_HEADER, SINGLE_TURN_VIEWS, SNOWBALL_HEADER, VIEWS, system_message, user_turns
 
 MULTI_TURN_VIEWS = tuple(v for v in VIEWS if v not in SINGLE_TURN_VIEWS)
-PLACEHOLDER = "reply"  # stands in for assistant text when only the template's turn markup is needed
 
 
 def derive_seed(*parts: Any) -> int:
@@ -206,12 +204,7 @@ def _grow_ids(backend: Backend, conv: Conversation, message: dict) -> None:
     if not conv.ids:
         conv.ids = prompt_ids(tokenizer, conv.messages + [message])
     else:
-        # The template only has to tell how a turn closes and the next opens; the assistant's
-        # own text never enters the ids. A placeholder keeps that text out of the rendering, so
-        # a reply that would re-tokenise differently at the turn boundary (leading newlines,
-        # odd whitespace from a noisy model) cannot break the prefix check.
-        stand_in = [{**m, "content": PLACEHOLDER} if m["role"] == "assistant" else m for m in conv.messages]
-        conv.ids = continue_ids(tokenizer, stand_in, conv.ids, [message])
+        conv.ids = continue_ids(tokenizer, conv.messages, conv.ids, [message])
 
 
 def play(conversations: Sequence[Conversation], assistant: Backend, user: Any, classifier: Any,

@@ -294,3 +294,23 @@ def test_format_masks(tokenizers):
     assert any(line.startswith("[ ]") and "Alice has 3 apples." in line for line in body)
     # Every token is shown exactly once: the runs' counts add up.
     assert sum(int(line[4:9]) for line in body if line[4:9].strip()) == len(rendered.input_ids)
+
+
+def test_continue_ids_ignores_how_a_noisy_reply_would_retokenise(smollm2_tokenizer):
+    """A generated reply whose text starts with the newline the template already ends with would
+    break the prefix rule if its text were rendered; continuing only uses its ids."""
+    from fic.chat import continue_ids, end_of_turn_ids, prompt_ids
+
+    tok = smollm2_tokenizer
+    opening = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi."}]
+    reply_ids = tok("\n\nHello there", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    ids = prompt_ids(tok, opening) + reply_ids
+    messages = opening + [{"role": "assistant", "content": "\n\nHello there"}]
+    follow_up = {"role": "user", "content": "And then?"}
+    continued = continue_ids(tok, messages, ids, [follow_up])
+    assert continued[:len(ids)] == ids
+    assert reply_ids[-1] in end_of_turn_ids(tok)
+    # What follows the reply is exactly what the template writes between turns.
+    clean = opening + [{"role": "assistant", "content": "Hello there"}]
+    clean_ids = prompt_ids(tok, opening) + tok("Hello there", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    assert continued[len(ids):] == continue_ids(tok, clean, clean_ids, [follow_up])[len(clean_ids):]
