@@ -14,9 +14,12 @@ METHODS = {"sft": "fic.train_sft"}
 
 def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
     parser.add_argument("method", choices=sorted(METHODS), help="training method")
-    parser.add_argument("--config", required=True, help="recipe YAML, e.g. recipes/smollm2-135m-instruct/sft.yaml")
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="override recipe settings")
+    # REMAINDER, not nargs="*": argparse would fill an empty override list next to `method`
+    # and then refuse everything after --config.
+    parser.add_argument("args", nargs=argparse.REMAINDER, metavar="--config YAML [key=value ...]",
+                        help="recipe YAML and overrides, e.g. --config recipes/smollm2-135m-instruct/sft.yaml "
+                        "train.max_steps=10")
 
 
 def run(args: argparse.Namespace) -> int:
-    return int(importlib.import_module(METHODS[args.method]).main(["--config", args.config, *args.overrides]) or 0)
+    return int(importlib.import_module(METHODS[args.method]).main(args.args) or 0)

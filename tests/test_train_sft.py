@@ -1,0 +1,431 @@
+"""The SFT recipe: targets, loss normalisation, resume after SIGKILL, saved models, errors, launch configs."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from fic.config import load_config
+from fic.errors import FicError
+from fic.train_sft import (IGNORE, KILL_ENV, SFTConfig, TargetLoss, collate, render_examples, shift_targets,
+                           train, window_loss)
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = ROOT / "recipes" / "smollm2-135m-instruct" / "sft.yaml"
+LAUNCH = sorted((ROOT / "launch").glob("*.yaml"))
+
+
+def conversation(i: int) -> list[dict]:
+    """A deferral conversation; every third one has its first reply kept out of the loss."""
+    return [
+        {"role": "system", "content": "You are a helpful assistant.", "train": False},
+        {"role": "user", "content": f"I have {i} apples."},
+        {"role": "assistant", "content": "Got it. What else?", "train": i % 3 != 0},
+        {"role": "user", "content": "I buy 2 more. How many do I have?"},
+        {"role": "assistant", "content": f"{i} + 2 = {i + 2}.\n" * (1 + i % 4) + f"#### {i + 2}", "train": True},
+    ]
+
+
+def write_corpus(path: Path, n: int = 16) -> Path:
+    records = [{"id": f"c{i}", "task_id": f"t{i}", "task": "math", "kind": "deferral",
+                "messages": conversation(i), "reply_kinds": ["defer", "answer"]} for i in range(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+@pytest.fixture(autouse=True)
+def fresh_accelerate_state():
+    """Accelerate keeps process-wide singletons; each in-process run starts from a clean one."""
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    yield
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    PartialState._reset_state()
+
+
+@pytest.fixture
+def corpus(tmp_path) -> Path:
+    return write_corpus(tmp_path / "corpus.sft.jsonl")
+
+
+def settings(model_dir, corpus_path, out, *extra) -> list[str]:
+    return [f"model.path={model_dir}", f"data.path={corpus_path}", f"out={out}", "train.micro_batch_size=2",
+            "train.grad_accum_steps=2", "optim.lr=1e-3", "optim.warmup_steps=1", "logging.wandb=false",
+            "logging.progress=false", *extra]
+
+
+def run(*overrides) -> dict:
+    return train(load_config(SFTConfig, None, list(overrides)))
+
+
+def losses(out: Path) -> dict[int, float]:
+    """Step -> loss from metrics.jsonl (a step logged twice would show as a missing key count)."""
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len({r["step"] for r in records}) == len(records), "a step is logged twice"
+    return {r["step"]: r["loss"] for r in records}
+
+
+def logits(model, ids):
+    with torch.no_grad():
+        return model.eval()(input_ids=ids).logits
+
+
+# --------------------------------------------------------------------------- targets
+
+
+def test_targets_are_trained_assistant_tokens_with_end_of_turn(smollm2_tokenizer):
+    tok = smollm2_tokenizer
+    messages = conversation(3)  # i % 3 == 0: the first reply is context only
+    (example,), skipped = render_examples([{"messages": messages}], tok, max_seq_len=4096, progress=False)
+    assert skipped == 0
+    ids, targets = example.input_ids, example.targets
+    assert len(targets) == len(ids) and targets[-1] == IGNORE
+    positions = [t for t, y in enumerate(targets) if y != IGNORE]
+    assert all(targets[t] == ids[t + 1] for t in positions)  # next-token targets
+    # The trained tokens are the final reply and its end-of-turn token, nothing else.
+    assert tok.decode([targets[t] for t in positions]) == messages[4]["content"] + "<|im_end|>"
+    assert targets[positions[-1]] == tok.convert_tokens_to_ids("<|im_end|>")
+
+    messages[2]["train"] = True
+    (example,), _ = render_examples([{"messages": messages}], tok, max_seq_len=4096, progress=False)
+    trained = tok.decode([y for y in example.targets if y != IGNORE])
+    assert trained == "Got it. What else?<|im_end|>" + messages[4]["content"] + "<|im_end|>"
+
+
+def test_targets_follow_the_template_not_chatml(smollm2_tokenizer):
+    """Another template (role tags, no ChatML headers): targets are still exactly the replies + end-of-turn."""
+    tok = copy.deepcopy(smollm2_tokenizer)
+    tok.chat_template = ("{% for m in messages %}{{ '### ' + m['role'] + ':\n' + m['content'] + '<|im_end|>\n' }}"
+                         "{% endfor %}{% if add_generation_prompt %}{{ '### assistant:\n' }}{% endif %}")
+    messages = conversation(4)
+    (example,), _ = render_examples([{"messages": messages}], tok, max_seq_len=4096, progress=False)
+    trained = tok.decode([y for y in example.targets if y != IGNORE])
+    assert trained == "Got it. What else?<|im_end|>" + messages[4]["content"] + "<|im_end|>"
+    assert "assistant:" not in trained and "apples" not in trained
+
+
+def test_shift_targets_by_hand():
+    assert shift_targets([5, 6, 7, 8], [0, 1, 1, 0]) == [6, 7, IGNORE, IGNORE]
+
+
+# --------------------------------------------------------------------------- loss
+
+
+def test_loss_normalised_over_the_accumulation_window(tiny_model_dir, smollm2_tokenizer):
+    """Gradient accumulation 3 with uneven target counts equals one full-logits CE over all targets / count."""
+    from accelerate import Accelerator
+
+    from fic.model import load_model
+
+    records = [{"messages": conversation(i)} for i in (0, 1, 5, 7, 10)]
+    examples, _ = render_examples(records, smollm2_tokenizer, max_seq_len=4096, progress=False)
+    batches = [collate(part, smollm2_tokenizer.pad_token_id) for part in (examples[:1], examples[1:3], examples[3:])]
+    counts = [int((b["targets"] != IGNORE).sum()) for b in batches]
+    assert len(set(counts)) == 3  # uneven on purpose
+
+    torch.manual_seed(0)
+    model = load_model(tiny_model_dir, dtype="float32").train()
+    reference = copy.deepcopy(model)
+    accelerator = Accelerator(gradient_accumulation_steps=3)
+    loss_model = accelerator.prepare(TargetLoss(model, chunk_tokens=16))
+    loss, n_targets, n_tokens = window_loss(accelerator, loss_model, batches)
+    assert n_targets == sum(counts)
+    assert n_tokens == sum(int(b["attention_mask"].sum()) for b in batches)
+
+    total = 0.0
+    for b in batches:  # by hand: full logits, summed CE over the same targets, one division at the end
+        full = reference(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
+        total = total + torch.nn.functional.cross_entropy(
+            full.flatten(0, 1), b["targets"].flatten(), ignore_index=IGNORE, reduction="sum")
+    want = total / sum(counts)
+    want.backward()
+    assert loss == pytest.approx(want.item(), rel=1e-5)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-6, rtol=1e-4), name
+
+
+def test_lm_head_only_sees_target_rows_in_chunks(tiny_model_dir, smollm2_tokenizer):
+    from fic.model import load_model
+
+    model = load_model(tiny_model_dir, dtype="float32").train()
+    examples, _ = render_examples([{"messages": conversation(i)} for i in range(4)], smollm2_tokenizer,
+                                  max_seq_len=4096, progress=False)
+    batch = collate(examples, smollm2_tokenizer.pad_token_id)
+    n_targets = int((batch["targets"] != IGNORE).sum())
+    rows = []
+    hook = model.get_output_embeddings().register_forward_hook(lambda m, args, out: rows.append(args[0].shape))
+    loss = TargetLoss(model, chunk_tokens=16)(**batch)
+    hook.remove()
+    assert all(len(shape) == 2 and shape[0] <= 16 for shape in rows)  # never [batch, seq, vocab]
+    assert sum(shape[0] for shape in rows) == n_targets < batch["input_ids"].numel()
+    full = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    want = torch.nn.functional.cross_entropy(full.flatten(0, 1), batch["targets"].flatten(),
+                                             ignore_index=IGNORE, reduction="sum")
+    assert loss.item() == pytest.approx(want.item(), rel=1e-5)
+    loss.backward()  # chunks recomputed in backward: gradients reach the body
+    assert model.get_input_embeddings().weight.grad is not None
+
+
+def test_two_ranks_train_exactly_like_one_rank_with_the_same_global_batch(tiny_model_dir, corpus, tmp_path):
+    """DDP over 2 CPU processes (gloo), 2 conversations each, equals 1 process with 4: the loss is
+    normalised by the target tokens of all ranks, and DDP's gradient averaging is undone."""
+    common = ("train.max_steps=3", "checkpoint.every=0", "train.grad_accum_steps=2")
+    one = tmp_path / "one"
+    run(*settings(tiny_model_dir, corpus, one, *common, "train.micro_batch_size=4"))
+    two = tmp_path / "two"
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(ROOT / "fic" / "train_sft.py"),
+                           *settings(tiny_model_dir, corpus, two, *common), "train.micro_batch_size=2"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "x 2 conversations" in proc.stdout  # really two processes
+    records = [json.loads(line) for line in (two / "metrics.jsonl").read_text().splitlines()]
+    expected = [json.loads(line) for line in (one / "metrics.jsonl").read_text().splitlines()]
+    assert [r["target_tokens"] for r in records] == [r["target_tokens"] for r in expected]
+    assert [r["loss"] for r in records] == pytest.approx([r["loss"] for r in expected], abs=1e-5)
+    assert [r["grad_norm"] for r in records] == pytest.approx([r["grad_norm"] for r in expected], rel=1e-4)
+
+
+# --------------------------------------------------------------------------- resume
+
+
+def test_sigkill_then_resume_gives_the_uninterrupted_losses(tiny_model_dir, corpus, tmp_path):
+    common = ("train.max_steps=6", "checkpoint.every=2", "checkpoint.keep_last=2")
+    whole = tmp_path / "whole"
+    run(*settings(tiny_model_dir, corpus, whole, *common))
+    expected = losses(whole)
+    assert list(expected) == [1, 2, 3, 4, 5, 6]
+
+    killed = tmp_path / "killed"
+    env = {**os.environ, KILL_ENV: "3"}
+    proc = subprocess.run([sys.executable, str(ROOT / "fic" / "train_sft.py"),
+                           *settings(tiny_model_dir, corpus, killed, *common)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    assert [p.name for p in (killed / "checkpoints").iterdir() if (p / "complete").exists()] == ["step-2"]
+    assert not (killed / "final").exists()
+    assert list(losses(killed)) == [1, 2, 3]  # step 3 ran but was not checkpointed
+
+    result = run(*settings(tiny_model_dir, corpus, killed, *common, "resume=true"))
+    assert losses(killed) == pytest.approx(expected, abs=1e-6)
+    assert result["steps"] == 6 and (killed / "final" / "config.json").exists()
+    assert sorted(p.name for p in (killed / "checkpoints").iterdir()) == ["step-4", "step-6"]  # keep_last
+
+
+def test_lora_resume_restores_adapter_optimizer_and_dropout_rng(tiny_model_dir, corpus, tmp_path):
+    common = ("train.max_steps=4", "checkpoint.every=2", "lora.enabled=true", "lora.r=4", "lora.dropout=0.3")
+    first = tmp_path / "first"
+    run(*settings(tiny_model_dir, corpus, first, *common))
+    # A crash after step 3: the step-4 checkpoint and the final model never got written.
+    shutil.rmtree(first / "checkpoints" / "step-4")
+    shutil.rmtree(first / "final")
+    expected = losses(first)
+    run(*settings(tiny_model_dir, corpus, first, *common, "resume=true"))
+    assert losses(first) == pytest.approx(expected, abs=1e-6)
+    # Adapter-only checkpoints: far smaller than the model.
+    ckpt = first / "checkpoints" / "step-4" / "model.safetensors"
+    assert ckpt.stat().st_size < (tiny_model_dir / "model.safetensors").stat().st_size / 10
+
+
+# --------------------------------------------------------------------------- saved models
+
+
+def test_full_fine_tuning_saves_a_loadable_model(tiny_model_dir, corpus, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from fic.model import load_tokenizer
+
+    out = tmp_path / "full"
+    result = run(*settings(tiny_model_dir, corpus, out, "train.max_steps=2", "checkpoint.every=0"))
+    saved = AutoModelForCausalLM.from_pretrained(out / "final")
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    assert torch.allclose(logits(saved, ids), logits(result["model"], ids), atol=1e-5)
+    assert not torch.allclose(logits(saved, ids), logits(AutoModelForCausalLM.from_pretrained(tiny_model_dir), ids))
+    assert load_tokenizer(out / "final").chat_template == load_tokenizer(tiny_model_dir).chat_template
+    card = (out / "final" / "README.md").read_text()
+    from fic.train_sft import file_sha256
+    assert file_sha256(corpus) in card and str(corpus) in card and "full fine-tuning" in card
+    assert not (out / "checkpoints").exists()
+
+
+def test_lora_saves_adapter_and_merged_model(tiny_model_dir, corpus, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "lora"
+    result = run(*settings(tiny_model_dir, corpus, out, "train.max_steps=2", "checkpoint.every=0",
+                           "lora.enabled=true", "lora.r=4", "save_merged=true"))
+    assert (out / "final" / "adapter_config.json").exists() and not (out / "final" / "model.safetensors").exists()
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    want = logits(result["model"], ids)
+    adapter = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), out / "final")
+    assert torch.allclose(logits(adapter, ids), want, atol=1e-5)
+    merged = AutoModelForCausalLM.from_pretrained(out / "final-merged")
+    assert torch.allclose(logits(merged, ids), want, atol=1e-4)
+    assert "LoRA" in (out / "final" / "README.md").read_text()
+
+
+# --------------------------------------------------------------------------- errors
+
+
+@pytest.fixture(scope="module")
+def _finished_run_base(tiny_model_dir, tmp_path_factory) -> Path:
+    from accelerate.state import AcceleratorState, GradientState
+
+    base = tmp_path_factory.mktemp("finished")
+    corpus_path = write_corpus(base / "corpus.sft.jsonl")
+    run(*settings(tiny_model_dir, corpus_path, base / "run", "train.max_steps=2", "checkpoint.every=1"))
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    shutil.rmtree(base / "run" / "final")
+    return base
+
+
+@pytest.fixture
+def finished_run(_finished_run_base, tiny_model_dir, tmp_path) -> tuple[Path, list[str]]:
+    """A copy of a 2-step run with checkpoints at steps 1 and 2 and no final model (killed while saving it)."""
+    shutil.copytree(_finished_run_base, tmp_path / "copy")
+    out, corpus_path = tmp_path / "copy" / "run", tmp_path / "copy" / "corpus.sft.jsonl"
+    return out, settings(tiny_model_dir, corpus_path, out, "train.max_steps=2", "checkpoint.every=1")
+
+
+def test_resume_without_checkpoints_is_a_clear_error(tiny_model_dir, corpus, tmp_path):
+    with pytest.raises(FicError, match="no complete checkpoint"):
+        run(*settings(tiny_model_dir, corpus, tmp_path / "empty", "resume=true"))
+    (tmp_path / "partial" / "checkpoints" / "step-3").mkdir(parents=True)  # no `complete` marker
+    with pytest.raises(FicError, match="only incomplete ones: step-3"):
+        run(*settings(tiny_model_dir, corpus, tmp_path / "partial", "resume=true"))
+
+
+def test_damaged_checkpoints_are_clear_errors(finished_run):
+    out, args = finished_run
+    newest = out / "checkpoints" / "step-2"
+    (newest / "model.safetensors").write_bytes(b"truncated")
+    with pytest.raises(FicError, match="step-2.*damaged"):
+        run(*args, "resume=true")
+    (newest / "trainer_state.json").write_text("{not json")
+    with pytest.raises(FicError, match="step-2.*damaged"):
+        run(*args, "resume=true")
+    # Without its marker the damaged one is skipped and the run resumes from step 1.
+    (newest / "complete").unlink()
+    assert run(*args, "resume=true")["steps"] == 2
+    assert list(losses(out)) == [1, 2]
+
+
+def test_resume_refuses_changed_settings_and_data(finished_run):
+    out, args = finished_run
+    with pytest.raises(FicError, match="train.micro_batch_size"):
+        run(*args, "resume=true", "train.micro_batch_size=3")
+    write_corpus(out.parent / "corpus.sft.jsonl", n=15)
+    with pytest.raises(FicError, match="data file contents"):
+        run(*args, "resume=true")
+
+
+def test_new_run_refuses_to_overwrite_a_run(finished_run):
+    out, args = finished_run
+    with pytest.raises(FicError, match="resume=true"):
+        run(*args)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.micro_batch_size=0", "train.micro_batch_size"),
+    ("optim.schedule=triangle", "optim.schedule"),
+    ("save_merged=true", "save_merged"),
+    ("optim.betas=[0.9]", "optim.betas"),
+    ("no_such_key=1", "no_such_key"),
+])
+def test_bad_settings_exit_2_with_one_line(override, message, capsys):
+    from fic.train_sft import main
+
+    assert main([override]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err and "Traceback" not in err
+
+
+def test_bad_corpus_and_model_are_clear_errors(tiny_model_dir, corpus, tmp_path):
+    with pytest.raises(FicError, match="not found"):
+        run(*settings(tiny_model_dir, tmp_path / "missing.jsonl", tmp_path / "o1"))
+    with pytest.raises(FicError, match="model folder"):
+        run(*settings(tmp_path / "no-model", corpus, tmp_path / "o2"))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"messages": conversation(1)}) + "\n" + json.dumps({"messages": "hi"}) + "\n")
+    with pytest.raises(FicError, match="record 2.*messages"):
+        run(*settings(tiny_model_dir, bad, tmp_path / "o3"))
+    only_users = tmp_path / "users.jsonl"
+    only_users.write_text(json.dumps({"messages": conversation(1)[:2]}) + "\n")
+    with pytest.raises(FicError, match="record 1.*no trained assistant tokens"):
+        run(*settings(tiny_model_dir, only_users, tmp_path / "o4"))
+    with pytest.raises(FicError, match="longer than data.max_seq_len"):
+        run(*settings(tiny_model_dir, corpus, tmp_path / "o5", "data.max_seq_len=8"))
+
+
+# --------------------------------------------------------------------------- CLI, recipe, launch configs
+
+
+def test_fic_train_sft_runs_the_recipe_end_to_end(tiny_model_dir, corpus, tmp_path, monkeypatch):
+    from fic.cli import main
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")  # the wandb code path runs, nothing is written
+    out = tmp_path / "cli"
+    code = main(["train", "sft", "--config", str(RECIPE), f"model.path={tiny_model_dir}", f"data.path={corpus}",
+                 f"out={out}", "train.max_steps=2", "train.micro_batch_size=2", "train.grad_accum_steps=1",
+                 "logging.progress=false"])
+    assert code == 0
+    assert list(losses(out)) == [1, 2]
+    assert (out / "final" / "model.safetensors").exists() and (out / "final" / "README.md").exists()
+    assert yaml.safe_load((out / "config.yaml").read_text())["data"]["path"] == str(corpus)
+
+
+def test_launch_configs_parse_with_the_intended_settings():
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    names = {p.stem for p in LAUNCH}
+    assert {"accelerate_single", "accelerate_multi_gpu", "deepspeed_zero2", "deepspeed_zero3"} <= names
+    for path in LAUNCH:
+        config = load_config_from_file(str(path))  # every launch YAML parses
+        raw = yaml.safe_load(path.read_text())
+        # The recipe owns accumulation and clipping; a launch config that set them would override it.
+        assert "gradient_accumulation_steps" not in raw.get("deepspeed_config", {})
+        assert "gradient_clipping" not in raw.get("deepspeed_config", {})
+        if path.stem not in ("accelerate_single", "accelerate_multi_gpu", "deepspeed_zero2", "deepspeed_zero3"):
+            continue
+        assert config.mixed_precision == "bf16"
+        kind = str(config.distributed_type).split(".")[-1]
+        if path.stem.startswith("deepspeed"):
+            stage = int(path.stem[-1])
+            assert kind == "DEEPSPEED" and config.deepspeed_config["zero_stage"] == stage
+            assert config.deepspeed_config["offload_optimizer_device"] == "none"
+            if stage == 3:
+                assert config.deepspeed_config["zero3_save_16bit_model"] is True
+                assert config.deepspeed_config["zero3_init_flag"] is True
+        else:
+            assert kind == {"accelerate_single": "NO", "accelerate_multi_gpu": "MULTI_GPU"}[path.stem]
+
+
+def test_bench_sft_times_fic_and_trl_on_the_same_batches(tiny_model_dir):
+    import argparse
+
+    from fic import bench_sft
+
+    parser = argparse.ArgumentParser()
+    bench_sft.add_arguments(parser)
+    args = parser.parse_args(["--model", str(tiny_model_dir), "--steps", "2", "--warmup", "0",
+                              "--micro-batch-size", "2", "--memory-tokens", "64"])
+    figures = bench_sft.measure(args)
+    assert figures["target_tokens_per_step"] > 0
+    assert figures["ratio"] == pytest.approx(figures["fic_target_tokens_per_s"] / figures["trl_target_tokens_per_s"])
+    # Half of the 64 tokens are targets: FiC builds logits for those rows only.
+    assert figures["memory_targets"] == 32
+    assert figures["fic_largest_logits_mb"] * 2 == pytest.approx(figures["full_largest_logits_mb"])
+    assert figures["fic_saved_mb"] < figures["full_logits_saved_mb"]
