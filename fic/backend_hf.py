@@ -22,8 +22,8 @@ import torch
 from transformers import (GenerationConfig, LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper,
                           TopPLogitsWarper)
 
-from fic.errors import FicError
-from fic.generation import BackendConfig, Generation, SamplingParams, check_prompts, finish
+from fic.generation import (BackendConfig, Generation, SamplingParams, chat_by_generate, check_prompts, finish,
+                            stop_ids)
 
 
 class HFBackend:
@@ -33,22 +33,16 @@ class HFBackend:
     name = "hf"
 
     def __init__(self, model: Any, tokenizer: Any, batch_size: int = 16):
-        from fic.chat import end_of_turn_ids
-
         self.model, self.tokenizer, self.batch_size = model, tokenizer, max(1, int(batch_size))
         # The checkpoint's generation_config may list more eos ids (Llama 3: eot, eom, eos).
         generation_config = getattr(model, "generation_config", None)
-        self.stop_ids = frozenset(int(t) for t in end_of_turn_ids(tokenizer, generation_config))
-        if not self.stop_ids:
-            raise FicError("the tokenizer has no end-of-turn token; cannot tell where a reply ends")
+        self.stop_ids = stop_ids(tokenizer, generation_config)
         pad = getattr(tokenizer, "pad_token_id", None)
         # Any id works as padding (masked out, trimmed afterwards); an end-of-turn id is always there.
         self.pad_id = int(pad) if pad is not None else min(self.stop_ids)
 
     def chat(self, conversations: list[list[dict]], params: SamplingParams) -> list[Generation]:
-        from fic.chat import prompt_ids
-
-        return self.generate([prompt_ids(self.tokenizer, conv) for conv in conversations], params)
+        return chat_by_generate(self, conversations, params)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         check_prompts(prompts)

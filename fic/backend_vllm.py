@@ -26,7 +26,8 @@ from __future__ import annotations
 from typing import Any
 
 from fic.errors import FicError
-from fic.generation import BackendConfig, Generation, SamplingParams, check_prompts, finish
+from fic.generation import (BackendConfig, Generation, SamplingParams, chat_by_generate, check_prompts, finish,
+                            stop_ids)
 
 
 def import_vllm() -> Any:
@@ -45,18 +46,12 @@ class VLLMBackend:
     name = "vllm"
 
     def __init__(self, llm: Any, tokenizer: Any):
-        from fic.chat import end_of_turn_ids
-
         self.vllm = import_vllm()
         self.llm, self.tokenizer = llm, tokenizer
-        self.stop_ids = frozenset(int(t) for t in end_of_turn_ids(tokenizer))
-        if not self.stop_ids:
-            raise FicError("the tokenizer has no end-of-turn token; cannot tell where a reply ends")
+        self.stop_ids = stop_ids(tokenizer)
 
     def chat(self, conversations: list[list[dict]], params: SamplingParams) -> list[Generation]:
-        from fic.chat import prompt_ids
-
-        return self.generate([prompt_ids(self.tokenizer, conv) for conv in conversations], params)
+        return chat_by_generate(self, conversations, params)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         check_prompts(prompts)

@@ -188,7 +188,7 @@ def _set_nested(data: dict, keys: list[str], value: Any) -> None:
         if child is None:
             child = node[part] = {}
         elif not isinstance(child, dict):
-            raise FicError(f"cannot set a sub-key of a value that is not a mapping",
+            raise FicError("cannot set a sub-key of a value that is not a mapping",
                            path="command line", field=".".join(keys))
         node = child
     node[keys[-1]] = value

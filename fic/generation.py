@@ -166,12 +166,26 @@ def finish(tokenizer: Any, token_ids: Sequence[int], logprobs: Sequence[float],
                       finish_reason="stop" if stopped else "length")
 
 
-def end_of_turn_id(tokenizer: Any) -> int:
-    """The one id that closes an assistant turn: eos when it is an end-of-turn id, else the lowest."""
+def stop_ids(tokenizer: Any, generation_config: Any = None) -> frozenset[int]:
+    """The ids a local engine stops at; a tokenizer without any cannot tell where a reply ends."""
     from fic.chat import end_of_turn_ids
-    ids = end_of_turn_ids(tokenizer)
+
+    ids = frozenset(int(t) for t in end_of_turn_ids(tokenizer, generation_config))
     if not ids:
         raise FicError("the tokenizer has no end-of-turn token; cannot tell where a reply ends")
+    return ids
+
+
+def chat_by_generate(backend: Backend, conversations: list[list[dict]], params: SamplingParams) -> list[Generation]:
+    """`chat` for token-in backends: render each conversation with the chat template, then generate."""
+    from fic.chat import prompt_ids
+
+    return backend.generate([prompt_ids(backend.tokenizer, conv) for conv in conversations], params)
+
+
+def end_of_turn_id(tokenizer: Any) -> int:
+    """The one id that closes an assistant turn: eos when it is an end-of-turn id, else the lowest."""
+    ids = stop_ids(tokenizer)
     eos = getattr(tokenizer, "eos_token_id", None)
     return eos if eos in ids else min(ids)
 
