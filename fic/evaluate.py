@@ -155,6 +155,12 @@ def check_resume(out: Path, cfg: EvalConfig) -> None:
     """Save the fingerprint on a fresh folder; on an existing one, refuse an incompatible config."""
     path = out / FINGERPRINT_NAME
     wanted = fingerprint(cfg)
+    log = out / LOG_NAME
+    if not log.exists() or log.stat().st_size == 0:
+        # Nothing played yet (e.g. the last try failed on a mistyped model path): the folder is
+        # not bound to that config.
+        write_json(path, wanted)
+        return
     if path.exists():
         try:
             saved = json.loads(path.read_text(encoding="utf-8"))
@@ -166,11 +172,9 @@ def check_resume(out: Path, cfg: EvalConfig) -> None:
             details = "; ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff[:4])
             raise FicError(f"this folder holds conversations from a different config ({details}); resuming "
                            "would mix them. Use another out= or delete the folder", field="out")
-    elif (out / LOG_NAME).exists():
+    else:
         raise FicError(f"{LOG_NAME} exists without {FINGERPRINT_NAME}; cannot tell which config made it. "
                        "Use another out= or delete the folder", field="out")
-    else:
-        write_json(path, wanted)
 
 
 def load_log(path: Path) -> list[dict]:

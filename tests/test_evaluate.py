@@ -214,3 +214,14 @@ def test_eval_recipe_on_smollm2(smollm2_dir, tmp_path, monkeypatch, capsys):
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["conversations"] == 3
     assert "recovery rate" in capsys.readouterr().out
+
+
+def test_a_run_that_failed_before_playing_does_not_bind_the_folder(lic_file, tmp_path, tiny_model_dir, tiny_backend):
+    out = tmp_path / "run"
+    with pytest.raises(FicError, match="not found"):  # a mistyped model path
+        evaluate(config(lic_file, out, tmp_path / "no-such-model"), progress=False)
+    assert not (out / "conversations.jsonl").exists()
+    evaluate(config(lic_file, out, tiny_model_dir), assistant=tiny_backend, progress=False)
+    assert len(log(out)) == 18
+    with pytest.raises(FicError, match="different config"):  # once played, the folder is bound
+        evaluate(config(lic_file, out, tiny_model_dir, "temperature=0.5"), assistant=tiny_backend, progress=False)
