@@ -6,7 +6,6 @@ import argparse
 from collections import Counter
 from pathlib import Path
 
-from tqdm import tqdm
 
 from fic.errors import FicError
 
@@ -70,7 +69,7 @@ def prepare_model(args: argparse.Namespace) -> int:
 
 def shard(args: argparse.Namespace) -> int:
     from fic.files import write_jsonl
-    from fic.sharding import ShardingError, shard_rule
+    from fic.sharding import shard_missing
     from fic.sources import load_source
 
     _check_shard_args(args)
@@ -92,11 +91,15 @@ def shard(args: argparse.Namespace) -> int:
         for instance, reason in dropped:
             reject(instance, reason, "shard")
     else:
-        for instance in tqdm(to_shard, desc="sharding", unit="inst", disable=None):
-            try:
-                kept.append(shard_rule(instance, seed=args.seed))
-            except ShardingError as err:
-                reject(instance, err.message, "shard")
+        from fic.instance import Instance
+
+        # --reshard: drop the old shards so the rule sharder writes new ones.
+        fresh = [Instance(i.task_id, i.task, [], dict(i.fields)) for i in to_shard]
+        done, dropped = shard_missing(fresh, seed=args.seed, progress=True)
+        kept += done
+        originals = {instance.task_id: instance for instance in to_shard}
+        for instance, reason in dropped:
+            reject(originals[instance.task_id], reason, "shard")
     order = {instance.task_id: n for n, instance in enumerate(instances)}
     kept.sort(key=lambda instance: order[instance.task_id])
     if kept and args.validate:

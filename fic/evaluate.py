@@ -26,6 +26,7 @@ score of the model *before* training. `baseline` names a previous run's folder (
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 import json
 import time
 from dataclasses import dataclass
@@ -205,20 +206,14 @@ def load_log(path: Path) -> list[dict]:
 
 def load_instances(cfg: EvalConfig) -> tuple[list[Instance], dict]:
     """The instances to play, sharded where needed; and counts of what was skipped and why."""
-    from fic.sharding import ShardingError, shard_rule
+    from fic.sharding import shard_missing
     from fic.sources import load_source
 
     instances = load_source(cfg.data.source, cfg.data.task, limit=cfg.data.limit, seed=cfg.data.seed)
-    needs_shards = any(view != "full" for view in cfg.views)
-    kept, skipped = [], {}
-    for instance in instances:
-        if needs_shards and not instance.is_sharded:
-            try:
-                instance = shard_rule(instance, seed=cfg.data.seed)
-            except ShardingError as err:
-                skipped[err.message] = skipped.get(err.message, 0) + 1
-                continue
-        kept.append(instance)
+    if not any(view != "full" for view in cfg.views):
+        return instances, {}
+    kept, dropped = shard_missing(instances, seed=cfg.data.seed)
+    skipped = dict(Counter(reason for _, reason in dropped))
     if not kept:
         raise FicError(f"no instance could be sharded ({skipped})", field="data.source")
     return kept, skipped

@@ -150,7 +150,7 @@ def _rng(*parts: Any) -> random.Random:
 
 def load_instances(cfg: SFTDataConfig) -> tuple[list[Instance], list[dict]]:
     """Instances from every source, sharded where needed; and what happened to each source."""
-    from fic.sharding import ShardingError, shard_rule
+    from fic.sharding import shard_missing
     from fic.sources import load_source
 
     task = tasks.get(cfg.task)
@@ -161,15 +161,11 @@ def load_instances(cfg: SFTDataConfig) -> tuple[list[Instance], list[dict]]:
         except FicError as err:
             raise FicError(err.message, path=err.path, record=err.record,
                            field="data" if err.field == "source" else err.field) from None
-        dropped, sharded_here, count = Counter(), 0, 0
-        for instance in loaded:
-            if not instance.is_sharded:
-                try:
-                    instance = shard_rule(instance, seed=cfg.seed)
-                    sharded_here += 1
-                except ShardingError as err:
-                    dropped[err.message] += 1
-                    continue
+        sharded, unshardable = shard_missing(loaded, seed=cfg.seed)
+        dropped = Counter(reason for _, reason in unshardable)
+        sharded_here = sum(not instance.is_sharded for instance in loaded) - len(unshardable)
+        count = 0
+        for instance in sharded:
             if len(instance.shards) < 2:
                 dropped["a single shard: nothing to reveal over several turns"] += 1
                 continue

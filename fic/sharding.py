@@ -117,6 +117,24 @@ def shard_math(instance: Instance, *, seed: int = 0) -> Instance:
 SHARDERS = {"math": shard_math}
 
 
+def shard_missing(instances: list[Instance], *, seed: int = 0,
+                  progress: bool = False) -> tuple[list[Instance], list[tuple[Instance, str]]]:
+    """Keep instances that have shards, rule-shard the rest; return the kept ones (in order)
+    and the (instance, reason) pairs that could not be sharded."""
+    from tqdm import tqdm
+
+    kept, dropped = [], []
+    for instance in tqdm(instances, desc="sharding", unit="inst", disable=not progress or None):
+        if instance.is_sharded:
+            kept.append(instance)
+            continue
+        try:
+            kept.append(shard_rule(instance, seed=seed))
+        except ShardingError as err:
+            dropped.append((instance, err.message))
+    return kept, dropped
+
+
 def shard_rule(instance: Instance, *, seed: int = 0) -> Instance:
     """Shard with the rules of the instance's task."""
     try:
