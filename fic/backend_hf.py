@@ -1,38 +1,51 @@
-"""The transformers backend: `model.generate` on any device torch runs on.
+"""The transformers backend: a decoding loop over a loaded causal LM, on any device torch runs on.
 
 Prompts are grouped into micro-batches of similar length (sorted longest first, so an
 out-of-memory error shows up on the first batch rather than after an hour), LEFT-padded so
-every row's last prompt token sits in the final column, and decoded with the KV cache.
-`generate` derives position ids from the attention mask, so a padded row sees the same
-positions as it would alone: batched greedy output equals unbatched greedy output (up to
-floating-point ties).
+every row's last prompt token sits in the final column, with position ids counted over real
+tokens only: a padded row sees the same positions as it would alone, so batched greedy output
+equals unbatched greedy output (up to floating-point ties).
 
-Every built-in logits processor is switched off, so a checkpoint's `generation_config.json`
-(top_k=50, repetition_penalty, ...) cannot silently change what is sampled; one processor of
-our own records the raw log-probs and then applies temperature and top-p. The distribution is
-exactly softmax(logits / temperature) cut to top_p, the one vLLM samples from, and greedy
-decoding is the argmax of the raw logits.
+The loop is ours rather than `model.generate` for two reasons. It keeps each row's keys and
+values after the call (`fic.kv_reuse`), so the next turn of a conversation feeds the model only
+its new tokens; and nothing from a checkpoint's `generation_config.json` (top_k=50,
+repetition_penalty, ...) can change what is sampled. Each step records the chosen token's
+log-prob under the raw logits, then samples from exactly softmax(logits / temperature) cut to
+top_p, the distribution vLLM samples from (transformers' own temperature and top-p warpers, in
+vLLM's order); greedy decoding is the argmax of the raw logits.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import (GenerationConfig, LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper,
-                          TopPLogitsWarper)
+from transformers import DynamicCache, TemperatureLogitsWarper, TopPLogitsWarper
+from transformers.cache_utils import DynamicLayer
 
 from fic.generation import (BackendConfig, Generation, SamplingParams, chat_by_generate, check_prompts, finish,
                             stop_ids)
+from fic.kv_reuse import KVStore, common_prefix_length, layer_kv, left_padded, row_kv
+
+
+# What one extra forward pass costs, in token reads: every weight is read once whatever the
+# batch, which on the reference CPU takes about as long as computing 30-60 tokens.
+FORWARD_PASS_COST = 64
 
 
 class HFBackend:
     """Generation with a loaded transformers causal LM. Build it from a model already in memory
-    (the trainer's live policy, a test model) or from a config with `load_hf_backend`."""
+    (the trainer's live policy, a test model) or from a config with `load_hf_backend`.
+
+    `kv_reuse_mb` is the memory for keys and values kept between calls (see `fic.kv_reuse`);
+    0 turns reuse off. They are forgotten whenever the model's weights change."""
 
     name = "hf"
 
-    def __init__(self, model: Any, tokenizer: Any, batch_size: int = 16):
+    def __init__(self, model: Any, tokenizer: Any, batch_size: int = 16, kv_reuse_mb: float = 0):
         self.model, self.tokenizer, self.batch_size = model, tokenizer, max(1, int(batch_size))
         # The checkpoint's generation_config may list more eos ids (Llama 3: eot, eom, eos).
         generation_config = getattr(model, "generation_config", None)
@@ -40,6 +53,8 @@ class HFBackend:
         pad = getattr(tokenizer, "pad_token_id", None)
         # Any id works as padding (masked out, trimmed afterwards); an end-of-turn id is always there.
         self.pad_id = int(pad) if pad is not None else min(self.stop_ids)
+        self.kv_store = KVStore(int(kv_reuse_mb * 2**20)) if kv_reuse_mb > 0 else None
+        self.fed_tokens = 0  # prompt tokens run through the model so far (what reuse saves)
 
     def chat(self, conversations: list[list[dict]], params: SamplingParams) -> list[Generation]:
         return chat_by_generate(self, conversations, params)
@@ -55,12 +70,15 @@ class HFBackend:
         sampling = params.temperature > 0
         was_training = self.model.training
         self.model.eval()  # no dropout while sampling; restored below for a live training model
+        if self.kv_store is not None:
+            self.kv_store.check_weights(self.model)
         # fork_rng scopes the per-call seed: the caller's global RNG state is restored afterwards.
         fork_devices = []
         if device.type == "cuda":
             fork_devices = [device.index if device.index is not None else torch.cuda.current_device()]
         try:
-            with torch.random.fork_rng(devices=fork_devices, enabled=sampling and params.seed is not None):
+            with torch.random.fork_rng(devices=fork_devices, enabled=sampling and params.seed is not None), \
+                    torch.inference_mode():
                 if sampling and params.seed is not None:
                     torch.manual_seed(params.seed)
                 for start in range(0, len(order), self.batch_size):
@@ -74,86 +92,222 @@ class HFBackend:
 
     def _generate_batch(self, prompts: list[list[int]], params: SamplingParams,
                         device: torch.device) -> list[Generation]:
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            input_ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
-            attention_mask[row, width - len(prompt):] = 1
-        recorder = _RecordThenWarp(params)
-        with torch.inference_mode():
-            sequences = self.model.generate(
-                input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
-                logits_processor=LogitsProcessorList([recorder]),
-                **_generate_kwargs(params, sorted(self.stop_ids), self.pad_id))
-        new_ids = sequences[:, width:]
-        logprobs = recorder.chosen_logprobs(new_ids).cpu().tolist()
-        return [finish(self.tokenizer, ids, lps, self.stop_ids)
-                for ids, lps in zip(new_ids.cpu().tolist(), logprobs)]
+        if self.kv_store is not None:
+            self._prefill(prompts, device)  # then every row feeds only its last prompt token
+        rows = self._assemble(prompts, params.max_new_tokens, device)
+        new_ids, logprobs = _decode(self.model, rows.cache, rows.input_ids, rows.attention_mask,
+                                    params, self.stop_ids, self.pad_id)
+        results = [finish(self.tokenizer, ids, lps, self.stop_ids)
+                   for ids, lps in zip(new_ids.cpu().tolist(), logprobs.cpu().tolist())]
+        # The last reply token was sampled but never fed: its keys and values do not exist.
+        self._keep(rows, [p + g.token_ids[:-1] for p, g in zip(prompts, results)])
+        return results
+
+    def _prefill(self, prompts: list[list[int]], device: torch.device) -> None:
+        """Put the keys and values of every prompt but its last token into the store.
+
+        A prefix all prompts share (a system prompt) is fed once. The rest is fed in groups of
+        similar length, each one forward pass, so that short rows are not padded to the longest
+        (padding costs as much compute as real tokens; half of a turn's tokens were padding)."""
+        store = self.kv_store
+        reused = [store.match(p)[1] for p in prompts]
+        shared = common_prefix_length(prompts)
+        if sum(max(0, shared - m) for m in reused) - shared >= FORWARD_PASS_COST:
+            self._feed([prompts[0][:shared]], device)
+            reused = [max(m, shared) for m in reused]
+        todo = [i for i, p in enumerate(prompts) if reused[i] < len(p) - 1]
+        lengths = [len(prompts[i]) - 1 - reused[i] for i in todo]
+        for group in prefill_groups(lengths, FORWARD_PASS_COST):
+            self._feed([prompts[todo[j]][:-1] for j in group], device)
+            if self.kv_store is None:  # the model's cache turned out not to be spliceable
+                return
+
+    def _feed(self, token_lists: list[list[int]], device: torch.device) -> None:
+        """One forward pass over the rows, storing each row's keys and values; no sampling."""
+        rows = self._assemble(token_lists, 0, device)
+        self.model(input_ids=rows.input_ids, attention_mask=rows.attention_mask,
+                   position_ids=_positions(rows.attention_mask, rows.input_ids.shape[1]),
+                   use_cache=True, **_forward_kwargs(self.model, rows.cache))
+        self._keep(rows, token_lists)
+
+    def _assemble(self, token_lists: list[list[int]], extra: int, device: torch.device) -> "_Rows":
+        """Lay out a batch: each row's longest stored prefix (copied into a fresh cache with room
+        for `extra` more positions), then the rest of its tokens, left-padded."""
+        store = self.kv_store
+        matches = [store.match(t) if store is not None else (None, 0) for t in token_lists]
+        reused = [m for _, m in matches]
+        fresh = [t[m:] for t, m in zip(token_lists, reused)]
+        past, width = max(reused), max(len(f) for f in fresh)
+        cache = _new_cache(self.model, past + width + extra)
+        if past:
+            prefixes = [store.entries[k].kv if k is not None else None for k, _ in matches]
+            for layer, (keys, values) in enumerate(left_padded(prefixes, reused)):
+                cache.update(keys, values, layer)
+        self.fed_tokens += sum(len(f) for f in fresh)
+        input_ids = torch.full((len(token_lists), width), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(token_lists), past + width), dtype=torch.long)
+        for row, (ids, m) in enumerate(zip(fresh, reused)):
+            input_ids[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
+            attention_mask[row, past - m:past] = 1
+            attention_mask[row, past + width - len(ids):] = 1
+        return _Rows(cache, input_ids.to(device), attention_mask.to(device), matches, fresh, past, width)
+
+    def _keep(self, rows: "_Rows", token_lists: list[list[int]]) -> None:
+        """Store row i's keys and values for `token_lists[i]` (what it fed: its prompt, and for a
+        generation its reply but the last token), and drop the entries rows continued in full."""
+        if self.kv_store is None:
+            return
+        batch_kv = layer_kv(rows.cache)
+        if batch_kv is None:  # this model's cache cannot be spliced: stop trying
+            self.kv_store = None
+            return
+        for row, tokens in enumerate(token_lists):
+            reused = rows.matches[row][1]
+            generated = len(tokens) - reused - len(rows.fresh[row])
+            spans = [(rows.past - reused, rows.past),
+                     (rows.past + rows.width - len(rows.fresh[row]), rows.past + rows.width + generated)]
+            self.kv_store.put(tokens, row_kv(batch_kv, row, spans))
+        for key, m in rows.matches:
+            entry = self.kv_store.entries.get(key) if key is not None else None
+            if entry is not None and m == len(entry.tokens):
+                self.kv_store.drop(key)
 
 
-class _RecordThenWarp(LogitsProcessor):
-    """The one logits processor `generate` runs (every built-in one is switched off).
+@dataclass
+class _Rows:
+    """A batch laid out by `HFBackend._assemble`. Columns of row i: [zeros | reused prefix]
+    (`past` wide), [left padding | fresh tokens] (`width` wide), then what is generated."""
 
-    It sees the raw logits of each step first, keeps their log-softmax for one step only, and
-    at the next step (whose `input_ids` end with the token just chosen) keeps the chosen
-    token's log-prob: memory is one (batch, vocab) tensor instead of the (batch, steps, vocab)
-    that `output_logits=True` would hold. Then it applies temperature and top-p with
-    transformers' own warpers, in vLLM's order (temperature first).
-    """
-
-    def __init__(self, params: SamplingParams):
-        self.warpers: list[LogitsProcessor] = []
-        if params.temperature > 0:
-            if params.temperature != 1.0:
-                self.warpers.append(TemperatureLogitsWarper(params.temperature))
-            if params.top_p < 1.0:
-                self.warpers.append(TopPLogitsWarper(params.top_p))
-        self.last: torch.Tensor | None = None
-        self.chosen: list[torch.Tensor] = []
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        if self.last is not None:
-            self.chosen.append(self.last.gather(-1, input_ids[:, -1:]))
-        self.last = torch.log_softmax(scores.float(), dim=-1)
-        for warper in self.warpers:
-            scores = warper(input_ids, scores)
-        return scores
-
-    def chosen_logprobs(self, new_ids: torch.Tensor) -> torch.Tensor:
-        """(batch, steps) raw log-probs of the generated ids (the last step's is gathered here)."""
-        if self.last is None:
-            return new_ids.new_zeros(new_ids.shape, dtype=torch.float32)
-        steps = self.chosen + [self.last.gather(-1, new_ids[:, -1:])]
-        if len(steps) != new_ids.shape[1]:
-            raise RuntimeError(f"recorded {len(steps)} steps for {new_ids.shape[1]} generated tokens; "
-                               "another logits processor or a different decoding loop is in play")
-        return torch.cat(steps, dim=1)
+    cache: Any
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    matches: list[tuple[int | None, int]]  # (store key, reused length) per row
+    fresh: list[list[int]]
+    past: int
+    width: int
 
 
-def _generate_kwargs(params: SamplingParams, stop_ids: list[int], pad_id: int) -> dict:
-    """`generate` keyword arguments with every built-in logits processor switched off, so the
-    checkpoint's generation_config.json cannot add one (see the module docstring)."""
-    kwargs = dict(
-        max_new_tokens=params.max_new_tokens, eos_token_id=stop_ids, pad_token_id=pad_id,
-        do_sample=params.temperature > 0, use_cache=True, num_beams=1, num_return_sequences=1,
-        return_dict_in_generate=False,
-        # Everything but the sampling warpers that could add a processor, pinned neutral.
-        repetition_penalty=1.0, encoder_repetition_penalty=1.0, no_repeat_ngram_size=0,
-        encoder_no_repeat_ngram_size=0, bad_words_ids=None, min_length=0, min_new_tokens=None,
-        sequence_bias=None, guidance_scale=None, forced_bos_token_id=None, forced_eos_token_id=None,
-        remove_invalid_values=False, exponential_decay_length_penalty=None, suppress_tokens=None,
-        begin_suppress_tokens=None, watermarking_config=None, renormalize_logits=False,
-    )
+def prefill_groups(lengths: list[int], pass_cost: int) -> list[list[int]]:
+    """Split rows into forward passes minimising padded tokens + `pass_cost` per pass.
+
+    A pass costs (rows x its longest row) token reads; sorted by length, the best split is a
+    run of consecutive rows per pass, found by dynamic programming over the split points.
+    Returns groups of indices into `lengths`."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i], reverse=True)
+    best = [0] + [None] * len(order)  # best[j]: cost of the first j rows
+    cut = [0] * (len(order) + 1)
+    for j in range(1, len(order) + 1):
+        for i in range(j):  # rows i..j-1 in one pass, padded to the longest, lengths[order[i]]
+            cost = best[i] + (j - i) * lengths[order[i]] + pass_cost
+            if best[j] is None or cost < best[j]:
+                best[j], cut[j] = cost, i
+    groups, j = [], len(order)
+    while j > 0:
+        groups.append(order[cut[j]:j])
+        j = cut[j]
+    return groups[::-1]
+
+
+def _decode(model: Any, cache: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+            params: SamplingParams, stops: frozenset[int], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Feed `input_ids` after what `cache` already holds (`attention_mask` covers both), then
+    sample up to `params.max_new_tokens` tokens per row, stopping when every row has written a
+    stop id (finished rows are padded). Returns (batch, steps) ids and their raw log-probs."""
+    warpers = []
     if params.temperature > 0:
-        # Warpers are built only when sampling: neutral values here, _RecordThenWarp applies
-        # temperature and top-p after recording the raw logits. (Greedy builds no warpers, and
-        # passing these would only draw "flag not used" warnings.)
-        kwargs.update(temperature=1.0, top_p=1.0, top_k=0, min_p=None, typical_p=1.0,
-                      epsilon_cutoff=0.0, eta_cutoff=0.0, top_h=None)
-    # Older transformers lack some knobs (top_h, ...); what a version does not know it cannot apply.
-    known = GenerationConfig().to_dict()
-    return {key: value for key, value in kwargs.items() if key in known}
+        if params.temperature != 1.0:
+            warpers.append(TemperatureLogitsWarper(params.temperature))
+        if params.top_p < 1.0:
+            warpers.append(TopPLogitsWarper(params.top_p))
+    stop_tensor = torch.tensor(sorted(stops), device=input_ids.device)
+    finished = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+    positions = _positions(attention_mask, input_ids.shape[1])
+    tokens, logprobs = [], []
+    step_ids = input_ids
+    for step in range(params.max_new_tokens):
+        out = model(input_ids=step_ids, attention_mask=attention_mask, position_ids=positions,
+                    use_cache=True, **_forward_kwargs(model, cache))
+        scores = out.logits[:, -1, :].float()
+        raw = torch.log_softmax(scores, dim=-1)
+        if params.temperature > 0:
+            for warper in warpers:
+                scores = warper(None, scores)
+            chosen = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1)
+        else:
+            chosen = scores.argmax(dim=-1, keepdim=True)
+        chosen = chosen.masked_fill(finished[:, None], pad_id)
+        tokens.append(chosen)
+        logprobs.append(raw.gather(-1, chosen))
+        finished |= torch.isin(chosen[:, 0], stop_tensor)
+        if bool(finished.all()) or step + 1 == params.max_new_tokens:
+            break
+        step_ids = chosen
+        positions = positions[:, -1:] + 1
+        attention_mask = torch.cat([attention_mask, attention_mask.new_ones((attention_mask.shape[0], 1))], dim=1)
+    return torch.cat(tokens, dim=1), torch.cat(logprobs, dim=1)
+
+
+def _positions(attention_mask: torch.Tensor, width: int) -> torch.Tensor:
+    """Position ids of the last `width` columns, counting real tokens only, so that the gaps
+    padding leaves do not shift them."""
+    return (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, -width:]
+
+
+def _new_cache(model: Any, capacity: int) -> Any:
+    """An empty cache laid out for this model. When every layer is a plain full-attention one
+    (the models whose keys and values can be reused), each gets storage for `capacity`
+    positions up front: a growing `DynamicLayer` concatenates at every token, which re-copies
+    the whole cache each step and took 40% of a lockstep rollout's time on a CPU."""
+    try:
+        cache = DynamicCache(config=model.config)
+    except TypeError:  # transformers before 4.56 builds layers lazily
+        return DynamicCache()
+    layers = getattr(cache, "layers", None)
+    if layers and all(type(layer) is DynamicLayer for layer in layers):
+        cache.layers = [PreallocatedLayer(capacity) for _ in layers]
+    return cache
+
+
+class PreallocatedLayer(DynamicLayer):
+    """A full-attention cache layer writing into storage sized once for the whole call."""
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity, self.length = capacity, 0
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
+        if self.length == 0:
+            batch, heads, _, dim = key_states.shape
+            self.key_storage = key_states.new_empty((batch, heads, self.capacity, dim))
+            self.value_storage = value_states.new_empty((batch, value_states.shape[1], self.capacity,
+                                                         value_states.shape[-1]))
+            self.device, self.is_initialized = key_states.device, True
+        end = self.length + key_states.shape[-2]
+        if end > self.capacity:
+            raise RuntimeError(f"cache holds {self.capacity} positions; {end} were written")
+        self.key_storage[:, :, self.length:end] = key_states
+        self.value_storage[:, :, self.length:end] = value_states
+        self.length = end
+        self.keys, self.values = self.key_storage[:, :, :end], self.value_storage[:, :, :end]
+        return self.keys, self.values
+
+
+def _forward_kwargs(model: Any, cache: Any) -> dict:
+    """The cache and last-position-only logits, under the names this transformers version uses
+    (`past_key_values` became `cache`; `num_logits_to_keep` became `logits_to_keep`)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft wraps it
+    names = _forward_parameters(type(base))
+    kwargs = {"cache" if "cache" in names else "past_key_values": cache}
+    for keep in ("logits_to_keep", "num_logits_to_keep"):
+        if keep in names:
+            kwargs[keep] = 1
+            break
+    return kwargs
+
+
+@functools.cache
+def _forward_parameters(model_class: type) -> frozenset[str]:
+    return frozenset(inspect.signature(model_class.forward).parameters)
 
 
 def _model_device(model: Any) -> torch.device:
@@ -163,12 +317,41 @@ def _model_device(model: Any) -> torch.device:
     return next(model.parameters()).device
 
 
+def column_major_linears(model: torch.nn.Module) -> torch.nn.Module:
+    """Store every Linear weight column-major, for CPU decoding of an inference-only model.
+
+    `F.linear(x, W)` multiplies by W transposed. With W row-major (as loaded) MKL takes its
+    "NT" matrix-product path, which on AVX-512 CPUs is several times slower at the row counts
+    of batched decoding (2-48 rows) than the "NN" path it takes when W's transpose is
+    contiguous: on the reference machine a 16 x 576 by 576 x 1536 product took 0.75 ms
+    against 0.16 ms, and a lockstep decoding step of 16 SmolLM2-135M conversations 220 ms
+    against 110 ms. Large products (prefill) run at the same speed either way.
+
+    The values are unchanged; only strides change. An output head tied to the input
+    embedding gets its own copy, so that embedding lookups keep reading contiguous rows.
+    Never apply this to a model being trained (optimizers and checkpoints expect the
+    weights as loaded).
+    """
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear) and module.weight.stride(-1) == 1:
+                column_major = module.weight.detach().t().contiguous().t()
+                module.weight = torch.nn.Parameter(column_major, requires_grad=False)
+    return model
+
+
 def load_hf_backend(cfg: BackendConfig) -> HFBackend:
-    """Load `cfg.model` with fic.model (dtype resolved for the device: bf16 where supported)."""
+    """Load `cfg.model` with fic.model (dtype resolved for the device: bf16 where supported).
+
+    The backend owns this model (nothing trains it), so keys and values are reused between
+    calls within `cfg.kv_reuse_mb`, and on a CPU its weights are laid out for decoding with
+    `column_major_linears`."""
     from fic.model import default_device, load_model, load_tokenizer
 
     device = default_device() if cfg.device == "auto" else cfg.device
     tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
     model = load_model(cfg.model, dtype=cfg.dtype, device=device,
                        trust_remote_code=cfg.trust_remote_code)
-    return HFBackend(model, tokenizer, batch_size=cfg.batch_size)
+    if _model_device(model).type == "cpu":
+        column_major_linears(model)
+    return HFBackend(model, tokenizer, batch_size=cfg.batch_size, kv_reuse_mb=cfg.kv_reuse_mb)

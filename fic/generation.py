@@ -3,7 +3,7 @@
 Every role that talks (the assistant under test, the user simulator, the reply classifier,
 the sharder) holds a `BackendConfig` and calls `make_backend(cfg)` to get a `Backend`:
 
-- `hf`: transformers `generate` on a local checkpoint (`fic/backend_hf.py`);
+- `hf`: a transformers model on a local checkpoint (`fic/backend_hf.py`);
 - `vllm`: the offline vLLM engine on a GPU machine (`fic/backend_vllm.py`);
 - `openai`: any OpenAI-compatible `/chat/completions` endpoint (`fic/backend_openai.py`).
 
@@ -96,6 +96,9 @@ class BackendConfig:
                          "it, else fp32), bfloat16, float16 or float32.")
     device: str = setting("auto", "hf only: auto, cpu, cuda, cuda:N or mps. vLLM places itself.")
     batch_size: int = setting(16, "hf only: most prompts per generate call (micro-batch).", min=1)
+    kv_reuse_mb: float = setting(2048, "hf only: memory (MiB) for keys and values kept between "
+                                 "calls, so that a conversation's next turn feeds the model only "
+                                 "its new tokens; 0 turns reuse off.", min=0)
     trust_remote_code: bool = setting(False, "hf/vllm: allow model code shipped with the checkpoint.")
     base_url: str = setting("https://api.openai.com/v1", "openai only: endpoint root; requests go "
                             "to {base_url}/chat/completions.")

@@ -61,11 +61,11 @@ def prompts(tiny):
     return [prompt_ids(tokenizer, [{"role": "user", "content": t}]) for t in texts]
 
 
-def _hf(tiny, batch_size=16):
+def _hf(tiny, batch_size=16, kv_reuse_mb=0):
     from fic.backend_hf import HFBackend
 
     model, tokenizer = tiny
-    return HFBackend(model, tokenizer, batch_size=batch_size)
+    return HFBackend(model, tokenizer, batch_size=batch_size, kv_reuse_mb=kv_reuse_mb)
 
 
 def _forward_logprobs(model, prompt, generated):
@@ -101,10 +101,12 @@ def test_hf_batched_equals_unbatched(tiny, prompts):
         assert b.logprobs == pytest.approx(a.logprobs, abs=1e-4)
 
 
-def test_hf_logprobs_match_a_forward_pass(tiny, prompts):
+@pytest.mark.parametrize("kv_reuse_mb", [0, 64])
+def test_hf_logprobs_match_a_forward_pass(tiny, prompts, kv_reuse_mb):
     model, _ = tiny
+    backend = _hf(tiny, batch_size=3, kv_reuse_mb=kv_reuse_mb)
     for params in (GREEDY, SamplingParams(max_new_tokens=12, temperature=0.7, top_p=0.9, seed=3)):
-        for prompt, gen in zip(prompts, _hf(tiny, batch_size=3).generate(prompts, params)):
+        for prompt, gen in zip(prompts, backend.generate(prompts, params)):
             # Raw model log-probs: the same whatever temperature was used to sample.
             assert gen.logprobs == pytest.approx(_forward_logprobs(model, prompt, gen.token_ids), abs=1e-4)
 
@@ -171,6 +173,179 @@ def test_hf_rejects_bad_prompts_and_params(tiny):
         SamplingParams(temperature=-1.0)
     with pytest.raises(FicError, match="top_p"):
         SamplingParams(top_p=0.0)
+
+
+# --------------------------------------------------------------------------- hf: keys and values kept between calls
+
+NEXT_USER_TURN = "<|im_start|>user\nAnd then?<|im_end|>\n<|im_start|>assistant\n"
+
+
+def _play_turns(backend, tokenizer, prompts, turns, params=GREEDY):
+    """Each turn continues every prompt token-in/token-out: prompt + reply + a new user turn."""
+    extra = tokenizer.encode(NEXT_USER_TURN, add_special_tokens=False)
+    history = []
+    for _ in range(turns):
+        outputs = backend.generate(prompts, params)
+        history.append((prompts, outputs))
+        prompts = [p + g.token_ids + extra for p, g in zip(prompts, outputs)]
+    return history
+
+
+def test_hf_kv_reuse_replies_like_a_full_read_and_feeds_only_new_tokens(tiny, prompts):
+    from fic.backend_hf import HFBackend
+
+    model, tokenizer = tiny
+    plain, reusing = _hf(tiny, batch_size=4), HFBackend(model, tokenizer, batch_size=4, kv_reuse_mb=64)
+    extra = len(tokenizer.encode(NEXT_USER_TURN, add_special_tokens=False))
+    fed = []
+    for (_, full), (turn_prompts, reused) in zip(_play_turns(plain, tokenizer, prompts, 3),
+                                                 _play_turns(_FedCounter(reusing, fed), tokenizer, prompts, 3)):
+        for a, b, prompt in zip(full, reused, turn_prompts):
+            assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+            assert b.logprobs == pytest.approx(a.logprobs, abs=1e-4)
+            assert b.logprobs == pytest.approx(_forward_logprobs(model, prompt, b.token_ids), abs=1e-4)
+    # Turn 1 reads each prompt at most once (the template's shared system prompt once per batch);
+    # later turns read the last reply token and the new user turn only.
+    assert fed[0] <= sum(len(p) for p in prompts)
+    assert fed[1] == fed[2] == len(prompts) * (1 + extra)
+    assert plain.fed_tokens > 2.5 * reusing.fed_tokens
+
+
+class _FedCounter:
+    """Wraps a backend to record how many prompt tokens each generate call fed the model."""
+
+    def __init__(self, backend, fed):
+        self.backend, self.fed = backend, fed
+
+    def generate(self, prompts, params):
+        before = self.backend.fed_tokens
+        out = self.backend.generate(prompts, params)
+        self.fed.append(self.backend.fed_tokens - before)
+        return out
+
+
+def test_hf_shared_prefix_is_read_once(tiny):
+    from fic.backend_hf import HFBackend
+    from fic.chat import prompt_ids
+
+    model, tokenizer = tiny
+    system = {"role": "system", "content": "You are a careful assistant. " * 12}
+    batch = [prompt_ids(tokenizer, [system, {"role": "user", "content": q}])
+             for q in ("Add 2 and 3.", "What is a prime?", "Name a colour.", "Count to four.")]
+    shared = next(i for i in range(len(batch[0])) if len({p[i] for p in batch}) > 1)
+    assert shared > 64
+    reusing = HFBackend(model, tokenizer, kv_reuse_mb=64)
+    with_reuse = reusing.generate(batch, GREEDY)
+    assert reusing.fed_tokens == shared + sum(len(p) - shared for p in batch)
+    for a, b in zip(_hf(tiny).generate(batch, GREEDY), with_reuse):
+        assert a.token_ids == b.token_ids
+        assert b.logprobs == pytest.approx(a.logprobs, abs=1e-4)
+
+
+def test_hf_kv_reuse_forgets_when_the_weights_change(tiny, prompts):
+    import copy
+
+    from fic.backend_hf import HFBackend
+
+    model, tokenizer = copy.deepcopy(tiny[0]), tiny[1]
+    reusing = HFBackend(model, tokenizer, kv_reuse_mb=64)
+    [(_, first)] = _play_turns(reusing, tokenizer, prompts[:3], 1)
+    assert reusing.kv_store.entries
+    with torch.no_grad():  # what an optimizer step does: change the weights in place
+        for param in model.parameters():
+            param.mul_(1.5)
+    extra = tokenizer.encode(NEXT_USER_TURN, add_special_tokens=False)
+    nxt = [p + g.token_ids + extra for p, g in zip(prompts[:3], first)]
+    before = reusing.fed_tokens
+    after_step = reusing.generate(nxt, GREEDY)
+    assert reusing.fed_tokens - before == sum(len(p) for p in nxt)  # nothing stale was reused
+    fresh = HFBackend(model, tokenizer).generate(nxt, GREEDY)
+    assert [g.token_ids for g in after_step] == [g.token_ids for g in fresh]
+
+
+def test_hf_kv_reuse_steps_aside_for_sliding_window_models(tiny_model_dir):
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from fic.backend_hf import HFBackend
+    from fic.model import load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_model_dir)
+    config = MistralConfig(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+                           sliding_window=8, pad_token_id=tokenizer.pad_token_id)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = _sharpen(MistralForCausalLM(config))
+    batch = [list(range(100, 130)), list(range(200, 221))]
+    reusing = HFBackend(model, tokenizer, kv_reuse_mb=64)
+    # A sliding-window layer keeps only its last positions: nothing to splice, so no store.
+    history = _play_turns(reusing, tokenizer, batch, 2)
+    assert reusing.kv_store is None
+    for (_, a), (_, b) in zip(_play_turns(HFBackend(model, tokenizer), tokenizer, batch, 2), history):
+        assert [g.token_ids for g in a] == [g.token_ids for g in b]
+
+
+def test_kv_store_matches_the_longest_prefix_within_its_budget():
+    from fic.kv_reuse import KVStore
+
+    def kv(n):  # one layer, 1 head, n positions, dim 2: 16 bytes per position for keys + values
+        return [(torch.zeros(1, n, 2), torch.zeros(1, n, 2))]
+
+    store = KVStore(budget_bytes=16 * 10)
+    store.put([1, 2, 3], kv(3))
+    store.put([1, 2, 9, 9], kv(4))
+    assert store.match([1, 2, 9, 9, 5])[1] == 4
+    assert store.match([1, 2, 3, 4])[1] == 3
+    assert store.match([1, 2, 3])[1] == 2  # one token is always left to feed
+    assert store.match([7, 1, 2]) == (None, 0)
+    store.put([1] * 20, kv(20))  # over the whole budget: not kept
+    assert len(store.entries) == 2 and store.nbytes == 16 * 7
+    store.match([1, 2, 3, 4])  # touch [1, 2, 3]: [1, 2, 9, 9] is now the least recently used
+    store.put([5, 6, 7, 8, 9], kv(5))
+    assert [list(e.tokens) for e in store.entries.values()] == [[1, 2, 3], [5, 6, 7, 8, 9]]
+    assert store.nbytes == 16 * 8
+
+
+def test_prefill_groups_find_the_cheapest_split():
+    import itertools
+    import random
+
+    from fic.backend_hf import prefill_groups
+
+    def cost(lengths, groups, pass_cost):
+        return sum(len(g) * max(lengths[i] for i in g) + pass_cost for g in groups)
+
+    rng = random.Random(0)
+    for _ in range(40):
+        lengths = [rng.randint(1, 60) for _ in range(rng.randint(1, 7))]
+        groups = prefill_groups(lengths, 16)
+        assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+        order = sorted(range(len(lengths)), key=lambda i: lengths[i], reverse=True)
+        best = min(cost(lengths, [order[a:b] for a, b in zip((0,) + cuts, cuts + (len(order),))], 16)
+                   for k in range(len(order))
+                   for cuts in itertools.combinations(range(1, len(order)), k))
+        assert cost(lengths, groups, 16) == best
+    assert prefill_groups([64, 30, 29, 28], 16) == [[0], [1, 2, 3]]
+    assert prefill_groups([5, 4, 3], 1000) == [[0, 1, 2]]
+
+
+def test_column_major_linears_keep_the_outputs(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    from fic.backend_hf import column_major_linears
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    ids = torch.tensor([[1, 5, 9, 200, 3000, 17]])
+    with torch.no_grad():
+        before = model(input_ids=ids).logits
+        column_major_linears(model)
+        after = model(input_ids=ids).logits
+    torch.testing.assert_close(after, before, atol=1e-5, rtol=1e-5)
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(m.weight.t().is_contiguous() for m in linears)
+    # The tied output head got its own copy; the embedding still reads contiguous rows.
+    assert model.get_input_embeddings().weight.is_contiguous()
+    assert model.get_output_embeddings().weight is not model.get_input_embeddings().weight
 
 
 # --------------------------------------------------------------------------- function backend

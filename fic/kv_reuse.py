@@ -1,0 +1,146 @@
+"""Keys and values kept between generation calls, so that a conversation's next turn reads only
+its new tokens.
+
+A multi-turn rollout calls the backend once per turn with the whole conversation so far. Without
+reuse every call runs the model over every earlier turn again: a conversation of T turns costs
+O(T^2) prompt tokens, and on a CPU prompt reading does not get faster with batching (it is
+already compute-bound), so it dominated lockstep rollouts. The hf backend therefore keeps, per
+finished row, the keys and values of `prompt + reply[:-1]` (the last reply token was sampled but
+never fed to the model) in a `KVStore`, and a later prompt that starts with those tokens feeds
+the model only what follows.
+
+Matching is by longest common token prefix, not by conversation id: the simulator builds each
+turn by appending token ids (never re-tokenising), so a conversation's next prompt starts with
+exactly the stored tokens, and unrelated prompts that share a system prompt reuse that too.
+Entries are dropped least-recently-used first past a memory budget, dropped when a row continues
+them in full (the longer entry it leaves behind replaces them), and all dropped when the model's
+weights change (a live policy being trained), since the stored values would then be stale.
+
+Only models whose every layer caches every position (plain `DynamicLayer`s: Llama, Qwen2/3,
+SmolLM, OLMo, Phi-3 without sliding window, ...) can reuse; for others the backend reads whole
+prompts as before.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values of one row, (heads, length, dim)
+
+
+@dataclass
+class Entry:
+    tokens: np.ndarray  # the token ids whose keys and values are stored
+    kv: KV
+    nbytes: int
+
+
+class KVStore:
+    """Per-row keys and values of earlier calls, found by token prefix, within `budget_bytes`."""
+
+    def __init__(self, budget_bytes: int):
+        self.budget_bytes = int(budget_bytes)
+        self.entries: OrderedDict[int, Entry] = OrderedDict()  # least recently used first
+        self.nbytes = 0
+        self.weights_version: object = None
+        self._next_key = 0
+
+    def match(self, prompt: list[int]) -> tuple[int | None, int]:
+        """(key, length) of the entry sharing the longest prefix with `prompt`, capped at
+        len(prompt) - 1 so that at least one token is fed (its logits give the first reply
+        token); (None, 0) when nothing is shared."""
+        ids = np.asarray(prompt, dtype=np.int64)
+        best_key, best = None, 0
+        for key, entry in self.entries.items():
+            n = min(len(entry.tokens), len(ids) - 1)
+            if n <= best:
+                continue
+            same = entry.tokens[:n] == ids[:n]
+            shared = n if same.all() else int(np.argmin(same))
+            if shared > best:
+                best_key, best = key, shared
+        if best_key is not None:
+            self.entries.move_to_end(best_key)
+        return best_key, best
+
+    def put(self, tokens: list[int], kv: KV) -> None:
+        nbytes = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
+        if nbytes > self.budget_bytes:
+            return
+        self.entries[self._next_key] = Entry(np.asarray(tokens, dtype=np.int64), kv, nbytes)
+        self._next_key += 1
+        self.nbytes += nbytes
+        while self.nbytes > self.budget_bytes:
+            _, oldest = self.entries.popitem(last=False)
+            self.nbytes -= oldest.nbytes
+
+    def drop(self, key: int) -> None:
+        entry = self.entries.pop(key, None)
+        if entry is not None:
+            self.nbytes -= entry.nbytes
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.nbytes = 0
+
+    def check_weights(self, model: torch.nn.Module) -> None:
+        """Forget everything if any parameter was replaced or changed in place since the last call
+        (an optimizer step bumps every trained tensor's version counter)."""
+        version = tuple((id(p), p._version) for p in model.parameters())
+        if version != self.weights_version:
+            self.clear()
+            self.weights_version = version
+
+
+def common_prefix_length(prompts: list[list[int]]) -> int:
+    """Tokens every prompt starts with, capped one short of the shortest prompt (a row must
+    still feed at least one token of its own)."""
+    cap = min(len(p) for p in prompts) - 1
+    first = np.asarray(prompts[0][:cap], dtype=np.int64)
+    shared = len(first)
+    for prompt in prompts[1:]:
+        same = first[:shared] == np.asarray(prompt[:shared], dtype=np.int64)
+        shared = shared if same.all() else int(np.argmin(same))
+    return max(shared, 0)
+
+
+def layer_kv(cache) -> KV | None:
+    """Per-layer (keys, values) of a transformers cache, or None when some layer does not keep
+    every position (sliding window, chunked or hybrid layers cannot be spliced into a prefix)."""
+    layers = getattr(cache, "layers", None)
+    if layers is None:  # caches from before transformers 4.56 keep two lists
+        return list(zip(cache.key_cache, cache.value_cache))
+    if any(type(layer).__name__ not in ("DynamicLayer", "PreallocatedLayer") for layer in layers):
+        return None
+    return [(layer.keys, layer.values) for layer in layers]
+
+
+def left_padded(prefixes: list[KV | None], lengths: list[int]) -> KV:
+    """Stack row prefixes into one batch max(lengths) wide: row i's first lengths[i] positions
+    end at the last column, the columns before them are zeros (masked out by the caller)."""
+    width = max(lengths)
+    template = next(p for p, n in zip(prefixes, lengths) if n)
+    batch: KV = []
+    for layer, (k0, v0) in enumerate(template):
+        keys = k0.new_zeros((len(prefixes), k0.shape[0], width, k0.shape[2]))
+        values = v0.new_zeros((len(prefixes), v0.shape[0], width, v0.shape[2]))
+        for row, (prefix, n) in enumerate(zip(prefixes, lengths)):
+            if n:
+                keys[row, :, width - n:] = prefix[layer][0][:, :n]
+                values[row, :, width - n:] = prefix[layer][1][:, :n]
+        batch.append((keys, values))
+    return batch
+
+
+def row_kv(batch: KV, row: int, spans: list[tuple[int, int]]) -> KV:
+    """Row `row`'s keys and values at the columns [start, end) of each span, copied out of the
+    batch (so the batch tensors can be freed)."""
+    out: KV = []
+    for keys, values in batch:
+        out.append((torch.cat([keys[row, :, a:b] for a, b in spans], dim=1),
+                    torch.cat([values[row, :, a:b] for a, b in spans], dim=1)))
+    return out
