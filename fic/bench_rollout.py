@@ -5,8 +5,10 @@ decoding, every turn played up to `--turns`) are played twice with one loaded mo
 one conversation at a time (a generation call per turn of each conversation), then all
 together by the lockstep simulator (a generation call per turn for all of them). Printed:
 conversations/s and generated tokens/s of each, their ratio (`ratio` = lockstep
-conversations/s over one-at-a-time conversations/s), and the share of replies that came out
-identical both ways (greedy batched decoding equals unbatched up to floating-point ties).
+conversations/s over one-at-a-time conversations/s), the share of replies that came out
+identical both ways (greedy batched decoding equals unbatched up to floating-point ties), and
+the prompt tokens each way fed the model. Both ways use the hf backend's key/value reuse
+between turns (`--kv-reuse-mb`, 0 for none) and start from an empty store.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, ... (default: auto)")
     parser.add_argument("--dtype", default="auto", help="weights dtype (default: auto)")
     parser.add_argument("--seed", type=int, default=0, help="seed of generated sources (default: 0)")
+    parser.add_argument("--kv-reuse-mb", type=float, default=2048,
+                        help="memory for keys and values kept between turns; 0 re-reads every "
+                             "conversation in full each turn (default: 2048)")
 
 
 def _instances(args: argparse.Namespace) -> list:
@@ -63,25 +68,30 @@ def measure(args: argparse.Namespace) -> dict:
             raise FicError(f"expected a positive number, got {getattr(args, name)}", field="--" + name.replace("_", "-"))
     instances = _instances(args)
     backend = make_backend(BackendConfig(model=args.model, device=args.device, dtype=args.dtype,
-                                         batch_size=args.conversations))
+                                         batch_size=args.conversations, kv_reuse_mb=args.kv_reuse_mb))
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=0.0)
     user, classifier = VerbatimUser(), RuleClassifier()
 
     def fresh() -> list:
         return [Conversation(copy.deepcopy(instance), args.view, run=i) for i, instance in enumerate(instances)]
 
-    def timed(groups: list[list]) -> tuple[float, list]:
+    def timed(groups: list[list]) -> tuple[float, list, int]:
         played = []
+        # Both ways start with nothing reused: the store would otherwise hold the first way's turns.
+        store = getattr(backend, "kv_store", None)
+        if store is not None:
+            store.clear()
+        fed_before = getattr(backend, "fed_tokens", 0)
         start = time.perf_counter()
         for group in groups:
             played += play(group, backend, user, classifier, params, batch_size=len(group),
                            stop_at_correct=False, max_turns=args.turns)
-        return time.perf_counter() - start, played
+        return time.perf_counter() - start, played, getattr(backend, "fed_tokens", 0) - fed_before
 
     # Warm-up: the first forward pass pays for allocations and kernel selection.
     play(fresh()[:1], backend, user, classifier, SamplingParams(max_new_tokens=4), max_turns=1)
-    one_s, one = timed([[conv] for conv in fresh()])
-    batch_s, batched = timed([fresh()])
+    one_s, one, fed_one = timed([[conv] for conv in fresh()])
+    batch_s, batched, fed_batch = timed([fresh()])
     n = len(instances)
     tokens_one = sum(t.reply_tokens for conv in one for t in conv.turns)
     tokens_batch = sum(t.reply_tokens for conv in batched for t in conv.turns)
@@ -90,6 +100,9 @@ def measure(args: argparse.Namespace) -> dict:
         "conversations": n,
         "turns": sum(len(conv.turns) for conv in batched),
         "max_new_tokens": args.max_new_tokens,
+        "kv_reuse": getattr(backend, "kv_store", None) is not None,
+        "one_at_a_time_prompt_tokens_fed": fed_one,
+        "lockstep_prompt_tokens_fed": fed_batch,
         "one_at_a_time_s": one_s,
         "lockstep_s": batch_s,
         "one_at_a_time_conversations_per_s": n / one_s,

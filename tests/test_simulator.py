@@ -226,3 +226,29 @@ def test_llm_classifier_falls_back_to_the_rule_label():
     assert labels[1][0] == "answer_attempt" and "rule label used" in labels[1][1]
     assert labels[2] == ("missing", None)
     assert labels[3] == ("answer_attempt", None)
+
+
+def test_bench_rollout_plays_both_ways_and_reports_what_reuse_saves(tiny_model_dir):
+    import argparse
+
+    from fic import bench_rollout
+
+    parser = argparse.ArgumentParser()
+    bench_rollout.add_arguments(parser)
+
+    def measure(*extra):
+        return bench_rollout.measure(parser.parse_args(
+            ["--model", str(tiny_model_dir), "--conversations", "4", "--turns", "2",
+             "--max-new-tokens", "4", "--dtype", "float32", *extra]))
+
+    reusing, rereading = measure(), measure("--kv-reuse-mb", "0")
+    for figures in (reusing, rereading):
+        assert figures["conversations"] == 4 and figures["turns"] == 8
+        assert figures["ratio"] == pytest.approx(
+            figures["lockstep_conversations_per_s"] / figures["one_at_a_time_conversations_per_s"])
+        assert 0 <= figures["same_replies"] <= 1
+    assert reusing["kv_reuse"] and not rereading["kv_reuse"]
+    # Without reuse both ways read every turn's whole prompt; with it, the second turn reads
+    # only what is new, and the batch reads the shared system prompt once.
+    assert reusing["lockstep_prompt_tokens_fed"] < 0.75 * rereading["lockstep_prompt_tokens_fed"]
+    assert reusing["one_at_a_time_prompt_tokens_fed"] < 0.75 * rereading["one_at_a_time_prompt_tokens_fed"]
