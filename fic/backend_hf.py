@@ -34,6 +34,8 @@ from fic.kv_reuse import KVStore, common_prefix_length, layer_kv, left_padded, r
 # What one extra forward pass costs, in token reads: every weight is read once whatever the
 # batch, which on the reference CPU takes about as long as computing 30-60 tokens.
 FORWARD_PASS_COST = 64
+# Cache room reserved for a reply up front; a longer reply doubles the storage as it goes.
+FIRST_REPLY_SLICE = 256
 
 
 class HFBackend:
@@ -138,7 +140,7 @@ class HFBackend:
         reused = [m for _, m in matches]
         fresh = [t[m:] for t, m in zip(token_lists, reused)]
         past, width = max(reused), max(len(f) for f in fresh)
-        cache = _new_cache(self.model, past + width + extra)
+        cache = _new_cache(self.model, past + width + min(extra, FIRST_REPLY_SLICE))
         if past:
             prefixes = [store.entries[k].kv if k is not None else None for k, _ in matches]
             for layer, (keys, values) in enumerate(left_padded(prefixes, reused)):
@@ -253,38 +255,41 @@ def _positions(attention_mask: torch.Tensor, width: int) -> torch.Tensor:
     return (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, -width:]
 
 
-def _new_cache(model: Any, capacity: int) -> Any:
+def _new_cache(model: Any, expected: int) -> Any:
     """An empty cache laid out for this model. When every layer is a plain full-attention one
-    (the models whose keys and values can be reused), each gets storage for `capacity`
-    positions up front: a growing `DynamicLayer` concatenates at every token, which re-copies
-    the whole cache each step and took 40% of a lockstep rollout's time on a CPU."""
+    (the models whose keys and values can be reused), each becomes a `GrowingLayer` with room
+    for `expected` positions: a `DynamicLayer` concatenates at every token, which re-copies the
+    whole cache each step and took 40% of a lockstep rollout's time on a CPU."""
     try:
         cache = DynamicCache(config=model.config)
     except TypeError:  # transformers before 4.56 builds layers lazily
         return DynamicCache()
     layers = getattr(cache, "layers", None)
     if layers and all(type(layer) is DynamicLayer for layer in layers):
-        cache.layers = [PreallocatedLayer(capacity) for _ in layers]
+        cache.layers = [GrowingLayer(expected) for _ in layers]
     return cache
 
 
-class PreallocatedLayer(DynamicLayer):
-    """A full-attention cache layer writing into storage sized once for the whole call."""
+class GrowingLayer(DynamicLayer):
+    """A full-attention cache layer writing into storage that doubles when full (amortised
+    constant work per token), sized at first for the positions a call expects: the prompt
+    plus a first slice of the reply, not all of `max_new_tokens` that replies rarely reach."""
 
-    def __init__(self, capacity: int):
+    def __init__(self, expected: int):
         super().__init__()
-        self.capacity, self.length = capacity, 0
+        self.capacity, self.length = max(1, expected), 0
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
-        if self.length == 0:
-            batch, heads, _, dim = key_states.shape
-            self.key_storage = key_states.new_empty((batch, heads, self.capacity, dim))
-            self.value_storage = value_states.new_empty((batch, value_states.shape[1], self.capacity,
-                                                         value_states.shape[-1]))
-            self.device, self.is_initialized = key_states.device, True
         end = self.length + key_states.shape[-2]
-        if end > self.capacity:
-            raise RuntimeError(f"cache holds {self.capacity} positions; {end} were written")
+        if self.length == 0 or end > self.capacity:
+            self.capacity = max(self.capacity, end) if self.length == 0 else max(2 * self.capacity, end)
+            keys = key_states.new_empty(key_states.shape[:2] + (self.capacity, key_states.shape[-1]))
+            values = value_states.new_empty(value_states.shape[:2] + (self.capacity, value_states.shape[-1]))
+            if self.length:
+                keys[:, :, :self.length] = self.keys
+                values[:, :, :self.length] = self.values
+            self.key_storage, self.value_storage = keys, values
+            self.device, self.is_initialized = key_states.device, True
         self.key_storage[:, :, self.length:end] = key_states
         self.value_storage[:, :, self.length:end] = value_states
         self.length = end

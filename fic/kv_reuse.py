@@ -114,7 +114,7 @@ def layer_kv(cache) -> KV | None:
     layers = getattr(cache, "layers", None)
     if layers is None:  # caches from before transformers 4.56 keep two lists
         return list(zip(cache.key_cache, cache.value_cache))
-    if any(type(layer).__name__ not in ("DynamicLayer", "PreallocatedLayer") for layer in layers):
+    if any(type(layer).__name__ not in ("DynamicLayer", "GrowingLayer") for layer in layers):
         return None
     return [(layer.keys, layer.values) for layer in layers]
 

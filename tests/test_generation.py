@@ -329,6 +329,18 @@ def test_prefill_groups_find_the_cheapest_split():
     assert prefill_groups([5, 4, 3], 1000) == [[0, 1, 2]]
 
 
+def test_growing_layer_keeps_every_position_past_its_first_size():
+    from fic.backend_hf import GrowingLayer
+
+    layer = GrowingLayer(expected=3)
+    chunks = [torch.randn(2, 1, n, 4) for n in (2, 1, 1, 5, 1)]
+    for chunk in chunks:
+        keys, values = layer.update(chunk, -chunk, 0)
+    torch.testing.assert_close(keys, torch.cat(chunks, dim=2))
+    torch.testing.assert_close(values, -torch.cat(chunks, dim=2))
+    assert layer.get_seq_length() == 10 and 10 <= layer.capacity <= 20
+
+
 def test_column_major_linears_keep_the_outputs(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
