@@ -260,13 +260,9 @@ def _new_cache(model: Any, expected: int) -> Any:
     (the models whose keys and values can be reused), each becomes a `GrowingLayer` with room
     for `expected` positions: a `DynamicLayer` concatenates at every token, which re-copies the
     whole cache each step and took 40% of a lockstep rollout's time on a CPU."""
-    try:
-        cache = DynamicCache(config=model.config)
-    except TypeError:  # transformers before 4.56 builds layers lazily
-        return DynamicCache()
-    layers = getattr(cache, "layers", None)
-    if layers and all(type(layer) is DynamicLayer for layer in layers):
-        cache.layers = [GrowingLayer(expected) for _ in layers]
+    cache = DynamicCache(config=model.config)
+    if cache.layers and all(type(layer) is DynamicLayer for layer in cache.layers):
+        cache.layers = [GrowingLayer(expected) for _ in cache.layers]
     return cache
 
 

@@ -111,12 +111,9 @@ def common_prefix_length(prompts: list[list[int]]) -> int:
 def layer_kv(cache) -> KV | None:
     """Per-layer (keys, values) of a transformers cache, or None when some layer does not keep
     every position (sliding window, chunked or hybrid layers cannot be spliced into a prefix)."""
-    layers = getattr(cache, "layers", None)
-    if layers is None:  # caches from before transformers 4.56 keep two lists
-        return list(zip(cache.key_cache, cache.value_cache))
-    if any(type(layer).__name__ not in ("DynamicLayer", "GrowingLayer") for layer in layers):
+    if any(type(layer).__name__ not in ("DynamicLayer", "GrowingLayer") for layer in cache.layers):
         return None
-    return [(layer.keys, layer.values) for layer in layers]
+    return [(layer.keys, layer.values) for layer in cache.layers]
 
 
 def left_padded(prefixes: list[KV | None], lengths: list[int]) -> KV:
