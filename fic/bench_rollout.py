@@ -66,6 +66,8 @@ def measure(args: argparse.Namespace) -> dict:
     for name in ("conversations", "turns", "max_new_tokens"):
         if getattr(args, name) < 1:
             raise FicError(f"expected a positive number, got {getattr(args, name)}", field="--" + name.replace("_", "-"))
+    if args.kv_reuse_mb < 0:
+        raise FicError(f"expected 0 (no reuse) or more MiB, got {args.kv_reuse_mb}", field="--kv-reuse-mb")
     instances = _instances(args)
     backend = make_backend(BackendConfig(model=args.model, device=args.device, dtype=args.dtype,
                                          batch_size=args.conversations, kv_reuse_mb=args.kv_reuse_mb))

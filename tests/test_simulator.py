@@ -9,6 +9,7 @@ import pytest
 
 from fic.chat import render_chat
 from fic.classify import LLMClassifier, RuleClassifier, parse_label, rule_label
+from fic.errors import FicError
 from fic.generation import FunctionBackend, SamplingParams
 from fic.instance import Instance, Shard
 from fic.simulator import Conversation, make_conversations, play
@@ -252,3 +253,5 @@ def test_bench_rollout_plays_both_ways_and_reports_what_reuse_saves(tiny_model_d
     # only what is new, and the batch reads the shared system prompt once.
     assert reusing["lockstep_prompt_tokens_fed"] < 0.75 * rereading["lockstep_prompt_tokens_fed"]
     assert reusing["one_at_a_time_prompt_tokens_fed"] < 0.75 * rereading["one_at_a_time_prompt_tokens_fed"]
+    with pytest.raises(FicError, match="--kv-reuse-mb"):
+        measure("--kv-reuse-mb", "-1")
