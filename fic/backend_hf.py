@@ -28,7 +28,7 @@ from transformers.cache_utils import DynamicLayer
 
 from fic.generation import (BackendConfig, Generation, SamplingParams, chat_by_generate, check_prompts, finish,
                             stop_ids)
-from fic.kv_reuse import KVStore, common_prefix_length, layer_kv, left_padded, row_kv
+from fic.kv_reuse import KV, KVStore, batch_rows, common_prefix_length, layer_kv, left_padded, spans_kv, spliceable
 
 
 # What one extra forward pass costs, in token reads: every weight is read once whatever the
@@ -97,12 +97,13 @@ class HFBackend:
         if self.kv_store is not None:
             self._prefill(prompts, device)  # then every row feeds only its last prompt token
         rows = self._assemble(prompts, params.max_new_tokens, device)
-        new_ids, logprobs = _decode(self.model, rows.cache, rows.input_ids, rows.attention_mask,
-                                    params, self.stop_ids, self.pad_id)
+        new_ids, logprobs, row_kvs = _decode(self.model, rows.cache, rows.input_ids, rows.attention_mask,
+                                             params, self.stop_ids, self.pad_id,
+                                             keep_rows=self._can_keep(rows.cache))
         results = [finish(self.tokenizer, ids, lps, self.stop_ids)
                    for ids, lps in zip(new_ids.cpu().tolist(), logprobs.cpu().tolist())]
         # The last reply token was sampled but never fed: its keys and values do not exist.
-        self._keep(rows, [p + g.token_ids[:-1] for p, g in zip(prompts, results)])
+        self._keep(rows, [p + g.token_ids[:-1] for p, g in zip(prompts, results)], row_kvs)
         return results
 
     def _prefill(self, prompts: list[list[int]], device: torch.device) -> None:
@@ -130,7 +131,8 @@ class HFBackend:
         self.model(input_ids=rows.input_ids, attention_mask=rows.attention_mask,
                    position_ids=_positions(rows.attention_mask, rows.input_ids.shape[1]),
                    use_cache=True, **_forward_kwargs(self.model, rows.cache))
-        self._keep(rows, token_lists)
+        if self._can_keep(rows.cache):
+            self._keep(rows, token_lists, batch_rows(layer_kv(rows.cache), range(len(token_lists))))
 
     def _assemble(self, token_lists: list[list[int]], extra: int, device: torch.device) -> "_Rows":
         """Lay out a batch: each row's longest stored prefix (copied into a fresh cache with room
@@ -154,21 +156,25 @@ class HFBackend:
             attention_mask[row, past + width - len(ids):] = 1
         return _Rows(cache, input_ids.to(device), attention_mask.to(device), matches, fresh, past, width)
 
-    def _keep(self, rows: "_Rows", token_lists: list[list[int]]) -> None:
-        """Store row i's keys and values for `token_lists[i]` (what it fed: its prompt, and for a
-        generation its reply but the last token), and drop the entries rows continued in full."""
-        if self.kv_store is None:
-            return
-        batch_kv = layer_kv(rows.cache)
-        if batch_kv is None:  # this model's cache cannot be spliced: stop trying
+    def _can_keep(self, cache: Any) -> bool:
+        """Whether rows' keys and values can be stored; turns reuse off for good when this
+        model's cache cannot be spliced."""
+        if self.kv_store is not None and not spliceable(cache):
             self.kv_store = None
+        return self.kv_store is not None
+
+    def _keep(self, rows: "_Rows", token_lists: list[list[int]], row_kvs: list[KV] | None) -> None:
+        """Store row i's keys and values for `token_lists[i]` (what it fed: its prompt, and for a
+        generation its reply but the last token), and drop the entries rows continued in full.
+        `row_kvs[i]` is row i's part of the batch cache, columns as laid out in `rows`."""
+        if self.kv_store is None or row_kvs is None:
             return
         for row, tokens in enumerate(token_lists):
             reused = rows.matches[row][1]
             generated = len(tokens) - reused - len(rows.fresh[row])
             spans = [(rows.past - reused, rows.past),
                      (rows.past + rows.width - len(rows.fresh[row]), rows.past + rows.width + generated)]
-            self.kv_store.put(tokens, row_kv(batch_kv, row, spans))
+            self.kv_store.put(tokens, spans_kv(row_kvs[row], spans))
         for key, m in rows.matches:
             entry = self.kv_store.entries.get(key) if key is not None else None
             if entry is not None and m == len(entry.tokens):
@@ -211,21 +217,30 @@ def prefill_groups(lengths: list[int], pass_cost: int) -> list[list[int]]:
 
 
 def _decode(model: Any, cache: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-            params: SamplingParams, stops: frozenset[int], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+            params: SamplingParams, stops: frozenset[int], pad_id: int,
+            keep_rows: bool = False) -> tuple[torch.Tensor, torch.Tensor, list[KV] | None]:
     """Feed `input_ids` after what `cache` already holds (`attention_mask` covers both), then
-    sample up to `params.max_new_tokens` tokens per row, stopping when every row has written a
-    stop id (finished rows are padded). Returns (batch, steps) ids and their raw log-probs."""
+    sample up to `params.max_new_tokens` tokens per row until every row has written a stop id.
+
+    Rows that have finished leave the batch once they are a quarter of it, so a long reply does
+    not keep paying for the short ones beside it (each departure copies the cache once).
+    Returns (batch, steps) ids (finished rows padded with `pad_id`), their raw log-probs, and
+    with `keep_rows` each row's keys and values as they stood when it left the batch."""
     warpers = []
     if params.temperature > 0:
         if params.temperature != 1.0:
             warpers.append(TemperatureLogitsWarper(params.temperature))
         if params.top_p < 1.0:
             warpers.append(TopPLogitsWarper(params.top_p))
-    stop_tensor = torch.tensor(sorted(stops), device=input_ids.device)
-    finished = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+    rows, device = input_ids.shape[0], input_ids.device
+    stop_tensor = torch.tensor(sorted(stops), device=device)
+    out_ids = torch.full((rows, params.max_new_tokens), pad_id, dtype=torch.long, device=device)
+    out_logprobs = torch.zeros((rows, params.max_new_tokens), dtype=torch.float32, device=device)
+    row_kvs: list[KV] | None = [[] for _ in range(rows)] if keep_rows else None
+    active = torch.arange(rows, device=device)  # original row of each batch row
+    finished = torch.zeros(rows, dtype=torch.bool, device=device)
     positions = _positions(attention_mask, input_ids.shape[1])
-    tokens, logprobs = [], []
-    step_ids = input_ids
+    step_ids, steps = input_ids, 0
     for step in range(params.max_new_tokens):
         out = model(input_ids=step_ids, attention_mask=attention_mask, position_ids=positions,
                     use_cache=True, **_forward_kwargs(model, cache))
@@ -238,15 +253,28 @@ def _decode(model: Any, cache: Any, input_ids: torch.Tensor, attention_mask: tor
         else:
             chosen = scores.argmax(dim=-1, keepdim=True)
         chosen = chosen.masked_fill(finished[:, None], pad_id)
-        tokens.append(chosen)
-        logprobs.append(raw.gather(-1, chosen))
+        out_ids[active, step] = chosen[:, 0]
+        out_logprobs[active, step] = raw.gather(-1, chosen)[:, 0]
         finished |= torch.isin(chosen[:, 0], stop_tensor)
-        if bool(finished.all()) or step + 1 == params.max_new_tokens:
+        steps = step + 1
+        if bool(finished.all()) or steps == params.max_new_tokens:
             break
+        if int(finished.sum()) >= max(1, len(active) // 4):
+            if row_kvs is not None:  # copied: the batch storage is about to be rebuilt without them
+                leaving = finished.nonzero()[:, 0].tolist()
+                for row, kv in zip(active[leaving].tolist(), batch_rows(layer_kv(cache), leaving, copy=True)):
+                    row_kvs[row] = kv
+            staying = (~finished).nonzero()[:, 0]
+            cache.batch_select_indices(staying)
+            active, finished, chosen = active[staying], finished[staying], chosen[staying]
+            positions, attention_mask = positions[staying], attention_mask[staying]
         step_ids = chosen
         positions = positions[:, -1:] + 1
         attention_mask = torch.cat([attention_mask, attention_mask.new_ones((attention_mask.shape[0], 1))], dim=1)
-    return torch.cat(tokens, dim=1), torch.cat(logprobs, dim=1)
+    if row_kvs is not None:
+        for row, kv in zip(active.tolist(), batch_rows(layer_kv(cache), range(len(active)))):
+            row_kvs[row] = kv
+    return out_ids[:, :steps], out_logprobs[:, :steps], row_kvs
 
 
 def _positions(attention_mask: torch.Tensor, width: int) -> torch.Tensor:
@@ -291,6 +319,12 @@ class GrowingLayer(DynamicLayer):
         self.length = end
         self.keys, self.values = self.key_storage[:, :, :end], self.value_storage[:, :, :end]
         return self.keys, self.values
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self.length:
+            self.key_storage, self.value_storage = self.key_storage[indices], self.value_storage[indices]
+            self.keys = self.key_storage[:, :, :self.length]
+            self.values = self.value_storage[:, :, :self.length]
 
 
 def _forward_kwargs(model: Any, cache: Any) -> dict:

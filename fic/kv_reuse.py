@@ -108,11 +108,14 @@ def common_prefix_length(prompts: list[list[int]]) -> int:
     return max(shared, 0)
 
 
-def layer_kv(cache) -> KV | None:
-    """Per-layer (keys, values) of a transformers cache, or None when some layer does not keep
-    every position (sliding window, chunked or hybrid layers cannot be spliced into a prefix)."""
-    if any(type(layer).__name__ not in ("DynamicLayer", "GrowingLayer") for layer in cache.layers):
-        return None
+def spliceable(cache) -> bool:
+    """Whether every layer of a transformers cache keeps every position; sliding-window, chunked
+    or hybrid layers cannot be spliced into a prefix."""
+    return all(type(layer).__name__ in ("DynamicLayer", "GrowingLayer") for layer in cache.layers)
+
+
+def layer_kv(cache) -> KV:
+    """Per-layer (keys, values) of a transformers cache, (batch, heads, length, dim) each."""
     return [(layer.keys, layer.values) for layer in cache.layers]
 
 
@@ -133,11 +136,15 @@ def left_padded(prefixes: list[KV | None], lengths: list[int]) -> KV:
     return batch
 
 
-def row_kv(batch: KV, row: int, spans: list[tuple[int, int]]) -> KV:
-    """Row `row`'s keys and values at the columns [start, end) of each span, copied out of the
-    batch (so the batch tensors can be freed)."""
-    out: KV = []
-    for keys, values in batch:
-        out.append((torch.cat([keys[row, :, a:b] for a, b in spans], dim=1),
-                    torch.cat([values[row, :, a:b] for a, b in spans], dim=1)))
-    return out
+def batch_rows(batch: KV, rows, copy: bool = False) -> list[KV]:
+    """Each listed row's part of a batch (views, or copies that outlive the batch storage)."""
+    if copy:
+        return [[(keys[row].clone(), values[row].clone()) for keys, values in batch] for row in rows]
+    return [[(keys[row], values[row]) for keys, values in batch] for row in rows]
+
+
+def spans_kv(row: KV, spans: list[tuple[int, int]]) -> KV:
+    """One row's keys and values at the columns [start, end) of each span, copied (so that the
+    batch they came from can be freed)."""
+    return [(torch.cat([keys[:, a:b] for a, b in spans], dim=1), torch.cat([values[:, a:b] for a, b in spans], dim=1))
+            for keys, values in row]

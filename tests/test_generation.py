@@ -224,6 +224,35 @@ class _FedCounter:
         return out
 
 
+def test_hf_rows_that_finish_early_leave_the_batch_and_keep_their_keys_and_values(tiny, prompts):
+    from fic.backend_hf import HFBackend
+
+    model, tokenizer = tiny
+    free = _hf(tiny).generate(prompts, GREEDY)
+    # Declare tokens that rows write at different steps the end of the turn: greedy replies are
+    # then the free ones cut at their first stop id, and rows finish at staggered steps. The
+    # longest prompt (first in the batch) finishes first, so later leavers have moved up.
+    stops = frozenset({free[2].token_ids[1], free[0].token_ids[3], free[1].token_ids[6]})
+    cut = [g.token_ids[:next((i + 1 for i, t in enumerate(g.token_ids) if t in stops), len(g.token_ids))]
+           for g in free]
+    assert len({len(c) for c in cut}) >= 3 and max(len(c) for c in cut) == GREEDY.max_new_tokens
+    plain, reusing = _hf(tiny), HFBackend(model, tokenizer, kv_reuse_mb=64)
+    plain.stop_ids = reusing.stop_ids = stops
+    for backend in (plain, reusing):
+        for prompt, gen, expected in zip(prompts, backend.generate(prompts, GREEDY), cut):
+            assert gen.token_ids == expected
+            assert gen.logprobs == pytest.approx(_forward_logprobs(model, prompt, expected), abs=1e-4)
+    # The second turn reuses what each row had when it left: same replies as a full read.
+    extra = tokenizer.encode(NEXT_USER_TURN, add_special_tokens=False)
+    nxt = [p + c + extra for p, c in zip(prompts, cut)]
+    before = reusing.fed_tokens
+    second = reusing.generate(nxt, GREEDY)
+    assert reusing.fed_tokens - before == sum(len(n) - len(p) - len(c) + 1 for n, p, c in zip(nxt, prompts, cut))
+    for gen, full, prompt in zip(second, plain.generate(nxt, GREEDY), nxt):
+        assert gen.token_ids == full.token_ids
+        assert gen.logprobs == pytest.approx(_forward_logprobs(model, prompt, gen.token_ids), abs=1e-4)
+
+
 def test_hf_shared_prefix_is_read_once(tiny):
     from fic.backend_hf import HFBackend
     from fic.chat import prompt_ids
