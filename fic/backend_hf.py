@@ -55,7 +55,9 @@ class HFBackend:
         pad = getattr(tokenizer, "pad_token_id", None)
         # Any id works as padding (masked out, trimmed afterwards); an end-of-turn id is always there.
         self.pad_id = int(pad) if pad is not None else min(self.stop_ids)
-        self.kv_store = KVStore(int(kv_reuse_mb * 2**20)) if kv_reuse_mb > 0 else None
+        # Sliding-window, chunked or hybrid cache layers cannot be spliced into a prefix.
+        reusable = kv_reuse_mb > 0 and spliceable(_new_cache(model, 1))
+        self.kv_store = KVStore(int(kv_reuse_mb * 2**20)) if reusable else None
         self.fed_tokens = 0  # prompt tokens run through the model so far (what reuse saves)
 
     def chat(self, conversations: list[list[dict]], params: SamplingParams) -> list[Generation]:
@@ -99,7 +101,7 @@ class HFBackend:
         rows = self._assemble(prompts, params.max_new_tokens, device)
         new_ids, logprobs, row_kvs = _decode(self.model, rows.cache, rows.input_ids, rows.attention_mask,
                                              params, self.stop_ids, self.pad_id,
-                                             keep_rows=self._can_keep(rows.cache))
+                                             keep_rows=self.kv_store is not None)
         results = [finish(self.tokenizer, ids, lps, self.stop_ids)
                    for ids, lps in zip(new_ids.cpu().tolist(), logprobs.cpu().tolist())]
         # The last reply token was sampled but never fed: its keys and values do not exist.
@@ -122,8 +124,6 @@ class HFBackend:
         lengths = [len(prompts[i]) - 1 - reused[i] for i in todo]
         for group in prefill_groups(lengths, FORWARD_PASS_COST):
             self._feed([prompts[todo[j]][:-1] for j in group], device)
-            if self.kv_store is None:  # the model's cache turned out not to be spliceable
-                return
 
     def _feed(self, token_lists: list[list[int]], device: torch.device) -> None:
         """One forward pass over the rows, storing each row's keys and values; no sampling."""
@@ -131,8 +131,7 @@ class HFBackend:
         self.model(input_ids=rows.input_ids, attention_mask=rows.attention_mask,
                    position_ids=_positions(rows.attention_mask, rows.input_ids.shape[1]),
                    use_cache=True, **_forward_kwargs(self.model, rows.cache))
-        if self._can_keep(rows.cache):
-            self._keep(rows, token_lists, batch_rows(layer_kv(rows.cache), range(len(token_lists))))
+        self._keep(rows, token_lists, batch_rows(layer_kv(rows.cache), range(len(token_lists))))
 
     def _assemble(self, token_lists: list[list[int]], extra: int, device: torch.device) -> "_Rows":
         """Lay out a batch: each row's longest stored prefix (copied into a fresh cache with room
@@ -155,13 +154,6 @@ class HFBackend:
             attention_mask[row, past - m:past] = 1
             attention_mask[row, past + width - len(ids):] = 1
         return _Rows(cache, input_ids.to(device), attention_mask.to(device), matches, fresh, past, width)
-
-    def _can_keep(self, cache: Any) -> bool:
-        """Whether rows' keys and values can be stored; turns reuse off for good when this
-        model's cache cannot be spliced."""
-        if self.kv_store is not None and not spliceable(cache):
-            self.kv_store = None
-        return self.kv_store is not None
 
     def _keep(self, rows: "_Rows", token_lists: list[list[int]], row_kvs: list[KV] | None) -> None:
         """Store row i's keys and values for `token_lists[i]` (what it fed: its prompt, and for a
