@@ -28,7 +28,7 @@ from transformers.cache_utils import DynamicLayer
 
 from fic.generation import (BackendConfig, Generation, SamplingParams, chat_by_generate, check_prompts, finish,
                             stop_ids)
-from fic.kv_reuse import KV, KVStore, batch_rows, common_prefix_length, layer_kv, left_padded, spans_kv, spliceable
+from fic.kv_reuse import KV, KVStore, batch_rows, common_prefix_length, layer_kv, left_padded, spans_kv
 
 
 # What one extra forward pass costs, in token reads: every weight is read once whatever the
@@ -55,8 +55,9 @@ class HFBackend:
         pad = getattr(tokenizer, "pad_token_id", None)
         # Any id works as padding (masked out, trimmed afterwards); an end-of-turn id is always there.
         self.pad_id = int(pad) if pad is not None else min(self.stop_ids)
-        # Sliding-window, chunked or hybrid cache layers cannot be spliced into a prefix.
-        reusable = kv_reuse_mb > 0 and spliceable(_new_cache(model, 1))
+        # Only full-attention layers (made GrowingLayers) can be spliced into a prefix; sliding-
+        # window, chunked or hybrid ones cannot.
+        reusable = kv_reuse_mb > 0 and all(isinstance(layer, GrowingLayer) for layer in _new_cache(model, 1).layers)
         self.kv_store = KVStore(int(kv_reuse_mb * 2**20)) if reusable else None
         self.fed_tokens = 0  # prompt tokens run through the model so far (what reuse saves)
 
@@ -141,11 +142,12 @@ class HFBackend:
         reused = [m for _, m in matches]
         fresh = [t[m:] for t, m in zip(token_lists, reused)]
         past, width = max(reused), max(len(f) for f in fresh)
-        cache = _new_cache(self.model, past + width + min(extra, FIRST_REPLY_SLICE))
-        if past:
+        room = width + min(extra, FIRST_REPLY_SLICE)
+        cache = _new_cache(self.model, past + room)
+        if past:  # reuse happens only with GrowingLayers: they take the stacked prefixes as storage
             prefixes = [store.entries[k].kv if k is not None else None for k, _ in matches]
-            for layer, (keys, values) in enumerate(left_padded(prefixes, reused)):
-                cache.update(keys, values, layer)
+            for layer, (keys, values) in zip(cache.layers, left_padded(prefixes, reused, room)):
+                layer.adopt(keys, values, past)
         self.fed_tokens += sum(len(f) for f in fresh)
         input_ids = torch.full((len(token_lists), width), self.pad_id, dtype=torch.long)
         attention_mask = torch.zeros((len(token_lists), past + width), dtype=torch.long)
@@ -159,7 +161,7 @@ class HFBackend:
         """Store row i's keys and values for `token_lists[i]` (what it fed: its prompt, and for a
         generation its reply but the last token), and drop the entries rows continued in full.
         `row_kvs[i]` is row i's part of the batch cache, columns as laid out in `rows`."""
-        if self.kv_store is None or row_kvs is None:
+        if row_kvs is None:  # reuse is off
             return
         for row, tokens in enumerate(token_lists):
             reused = rows.matches[row][1]
@@ -294,6 +296,13 @@ class GrowingLayer(DynamicLayer):
     def __init__(self, expected: int):
         super().__init__()
         self.capacity, self.length = max(1, expected), 0
+
+    def adopt(self, key_storage: torch.Tensor, value_storage: torch.Tensor, length: int) -> None:
+        """Start from storage whose first `length` positions are already written (no copy)."""
+        self.key_storage, self.value_storage = key_storage, value_storage
+        self.capacity, self.length = key_storage.shape[2], length
+        self.device, self.is_initialized = key_storage.device, True
+        self.keys, self.values = key_storage[:, :, :length], value_storage[:, :, :length]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
         end = self.length + key_states.shape[-2]

@@ -16,9 +16,9 @@ Entries are dropped least-recently-used first past a memory budget, dropped when
 them in full (the longer entry it leaves behind replaces them), and all dropped when the model's
 weights change (a live policy being trained), since the stored values would then be stale.
 
-Only models whose every layer caches every position (plain `DynamicLayer`s: Llama, Qwen2/3,
-SmolLM, OLMo, Phi-3 without sliding window, ...) can reuse; for others the backend reads whole
-prompts as before.
+Only models whose every layer caches every position (plain full-attention layers: Llama,
+Qwen2/3, SmolLM, OLMo, Phi-3 without sliding window, ...) can reuse; for others the backend
+reads whole prompts as before.
 """
 
 from __future__ import annotations
@@ -105,13 +105,7 @@ def common_prefix_length(prompts: list[list[int]]) -> int:
     for prompt in prompts[1:]:
         same = first[:shared] == np.asarray(prompt[:shared], dtype=np.int64)
         shared = shared if same.all() else int(np.argmin(same))
-    return max(shared, 0)
-
-
-def spliceable(cache) -> bool:
-    """Whether every layer of a transformers cache keeps every position; sliding-window, chunked
-    or hybrid layers cannot be spliced into a prefix."""
-    return all(type(layer).__name__ in ("DynamicLayer", "GrowingLayer") for layer in cache.layers)
+    return shared
 
 
 def layer_kv(cache) -> KV:
@@ -119,19 +113,22 @@ def layer_kv(cache) -> KV:
     return [(layer.keys, layer.values) for layer in cache.layers]
 
 
-def left_padded(prefixes: list[KV | None], lengths: list[int]) -> KV:
+def left_padded(prefixes: list[KV | None], lengths: list[int], room: int = 0) -> KV:
     """Stack row prefixes into one batch max(lengths) wide: row i's first lengths[i] positions
-    end at the last column, the columns before them are zeros (masked out by the caller)."""
+    end at column max(lengths), the columns before them are zeros (masked out by the caller).
+    The tensors have `room` more columns after those, left unwritten, for the cache to grow into."""
     width = max(lengths)
     template = next(p for p, n in zip(prefixes, lengths) if n)
     batch: KV = []
     for layer, (k0, v0) in enumerate(template):
-        keys = k0.new_zeros((len(prefixes), k0.shape[0], width, k0.shape[2]))
-        values = v0.new_zeros((len(prefixes), v0.shape[0], width, v0.shape[2]))
+        keys = k0.new_empty((len(prefixes), k0.shape[0], width + room, k0.shape[2]))
+        values = v0.new_empty((len(prefixes), v0.shape[0], width + room, v0.shape[2]))
+        keys[:, :, :width] = 0
+        values[:, :, :width] = 0
         for row, (prefix, n) in enumerate(zip(prefixes, lengths)):
             if n:
-                keys[row, :, width - n:] = prefix[layer][0][:, :n]
-                values[row, :, width - n:] = prefix[layer][1][:, :n]
+                keys[row, :, width - n:width] = prefix[layer][0][:, :n]
+                values[row, :, width - n:width] = prefix[layer][1][:, :n]
         batch.append((keys, values))
     return batch
 
