@@ -58,8 +58,9 @@ def _instances(args: argparse.Namespace) -> list:
 
 
 def measure(args: argparse.Namespace) -> dict:
+    from fic.backends import make_backend
     from fic.classify import RuleClassifier
-    from fic.generation import BackendConfig, SamplingParams, make_backend
+    from fic.generation import BackendConfig, SamplingParams
     from fic.simulator import Conversation, play
     from fic.user_sim import VerbatimUser
 

@@ -33,12 +33,11 @@ import re
 from typing import Any, Sequence
 
 from fic.generation import Backend, SamplingParams
-from fic.user_sim import find_json_object
+from fic.parsing import NUMBER, find_json, number_values
 
 LABELS = ("answer_attempt", "clarification", "interrogation", "discussion", "hedge", "refuse", "missing")
 CLASSIFIER_KINDS = ("rule", "llm")
 
-NUMBER_RE = re.compile(r"-?\$?\d[\d,]*(?:\.\d+)?")
 MARKER = re.compile(r"####|\\boxed\{|\bfinal answer\b|\bthe answer is\b|\banswer:\s*\S", re.IGNORECASE)
 REFUSAL = re.compile(r"\b(?:I can(?:no|')t (?:help|assist|answer|do that|provide)|I(?: am|'m) (?:sorry, but I|"
                      r"unable to|not able to)|I won't be able|I will not)\b", re.IGNORECASE)
@@ -60,10 +59,10 @@ def _echoes(sentence: str, user_texts: Sequence[str]) -> bool:
     """Whether a sentence mostly repeats something the user said (small models often parrot
     each shard back: "Ara plays 40 games per year."). Such a sentence is not an answer."""
     words = _words(sentence)
-    numbers = {n.replace(",", "").replace("$", "") for n in NUMBER_RE.findall(sentence)}
+    numbers = set(number_values(sentence, words=False))
     for text in user_texts:
         said = set(_words(text))
-        said_numbers = {n.replace(",", "").replace("$", "") for n in NUMBER_RE.findall(text)}
+        said_numbers = set(number_values(text, words=False))
         # A sentence that brings a number of its own is a claim, however many words it shares.
         if words and numbers <= said_numbers and sum(w in said for w in words) >= ECHO_SHARE * len(words):
             return True
@@ -83,7 +82,7 @@ def rule_label(reply: str, user_texts: Sequence[str] = ()) -> str:
         return "refuse"
     if MARKER.search(text):
         return "answer_attempt"
-    has_number = NUMBER_RE.search(text) is not None
+    has_number = NUMBER.search(text) is not None
     if HEDGE.search(text) and has_number:
         return "hedge"
     sentences = _sentences(text)
@@ -98,7 +97,7 @@ def rule_label(reply: str, user_texts: Sequence[str] = ()) -> str:
         return "interrogation" if len(questions) >= 2 else "clarification"
     conclusion = sentences[-1] if _states_number(sentences[-1]) else (
         sentences[-2] if len(sentences) > 1 and _states_number(sentences[-2])
-        and NUMBER_RE.search(sentences[-1]) is None and len(sentences[-1].split()) <= 12 else None)
+        and NUMBER.search(sentences[-1]) is None and len(sentences[-1].split()) <= 12 else None)
     if conclusion is not None and not _echoes(conclusion, user_texts):
         return "answer_attempt"
     return "interrogation" if len(questions) >= 2 else "discussion"
@@ -106,14 +105,14 @@ def rule_label(reply: str, user_texts: Sequence[str] = ()) -> str:
 
 def _states_number(sentence: str) -> bool:
     """A sentence that concludes with a value: it has a number and is not a question."""
-    return not sentence.endswith("?") and NUMBER_RE.search(sentence) is not None
+    return not sentence.endswith("?") and NUMBER.search(sentence) is not None
 
 
 class RuleClassifier:
     name = "rule"
 
     def classify(self, conversations: Sequence[Any]) -> list[tuple[str, str | None]]:
-        return [(rule_label(conv.messages[-1]["content"], _user_texts(conv)), None) for conv in conversations]
+        return [(conv.task.rule_label(conv.messages[-1]["content"], _user_texts(conv)), None) for conv in conversations]
 
 
 def _user_texts(conv: Any) -> list[str]:
@@ -151,7 +150,7 @@ def classifier_prompt(conv: Any) -> list[dict]:
 
 def parse_label(text: str) -> str:
     """The label in a classifier model's reply; ValueError when there is none."""
-    obj = find_json_object(text or "")
+    obj = find_json(text or "")
     if obj is not None:
         label = obj.get("label", obj.get("classification"))
         if isinstance(label, str) and label.strip().lower() in LABELS:
@@ -184,7 +183,7 @@ class LLMClassifier:
             try:
                 labels.append((parse_label(out.text), None))
             except ValueError as err:
-                labels.append((rule_label(reply, _user_texts(conv)), f"rule label used: {err}"))
+                labels.append((conv.task.rule_label(reply, _user_texts(conv)), f"rule label used: {err}"))
         return labels
 
 

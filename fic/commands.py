@@ -6,7 +6,6 @@ import argparse
 from collections import Counter
 from pathlib import Path
 
-
 from fic.errors import FicError
 
 
@@ -60,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def prepare_model(args: argparse.Namespace) -> int:
-    from fic.model import BUNDLED_MODEL_DIR, prepare_model as prepare
+    from fic.model import BUNDLED_MODEL_DIR
+    from fic.model import prepare_model as prepare
 
     out = prepare(Path(args.out) if args.out else BUNDLED_MODEL_DIR, force=args.force)
     print(f"bundled model ready in {out}")
@@ -152,8 +152,9 @@ def _check_shard_args(args: argparse.Namespace) -> None:
 
 def _backend_from_yaml(path: str, option: str):
     """A backend from a YAML of BackendConfig keys; a file missing or wrong is a FicError naming it."""
+    from fic.backends import make_backend
     from fic.config import load_config
-    from fic.generation import BackendConfig, make_backend
+    from fic.generation import BackendConfig
 
     if not Path(path).is_file():
         raise FicError("backend config not found", path=path, field=option)
@@ -163,9 +164,9 @@ def _backend_from_yaml(path: str, option: str):
 def load_sharded(path: str) -> list:
     """Sharded instances of any task from a JSONL or LiC JSON file."""
     from fic.files import read_records
-    from fic.instance import Instance
+    from fic.sources import read_instance
 
-    return [Instance.from_dict(record, path=path, record_no=number)
+    return [read_instance(record, path=path, record_no=number)
             for number, record in enumerate(read_records(path), start=1)]
 
 

@@ -7,7 +7,7 @@
   each game?"), or None when no honest question can be made; `GENERIC_ASKS` cover that case.
 - `premature_answer(...)`: a plausible *wrong* early answer built from the numbers revealed so
   far (a partial computation), for recovery conversations.
-- `numbers_in(text)` and `leak(reply, revealed, reference)`: the guard every non-final reply
+- the task's `leak(reply, revealed, instance)` (`fic.tasks.base`): the guard every non-final reply
   passes: it may hold no number the user has not given yet and never the reference answer.
 
 Numbers are compared by value (`Fraction`), digits and number words alike ("four" == "4"),
@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import random
 import re
-from collections import Counter
 from fractions import Fraction
 
-from fic.tasks.math import NUMBER, clean_number
+from fic.parsing import NUMBER_WORD, clean_number, number_values, word_value
 
 DEFERRALS = (
     "Got it. What else do I need to know?",
@@ -89,63 +88,15 @@ RECOVERY_ACKS = (
     "Let me correct my earlier answer using all the details:",
 )
 
-_UNITS = {"zero": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
-          "eight": 8, "nine": 9, "ten": 10, "eleven": 11, "twelve": 12, "thirteen": 13, "fourteen": 14,
-          "fifteen": 15, "sixteen": 16, "seventeen": 17, "eighteen": 18, "nineteen": 19}
-_TENS = {"twenty": 20, "thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70,
-         "eighty": 80, "ninety": 90}
-_OTHER = {"hundred": 100, "thousand": 1000, "million": 10**6, "billion": 10**9, "dozen": 12,
-          "half": Fraction(1, 2), "twice": 2, "double": 2, "triple": 3, "thrice": 3}
-_WORD = "|".join(sorted([*_UNITS, *_TENS, *_OTHER], key=len, reverse=True))
-NUMBER_WORD = re.compile(rf"\b(?:(?:{'|'.join(_TENS)})-(?:{'|'.join(k for k in _UNITS if k != 'zero')})|{_WORD})\b",
-                         re.IGNORECASE)
 # A mention the question maker can blank out: currency + digits (+ %), or a number word.
 MENTION = re.compile(rf"(?P<cur>[$£€])?(?P<num>\d(?:[\d,]*\d)?(?:\.\d+)?|{NUMBER_WORD.pattern})(?P<pct>\s?%|\s+percent\b)?",
                      re.IGNORECASE)
 
 
-def _word_value(word: str) -> Fraction:
-    word = word.lower()
-    if "-" in word:
-        tens, unit = word.split("-", 1)
-        return Fraction(_TENS[tens] + _UNITS[unit])
-    return Fraction(_UNITS.get(word, _TENS.get(word, _OTHER.get(word, 0))))
-
-
-def numbers_in(text: str, *, words: bool = True) -> Counter:
-    """Every number `text` mentions, by absolute value: digits, fractions and (if `words`) number words."""
-    values: Counter = Counter()
-    for match in NUMBER.findall(text):
-        cleaned = clean_number(match).lstrip("-")
-        try:
-            if "/" in cleaned:
-                num, den = cleaned.split("/", 1)
-                values[abs(Fraction(num) / Fraction(den))] += 1
-            else:
-                values[abs(Fraction(cleaned))] += 1
-        except (ValueError, ZeroDivisionError):
-            continue
-    for match in NUMBER_WORD.findall(text) if words else ():
-        values[_word_value(match)] += 1
-    return values
-
-
 def as_value(text: str) -> Fraction | None:
     """The value of a reference answer such as "3360", "-4", "2.5" or "3/4"."""
-    found = numbers_in(text)
+    found = number_values(text)
     return next(iter(found)) if len(found) == 1 else None
-
-
-def leak(reply: str, revealed: set[Fraction], reference: Fraction | None) -> str | None:
-    """Why `reply` may not be said before the last shard, or None when it is safe."""
-    if "####" in reply or "\\boxed" in reply:
-        return "holds an answer marker"
-    for value in numbers_in(reply):
-        if reference is not None and value == reference:
-            return f"holds the reference answer {fmt(value)}"
-        if value not in revealed:
-            return f"holds {fmt(value)}, a number the user has not given yet"
-    return None
 
 
 def fmt(value: Fraction) -> str:
@@ -197,7 +148,7 @@ def _value(match: re.Match) -> Fraction:
     num = match.group("num")
     if num[0].isdigit():
         return Fraction(clean_number(num))
-    return _word_value(num)
+    return word_value(num)
 
 
 def ask_for(shard: str, revealed: set[Fraction], rng: random.Random) -> str | None:
@@ -206,7 +157,7 @@ def ask_for(shard: str, revealed: set[Fraction], rng: random.Random) -> str | No
     With one new number followed by a noun, the number and noun move to the front as an indirect
     question ("he bought 4 pens" -> "how many pens he bought"); otherwise each new number (at most
     two) is replaced in place, an echo question ("He dropped how many of them?"). The result holds
-    no number that is not in `revealed`; callers still pass it through `leak`.
+    no number that is not in `revealed`; callers still pass it through the task's `leak`.
     """
     text = _swap_person(re.sub(r"^(?:and|but|so|then|also)\s+", "", shard.strip().rstrip(".!?;:").strip(),
                                flags=re.IGNORECASE))
@@ -305,7 +256,7 @@ def premature_answer(revealed_in_order: list[Fraction], reference: Fraction | No
             text = _pick(rng, GUESS_FRAMES).format(result=fmt(result))
         else:
             text = _pick(rng, PREMATURE_FRAMES).format(work=work, result=fmt(result))
-        if reference is None or reference not in numbers_in(text):
+        if reference is None or reference not in number_values(text):
             return text
     for guess in range(2, 1000):  # the reference is a single value: some small guess differs from it
         if reference is None or Fraction(guess) != reference:

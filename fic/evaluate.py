@@ -26,9 +26,9 @@ score of the model *before* training. `baseline` names a previous run's folder (
 from __future__ import annotations
 
 import argparse
-from collections import Counter
 import json
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,11 +36,12 @@ from typing import Any
 import yaml
 from tqdm import tqdm
 
+from fic.backends import make_backend
 from fic.classify import CLASSIFIER_KINDS, make_classifier
 from fic.config import config_to_dict, describe, load_config, setting
 from fic.errors import FicError
 from fic.files import append_jsonl, write_json, write_text
-from fic.generation import BackendConfig, SamplingParams, make_backend
+from fic.generation import BackendConfig, SamplingParams
 from fic.instance import Instance
 from fic.user_sim import USER_KINDS, make_user
 from fic.views import VIEWS

@@ -1,11 +1,15 @@
 """Text generation behind one small interface, whatever engine runs it.
 
 Every role that talks (the assistant under test, the user simulator, the reply classifier,
-the sharder) holds a `BackendConfig` and calls `make_backend(cfg)` to get a `Backend`:
+the sharder) holds a `BackendConfig` and calls `fic.backends.make_backend(cfg)` to get a
+`Backend`:
 
-- `hf`: a transformers model on a local checkpoint (`fic/backend_hf.py`);
-- `vllm`: the offline vLLM engine on a GPU machine (`fic/backend_vllm.py`);
-- `openai`: any OpenAI-compatible `/chat/completions` endpoint (`fic/backend_openai.py`).
+- `hf`: a transformers model on a local checkpoint (`fic/backends/hf.py`);
+- `vllm`: the offline vLLM engine on a GPU machine (`fic/backends/vllm.py`);
+- `openai`: any OpenAI-compatible `/chat/completions` endpoint (`fic/backends/openai.py`).
+
+This module holds only the types and helpers the backends share; the engines live in
+`fic/backends/` and import from here, never the other way round.
 
 Local backends are token-in/token-out: `generate` takes prompt token ids and returns the
 generated ids *including* the end-of-turn token, so a conversation can grow by appending ids
@@ -20,7 +24,7 @@ independently, so N runs of one conversation can be batched together.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 from fic.config import setting
 from fic.errors import FicError
@@ -122,23 +126,6 @@ class BackendConfig:
             raise FicError("missing the model to load or call", path=source, field="model")
 
 
-def make_backend(cfg: BackendConfig) -> Backend:
-    """Build the backend `cfg.kind` names. Engines are imported only when chosen."""
-    if cfg.kind not in KINDS:
-        raise FicError(f"unknown backend kind {cfg.kind!r}; expected one of {', '.join(KINDS)}",
-                       field="kind")
-    if not cfg.model:
-        raise FicError("backend model is not set", field="model")
-    if cfg.kind == "hf":
-        from fic.backend_hf import load_hf_backend
-        return load_hf_backend(cfg)
-    if cfg.kind == "vllm":
-        from fic.backend_vllm import load_vllm_backend
-        return load_vllm_backend(cfg)
-    from fic.backend_openai import openai_backend_from_config
-    return openai_backend_from_config(cfg)
-
-
 def check_prompts(prompts: Sequence[Sequence[int]]) -> None:
     """Reject what no engine can continue: an empty prompt or non-integer ids."""
     for i, prompt in enumerate(prompts):
@@ -184,46 +171,3 @@ def chat_by_generate(backend: Backend, conversations: list[list[dict]], params: 
     from fic.chat import prompt_ids
 
     return backend.generate([prompt_ids(backend.tokenizer, conv) for conv in conversations], params)
-
-
-def end_of_turn_id(tokenizer: Any) -> int:
-    """The one id that closes an assistant turn: eos when it is an end-of-turn id, else the lowest."""
-    ids = stop_ids(tokenizer)
-    eos = getattr(tokenizer, "eos_token_id", None)
-    return eos if eos in ids else min(ids)
-
-
-class FunctionBackend:
-    """A scripted backend for tests and dry runs: replies come from `fn`, not from a model.
-
-    `chat()` calls `fn(messages)` for each conversation. `generate()` needs `tokenizer`: it calls
-    `fn(prompt_text)` with the prompt decoded to a string (special tokens kept, so the chat
-    markup is visible) and returns the reply encoded with that tokenizer plus the end-of-turn id,
-    exactly what a local backend would return for that text. Replies always finish with "stop"
-    unless they are cut by `max_new_tokens`; log-probs are 0.0 (the script is certain).
-    """
-
-    def __init__(self, fn: Callable[[Any], str], tokenizer: Any | None = None,
-                 name: str = "function"):
-        self.fn, self.tokenizer, self.name = fn, tokenizer, name
-
-    def _reply(self, text: str, params: SamplingParams) -> Generation:
-        if self.tokenizer is None:
-            return Generation(token_ids=[], text=text, logprobs=[], finish_reason="stop")
-        ids = list(self.tokenizer.encode(text, add_special_tokens=False)) + [end_of_turn_id(self.tokenizer)]
-        if len(ids) > params.max_new_tokens:
-            ids = ids[:params.max_new_tokens]
-            text = self.tokenizer.decode(ids, skip_special_tokens=True)
-            return Generation(token_ids=ids, text=text, logprobs=[0.0] * len(ids), finish_reason="length")
-        return Generation(token_ids=ids, text=text, logprobs=[0.0] * len(ids), finish_reason="stop")
-
-    def chat(self, conversations: list[list[dict]], params: SamplingParams) -> list[Generation]:
-        return [self._reply(str(self.fn(conv)), params) for conv in conversations]
-
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
-        if self.tokenizer is None:
-            raise FicError("FunctionBackend.generate needs a tokenizer to turn replies into token ids")
-        check_prompts(prompts)
-        texts = [self.tokenizer.decode(list(p), skip_special_tokens=False) for p in prompts]
-        return [self._reply(str(self.fn(text)), params) for text in texts]
-

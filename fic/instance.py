@@ -4,6 +4,10 @@ A record on disk is `{"task_id", "task", "shards": [{"shard_id", "shard"}], ...t
 Every data source produces `Instance`s carrying the task's LiC keys (for math: `question`
 and `answer`), so sharded and not-yet-sharded instances from any source are interchangeable
 downstream. `Instance.from_dict(d).to_dict() == d` for every valid record.
+
+This module is plain data: it checks the LiC structure (ids, shards) only. Whether the task
+exists and its own keys are right is checked where records are read (`fic.sources`), so that
+the task registry can import this module without a cycle.
 """
 
 from __future__ import annotations
@@ -49,9 +53,8 @@ class Instance:
     @classmethod
     def from_dict(cls, record: dict, *, path: str | None = None, record_no: int | None = None,
                   require_shards: bool = True, default_task: str | None = None) -> "Instance":
-        """Validate a LiC-schema dict and build an Instance; errors name the file, record and field."""
-        from fic import tasks  # tasks import Instance for type hints; keep the import local
-
+        """Check a LiC-schema dict's structure and build an Instance; errors name the file,
+        record and field. Task keys are not checked here (see `fic.sources.read_instance`)."""
         def error(message: str, field_name: str | None = None) -> FicError:
             return FicError(message, path=path, record=record_no, field=field_name)
 
@@ -62,10 +65,6 @@ class Instance:
             raise error("missing; expected the task name (e.g. \"math\")", "task")
         if not isinstance(task_name, str):
             raise error(f"expected a string, got {task_name!r}", "task")
-        try:
-            task = tasks.get(task_name)
-        except FicError as err:
-            raise error(err.message, "task") from None
         task_id = record.get("task_id")
         if task_id is None:
             raise error("missing; expected a unique id string", "task_id")
@@ -79,7 +78,6 @@ class Instance:
             raise error("missing; expected a list of {\"shard_id\": int, \"shard\": str}", "shards")
 
         fields = {k: v for k, v in record.items() if k not in ("task_id", "task", "shards")}
-        task.validate_fields(fields, error)
         return cls(task_id=str(task_id) if not isinstance(task_id, str) else task_id, task=task_name,
                    shards=shards, fields=fields)
 

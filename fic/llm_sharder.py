@@ -8,9 +8,9 @@ output must be a JSON object `{"shards": [{"shard_id": 1, "shard": "..."}, ...]}
 list of strings or objects is accepted too). Checks, each failure a logged reason:
 
 - a JSON object or list is found, with 2..`max_shards` non-empty, distinct shards;
-- math: the numbers of the question (digits or number words) all appear in the shards, the
-  shards add no number the question does not have, and shard 1 does not already hold every
-  number (then it is the whole question, not an intent).
+- the values of the full prompt (the task's `values_in`: numbers for math, digits or number
+  words) all appear in the shards, the shards add no value the prompt does not have, and
+  shard 1 does not already hold every value (then it is the whole question, not an intent).
 
 Instances whose output fails are asked again (up to `retries` times, sampling at
 temperature >= 0.7 with a new seed each round, all failures of a round in one batched call);
@@ -25,18 +25,15 @@ passes trivially (0 >= 0.8 x 0) as in LiC; their count is reported.
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass, field
-from fractions import Fraction
-from typing import Any, Sequence
+from typing import Sequence
 
 from tqdm import tqdm
 
 from fic.generation import Backend, SamplingParams
 from fic.instance import Instance, Shard
-from fic.simulator import derive_seed
-from fic.tasks.math import NUMBER
+from fic.parsing import find_json
+from fic.seeding import derive_seed
 
 SHARDER_PROMPT = """\
 You prepare tasks for testing chat assistants in conversations where the user gives \
@@ -57,51 +54,13 @@ Example reply: {"shards": [{"shard_id": 1, "shard": "how much money does the bak
 day?"}, {"shard_id": 2, "shard": "she makes 12 muffins every hour"}, {"shard_id": 3, "shard": \
 "she works 5 hours a day"}, {"shard_id": 4, "shard": "each muffin sells for $2"}]}"""
 
-NUMBER_WORDS = {w: i for i, w in enumerate(
-    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
-    "sixteen seventeen eighteen nineteen twenty".split())}
-NUMBER_WORDS.update({"thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70, "eighty": 80,
-                     "ninety": 90, "hundred": 100, "thousand": 1000})
-WORD_RE = re.compile(r"\b(" + "|".join(NUMBER_WORDS) + r")\b", re.IGNORECASE)
-
-
-def numbers_of(text: str) -> set[Fraction]:
-    """The numbers a text states, as values: `$1.50`, `1.5` and `1,5`... -> 3/2; `four` -> 4."""
-    values = set()
-    for raw in NUMBER.findall(text):
-        cleaned = raw.replace(",", "").replace("$", "").replace(" ", "").rstrip(".")
-        try:
-            if "/" in cleaned:
-                num, den = cleaned.split("/", 1)
-                values.add(Fraction(num) / Fraction(den))
-            else:
-                values.add(Fraction(cleaned))
-        except (ValueError, ZeroDivisionError):
-            continue
-    values.update(Fraction(NUMBER_WORDS[w.lower()]) for w in WORD_RE.findall(text))
-    return values
-
-
-def _show(values: set[Fraction]) -> str:
-    return ", ".join(str(v) for v in sorted(values))
-
-
-def find_json_value(text: str) -> Any:
-    """The first JSON object or list in `text`, or None."""
-    decoder = json.JSONDecoder()
-    for match in re.finditer(r"[\[{]", text or ""):
-        try:
-            value, _ = decoder.raw_decode(text, match.start())
-        except json.JSONDecodeError:
-            continue
-        if isinstance(value, (dict, list)):
-            return value
-    return None
+def _show(values: set) -> str:
+    return ", ".join(str(v) for v in sorted(values, key=str))
 
 
 def parse_shards(text: str, instance: Instance, *, max_shards: int = 12) -> list[Shard]:
     """Shards from a sharder model's reply, checked; ValueError with the reason when unusable."""
-    value = find_json_value(text)
+    value = find_json(text, lists=True)
     if value is None:
         raise ValueError("no JSON object in the sharder's reply")
     items = value.get("shards") if isinstance(value, dict) else value
@@ -119,20 +78,28 @@ def parse_shards(text: str, instance: Instance, *, max_shards: int = 12) -> list
         raise ValueError(f"{len(texts)} shards; at most {max_shards} allowed")
     if len({t.lower() for t in texts}) != len(texts):
         raise ValueError("two shards are the same")
-    if instance.task == "math":
-        _check_math(texts, instance.fields.get("question", ""))
+    _check_values(texts, instance)
     return [Shard(i, t) for i, t in enumerate(texts, start=1)]
 
 
-def _check_math(texts: list[str], question: str) -> None:
-    wanted = numbers_of(question)
-    found = set().union(*(numbers_of(t) for t in texts))
+def _check_values(texts: list[str], instance: Instance) -> None:
+    """The shards carry exactly the values (numbers for math) of the full prompt, and shard 1
+    is not the whole task."""
+    from fic import tasks
+
+    task = tasks.get(instance.task)
+
+    def values_of(text: str) -> set:
+        return set(task.values_in(text, instance))
+
+    wanted = values_of(task.full_prompt(instance))
+    found = set().union(*(values_of(t) for t in texts))
     if wanted - found:
-        raise ValueError(f"the shards leave out number(s) of the question: {_show(wanted - found)}")
+        raise ValueError(f"the shards leave out value(s) of the question: {_show(wanted - found)}")
     if found - wanted:
-        raise ValueError(f"the shards add number(s) not in the question: {_show(found - wanted)}")
-    if len(wanted) >= 2 and wanted <= numbers_of(texts[0]):
-        raise ValueError("shard 1 holds every number of the question: it is not just the intent")
+        raise ValueError(f"the shards add value(s) not in the question: {_show(found - wanted)}")
+    if len(wanted) >= 2 and wanted <= values_of(texts[0]):
+        raise ValueError("shard 1 holds every value of the question: it is not just the intent")
 
 
 def sharder_prompt(instance: Instance) -> list[dict]:

@@ -23,7 +23,6 @@ has not given yet (`fic.deferrals.leak`); the builder enforces it on every reply
 from __future__ import annotations
 
 import argparse
-import hashlib
 import random
 import re
 from collections import Counter
@@ -35,11 +34,12 @@ from tqdm import tqdm
 
 from fic import tasks
 from fic.config import config_to_dict, describe, load_config, setting
-from fic.deferrals import (DEFERRALS, GENERIC_ASKS, MENTION, RECOVERY_ACKS, as_value, ask_for, leak,
-                           numbers_in, premature_answer)
+from fic.deferrals import DEFERRALS, MENTION, RECOVERY_ACKS
 from fic.errors import FicError
 from fic.generation import BackendConfig, SamplingParams
 from fic.instance import Instance
+from fic.parsing import number_values
+from fic.seeding import seeded_rng
 from fic.views import system_message, user_turns
 
 KINDS = ("deferral", "recovery", "single_turn")
@@ -142,12 +142,6 @@ def card_paths(out: str | Path) -> tuple[Path, Path]:
     return out.with_suffix(".card.json"), out.with_suffix(".card.md")
 
 
-def _rng(*parts: Any) -> random.Random:
-    """A generator fixed by its parts, so each conversation's draws do not depend on the others."""
-    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
-    return random.Random(int.from_bytes(digest[:8], "big"))
-
-
 def load_instances(cfg: SFTDataConfig) -> tuple[list[Instance], list[dict]]:
     """Instances from every source, sharded where needed; and what happened to each source."""
     from fic.sharding import shard_missing
@@ -197,54 +191,47 @@ def _choose(rng: random.Random, pool: tuple[str, ...], avoid: set[str]) -> str:
     return choice
 
 
-def _masked(shard: str, revealed: set) -> str:
-    """The next shard with its new numbers blanked, as a hint for a model writing an ask."""
-    return MENTION.sub(lambda m: m.group(0) if numbers_in(m.group(0)).keys() <= revealed else "___", shard)
-
-
 def conversation(instance: Instance, kind: str, slot: int, cfg: SFTDataConfig) -> tuple[dict, list[dict]]:
     """One record, plus the trained early replies a model may rewrite (with what each may say)."""
     task = tasks.get(instance.task)
-    rng = _rng(cfg.seed, instance.task_id, slot, kind)
+    rng = seeded_rng(cfg.seed, instance.task_id, slot, kind)
     gold = task.gold_reply(instance)
     messages = [{**system_message(instance), "train": False}]
     if kind == "single_turn":
         messages += [_message("user", user_turns(instance, "full")[0]), _message("assistant", gold, True)]
         return _record(instance, kind, slot, messages, ["answer"]), []
-    reference = as_value(task.reference_answer(instance))
     turns = user_turns(instance, "sharded")
     premature_at = rng.randrange(len(turns) - 1) if kind == "recovery" else None
-    revealed, in_order, used, reply_kinds, editable = set(), [], set(), [], []
+    revealed, used, reply_kinds, editable = set(), set(), [], []
     for i, turn in enumerate(turns):
         messages.append(_message("user", turn))
-        revealed |= set(numbers_in(turn))
-        in_order += list(numbers_in(turn, words=False))
+        revealed |= set(task.values_in(turn, instance))
         if i == len(turns) - 1:
             ack = _choose(rng, RECOVERY_ACKS, used) + "\n" if kind == "recovery" and cfg.recovery_ack else ""
             messages.append(_message("assistant", ack + gold, True))
             reply_kinds.append("answer")
         elif i == premature_at:
-            text = premature_answer(in_order, reference, rng)
-            if reference is not None and reference in numbers_in(text):
-                raise AssertionError(f"premature answer holds the reference: {text!r}")
+            text = task.premature_reply(turns[:i + 1], instance, rng)
+            if task.score(text, instance) >= 1.0:
+                raise AssertionError(f"premature answer is the correct one: {text!r}")
             messages.append(_message("assistant", text, False))
             reply_kinds.append("premature")
         else:
             reply_kind = "ask" if rng.random() < cfg.ask_share else "defer"
-            text = ask_for(turns[i + 1], revealed, rng) if reply_kind == "ask" else None
-            if text is not None and leak(text, revealed, reference):
+            text = task.ask_for(turns[i + 1], revealed, rng) if reply_kind == "ask" else None
+            if text is not None and task.leak(text, revealed, instance):
                 text = None  # e.g. a revealed number equal to the answer: ask generically instead
             specific = text is not None
             if text is None:
-                text = _choose(rng, GENERIC_ASKS if reply_kind == "ask" else DEFERRALS, used)
-            reason = leak(text, revealed, reference)
-            if reason:  # pool phrasings hold no numbers; reaching this is a bug, never a silent leak
+                text = _choose(rng, task.generic_asks if reply_kind == "ask" else DEFERRALS, used)
+            reason = task.leak(text, revealed, instance)
+            if reason:  # pool phrasings hold no values; reaching this is a bug, never a silent leak
                 raise AssertionError(f"pool reply {text!r} {reason}")
             messages.append(_message("assistant", text, True))
             reply_kinds.append(reply_kind)
             editable.append({"message": len(messages) - 1, "kind": reply_kind, "specific": specific,
-                             "revealed": set(revealed), "reference": reference,
-                             "hint": _masked(turns[i + 1], revealed)})
+                             "revealed": set(revealed), "instance": instance,
+                             "hint": task.mask_values(turns[i + 1], revealed, instance)})
     return _record(instance, kind, slot, messages, reply_kinds), editable
 
 
@@ -258,7 +245,7 @@ def assign_kinds(count: int, cfg: SFTDataConfig) -> list[str]:
     singles = round(count * cfg.single_turn_share)
     recoveries = min(round(count * cfg.recovery_share), count - singles)
     kinds = ["single_turn"] * singles + ["recovery"] * recoveries + ["deferral"] * (count - singles - recoveries)
-    _rng(cfg.seed, "kinds").shuffle(kinds)
+    seeded_rng(cfg.seed, "kinds").shuffle(kinds)
     return kinds
 
 
@@ -297,7 +284,7 @@ def _chat(backend: Any, conversations: list[list[dict]], params: SamplingParams,
 def _backend(given: Any, cfg: BackendConfig) -> Any:
     if given is not None:
         return given
-    from fic.generation import make_backend
+    from fic.backends import make_backend
     return make_backend(cfg)
 
 
@@ -315,7 +302,7 @@ def _rephrase_users(records: list[dict], cfg: SFTDataConfig, backend: Any, stats
         original = records[r]["messages"][m]["content"]
         text = generation.text.strip().strip('"').strip()
         problem = "cut off at max_new_tokens" if generation.finish_reason != "stop" else \
-            rephrase_problem(original, text)
+            rephrase_problem(original, text, tasks.get(records[r]["task"]))
         if problem is None:
             records[r]["messages"][m]["content"] = text
             stats["user_rephrased"] += 1
@@ -341,18 +328,18 @@ def _content(text: str) -> set[str]:
 def _contexts(text: str, width: int) -> list[tuple]:
     """Each number with the content words of the `width` words after it ("6 days every week")."""
     return [(value, _content(" ".join(text[m.end():].split()[:width])))
-            for m in MENTION.finditer(text) for value in numbers_in(m.group(0))]
+            for m in MENTION.finditer(text) for value in number_values(m.group(0))]
 
 
-def rephrase_problem(original: str, text: str) -> str | None:
+def rephrase_problem(original: str, text: str, task: Any) -> str | None:
     """Why a rewrite of a user turn is refused, or None: it must keep every number, what each
     number counts, and most content words, and stay one brief in-role message."""
     if not text or "\n" in text or len(text) > 2 * len(original) + 60:
         return "empty, several lines or too long"
     if "####" in text or META.search(text) or ("?" in text and "?" not in original):
         return "talks about the task instead of stating it"
-    if numbers_in(text) != numbers_in(original):
-        return "changes, drops or adds a number"
+    if task.values_in(text) != task.values_in(original):
+        return "changes, drops or adds a value"
     rewritten = _contexts(text, 4)
     for value, context in _contexts(original, 3):  # "6 days every week" must not become "6 days a month"
         need = -(-2 * len(context) // 3)
@@ -366,18 +353,19 @@ def rephrase_problem(original: str, text: str) -> str | None:
 
 def reply_problem(text: str, kind: str, edit: dict, max_words: int) -> str | None:
     """Why a model-written early reply is refused, or None: brief, in role, a question when it
-    asks, and no leak (`fic.deferrals.leak`)."""
+    asks, and no leak (the task's `leak`: no value the user has not given, no answer)."""
     if not text or "\n" in text or len(text.split()) > max_words:
         return "empty, several lines or too long"
     if "___" in text or META.search(text):
         return "out of role"
     if kind == "ask" and "?" not in text:
         return "asked to ask but asks nothing"
-    reason = leak(text, edit["revealed"], edit["reference"])
+    instance = edit["instance"]
+    reason = tasks.get(instance.task).leak(text, edit["revealed"], instance)
     if reason is None:
         return None
     return ("holds the reference answer" if "reference" in reason else
-            "holds a number not given yet" if "not given" in reason else reason)
+            "holds a value not given yet" if "not given" in reason else reason)
 
 
 def _write_replies(records: list[dict], editable: list[dict], cfg: SFTDataConfig, backend: Any, stats: Counter,

@@ -9,13 +9,13 @@ the problem has too few facts to split. The seed only picks the intent wording.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections import Counter
 
 from fic.errors import FicError
 from fic.instance import Instance, Shard
-from fic.tasks.math import NUMBER
+from fic.parsing import NUMBER, number_values
+from fic.seeding import pick
 
 INTENT_FRAMES = (
     "I need help with a math problem. {goal}",
@@ -69,7 +69,7 @@ def _sentence(text: str) -> str:
 
 
 def _numbers(text: str) -> Counter:
-    return Counter(match.replace(",", "").replace("$", "").rstrip(".") for match in NUMBER.findall(text))
+    return number_values(text, words=False)
 
 
 def _split_goal(goal: str) -> tuple[str, list[str]]:
@@ -84,11 +84,6 @@ def _split_goal(goal: str) -> tuple[str, list[str]]:
         facts.append(_sentence(trailing["fact"]))
         goal = trailing["goal"].rstrip(",") + (trailing["end"] or "?")
     return goal, facts
-
-
-def _pick(seed: int, task_id: str, options: tuple[str, ...]) -> str:
-    digest = hashlib.sha256(f"{seed}:{task_id}".encode()).digest()
-    return options[int.from_bytes(digest[:4], "big") % len(options)]
 
 
 def shard_math(instance: Instance, *, seed: int = 0) -> Instance:
@@ -106,7 +101,7 @@ def shard_math(instance: Instance, *, seed: int = 0) -> Instance:
                             record=instance.task_id)
     goal = re.sub(r"^now,\s*", "", goal, flags=re.IGNORECASE)
     goal = goal[0].upper() + goal[1:]
-    intent = " ".join([_pick(seed, instance.task_id, INTENT_FRAMES).format(goal=goal), *instructions])
+    intent = " ".join([pick(INTENT_FRAMES, seed, instance.task_id).format(goal=goal), *instructions])
     texts = [intent, *facts]
     if _numbers(question) != sum((_numbers(t) for t in texts), Counter()):
         raise ShardingError("the numbers of the shards differ from the question's", record=instance.task_id)

@@ -37,7 +37,6 @@ greedy decoding is unaffected.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -45,15 +44,17 @@ from fic import tasks
 from fic.errors import FicError
 from fic.generation import Backend, Generation, SamplingParams
 from fic.instance import Instance
-from fic.views import RECAP_HEADER, SINGLE_TURN_VIEWS, SNOWBALL_HEADER, VIEWS, system_message, user_turns
+from fic.seeding import derive_seed
+from fic.views import (
+    RECAP_HEADER,
+    SINGLE_TURN_VIEWS,
+    SNOWBALL_HEADER,
+    VIEWS,
+    system_message,
+    user_turns,
+)
 
 MULTI_TURN_VIEWS = tuple(v for v in VIEWS if v not in SINGLE_TURN_VIEWS)
-
-
-def derive_seed(*parts: Any) -> int:
-    """A stable 31-bit seed from any parts (Python's hash() changes between processes)."""
-    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
-    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
 
 
 @dataclass

@@ -40,6 +40,26 @@ def load_source(spec: str, task: str = "math", *, limit: int | None = None, seed
     return instances[:limit] if limit is not None else instances
 
 
+def read_instance(record: dict, *, path: str | None = None, record_no: int | None = None,
+                  require_shards: bool = True, default_task: str | None = None) -> Instance:
+    """An Instance from a LiC-schema record, its structure and its task's keys checked; errors
+    name the file, the record and the field."""
+    from fic import tasks
+
+    instance = Instance.from_dict(record, path=path, record_no=record_no, require_shards=require_shards,
+                                  default_task=default_task)
+
+    def error(message: str, field_name: str | None = None) -> FicError:
+        return FicError(message, path=path, record=record_no, field=field_name)
+
+    try:
+        task = tasks.get(instance.task)
+    except FicError as err:
+        raise error(err.message, "task") from None
+    task.validate_fields(instance.fields, error)
+    return instance
+
+
 def _need(arg: str, spec: str) -> str:
     if not arg:
         raise FicError(f"source {spec!r} needs a value after ':'", field="source")
@@ -51,8 +71,8 @@ def _from_records(path: str, task: str, *, require_shards: bool, filter_task: bo
     for number, record in enumerate(read_records(path), start=1):
         if filter_task and record.get("task") != task:
             continue
-        instance = Instance.from_dict(record, path=path, record_no=number, require_shards=require_shards,
-                                      default_task=task)
+        instance = read_instance(record, path=path, record_no=number, require_shards=require_shards,
+                                 default_task=task)
         if instance.task != task:
             raise FicError(f"expected task {task!r}, got {instance.task!r}", path=path, record=number,
                            field="task")
@@ -89,8 +109,8 @@ def _from_gsm8k(split_or_path: str, task: str, limit: int | None) -> list[Instan
     for column in ("question", "answer"):
         if column not in rows.column_names:
             raise FicError(f"missing column {column!r}; GSM8K rows have question and answer", path=origin)
-    return [Instance.from_dict({"task_id": f"gsm8k-{name}/{i}", "task": "math", "question": row["question"],
-                                "answer": row["answer"]}, path=origin, record_no=i + 1, require_shards=False)
+    return [read_instance({"task_id": f"gsm8k-{name}/{i}", "task": "math", "question": row["question"],
+                           "answer": row["answer"]}, path=origin, record_no=i + 1, require_shards=False)
             for i, row in enumerate(rows)]
 
 
@@ -117,5 +137,5 @@ def _from_reasoning_gym(name: str, task: str, size: int, seed: int) -> list[Inst
             else f"#### {answer}"
         record = {"task_id": f"reasoning-gym/{name}/{seed}/{i}", "task": "math",
                   "question": entry["question"].strip(), "answer": solution}
-        instances.append(Instance.from_dict(record, path=origin, record_no=i + 1, require_shards=False))
+        instances.append(read_instance(record, path=origin, record_no=i + 1, require_shards=False))
     return instances

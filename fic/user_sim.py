@@ -13,19 +13,17 @@ Turn 1 of every multi-turn conversation is shard 1 verbatim (decided by the simu
   a user turn are answered in one batched `chat` call.
 
 A model's reply that is not usable (no JSON object, missing or wrong-typed keys, a shard that
-does not exist or was already revealed, a rephrasing that drops a number of the shard) never
+does not exist or was already revealed, a rephrasing that drops a value of the shard) never
 stops the evaluation: the user falls back to the verbatim next shard and the turn's
 `user_note` in the log says why.
 """
 
 from __future__ import annotations
 
-import json
-import re
 from typing import Any, Sequence
 
 from fic.generation import Backend, SamplingParams
-from fic.tasks.math import NUMBER
+from fic.parsing import find_json
 
 USER_KINDS = ("verbatim", "llm")
 
@@ -114,26 +112,9 @@ def user_prompt(conv: Any) -> list[dict]:
     return [{"role": "system", "content": USER_RULES}, {"role": "user", "content": "\n".join(lines)}]
 
 
-def find_json_object(text: str) -> dict | None:
-    """The first JSON object in `text` (code fences and chatter around it are ignored)."""
-    decoder = json.JSONDecoder()
-    for match in re.finditer(r"\{", text):
-        try:
-            obj, _ = decoder.raw_decode(text, match.start())
-        except json.JSONDecodeError:
-            continue
-        if isinstance(obj, dict):
-            return obj
-    return None
-
-
-def _numbers(text: str) -> set[str]:
-    return {n.replace(",", "").replace("$", "").rstrip(".") for n in NUMBER.findall(text)}
-
-
 def parse_user_reply(text: str, conv: Any) -> tuple[str, int]:
     """(message, shard_id) from a user model's reply; ValueError with the reason when unusable."""
-    obj = find_json_object(text or "")
+    obj = find_json(text or "")
     if obj is None:
         raise ValueError("no JSON object in the user model's reply")
     response, shard_id = obj.get("response"), obj.get("shard_id")
@@ -147,9 +128,10 @@ def parse_user_reply(text: str, conv: Any) -> tuple[str, int]:
         raise ValueError(f"shard_id {shard_id} does not exist")
     if shard_id in conv.revealed:
         raise ValueError(f"shard_id {shard_id} was already revealed")
-    lost = _numbers(_shard(conv, shard_id).shard) - _numbers(response)
+    task = conv.task
+    lost = set(task.values_in(_shard(conv, shard_id).shard, conv.instance)) - set(task.values_in(response, conv.instance))
     if lost:
-        raise ValueError(f"the rephrasing drops number(s) {', '.join(sorted(lost))} of shard {shard_id}")
+        raise ValueError(f"the rephrasing drops value(s) {', '.join(sorted(map(str, lost)))} of shard {shard_id}")
     return response.strip(), shard_id
 
 

@@ -14,12 +14,10 @@ between them are produced at simulation time (or written by the SFT corpus build
 
 from __future__ import annotations
 
-import hashlib
-import random
-
 from fic import tasks
 from fic.errors import FicError
 from fic.instance import Instance
+from fic.seeding import seeded_rng
 
 VIEWS = ("full", "concat", "shuffle-concat", "sharded", "recap", "snowball")
 SINGLE_TURN_VIEWS = ("full", "concat", "shuffle-concat")
@@ -27,15 +25,9 @@ RECAP_HEADER = "Just to recap, here is everything I told you:"
 SNOWBALL_HEADER = "To restate what I said so far:"
 
 
-def _rng(seed: int, task_id: str) -> random.Random:
-    """A generator that depends on the seed and the instance, so shuffles differ across instances."""
-    digest = hashlib.sha256(f"{seed}:{task_id}".encode()).digest()
-    return random.Random(int.from_bytes(digest[:8], "big"))
-
-
 def shuffled_shards(instance: Instance, seed: int) -> list[str]:
     first, *rest = instance.shard_texts
-    _rng(seed, instance.task_id).shuffle(rest)
+    seeded_rng(seed, instance.task_id).shuffle(rest)
     return [first, *rest]
 
 

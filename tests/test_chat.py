@@ -10,8 +10,17 @@ import copy
 
 import pytest
 
-from fic.chat import (PROBE_CONVERSATION, Rendered, TemplateError, check_template, continue_ids,
-                      end_of_turn_ids, format_masks, prompt_ids, render_chat)
+from fic.chat import (
+    PROBE_CONVERSATION,
+    Rendered,
+    TemplateError,
+    check_template,
+    continue_ids,
+    end_of_turn_ids,
+    format_masks,
+    prompt_ids,
+    render_chat,
+)
 from fic.errors import FicError
 
 # Llama 3 ends each header with "\n\n". Its own tokenizer splits that off as one token

@@ -35,7 +35,8 @@ def lic_file(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_backend(tiny_model_dir):
-    from fic.generation import BackendConfig, make_backend
+    from fic.backends import make_backend
+    from fic.generation import BackendConfig
 
     return make_backend(BackendConfig(model=str(tiny_model_dir), device="cpu", batch_size=32))
 

@@ -12,11 +12,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import torch
+from scripted import FunctionBackend, end_of_turn_id
 
+from fic.backends import make_backend
 from fic.config import load_config
 from fic.errors import FicError
-from fic.generation import (BackendConfig, FunctionBackend, Generation, SamplingParams,
-                            make_backend)
+from fic.generation import BackendConfig, Generation, SamplingParams
 
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0.0)
 
@@ -62,7 +63,7 @@ def prompts(tiny):
 
 
 def _hf(tiny, batch_size=16, kv_reuse_mb=0):
-    from fic.backend_hf import HFBackend
+    from fic.backends.hf import HFBackend
 
     model, tokenizer = tiny
     return HFBackend(model, tokenizer, batch_size=batch_size, kv_reuse_mb=kv_reuse_mb)
@@ -192,7 +193,7 @@ def _play_turns(backend, tokenizer, prompts, turns, params=GREEDY):
 
 
 def test_hf_kv_reuse_replies_like_a_full_read_and_feeds_only_new_tokens(tiny, prompts):
-    from fic.backend_hf import HFBackend
+    from fic.backends.hf import HFBackend
 
     model, tokenizer = tiny
     plain, reusing = _hf(tiny, batch_size=4), HFBackend(model, tokenizer, batch_size=4, kv_reuse_mb=64)
@@ -225,7 +226,7 @@ class _FedCounter:
 
 
 def test_hf_rows_that_finish_early_leave_the_batch_and_keep_their_keys_and_values(tiny, prompts):
-    from fic.backend_hf import HFBackend
+    from fic.backends.hf import HFBackend
 
     model, tokenizer = tiny
     free = _hf(tiny).generate(prompts, GREEDY)
@@ -254,7 +255,7 @@ def test_hf_rows_that_finish_early_leave_the_batch_and_keep_their_keys_and_value
 
 
 def test_hf_shared_prefix_is_read_once(tiny):
-    from fic.backend_hf import HFBackend
+    from fic.backends.hf import HFBackend
     from fic.chat import prompt_ids
 
     model, tokenizer = tiny
@@ -274,7 +275,7 @@ def test_hf_shared_prefix_is_read_once(tiny):
 def test_hf_kv_reuse_forgets_when_the_weights_change(tiny, prompts):
     import copy
 
-    from fic.backend_hf import HFBackend
+    from fic.backends.hf import HFBackend
 
     model, tokenizer = copy.deepcopy(tiny[0]), tiny[1]
     reusing = HFBackend(model, tokenizer, kv_reuse_mb=64)
@@ -295,7 +296,7 @@ def test_hf_kv_reuse_forgets_when_the_weights_change(tiny, prompts):
 def test_hf_kv_reuse_steps_aside_for_sliding_window_models(tiny_model_dir):
     from transformers import MistralConfig, MistralForCausalLM
 
-    from fic.backend_hf import HFBackend
+    from fic.backends.hf import HFBackend
     from fic.model import load_tokenizer
 
     tokenizer = load_tokenizer(tiny_model_dir)
@@ -315,7 +316,7 @@ def test_hf_kv_reuse_steps_aside_for_sliding_window_models(tiny_model_dir):
 
 
 def test_kv_store_matches_the_longest_prefix_within_its_budget():
-    from fic.kv_reuse import KVStore
+    from fic.backends.kv_reuse import KVStore
 
     def kv(n):  # one layer, 1 head, n positions, dim 2: 16 bytes per position for keys + values
         return [(torch.zeros(1, n, 2), torch.zeros(1, n, 2))]
@@ -339,7 +340,7 @@ def test_prefill_groups_find_the_cheapest_split():
     import itertools
     import random
 
-    from fic.backend_hf import prefill_groups
+    from fic.backends.hf import prefill_groups
 
     def cost(lengths, groups, pass_cost):
         return sum(len(g) * max(lengths[i] for i in g) + pass_cost for g in groups)
@@ -359,7 +360,7 @@ def test_prefill_groups_find_the_cheapest_split():
 
 
 def test_growing_layer_keeps_every_position_past_its_first_size():
-    from fic.backend_hf import GrowingLayer
+    from fic.backends.hf import GrowingLayer
 
     layer = GrowingLayer(expected=3)
     chunks = [torch.randn(2, 1, n, 4) for n in (2, 1, 1, 5, 1)]
@@ -373,7 +374,7 @@ def test_growing_layer_keeps_every_position_past_its_first_size():
 def test_column_major_linears_keep_the_outputs(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
-    from fic.backend_hf import column_major_linears
+    from fic.backends.hf import column_major_linears
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     ids = torch.tensor([[1, 5, 9, 200, 3000, 17]])
@@ -393,7 +394,6 @@ def test_column_major_linears_keep_the_outputs(tiny_model_dir):
 
 def test_function_backend_scripts_chat_and_token_replies(tiny):
     _, tokenizer = tiny
-    from fic.generation import end_of_turn_id
 
     seen = []
     chat_only = FunctionBackend(lambda conv: seen.append(conv) or f"turn {len(conv)}")
@@ -492,7 +492,7 @@ def _echo(body, number):
 
 
 def _openai(server, **kwargs):
-    from fic.backend_openai import OpenAIBackend
+    from fic.backends.openai import OpenAIBackend
 
     kwargs.setdefault("backoff_s", 0.01)
     return OpenAIBackend("test-model", server.url, kwargs.pop("api_key", None), **kwargs)
@@ -562,7 +562,7 @@ def test_openai_connection_refused_is_reported(serve):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    from fic.backend_openai import OpenAIBackend
+    from fic.backends.openai import OpenAIBackend
 
     backend = OpenAIBackend("m", f"http://127.0.0.1:{port}/v1", max_retries=1, backoff_s=0.01)
     with pytest.raises(FicError, match="gave up after 2 attempt"):
@@ -617,7 +617,7 @@ def _vllm_runnable() -> bool:
 @pytest.mark.skipif(not _vllm_runnable(), reason="needs vllm installed and a CUDA GPU")
 def test_vllm_matches_hf_on_the_tiny_model(request):
     folder = request.getfixturevalue("tiny_model_dir")
-    from fic.backend_hf import load_hf_backend
+    from fic.backends.hf import load_hf_backend
     from fic.chat import prompt_ids
 
     vllm_backend = make_backend(BackendConfig(kind="vllm", model=str(folder), dtype="float32",

@@ -6,11 +6,12 @@ import json
 import re
 
 import pytest
+from scripted import FunctionBackend
 
 from fic.cli import main
-from fic.generation import FunctionBackend
 from fic.instance import Instance, Shard
-from fic.llm_sharder import numbers_of, parse_shards, shard_with_llm, validate_shards
+from fic.llm_sharder import parse_shards, shard_with_llm, validate_shards
+from fic.parsing import number_values
 
 QUESTION = ("Ara joined the team four years ago. She plays 40 games every year. She scores 21 points a game. "
             "How many points has she scored?")
@@ -25,8 +26,9 @@ def plain(task_id="ara", question=QUESTION, answer="#### 3360"):
 
 
 def test_numbers_are_compared_as_values():
-    assert numbers_of("four years, $1.50 each, 1,200 people") == {4, 1.5, 1200}
-    assert numbers_of("someone went home") == set()
+    assert set(number_values("four years, $1.50 each, 1,200 people")) == {4, 1.5, 1200}
+    assert set(number_values("someone went home")) == set()
+    assert number_values("a dozen eggs at -3 and 3/4") == {12: 1, 3: 1, 0.75: 1}
 
 
 def test_parse_shards_accepts_json_in_chatter_and_bare_lists():
@@ -43,8 +45,8 @@ def test_parse_shards_accepts_json_in_chatter_and_bare_lists():
     ('{"shards": ["how many points?", ""]}', "not a non-empty string"),
     ('{"shards": ["how many points?", 7]}', "not a non-empty string"),
     ('{"shards": ["goal", "4 years", "4 years", "40 games", "21 points"]}', "the same"),
-    ('{"shards": ["how many points?", "4 years", "40 games"]}', "leave out number(s) of the question: 21"),
-    ('{"shards": ["how many points?", "4 years", "40 games", "21 points", "plus 5 bonus"]}', "add number(s)"),
+    ('{"shards": ["how many points?", "4 years", "40 games"]}', "leave out value(s) of the question: 21"),
+    ('{"shards": ["how many points?", "4 years", "40 games", "21 points", "plus 5 bonus"]}', "add value(s)"),
     ('{"shards": ["points after 4 years of 40 games at 21 points?", "4 years", "40 games"]}', "shard 1 holds"),
     (json.dumps({"shards": [f"fact {i}" for i in range(13)]}), "at most 12"),
 ])

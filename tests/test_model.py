@@ -13,8 +13,14 @@ import torch
 import fic.model
 from fic.chat import prompt_ids
 from fic.errors import FicError
-from fic.model import (MARKER_NAME, find_bundled_gguf, load_model, load_tokenizer, prepare_model,
-                       resolve_dtype)
+from fic.model import (
+    MARKER_NAME,
+    find_bundled_gguf,
+    load_model,
+    load_tokenizer,
+    prepare_model,
+    resolve_dtype,
+)
 
 
 @pytest.fixture(scope="module")

@@ -7,14 +7,21 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
+from scripted import FunctionBackend
 
 from fic import tasks
 from fic.cli import main
 from fic.config import load_config
 from fic.deferrals import ACKS, DEFERRALS, GENERIC_ASKS, RECOVERY_ACKS, ask_for
 from fic.errors import FicError
-from fic.generation import FunctionBackend
-from fic.sft_data import SFTDataConfig, build_corpus, card_paths, load_instances, make_corpus
+from fic.instance import Instance
+from fic.sft_data import (
+    SFTDataConfig,
+    build_corpus,
+    card_paths,
+    load_instances,
+    make_corpus,
+)
 from fic.views import user_turns
 
 LIC_SAMPLE = Path(__file__).resolve().parents[2] / "shared/data/lost_in_conversation/sample_5_per_task.json"
@@ -220,7 +227,7 @@ def test_model_written_replies_are_checked(gym):
     early = [(m["content"], k) for r in records for m, k in zip(assistant_turns(r), r["reply_kinds"]) if k != "answer"]
     assert stats["replies_llm"] == sum(k == "ask" for _, k in early) > 0
     assert stats["replies_llm_rejected"] == sum(k == "defer" for _, k in early) > 0
-    assert stats["replies_llm_rejected/holds a number not given yet"] == stats["replies_llm_rejected"]
+    assert stats["replies_llm_rejected/holds a value not given yet"] == stats["replies_llm_rejected"]
     assert all("987654" not in text for text, _ in early)
     assert all(text == "Thanks! What is the missing detail?" for text, k in early if k == "ask")
 
@@ -240,14 +247,14 @@ def test_model_rephrased_user_turns_keep_their_numbers(gym):
         for said, shard in zip(users[1:], shards[1:]):
             assert said == (shard if re.search(r"\d", shard) else "so, " + shard.lower())
     assert stats["user_rephrased"] > 0 and stats["user_rephrase_rejected"] > 0
-    assert stats["user_rephrase_rejected/changes, drops or adds a number"] == stats["user_rephrase_rejected"]
+    assert stats["user_rephrase_rejected/changes, drops or adds a value"] == stats["user_rephrase_rejected"]
 
 
 def test_rewrites_that_change_or_drop_information_are_refused():
     from fic.sft_data import rephrase_problem, reply_problem
 
     def _valid_rephrase(original, text):
-        return rephrase_problem(original, text) is None
+        return rephrase_problem(original, text, MATH) is None
 
     def _valid_reply(text, kind, edit, max_words):
         return reply_problem(text, kind, edit, max_words) is None
@@ -259,7 +266,8 @@ def test_rewrites_that_change_or_drop_information_are_refused():
     assert not _valid_rephrase("They're twins, so they're all the same size.",
                                "I'm sorry for the misunderstanding. Please correct the typo.")
     assert _valid_rephrase("They're twins, so they're all the same size.", "they're twins, same size")
-    edit = {"revealed": {Fraction(2)}, "reference": Fraction(104)}
+    instance = Instance("t", "math", [], {"question": "q", "answer": "#### 104"})
+    edit = {"revealed": {Fraction(2)}, "instance": instance}
     assert _valid_reply("Got it. How many skeins does each item take?", "ask", edit, 40)
     assert not _valid_reply('The user\'s message is: "Please correct the typo.', "ask", edit, 40)
     assert not _valid_reply("Noted, so 2 grandchildren. Keep going.", "ask", edit, 40)  # an ask must ask

@@ -6,11 +6,12 @@ import json
 import re
 
 import pytest
+from scripted import FunctionBackend
 
 from fic.chat import render_chat
 from fic.classify import LLMClassifier, RuleClassifier, parse_label, rule_label
 from fic.errors import FicError
-from fic.generation import FunctionBackend, SamplingParams
+from fic.generation import SamplingParams
 from fic.instance import Instance, Shard
 from fic.simulator import Conversation, make_conversations, play
 from fic.user_sim import LLMUser, VerbatimUser, parse_user_reply
@@ -130,7 +131,7 @@ def _conv_after_turn_one():
     ('{"response": "played 4 years", "shard_id": 1}', "already revealed"),
     ('{"response": "played 4 years", "shard_id": 9}', "does not exist"),
     ('{"response": "", "shard_id": 2}', "'response' missing"),
-    ('{"response": "she played a few years", "shard_id": 2}', "drops number(s) 4"),
+    ('{"response": "she played a few years", "shard_id": 2}', "drops value(s) 4"),
     ('{"response": "she played 4 years", "shard_id": "two"}', "not an integer"),
     ('{"response": "she played 4 years", "shard_id": true}', "not an integer"),
     ('[{"response": "x"}]', "'shard_id' is not an integer"),

@@ -16,8 +16,17 @@ import yaml
 
 from fic.config import load_config
 from fic.errors import FicError
-from fic.train_sft import (IGNORE, KILL_ENV, SFTConfig, TargetLoss, collate, render_examples, shift_targets,
-                           train, window_loss)
+from fic.train_sft import (
+    IGNORE,
+    KILL_ENV,
+    SFTConfig,
+    TargetLoss,
+    collate,
+    render_examples,
+    shift_targets,
+    train,
+    window_loss,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "smollm2-135m-instruct" / "sft.yaml"

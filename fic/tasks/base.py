@@ -1,19 +1,50 @@
-"""What every task provides. Subclasses override the prompts, validation and scoring."""
+"""What every task provides. Subclasses override the prompts, validation and scoring.
+
+Besides prompts and scoring, a task tells the task-generic stages what its texts carry:
+
+- `values_in(text, instance)`: the values a text states (numbers for math; argument values
+  for function calling; ...). The user simulator checks that a rephrased shard keeps its
+  values and reveals no value of a shard not yet given; the LLM sharder checks that shards
+  carry exactly the values of the question; the SFT corpus checks that no reply before the
+  last shard names a value the user has not given (`leak`).
+- `rule_label(reply, user_texts)`: the offline classifier's label for a reply.
+- SFT-corpus replies while information is missing: `ask_for` (a question for the detail the
+  next shard carries, or None), `generic_asks` (when no specific question can be made),
+  `premature_reply` (a plausible wrong early answer for recovery conversations) and
+  `mask_values` (a shard with its unrevealed values blanked, a hint for a model that writes
+  replies).
+
+The defaults treat numbers as a task's values, which fits any task whose details are
+quantities; tasks whose details are names, dates or code override them.
+"""
 
 from __future__ import annotations
 
+import random
+from collections import Counter
 from typing import Any, Callable
 
 from fic.errors import FicError
 from fic.instance import Instance, as_instance
+from fic.parsing import NUMBER, number_values
 
 ErrorFactory = Callable[..., FicError]  # error(message, field) -> FicError naming file and record
+
+GENERIC_ASKS = (
+    "What else should I know?",
+    "What are the remaining details?",
+    "What information is still missing?",
+    "Could you share the rest of the details?",
+    "Are there more details I should know?",
+    "What other details should I take into account?",
+)
 
 
 class Task:
     name: str = ""
     system_prompt: str = "You are a helpful assistant."
     required_fields: tuple[str, ...] = ()
+    generic_asks: tuple[str, ...] = GENERIC_ASKS
 
     def validate_fields(self, fields: dict[str, Any], error: ErrorFactory) -> None:
         """Raise `error(message, field)` for a missing or malformed task key."""
@@ -45,6 +76,56 @@ class Task:
     def gold_reply(self, instance: Instance | dict) -> str:
         """A complete assistant reply: the worked solution ending in the task's answer format."""
         raise NotImplementedError
+
+    # ------------------------------------------------------------------ what texts carry
+
+    def values_in(self, text: str, instance: Instance | None = None) -> Counter:
+        """The values `text` states, as hashable, normalised keys (numbers by value here)."""
+        return number_values(text)
+
+    def leak(self, reply: str, revealed: set, instance: Instance) -> str | None:
+        """Why `reply` may not be said before the last shard, or None when it is safe.
+
+        Here: an answer marker, the reference answer's value (even one the user happened to
+        say: the reply must not look like an answer), or any value the user has not given.
+        Tasks whose reference is made of values the user gives (function calls) override it."""
+        if "####" in reply or "\\boxed" in reply:
+            return "holds an answer marker"
+        reference = self.values_in(self.reference_answer(instance), instance)
+        for value in self.values_in(reply, instance):
+            if value in reference:
+                return f"holds the reference answer {value}"
+            if value not in revealed:
+                return f"holds {value}, a value the user has not given yet"
+        return None
+
+    def mask_values(self, text: str, revealed: set, instance: Instance | None = None) -> str:
+        """`text` with every value not in `revealed` replaced by `___`."""
+        def blank(match: Any) -> str:
+            return match.group(0) if set(number_values(match.group(0))) <= revealed else "___"
+        return NUMBER.sub(blank, text)
+
+    # ------------------------------------------------------------------ classifying replies
+
+    def rule_label(self, reply: str, user_texts: list[str]) -> str:
+        """The offline rule classifier's label (one of `fic.classify.LABELS`) for a reply."""
+        from fic.classify import (
+            rule_label,  # the generic heuristic; tasks may refine it
+        )
+
+        return rule_label(reply, user_texts)
+
+    # ------------------------------------------------------------------ SFT-corpus replies
+
+    def ask_for(self, shard: str, revealed: set, rng: random.Random) -> str | None:
+        """A brief question asking for what `shard` tells, naming none of its new values; None
+        when no honest question can be made (the corpus then uses `generic_asks`)."""
+        return None
+
+    def premature_reply(self, revealed_texts: list[str], instance: Instance, rng: random.Random) -> str:
+        """A plausible wrong answer given too early, from what was revealed so far; it must not
+        hold the reference answer. Used (out of the loss) in recovery conversations."""
+        raise NotImplementedError(f"task {self.name!r} has no premature replies; set recovery_share=0")
 
     @staticmethod
     def _instance(instance: Instance | dict) -> Instance:

@@ -8,37 +8,16 @@ exact fractions and, for LaTeX, with `math-verify`.
 
 from __future__ import annotations
 
+import random
 import re
-from fractions import Fraction
 from typing import Any
 
 from fic.instance import Instance
+from fic.parsing import as_fraction, last_number, number_values
 from fic.tasks.base import ErrorFactory, Task
 
-# A number as people write it: sign, thousands separators, decimals, an optional fraction.
-NUMBER = re.compile(r"-?\$?\d[\d,]*(?:\.\d+)?(?:\s*/\s*\d+(?:\.\d+)?)?|-?\$?\.\d+")
 CALCULATOR = re.compile(r"<<[^<>]*>>")  # GSM8K's calculator annotations, e.g. <<40*4=160>>
 BOXED = "\\boxed{"
-
-
-def clean_number(text: str) -> str:
-    """Strip what LiC strips: commas, dollar signs, spaces and a trailing period."""
-    return text.replace(",", "").replace("$", "").replace(" ", "").rstrip(".")
-
-
-def last_number(text: str) -> str | None:
-    matches = NUMBER.findall(text)
-    return clean_number(matches[-1]) if matches else None
-
-
-def _as_fraction(text: str) -> Fraction | None:
-    try:
-        if "/" in text:
-            num, den = text.split("/", 1)
-            return Fraction(num) / Fraction(den)
-        return Fraction(text)
-    except (ValueError, ZeroDivisionError):
-        return None
 
 
 def _last_boxed(text: str) -> str | None:
@@ -96,7 +75,7 @@ class MathTask(Task):
         if predicted == gold:  # the LiC rule
             return 1.0
         if predicted is not None:
-            value, reference = _as_fraction(predicted), _as_fraction(gold)
+            value, reference = as_fraction(predicted), as_fraction(gold)
             if value is not None and value == reference:
                 return 1.0
         # Only LaTeX goes to math-verify: on plain text it would pick a number other than the
@@ -114,6 +93,34 @@ class MathTask(Task):
         steps = CALCULATOR.sub("", steps).strip()
         number = last_number(final) or final.strip()
         return f"{steps}\n#### {number}" if steps else f"#### {number}"
+
+
+    # ------------------------------------------------------------------ SFT-corpus replies
+    # The question maker and the premature answers live in fic.deferrals, written for numbers.
+
+    @property
+    def generic_asks(self) -> tuple[str, ...]:  # type: ignore[override]
+        from fic.deferrals import GENERIC_ASKS
+
+        return GENERIC_ASKS
+
+    def mask_values(self, text: str, revealed: set, instance: Instance | None = None) -> str:
+        from fic.deferrals import (
+            MENTION,  # also blanks number words ("four"), not only digits
+        )
+
+        return MENTION.sub(lambda m: m.group(0) if set(self.values_in(m.group(0))) <= revealed else "___", text)
+
+    def ask_for(self, shard: str, revealed: set, rng: random.Random) -> str | None:
+        from fic.deferrals import ask_for
+
+        return ask_for(shard, revealed, rng)
+
+    def premature_reply(self, revealed_texts: list[str], instance: Instance, rng: random.Random) -> str:
+        from fic.deferrals import as_value, premature_answer
+
+        in_order = [value for text in revealed_texts for value in number_values(text, words=False)]
+        return premature_answer(in_order, as_value(self.reference_answer(instance)), rng)
 
 
 def _latex_equal(answer: str, gold: str) -> bool:

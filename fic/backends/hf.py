@@ -7,7 +7,7 @@ tokens only: a padded row sees the same positions as it would alone, so batched 
 equals unbatched greedy output (up to floating-point ties).
 
 The loop is ours rather than `model.generate` for two reasons. It keeps each row's keys and
-values after the call (`fic.kv_reuse`), so the next turn of a conversation feeds the model only
+values after the call (`fic.backends.kv_reuse`), so the next turn of a conversation feeds the model only
 its new tokens; and nothing from a checkpoint's `generation_config.json` (top_k=50,
 repetition_penalty, ...) can change what is sampled. Each step records the chosen token's
 log-prob under the raw logits, then samples from exactly softmax(logits / temperature) cut to
@@ -26,10 +26,24 @@ import torch
 from transformers import DynamicCache, TemperatureLogitsWarper, TopPLogitsWarper
 from transformers.cache_utils import DynamicLayer
 
-from fic.generation import (BackendConfig, Generation, SamplingParams, chat_by_generate, check_prompts, finish,
-                            stop_ids)
-from fic.kv_reuse import KV, KVStore, batch_rows, common_prefix_length, layer_kv, left_padded, spans_kv
-
+from fic.backends.kv_reuse import (
+    KV,
+    KVStore,
+    batch_rows,
+    common_prefix_length,
+    layer_kv,
+    left_padded,
+    spans_kv,
+)
+from fic.generation import (
+    BackendConfig,
+    Generation,
+    SamplingParams,
+    chat_by_generate,
+    check_prompts,
+    finish,
+    stop_ids,
+)
 
 # What one extra forward pass costs, in token reads: every weight is read once whatever the
 # batch, which on the reference CPU takes about as long as computing 30-60 tokens.

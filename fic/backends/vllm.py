@@ -26,8 +26,15 @@ from __future__ import annotations
 from typing import Any
 
 from fic.errors import FicError
-from fic.generation import (BackendConfig, Generation, SamplingParams, chat_by_generate, check_prompts, finish,
-                            stop_ids)
+from fic.generation import (
+    BackendConfig,
+    Generation,
+    SamplingParams,
+    chat_by_generate,
+    check_prompts,
+    finish,
+    stop_ids,
+)
 
 
 def import_vllm() -> Any:
