@@ -21,6 +21,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "sft-data": ("fic.sft_data", "build the multi-turn SFT warm-start corpus from sharded instances"),
     "train": ("fic.train", "train with a recipe: `fic train sft --config recipes/<backbone>/sft.yaml`"),
     "bench": ("fic.bench", "benchmarks that print figures (rollout, sft); --json for one JSON object"),
+    "launch-check": ("fic.launch_check", "check a launch config and recipe before a multi-GPU job starts"),
 }
 
 
