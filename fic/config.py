@@ -229,6 +229,17 @@ def config_to_dict(config: Any) -> dict:
     return dataclasses.asdict(config)
 
 
+def flatten(tree: Any, prefix: str = "") -> dict:
+    """A nested dict as one level of dotted keys (`{"a": {"b": 1}}` -> `{"a.b": 1}`), for
+    comparing two configs key by key."""
+    if not isinstance(tree, dict):
+        return {prefix.rstrip("."): tree}
+    flat: dict = {}
+    for key, value in tree.items():
+        flat.update(flatten(value, f"{prefix}{key}."))
+    return flat
+
+
 def describe(cls: type, prefix: str = "") -> str:
     """A help listing of every key of a config class: name, type, default and help text."""
     lines = []

