@@ -21,7 +21,9 @@ from fractions import Fraction
 from typing import Any
 
 # A number as people write it: sign, thousands separators, decimals, an optional fraction.
-NUMBER = re.compile(r"-?\$?\d[\d,]*(?:\.\d+)?(?:\s*/\s*\d+(?:\.\d+)?)?|-?\$?\.\d+")
+# A hyphen right after a word, digit or bracket joins ("10-12 pages", "x-3"): it is no minus sign.
+NUMBER = re.compile(r"(?:(?<![\w)\]])-)?\$?\d[\d,]*(?:\.\d+)?(?:\s*/\s*\d+(?:\.\d+)?)?"
+                    r"|(?:(?<![\w)\]])-)?\$?\.\d+")
 
 _UNITS = {"zero": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
           "eight": 8, "nine": 9, "ten": 10, "eleven": 11, "twelve": 12, "thirteen": 13, "fourteen": 14,

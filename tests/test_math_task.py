@@ -9,6 +9,9 @@ ARA = {"task_id": "ara", "task": "math", "question": "How many points?",
        "answer": "40*4 = <<40*4=160>>160 games\n160*21 = <<21*160=3360>>3360 points\n#### 3360"}
 HALF = {"task_id": "half", "task": "math", "question": "q", "answer": "#### 0.5"}
 NEGATIVE = {"task_id": "neg", "task": "math", "question": "q", "answer": "#### -12"}
+TWO = {"task_id": "two", "task": "math", "question": "q", "answer": "#### 2"}
+EIGHTEEN = {"task_id": "eighteen", "task": "math", "question": "q", "answer": "#### 18"}
+SEVEN = {"task_id": "seven", "task": "math", "question": "q", "answer": "#### 7"}
 
 CASES = [
     # (reply, instance, expected score)
@@ -47,6 +50,22 @@ CASES = [
     ("2/1", HALF, 0.0),
     ("#### 12", NEGATIVE, 0.0),
     ("1/0", HALF, 0.0),
+    # After a final-answer marker the answer is read there, not at the reply's last number.
+    ("#### 18\n\nNote: apples cost $2 each", EIGHTEEN, 1.0),
+    ("#### 18 (apples cost $2 each)", EIGHTEEN, 1.0),
+    ("#### 18. Apples cost $2 each.", EIGHTEEN, 1.0),
+    ("The final answer is 18. Note: apples cost $2 each.", EIGHTEEN, 1.0),
+    ("**Final Answer:** 18\n\n(2 boxes were left over)", EIGHTEEN, 1.0),
+    ("#### 6 * 3 = 18", EIGHTEEN, 1.0),
+    ("Final answer: \\boxed{18 \\text{ apples}}", EIGHTEEN, 1.0),
+    ("Before I give the final answer: is it 3 bags? Then 18.", EIGHTEEN, 1.0),  # no answer after the marker
+    # LaTeX that is not a plain number is read as a whole by math-verify.
+    ("\\boxed{\\frac{1}{2}}", TWO, 0.0),
+    ("So x = \\frac{1}{2}", TWO, 0.0),
+    ("#### \\frac{4}{2}", TWO, 1.0),
+    # A hyphen between two numbers is not a minus sign.
+    ("She reads pages 5-7", SEVEN, 1.0),
+    ("#### 5-7", SEVEN, 0.0),                        # after the marker the first number counts: 5
 ]
 
 
@@ -72,6 +91,8 @@ def test_extract_answer_prefers_hashes_then_boxed_then_last_number():
     assert MATH.extract_answer("we get \\boxed{\\frac{1}{2}} and 9") == "\\frac{1}{2}"
     assert MATH.extract_answer("first 3, then 4.") == "4"
     assert MATH.extract_answer("no numbers here") is None
+    assert MATH.extract_answer("#### 18\n\nNote: apples cost $2 each") == "18"
+    assert MATH.extract_answer("The final answer is 18. Note: apples cost $2.") == "18"
 
 
 def test_gold_reply_strips_calculator_annotations_and_scores_full_marks():

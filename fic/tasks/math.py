@@ -1,9 +1,19 @@
 """Math word problems (GSM8K style): answers are numbers, references end with `#### <number>`.
 
-Scoring agrees with Lost in Conversation (the last number of the answer, with `,`, `$` and
-a trailing `.` removed, equal to the text after `####`) and also accepts numerically equal
-forms such as `3360.0`, `3,360`, `\\boxed{3360}`, `$3,360.00` or `6720/2`, checked with
-exact fractions and, for LaTeX, with `math-verify`.
+Reading a reply's answer, as a careful grader would:
+
+- after a final-answer marker (`####`, `\\boxed{...}`, "final answer"; the last one in the
+  reply that is followed by an answer), the answer is read there: the first line after
+  `####` or "final answer" up to the end of its sentence, or the box's content. In that span
+  the number after the last `=` (else the first number) is the answer, so
+  "#### 18\n\nNote: apples cost $2 each" answers 18. A span that is LaTeX rather than a plain
+  number (`\\frac{1}{2}`) goes to `math-verify` as a whole.
+- a reply without a marker is read by Lost in Conversation's rule, its last number, unless
+  its last line ends in LaTeX (`= \\frac{6720}{2}`), which math-verify reads as a whole.
+
+A number is equal to the reference when its text (`,` `$` and a trailing `.` removed) equals
+the number after `####` (LiC's exact match) or when both are the same exact value (`3360.0`,
+`6720/2`). The README lists where this is more lenient than LiC and why.
 """
 
 from __future__ import annotations
@@ -13,23 +23,61 @@ import re
 from typing import Any
 
 from fic.instance import Instance
-from fic.parsing import as_fraction, last_number, number_values
+from fic.parsing import NUMBER, as_fraction, clean_number, last_number, number_values
 from fic.tasks.base import ErrorFactory, Task
 
 CALCULATOR = re.compile(r"<<[^<>]*>>")  # GSM8K's calculator annotations, e.g. <<40*4=160>>
 BOXED = "\\boxed{"
+# Where a reply says "this is my answer". "final answer" needs a number after it in the same
+# sentence ("Before I give the final answer, could you tell me ...?" is no answer).
+MARKER = re.compile(r"####|\\boxed\{|\bfinal answer\b(?:\s*(?:is|was|would be|will be)\b)?", re.IGNORECASE)
+SENTENCE_END = re.compile(r"[.!?;](?=\s|$)")
+LATEX_TEXT = re.compile(r"\\(?:text|mathrm|textbf|mbox)\s*\{([^{}]*)\}")
 
 
-def _last_boxed(text: str) -> str | None:
-    start = text.rfind(BOXED)
-    if start < 0:
-        return None
+def _boxed_content(text: str, start: int) -> str | None:
+    """The balanced content of the `\\boxed{` that starts at `start`, or None if it never closes."""
     depth, i = 1, start + len(BOXED)
     for j in range(i, len(text)):
         depth += {"{": 1, "}": -1}.get(text[j], 0)
         if depth == 0:
             return text[i:j]
     return None
+
+
+def _span_after(text: str) -> str | None:
+    """The first non-empty line of `text`, up to the end of its first sentence; None when that
+    sentence is a question ("... the final answer, could you tell me how many?")."""
+    line = next((ln for ln in text.splitlines() if ln.strip(" *:=\t")), "")
+    line = line.strip().lstrip("*:= \t").strip()
+    end = SENTENCE_END.search(line)
+    if end is None:
+        return line
+    return None if end.group(0) == "?" else line[:end.start()]
+
+
+def answer_span(text: str) -> str | None:
+    """What the reply gives as its answer after its last usable final-answer marker, or None
+    when no marker is followed by a number or LaTeX."""
+    for match in reversed(list(MARKER.finditer(text))):
+        if match.group(0) == BOXED:
+            span = _boxed_content(text, match.start())
+        else:
+            span = _span_after(text[match.end():])
+        if span and (NUMBER.search(span) or "\\" in span):
+            return span.strip()
+    return None
+
+
+def read_span(span: str) -> tuple[str, str] | None:
+    """("number", cleaned number) for a plain span, ("latex", span) for one math-verify must
+    read, None for a span without an answer."""
+    plain = LATEX_TEXT.sub(r" \1", span).replace("\\$", "$").replace("\\,", "").replace("\\!", "")
+    plain = plain.replace("\\%", "%")
+    if "\\" in plain or "{" in plain or "^" in plain:
+        return "latex", span
+    found = NUMBER.search(plain.rsplit("=", 1)[-1]) or NUMBER.search(plain)
+    return ("number", clean_number(found.group(0))) if found else None
 
 
 def reference_number(answer: str) -> str | None:
@@ -57,31 +105,28 @@ class MathTask(Task):
         return self._instance(instance).fields["question"]
 
     def extract_answer(self, text: str) -> str | None:
-        """The text after the last `####`, else the last `\\boxed{}`, else the last number."""
-        if "####" in text:
-            tail = text.rsplit("####", 1)[1].strip()
-            return tail or None
-        boxed = _last_boxed(text)
-        if boxed is not None:
-            return boxed.strip() or None
-        return last_number(text)
+        """The answer span after the last final-answer marker (see the module docstring), else
+        the last number of the reply (LiC)."""
+        return answer_span(text or "") or last_number(text or "")
 
     def score(self, text: str, instance: Instance | dict) -> float:
         gold = reference_number(self._instance(instance).fields["answer"])
-        answer = self.extract_answer(text)
-        if answer is None or gold is None:
+        text = text or ""
+        if gold is None:
             return 0.0
-        predicted = last_number(answer)
-        if predicted == gold:  # the LiC rule
-            return 1.0
-        if predicted is not None:
-            value, reference = as_fraction(predicted), as_fraction(gold)
-            if value is not None and value == reference:
-                return 1.0
-        # Only LaTeX goes to math-verify: on plain text it would pick a number other than the
-        # last one and disagree with the LiC rule.
-        latex = answer if ("####" in text or BOXED in text) else text.strip()
-        return float("\\" in latex and _latex_equal(latex, gold))
+        span = answer_span(text)
+        if span is not None:
+            read = read_span(span)
+            if read is None:
+                return 0.0
+            kind, answer = read
+            return float(_latex_equal(answer, gold) if kind == "latex" else _numbers_equal(answer, gold))
+        # No marker: a closing line in LaTeX is read as a whole; else LiC's rule, the last number.
+        last_line = next((ln for ln in reversed(text.splitlines()) if ln.strip()), "")
+        read = read_span(last_line.rsplit("=", 1)[-1])
+        if read is not None and read[0] == "latex":
+            return float(_latex_equal(read[1].strip().strip("$").strip(), gold))
+        return float(_numbers_equal(last_number(text), gold))
 
     def reference_answer(self, instance: Instance | dict) -> str:
         return reference_number(self._instance(instance).fields["answer"]) or ""
@@ -123,11 +168,21 @@ class MathTask(Task):
         return premature_answer(in_order, as_value(self.reference_answer(instance)), rng)
 
 
+def _numbers_equal(predicted: str | None, gold: str) -> bool:
+    """LiC's exact match of the cleaned text, or the same exact value ("3360.0", "6720/2")."""
+    if predicted is None:
+        return False
+    if predicted == gold:
+        return True
+    value = as_fraction(predicted)
+    return value is not None and value == as_fraction(gold)
+
+
 def _latex_equal(answer: str, gold: str) -> bool:
-    """Fallback for answers like `\\frac{1}{2}` that are not plain numbers."""
+    """A LaTeX answer (`\\frac{1}{2}`), read as a whole by math-verify."""
     from math_verify import parse, verify  # imported lazily: it loads sympy
 
     try:
-        return bool(verify(parse(gold), parse(answer)))
+        return bool(verify(parse(gold), parse(f"\\boxed{{{answer}}}")))
     except Exception:  # math-verify raises on unparsable input; unparsable means wrong
         return False
