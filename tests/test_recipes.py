@@ -1,21 +1,36 @@
-"""Every recipe YAML loads with its config class, and an unknown key in it is an error."""
+"""Every recipe YAML loads with its config class, names only files that exist or that it says how to
+get, and the paper backbones' recipes carry a command, hardware and a time estimate that add up."""
 
 import importlib
+import importlib.util
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
+from fic import launch_check
 from fic.config import load_config
 from fic.errors import FicError
 
-RECIPES = sorted((Path(__file__).resolve().parents[1] / "recipes").rglob("*.yaml"))
+REPO = Path(__file__).resolve().parents[1]
+RECIPES = sorted((REPO / "recipes").rglob("*.yaml"))
+BUNDLED = "smollm2-135m-instruct"  # the CPU model the project ships; the others are the paper's backbones
+BACKBONES = sorted(p.name for p in (REPO / "recipes").iterdir() if p.is_dir() and p.name != BUNDLED)
 
 # recipe file name (without .yaml) -> "module:ConfigClass"; every recipe must match one prefix.
 CONFIG_CLASSES = {
     "eval": "fic.evaluate:EvalConfig",
     "sft-data": "fic.sft_data:SFTDataConfig",
     "sft": "fic.train_sft:SFTConfig",
+}
+if importlib.util.find_spec("fic.train_vasd") is not None:
+    CONFIG_CLASSES["vasd"] = "fic.train_vasd:VASDConfig"
+
+# Recipes that may read a file outside the repository, and why.
+OUTSIDE_REPO = {
+    f"{BUNDLED}/eval.yaml": "reads the Lost-in-Conversation sample next to this project's checkout "
+                            "(the README says it needs the file)",
 }
 
 
@@ -28,17 +43,77 @@ def config_class(path: Path):
     raise AssertionError(f"{path}: no config class for this recipe name; add it to CONFIG_CLASSES")
 
 
+def rel(path: Path) -> str:
+    return str(path.relative_to(REPO / "recipes"))
+
+
+def comments(path: Path) -> str:
+    """Every comment of a recipe, one space-separated text (wrapped lines joined)."""
+    parts = [line.split("#", 1)[1].strip() for line in path.read_text().splitlines() if "#" in line]
+    return " ".join(parts)
+
+
+def header(path: Path) -> str:
+    """The comment block a recipe opens with, wrapped lines joined."""
+    lines = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line.lstrip("#").strip())
+    return " ".join(lines)
+
+
+def source_path(spec: str) -> str | None:
+    kind, _, arg = spec.partition(":")
+    if kind in ("lic", "jsonl") or (kind == "gsm8k" and Path(arg).suffix in (".json", ".jsonl", ".parquet")):
+        return arg
+    return None
+
+
+def path_values(path: Path) -> list[tuple[str, str]]:
+    """(key, path) for every setting of a recipe that names a file or folder it reads."""
+    data = yaml.safe_load(path.read_text())
+    found = []
+
+    def backend(key: str, section: dict | None, kinds=("hf", "vllm")) -> None:
+        if section and section.get("kind", "hf") in kinds and section.get("model"):
+            found.append((key, section["model"]))
+
+    for role in ("user", "classifier", "replies"):
+        section = data.get(role) or {}
+        if section.get("kind") == "llm":
+            backend(f"{role}.backend.model", section.get("backend"))
+    stem = path.stem
+    if stem.startswith("sft-data"):
+        sources = data.get("data", [])
+        for spec in [sources] if isinstance(sources, str) else sources:
+            if source_path(spec):
+                found.append(("data", source_path(spec)))
+    elif stem.startswith("eval"):
+        backend("model.model", data.get("model"))
+        spec = (data.get("data") or {}).get("source", "")
+        if source_path(spec):
+            found.append(("data.source", source_path(spec)))
+        if data.get("baseline"):
+            found.append(("baseline", data["baseline"]))
+    elif stem == "sft":
+        for section in ("model", "data"):
+            if "path" in (data.get(section) or {}):
+                found.append((f"{section}.path", data[section]["path"]))
+    return found
+
+
 def test_there_are_recipes():
     assert RECIPES, "no recipe YAML found under recipes/"
 
 
-@pytest.mark.parametrize("path", RECIPES, ids=lambda p: str(p.relative_to(p.parents[1])))
+@pytest.mark.parametrize("path", RECIPES, ids=rel)
 def test_recipe_loads(path):
     config = load_config(config_class(path), path)
     assert config is not None
 
 
-@pytest.mark.parametrize("path", RECIPES, ids=lambda p: str(p.relative_to(p.parents[1])))
+@pytest.mark.parametrize("path", RECIPES, ids=rel)
 def test_recipe_with_unknown_key_is_an_error(path, tmp_path):
     data = yaml.safe_load(path.read_text())
     data["surely_not_a_key"] = 1
@@ -46,3 +121,89 @@ def test_recipe_with_unknown_key_is_an_error(path, tmp_path):
     bad.write_text(yaml.safe_dump(data))
     with pytest.raises(FicError, match="surely_not_a_key"):
         load_config(config_class(path), bad)
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=rel)
+def test_recipe_with_a_wrong_type_is_an_error(path, tmp_path):
+    data = yaml.safe_load(path.read_text())
+    data["seed" if "seed" in data else "out"] = ["not", "a", "scalar"]
+    bad = tmp_path / path.name
+    bad.write_text(yaml.safe_dump(data))
+    with pytest.raises(FicError, match="expected"):
+        load_config(config_class(path), bad)
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=rel)
+def test_files_named_in_comments_exist(path):
+    named = re.findall(r"(?<![\w./-])((?:launch|recipes|fic)/[\w./-]*\w)", comments(path))
+    missing = [name for name in named if not (REPO / name).exists()]
+    assert not missing, f"{rel(path)} names files that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=rel)
+def test_files_a_recipe_reads_exist_or_are_made_or_explained(path):
+    """A path a recipe reads is written by a sibling recipe (`out`), named in its comments (which say
+    where it comes from: a download, `fic prepare-model`), or a file in the repository."""
+    siblings = [yaml.safe_load(p.read_text()).get("out", "") for p in path.parent.glob("*.yaml") if p != path]
+    text = comments(path)
+    for key, value in path_values(path):
+        assert not Path(value).is_absolute(), f"{rel(path)}: {key} is an absolute path: {value}"
+        inside = (REPO / value).resolve().is_relative_to(REPO)
+        assert inside or rel(path) in OUTSIDE_REPO, \
+            f"{rel(path)}: {key}={value} is outside the repository, which a user's clone does not have"
+        made = any(out and (value == out or value.startswith(out.rstrip("/") + "/")) for out in siblings)
+        assert made or value in text or (REPO / value).exists(), \
+            f"{rel(path)}: {key}={value} does not exist, no recipe beside it writes it, and no comment says where it comes from"
+
+
+@pytest.mark.parametrize("folder", sorted({p.parent for p in RECIPES}), ids=lambda p: p.name)
+def test_stages_of_a_backbone_chain(folder):
+    """SFT trains on the corpus sft-data writes, from the weights the base evaluation scores."""
+    load = lambda name: yaml.safe_load((folder / name).read_text())  # noqa: E731
+    if {"sft.yaml", "sft-data.yaml"} <= {p.name for p in folder.iterdir()}:
+        assert load("sft.yaml")["data"]["path"] == load("sft-data.yaml")["out"]
+    if (folder / "sft.yaml").exists():
+        for evaluation in folder.glob("eval*.yaml"):
+            assert yaml.safe_load(evaluation.read_text())["model"]["model"] == load("sft.yaml")["model"]["path"], \
+                f"{evaluation.name} does not evaluate the weights sft.yaml starts from"
+
+
+def test_the_paper_backbones_have_recipes():
+    assert BACKBONES == ["llama-3.1-8b-instruct", "llama-3.2-3b-instruct", "olmo-2-1124-7b-instruct", "phi-4",
+                         "qwen2.5-7b-instruct"]
+    for name in BACKBONES:
+        assert {"sft-data", "sft", "eval"} <= {p.stem for p in (REPO / "recipes" / name).glob("*.yaml")}, name
+
+
+BACKBONE_RECIPES = [p for p in RECIPES if p.parent.name in BACKBONES]
+
+
+@pytest.mark.parametrize("path", BACKBONE_RECIPES, ids=rel)
+def test_backbone_recipe_header_says_how_where_and_how_long(path):
+    """The opening comment runs this very file, names the hardware, fetches the model it uses from the
+    hub into the folder it reads, and its FLOPs and hours follow from the numbers it states."""
+    text = header(path)
+    assert f"recipes/{rel(path)}" in text, "the header's command does not run this recipe"
+    assert re.search(r"Sized for: \d+ x A100 80GB", text), "no hardware line"
+    models = [value for key, value in path_values(path) if key.endswith(("model", "model.path"))]
+    assert models
+    for model in models:
+        assert re.search(rf"hf download [\w.-]+/[\w.-]+ --local-dir {re.escape(model)}(?!\S)", text), \
+            f"the header does not say how to get {model} from the hub"
+
+    factor, n, tokens, flops = re.search(r"(\d) \* N \* tokens.*? = \d \* ([\d.]+e\d+) \* ([\d.]+e\d+) = "
+                                         r"([\d.]+e\d+) FLOPs", text).groups()
+    assert int(factor) in ((2,) if path.stem in ("eval", "sft-data") else (4, 6))
+    assert float(flops) == pytest.approx(int(factor) * float(n) * float(tokens), rel=0.05)
+    mfu, gpus, hours = re.search(r"assumed (\d+)% MFU of (?:(\d+) x |one A100's )?312 TFLOP/s.*?"
+                                 r"that is (?:\d+ s = )?([\d.]+) h", text).groups()
+    seconds = float(flops) / (int(gpus or 1) * 312e12 * int(mfu) / 100)
+    assert float(hours) == pytest.approx(seconds / 3600, rel=0.15)
+
+
+@pytest.mark.parametrize("path", [p for p in RECIPES if p.stem == "sft"], ids=rel)
+def test_launch_files_named_by_a_training_recipe_accept_it(path):
+    named = sorted(set(re.findall(r"launch/[\w-]+\.yaml", comments(path))))
+    assert named, f"{rel(path)} names no launch config"
+    for config in named:
+        launch_check.check(REPO / config, path)
