@@ -63,7 +63,9 @@ class _FicStepper:
         from accelerate import Accelerator
 
         from fic.model import load_model
-        from fic.train_sft import OptimSection, TargetLoss, make_optimizer
+        from fic.training.config import OptimSection
+        from fic.training.loop import make_optimizer
+        from fic.training.losses import TargetLoss
 
         self.accelerator = Accelerator(mixed_precision="bf16" if precision == "bf16" else "no")
         loss_model = TargetLoss(load_model(model_dir, dtype="float32").train())
@@ -73,10 +75,15 @@ class _FicStepper:
         self.pad_id = pad_id
 
     def step(self, examples: list) -> float:
-        from fic.train_sft import collate, train_step
+        from fic.training.data import collate
+        from fic.training.loop import optimizer_step
+        from fic.training.losses import target_counts, window_backward
 
         began = time.perf_counter()
-        train_step(self.accelerator, *self.parts, [collate(examples, self.pad_id)], max_grad_norm=1.0)
+        loss_model, optimizer, scheduler = self.parts
+        batch = collate(examples, self.pad_id)
+        window_backward(self.accelerator, loss_model, [batch], [target_counts(batch)], {"ce": 1.0})
+        optimizer_step(self.accelerator, loss_model, optimizer, scheduler, max_grad_norm=1.0)
         return time.perf_counter() - began
 
 
@@ -90,7 +97,7 @@ def interleaved_times(model_dir: str, batches: list[list], tokenizer: Any, preci
     from trl import SFTConfig, SFTTrainer
 
     from fic.model import load_model
-    from fic.train_sft import IGNORE
+    from fic.training.data import IGNORE
 
     fic = _FicStepper(model_dir, tokenizer.pad_token_id, precision)
     if not with_trl:
@@ -146,7 +153,8 @@ def _saved_bytes(fn, model: torch.nn.Module) -> int:
 def memory_figures(model_dir: str, tokens: int, chunk: int = 1024) -> dict:
     """Saved-for-backward MB of one `tokens`-long conversation (second half targets), FiC vs full logits."""
     from fic.model import load_model
-    from fic.train_sft import IGNORE, TargetLoss
+    from fic.training.data import IGNORE
+    from fic.training.losses import TargetLoss
 
     model = load_model(model_dir, dtype="float32").train()
     vocab = model.get_output_embeddings().weight.shape[0]
@@ -157,7 +165,7 @@ def memory_figures(model_dir: str, tokens: int, chunk: int = 1024) -> dict:
     labels[:, tokens // 2:] = ids[:, tokens // 2:]
     mask = torch.ones_like(ids)
     fic = TargetLoss(model, chunk)
-    fic_bytes = _saved_bytes(lambda: fic(ids, mask, targets), model)
+    fic_bytes = _saved_bytes(lambda: fic(ids, mask, targets)["ce"], model)
     full_bytes = _saved_bytes(lambda: model(input_ids=ids, attention_mask=mask, labels=labels).loss, model)
     n_targets = int((targets != IGNORE).sum())
     mb = 1 / 2**20
@@ -171,7 +179,7 @@ def measure(args: argparse.Namespace) -> dict:
     from accelerate.state import AcceleratorState
 
     from fic.model import load_tokenizer
-    from fic.train_sft import render_examples
+    from fic.training.data import render_examples
 
     if args.steps < 1 or args.micro_batch_size < 1 or args.warmup < 0:
         raise FicError("--steps and --micro-batch-size must be at least 1, --warmup at least 0")

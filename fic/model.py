@@ -83,8 +83,11 @@ def _dtype_kwarg() -> str:
 
 # --------------------------------------------------------------------------- loaders
 
-def _check_model_folder(path: str | os.PathLike) -> Path:
+def check_model_folder(path: str | os.PathLike) -> Path:
     path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise FicError("is a file, expected a model folder (config.json, weights, tokenizer files)",
+                       path=str(path))
     if not path.is_dir():
         raise FicError(f"model folder {path} not found; run `fic prepare-model` to create the bundled "
                        "one, or point to a Hugging Face model folder")
@@ -104,7 +107,7 @@ def load_tokenizer(path: str | os.PathLike, trust_remote_code: bool = False) -> 
     """
     from transformers import AutoTokenizer
 
-    path = _check_model_folder(path)
+    path = check_model_folder(path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
@@ -116,13 +119,25 @@ def load_tokenizer(path: str | os.PathLike, trust_remote_code: bool = False) -> 
     return tokenizer
 
 
+def load_template_checked_tokenizer(path: str | os.PathLike, trust_remote_code: bool = False) -> Any:
+    """`load_tokenizer`, refusing a chat template that breaks the rules FiC's token positions rely
+    on (`fic.chat.check_template`): training on it would put the loss on the wrong tokens."""
+    from fic.chat import check_template
+
+    tokenizer = load_tokenizer(path, trust_remote_code=trust_remote_code)
+    problems = check_template(tokenizer)
+    if problems:
+        raise FicError(f"the chat template cannot be trained on: {problems[0]}", path=str(path))
+    return tokenizer
+
+
 def load_model(path: str | os.PathLike, dtype: str | torch.dtype = "auto", device: str = "cpu",
                trust_remote_code: bool = False) -> Any:
     """Load a causal LM from a local folder onto `device` ("auto" picks `default_device()`),
     in eval mode."""
     from transformers import AutoModelForCausalLM
 
-    path = _check_model_folder(path)
+    path = check_model_folder(path)
     device = default_device() if device == "auto" else device
     kwargs = {_dtype_kwarg(): resolve_dtype(dtype, device), "trust_remote_code": trust_remote_code}
     try:

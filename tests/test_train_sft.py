@@ -16,17 +16,10 @@ import yaml
 
 from fic.config import load_config
 from fic.errors import FicError
-from fic.train_sft import (
-    IGNORE,
-    KILL_ENV,
-    SFTConfig,
-    TargetLoss,
-    collate,
-    render_examples,
-    shift_targets,
-    train,
-    window_loss,
-)
+from fic.train_sft import SFTConfig, train
+from fic.training.data import IGNORE, collate, render_examples, shift_targets
+from fic.training.loop import KILL_ENV
+from fic.training.losses import TargetLoss, target_counts, window_backward
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "smollm2-135m-instruct" / "sft.yaml"
@@ -147,9 +140,10 @@ def test_loss_normalised_over_the_accumulation_window(tiny_model_dir, smollm2_to
     reference = copy.deepcopy(model)
     accelerator = Accelerator(gradient_accumulation_steps=3)
     loss_model = accelerator.prepare(TargetLoss(model, chunk_tokens=16))
-    loss, n_targets, n_tokens = window_loss(accelerator, loss_model, batches)
-    assert n_targets == sum(counts)
-    assert n_tokens == sum(int(b["attention_mask"].sum()) for b in batches)
+    figures = window_backward(accelerator, loss_model, batches, [target_counts(b) for b in batches], {"ce": 1.0})
+    loss = figures["loss"]
+    assert figures["n_ce"] == sum(counts)
+    assert figures["n_tokens"] == sum(int(b["attention_mask"].sum()) for b in batches)
 
     total = 0.0
     for b in batches:  # by hand: full logits, summed CE over the same targets, one division at the end
@@ -173,7 +167,7 @@ def test_lm_head_only_sees_target_rows_in_chunks(tiny_model_dir, smollm2_tokeniz
     n_targets = int((batch["targets"] != IGNORE).sum())
     rows = []
     hook = model.get_output_embeddings().register_forward_hook(lambda m, args, out: rows.append(args[0].shape))
-    loss = TargetLoss(model, chunk_tokens=16)(**batch)
+    loss = TargetLoss(model, chunk_tokens=16)(**batch)["ce"]
     hook.remove()
     assert all(len(shape) == 2 and shape[0] <= 16 for shape in rows)  # never [batch, seq, vocab]
     assert sum(shape[0] for shape in rows) == n_targets < batch["input_ids"].numel()
@@ -263,7 +257,7 @@ def test_full_fine_tuning_saves_a_loadable_model(tiny_model_dir, corpus, tmp_pat
     assert not torch.allclose(logits(saved, ids), logits(AutoModelForCausalLM.from_pretrained(tiny_model_dir), ids))
     assert load_tokenizer(out / "final").chat_template == load_tokenizer(tiny_model_dir).chat_template
     card = (out / "final" / "README.md").read_text()
-    from fic.train_sft import file_sha256
+    from fic.files import file_sha256
     assert file_sha256(corpus) in card and str(corpus) in card and "full fine-tuning" in card
     assert not (out / "checkpoints").exists()
 

@@ -1,0 +1,216 @@
+"""Resumable checkpoints and the final model folder.
+
+`out/checkpoints/step-N/` holds what Accelerate saves (weights, or only the adapter for LoRA;
+optimizer; scheduler; every RNG), plus `trainer_state.json` (step, data position, the
+resolved config, the data's sha256) and a `complete` marker written last. A checkpoint is
+written under a temporary name and renamed, so a kill at any moment leaves either a complete
+checkpoint or none; folders without the marker are never resumed from.
+
+Resuming refuses settings that change what the saved state means (each recipe lists them in
+its `MUST_MATCH`), a different data file, or a different number of processes, and names the
+settings that changed but may (learning rate, logging, ...).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from fic.config import config_to_dict, flatten
+from fic.errors import FicError
+from fic.files import publish_folder, write_json, write_text
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "chat_template.json", "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
+                   "vocab.txt", "spiece.model")
+
+
+def checkpoint_dir(out: Path) -> Path:
+    return out / "checkpoints"
+
+
+def _step_of(path: Path) -> int | None:
+    name = path.name
+    if not name.startswith("step-") or not name[5:].isdigit():
+        return None
+    return int(name[5:])
+
+
+def complete_checkpoints(out: Path) -> list[Path]:
+    """Finished checkpoints, oldest first (folders without the `complete` marker are skipped)."""
+    folder = checkpoint_dir(out)
+    if not folder.is_dir():
+        return []
+    found = [p for p in folder.iterdir() if p.is_dir() and _step_of(p) is not None and (p / "complete").is_file()]
+    return sorted(found, key=_step_of)
+
+
+def lora_state_hooks(accelerator: Any, trainable: set[str]) -> None:
+    """With LoRA, checkpoints hold only the trainable (adapter) weights, not the frozen base."""
+
+    def save_hook(models: list, weights: list, output_dir: str) -> None:
+        for i, state in enumerate(weights):
+            weights[i] = {k: v for k, v in state.items() if k in trainable}
+
+    def load_hook(models: list, input_dir: str) -> None:
+        from safetensors.torch import load_file
+
+        for i, model in enumerate(models):
+            name = "model.safetensors" if i == 0 else f"model_{i}.safetensors"
+            state = load_file(os.path.join(input_dir, name))
+            if set(state) != trainable:
+                raise FicError(f"holds {len(state)} adapter tensors, the model has {len(trainable)} trainable ones",
+                               path=input_dir)
+            model.load_state_dict(state, strict=False)
+        models.clear()  # loaded here; accelerate would load them strictly
+
+    accelerator.register_save_state_pre_hook(save_hook)
+    accelerator.register_load_state_pre_hook(load_hook)
+
+
+def save_checkpoint(accelerator: Any, out: Path, step: int, state: dict, keep_last: int, lora: bool,
+                    extra: Callable[[Path], None] | None = None) -> Path:
+    """Write `out/checkpoints/step-N` atomically (temp folder, `complete` marker, rename) and
+    delete all but the newest `keep_last` complete checkpoints. Every rank must call it.
+    `extra(folder)` writes recipe-specific files (e.g. an EMA teacher) on the main process."""
+    from accelerate.utils import DistributedType
+
+    final = checkpoint_dir(out) / f"step-{step}"
+    tmp = checkpoint_dir(out) / f".step-{step}.tmp"
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    accelerator.wait_for_everyone()
+    kwargs = {}
+    if lora and accelerator.distributed_type == DistributedType.DEEPSPEED:
+        kwargs["exclude_frozen_parameters"] = True
+    accelerator.save_state(str(tmp), safe_serialization=True, **kwargs)
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        if extra is not None:
+            extra(tmp)
+        write_json(tmp / "trainer_state.json", state)
+        write_text(tmp / "complete", f"step {step}\n")
+        publish_folder(tmp, final)
+        for old in complete_checkpoints(out)[:-keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def find_resume(out: Path) -> tuple[Path, dict, list[str]]:
+    """The newest complete checkpoint, its trainer state, and the names of newer incomplete
+    folders passed over (a kill while writing them); a FicError saying why there is none."""
+    folder = checkpoint_dir(out)
+    found = complete_checkpoints(out)
+    if not found:
+        partial = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+        why = f" (only incomplete ones: {', '.join(partial)})" if partial else ""
+        raise FicError(f"resume=true but there is no complete checkpoint in {folder}{why}; "
+                       "start without resume=true or point out= at the run to continue", field="resume")
+    path = found[-1]
+    skipped = sorted((p.name for p in folder.iterdir() if p.is_dir() and (_step_of(p) or 0) > _step_of(path)),
+                     key=lambda name: int(name[5:]))
+    try:
+        state = json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
+        int(state["step"]), dict(state["config"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise FicError(f"checkpoint is damaged (trainer_state.json: {err}); delete this folder to resume "
+                       "from the one before it", path=str(path)) from None
+    return path, state, skipped
+
+
+def check_compatible(saved: dict, cfg: Any, must_match: Sequence[str], data_sha: str, data_name: str, world: int,
+                     where: Path) -> list[str]:
+    """FicError when a setting that must match the checkpoint differs; the names of other changed settings."""
+    now = config_to_dict(cfg)
+    flat_saved, flat_now = flatten(saved["config"]), flatten(now)
+
+    def get(flat: dict, key: str) -> Any:  # a key names a leaf or a whole section
+        return {k: v for k, v in flat.items() if k == key or k.startswith(key + ".")}
+
+    differs = [key for key in must_match if get(flat_saved, key) != get(flat_now, key)]
+    if saved.get("data_sha256") != data_sha:
+        differs.append(f"data file contents ({data_name})")
+    if saved.get("world_size", world) != world:
+        differs.append(f"number of processes ({saved.get('world_size')} -> {world})")
+    if differs:
+        raise FicError(f"cannot resume: {', '.join(differs)} differ from the checkpoint; resume with the settings "
+                       "it was written with, or start a new run in another out folder", path=str(where))
+    return sorted(k for k in flat_now if flat_saved.get(k) != flat_now[k] and k != "resume")
+
+
+def load_checkpoint(accelerator: Any, path: Path, lora: bool) -> None:
+    from accelerate.utils import DistributedType
+
+    kwargs = {}
+    if lora and accelerator.distributed_type == DistributedType.DEEPSPEED:
+        kwargs["load_module_strict"] = False
+    try:
+        accelerator.load_state(str(path), **kwargs)
+    except FicError:
+        raise
+    except Exception as err:  # truncated or missing files: tell the user which checkpoint, not a traceback
+        raise FicError(f"checkpoint is damaged and cannot be loaded ({type(err).__name__}: {err}); delete this "
+                       "folder to resume from the one before it", path=str(path)) from None
+
+
+# --------------------------------------------------------------------------- final model
+
+def copy_tokenizer(src: str, dst: Path) -> None:
+    for name in TOKENIZER_FILES:
+        if (Path(src) / name).is_file():
+            shutil.copy(Path(src) / name, dst / name)
+
+
+def save_final(accelerator: Any, loss_model: Any, cfg: Any, out: Path, card: Callable[[str], str]) -> Path:
+    """Save the trained model as a Hugging Face folder (`out/final`; the adapter for LoRA) and,
+    for LoRA with save_merged, the merged model (`out/final-merged`), each with the model card
+    `card(kind)`. Every rank must call it (ZeRO-3 gathers the weights). `loss_model.model` is
+    the trained network."""
+    state = accelerator.get_state_dict(loss_model)  # full weights on the main process, also under ZeRO-3
+    inner = accelerator.unwrap_model(loss_model).model
+    final = out / "final"
+    if accelerator.is_main_process:
+        state = {k[len("model."):]: v for k, v in state.items() if k.startswith("model.")}
+        tmp = out / ".final.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        inner.save_pretrained(tmp, state_dict=state, safe_serialization=True)
+        copy_tokenizer(cfg.model.path, tmp)
+        write_text(tmp / "README.md", card("LoRA adapter" if cfg.lora.enabled else "full model"))
+        publish_folder(tmp, final)
+        if cfg.save_merged:
+            from peft import PeftModel
+
+            from fic.model import load_model
+
+            base = load_model(cfg.model.path, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
+            merged = PeftModel.from_pretrained(base, final).merge_and_unload()
+            tmp = out / ".final-merged.tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            merged.save_pretrained(tmp, safe_serialization=True)
+            copy_tokenizer(cfg.model.path, tmp)
+            write_text(tmp / "README.md", card("LoRA merged into the base model"))
+            publish_folder(tmp, out / "final-merged")
+    accelerator.wait_for_everyone()
+    return final
+
+
+def model_card(cfg: Any, *, title: str, tags: Sequence[str], summary: str, facts: Sequence[str], kind: str) -> str:
+    """A model card (`README.md` of a saved model): what trained it, on what, with which config."""
+    import yaml
+
+    from fic import __version__
+
+    config_yaml = yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
+    method = (f"LoRA r={cfg.lora.r} alpha={cfg.lora.alpha} on {', '.join(cfg.lora.target_modules)}"
+              if cfg.lora.enabled else "full fine-tuning")
+    library = "peft" if kind == "LoRA adapter" else "transformers"
+    return "\n".join([
+        "---", f"base_model: {cfg.model.path}", f"library_name: {library}", f"tags: [{', '.join(tags)}]", "---", "",
+        f"# {title} ({kind})", "", f"{summary} (FiC {__version__}).", "",
+        f"- Base model: `{cfg.model.path}`", *[f"- {fact}" for fact in facts], f"- Method: {method}",
+        "", "## Config", "", "```yaml", config_yaml.rstrip(), "```", ""])

@@ -1,0 +1,113 @@
+"""Run settings every training recipe shares; each recipe's config extends `RunConfig`.
+
+    @dataclass
+    class SFTConfig(RunConfig):
+        data: DataSection = setting(DataSection(), "The SFT corpus.")
+
+Every field is declared with `fic.config.setting` (type, default, help), so `--help` of a
+recipe lists every key and a YAML with an unknown key is an error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fic.config import setting
+from fic.errors import FicError
+
+DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@dataclass
+class ModelSection:
+    path: str = setting("models/smollm2-135m-instruct", "Local Hugging Face folder of the model to train "
+                        "(`fic prepare-model` makes the bundled SmolLM2-135M-Instruct).")
+    dtype: str = setting("float32", "Dtype the weights are loaded and trained in. Keep float32 master weights "
+                         "and use train.mixed_precision=bf16 for bf16 compute; auto is bfloat16 on a GPU that "
+                         "supports it, else float32.", choices=("auto", "float32", "bfloat16"))
+    trust_remote_code: bool = setting(False, "Run model code shipped in the model folder (off unless you trust it).")
+    gradient_checkpointing: bool = setting(False, "Recompute activations in backward: less memory, ~30% slower.")
+
+
+@dataclass
+class LoraSection:
+    enabled: bool = setting(False, "Train a LoRA adapter (PEFT) instead of all weights.")
+    r: int = setting(16, "LoRA rank.", min=1)
+    alpha: int = setting(32, "LoRA alpha (the update is scaled by alpha / r).", min=1)
+    dropout: float = setting(0.05, "Dropout on the LoRA input.", min=0.0, max=1.0)
+    target_modules: list[str] = setting(DEFAULT_LORA_TARGETS, "Module names that get adapters "
+                                        "(default: attention and MLP projections of Llama/Qwen/Mistral-style models).")
+
+
+@dataclass
+class OptimSection:
+    lr: float = setting(2e-5, "Peak learning rate (AdamW).", min=0.0)
+    weight_decay: float = setting(0.0, "AdamW weight decay, on matrices only (not biases and norms).", min=0.0)
+    betas: list[float] = setting([0.9, 0.999], "AdamW betas.")
+    eps: float = setting(1e-8, "AdamW epsilon.", min=0.0)
+    warmup_steps: int = setting(0, "Optimizer steps of linear warm-up.", min=0)
+    schedule: str = setting("cosine", "Learning-rate decay after warm-up.", choices=("constant", "linear", "cosine"))
+    min_lr_ratio: float = setting(0.0, "Final learning rate as a share of lr (linear and cosine).", min=0.0, max=1.0)
+    max_grad_norm: float = setting(1.0, "Clip the gradient norm to this (0: no clipping).", min=0.0)
+
+
+@dataclass
+class TrainSection:
+    max_steps: int | None = setting(None, "Optimizer steps to run; null: derived from epochs (SFT only).", min=1)
+    epochs: float = setting(1.0, "Passes over the data when max_steps is null (SFT only).", min=0.0)
+    micro_batch_size: int = setting(4, "Conversations per forward pass on each process.", min=1)
+    grad_accum_steps: int = setting(1, "Micro-batches per optimizer step on each process.", min=1)
+    seed: int = setting(0, "Seed of weight init (LoRA), dropout and every other random draw.")
+    mixed_precision: str = setting("auto", "auto: what the accelerate launch config says (none without one); "
+                                   "no: compute in the weights' dtype; bf16: bfloat16 autocast.",
+                                   choices=("auto", "no", "bf16"))
+    loss_chunk_tokens: int = setting(1024, "Loss positions per LM-head chunk: bounds the logits held at once to "
+                                     "this many rows of the vocabulary.", min=1)
+
+
+@dataclass
+class CheckpointSection:
+    every: int = setting(100, "Write a resumable checkpoint every this many optimizer steps (0: none), and "
+                         "at the last step.", min=0)
+    keep_last: int = setting(2, "Checkpoints kept; older ones are deleted.", min=1)
+
+
+@dataclass
+class LoggingSection:
+    wandb: bool = setting(True, "Log to Weights & Biases (files under out/wandb).")
+    project: str = setting("fic", "wandb project.")
+    run_name: str | None = setting(None, "wandb run name (default: the out folder's name).")
+    mode: str = setting("offline", "wandb mode unless the WANDB_MODE environment variable says otherwise; "
+                        "offline runs can be uploaded later with `wandb sync`.", choices=("offline", "online"))
+    log_every: int = setting(1, "Send metrics to wandb every this many steps (metrics.jsonl gets every step).",
+                             min=1)
+    progress: bool = setting(True, "Show a progress bar on a terminal; elsewhere (a log file, a batch job) "
+                             "print a progress line every logging.print_every_s seconds.")
+    print_every_s: float = setting(60.0, "Seconds between progress lines when the output is not a terminal.",
+                                   min=1.0)
+
+
+@dataclass
+class RunConfig:
+    """What every training run has; recipes add their data and loss sections."""
+
+    model: ModelSection = setting(ModelSection(), "The model to train.")
+    lora: LoraSection = setting(LoraSection(), "LoRA adapter instead of full fine-tuning.")
+    optim: OptimSection = setting(OptimSection(), "Optimizer and learning-rate schedule.")
+    train: TrainSection = setting(TrainSection(), "Steps, batch sizes, precision.")
+    checkpoint: CheckpointSection = setting(CheckpointSection(), "Resumable checkpoints.")
+    logging: LoggingSection = setting(LoggingSection(), "wandb, metrics and progress.")
+    out: str = setting("runs/train", "Output folder: config, metrics, checkpoints, final model.")
+    resume: bool = setting(False, "Continue from the newest complete checkpoint in out/checkpoints.")
+    save_merged: bool = setting(False, "LoRA: also save the base model with the adapter merged in (out/final-merged).")
+
+    def check(self, source: str) -> None:
+        if len(self.optim.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.optim.betas):
+            raise FicError(f"expected two numbers in [0, 1), got {self.optim.betas}", path=source, field="optim.betas")
+        if self.save_merged and not self.lora.enabled:
+            raise FicError("save_merged needs lora.enabled=true (full fine-tuning already saves a full model)",
+                           path=source, field="save_merged")
+        if self.lora.enabled and not self.lora.target_modules:
+            raise FicError("expected at least one module name", path=source, field="lora.target_modules")
+        if not self.out.strip():
+            raise FicError("expected an output folder", path=source, field="out")

@@ -1,0 +1,132 @@
+"""Conversations as training examples: token ids, next-token targets, collation, visiting order.
+
+A conversation is rendered once with the chat template (`fic.chat.render_chat`); its targets
+come from token positions in that rendering, never from re-tokenised text. `targets[t]` is the
+id at t+1 where that token is trained and `IGNORE` elsewhere, so the loss at position t needs
+only the hidden state at t.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from fic.errors import FicError
+from fic.files import read_records
+
+IGNORE = -100
+TARGET_KINDS = ("assistant", "non_final")
+
+
+@dataclass
+class Example:
+    input_ids: list[int]
+    targets: list[int]  # targets[t] is the id at t+1 when that token is trained, else IGNORE
+
+    @property
+    def n_targets(self) -> int:
+        return sum(t != IGNORE for t in self.targets)
+
+
+def shift_targets(input_ids: Sequence[int], mask: Sequence[int]) -> list[int]:
+    """Next-token targets: position t predicts token t+1, trained where the mask marks t+1."""
+    return [input_ids[t + 1] if mask[t + 1] else IGNORE for t in range(len(input_ids) - 1)] + [IGNORE]
+
+
+def render_examples(records: Sequence[dict], tokenizer: Any, max_seq_len: int, source: str = "corpus",
+                    progress: bool = True, targets: str = "assistant") -> tuple[list[Example], int]:
+    """Render corpus records to examples; return them and how many were too long to use.
+
+    `targets`: `assistant` trains every trained assistant turn (SFT); `non_final` only the
+    trained turns before the last one (the deferrals and asks a VASD anchor keeps), and
+    records without such a turn (single-turn conversations) are left out rather than refused.
+    """
+    from tqdm import tqdm
+
+    from fic.chat import render_chat
+
+    if targets not in TARGET_KINDS:
+        raise ValueError(f"targets must be one of {TARGET_KINDS}, got {targets!r}")
+    examples, too_long = [], 0
+    for number, record in enumerate(tqdm(records, desc="rendering", unit="conv", disable=not progress or None),
+                                    start=1):
+        messages = record.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise FicError("expected a non-empty list of chat messages", path=source, record=number,
+                           field="messages")
+        try:
+            rendered = render_chat(tokenizer, messages)
+        except FicError as err:
+            raise FicError(err.message, path=source, record=number, field=err.field or "messages") from None
+        mask = rendered.assistant_mask
+        if targets == "non_final":
+            mask = [a and not f for a, f in zip(rendered.assistant_mask, rendered.final_mask)]
+        shifted = shift_targets(rendered.input_ids, mask)
+        if all(t == IGNORE for t in shifted):
+            if targets == "non_final":
+                continue
+            raise FicError("no trained assistant tokens (a record needs an assistant turn with train: true)",
+                           path=source, record=number, field="messages")
+        if len(rendered.input_ids) > max_seq_len:
+            too_long += 1
+            continue
+        examples.append(Example(rendered.input_ids, shifted))
+    return examples, too_long
+
+
+def load_corpus(path: str, tokenizer: Any, max_seq_len: int, progress: bool = True, targets: str = "assistant",
+                length_key: str = "data.max_seq_len") -> tuple[list[Example], dict]:
+    """Render every record of a corpus file; return the examples and counts for the model card.
+    `length_key` names the setting that holds `max_seq_len`, for the error when nothing fits."""
+    records = read_records(path)
+    examples, too_long = render_examples(records, tokenizer, max_seq_len, path, progress, targets)
+    if not examples:
+        raise FicError(f"none of the {len(records)} records can be used: {too_long} are longer than "
+                       f"{length_key}={max_seq_len} tokens", path=path)
+    stats = {"records": len(records), "used": len(examples), "skipped_too_long": too_long,
+             "target_tokens": sum(e.n_targets for e in examples), "tokens": sum(len(e.input_ids) for e in examples)}
+    return examples, stats
+
+
+def collate(examples: Sequence[Example], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad to the longest conversation of the micro-batch."""
+    width = max(len(e.input_ids) for e in examples)
+    input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    targets = torch.full((len(examples), width), IGNORE, dtype=torch.long)
+    attention_mask = torch.zeros((len(examples), width), dtype=torch.long)
+    for row, e in enumerate(examples):
+        n = len(e.input_ids)
+        input_ids[row, :n] = torch.tensor(e.input_ids)
+        targets[row, :n] = torch.tensor(e.targets)
+        attention_mask[row, :n] = 1
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "targets": targets}
+
+
+class DataOrder:
+    """Which records micro-batch k of a rank holds: a pure function of (seed, k), so the data
+    position of a checkpoint is just the number of micro-batches consumed.
+
+    The data is read as an endless stream of per-epoch permutations; global micro-step k
+    takes the next `micro_batch_size * world` records of the stream, rank r the r-th slice.
+    """
+
+    def __init__(self, n: int, micro_batch_size: int, world: int, rank: int, seed: int, shuffle: bool):
+        self.n, self.mbs, self.world, self.rank = n, micro_batch_size, world, rank
+        self.seed, self.shuffle = seed, shuffle
+
+    @functools.lru_cache(maxsize=4)
+    def _permutation(self, epoch: int) -> np.ndarray:
+        if not self.shuffle:
+            return np.arange(self.n)
+        return np.random.default_rng([self.seed, epoch]).permutation(self.n)
+
+    def micro_batch(self, k: int) -> list[int]:
+        start = (k * self.world + self.rank) * self.mbs
+        return [int(self._permutation(p // self.n)[p % self.n]) for p in range(start, start + self.mbs)]
+
+    def epoch_at(self, k: int) -> float:
+        return k * self.world * self.mbs / self.n

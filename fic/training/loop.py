@@ -1,0 +1,276 @@
+"""What a recipe's explicit training loop calls: set-up, one optimizer step, bookkeeping.
+
+A recipe reads top to bottom:
+
+    accelerator = make_accelerator(cfg)
+    resume_from, saved = resume_point(cfg, accelerator.print)
+    model = build_model(cfg, device)               # LoRA or full weights
+    loss_module, optimizer, scheduler = prepare(accelerator, SomeLoss(model), cfg, steps)
+    start, run_id = restore(accelerator, cfg, resume_from, saved)
+    log = RunLog(cfg, accelerator, steps, start, run_id, desc="sft")
+    for step in range(start + 1, steps + 1):
+        figures = window_backward(...)             # fic.training.losses
+        figures |= optimizer_step(accelerator, loss_module, optimizer, scheduler, cfg.optim.max_grad_norm)
+        log.step(step, figures)
+        maybe_checkpoint(...)
+    log.close()
+
+so that each recipe owns what differs (its data, its loss terms, rollouts) and nothing else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from fic.config import config_to_dict
+from fic.errors import FicError
+from fic.files import append_jsonl, write_text
+from fic.training.checkpoints import (
+    complete_checkpoints,
+    find_resume,
+    load_checkpoint,
+    lora_state_hooks,
+    save_checkpoint,
+)
+from fic.training.config import OptimSection, RunConfig
+
+KILL_ENV = "FIC_DEBUG_KILL_AFTER_STEP"  # tests: SIGKILL this process after the given step
+
+
+def make_accelerator(cfg: RunConfig) -> Any:
+    from accelerate import Accelerator
+
+    # accelerate narrates every checkpoint at INFO and warns that tied embeddings are stored once
+    # (expected; they are re-tied on load): keep the console to FiC's own lines.
+    logging.getLogger("accelerate.checkpointing").setLevel(logging.WARNING)
+    logging.getLogger("accelerate.accelerator").setLevel(logging.WARNING)
+    logging.getLogger("accelerate.utils.other").setLevel(logging.ERROR)
+    accelerator = Accelerator(
+        gradient_accumulation_steps=cfg.train.grad_accum_steps,
+        mixed_precision=None if cfg.train.mixed_precision == "auto" else cfg.train.mixed_precision,
+        step_scheduler_with_optimizer=False)  # the schedule counts optimizer steps, not steps x processes
+    check_accumulation(accelerator, cfg.train.grad_accum_steps)
+    return accelerator
+
+
+def check_accumulation(accelerator: Any, wanted: int) -> None:
+    """The window size is the recipe's; a launch config (or DeepSpeed config) that sets its own
+    gradient_accumulation_steps would silently change where optimizer steps fall."""
+    if accelerator.gradient_accumulation_steps != wanted:
+        raise FicError(f"the accelerate/DeepSpeed config sets gradient_accumulation_steps="
+                       f"{accelerator.gradient_accumulation_steps}, the recipe train.grad_accum_steps={wanted}; "
+                       "remove it from the launch config (the recipe sets it)", field="train.grad_accum_steps")
+
+
+def is_zero3(accelerator: Any) -> bool:
+    from accelerate.utils import DistributedType
+
+    return (accelerator.distributed_type == DistributedType.DEEPSPEED
+            and accelerator.state.deepspeed_plugin.zero_stage == 3)
+
+
+def resume_point(cfg: RunConfig, say: Callable[[str], None]) -> tuple[Path | None, dict | None]:
+    """The checkpoint to resume from (with its trainer state), or (None, None) for a new run;
+    refuses to start a new run over an existing one."""
+    out = Path(cfg.out)
+    if not cfg.resume:
+        if complete_checkpoints(out) or (out / "final").exists():
+            raise FicError("already holds a training run; set resume=true to continue it or choose another out "
+                           "folder", path=str(out), field="out")
+        return None, None
+    path, state, skipped = find_resume(out)
+    if skipped:
+        say(f"passing over {', '.join(skipped)} (incomplete: no `complete` marker); resuming from {path.name}")
+    return path, state
+
+
+def build_model(cfg: RunConfig, device: str) -> torch.nn.Module:
+    from fic.model import load_model
+
+    model = load_model(cfg.model.path, dtype=cfg.model.dtype, device=device,
+                       trust_remote_code=cfg.model.trust_remote_code)
+    model.config.use_cache = False
+    if cfg.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if cfg.lora.enabled:
+        from peft import LoraConfig, get_peft_model
+
+        lora = LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
+                          target_modules=list(cfg.lora.target_modules), bias="none", task_type="CAUSAL_LM")
+        try:
+            model = get_peft_model(model, lora)
+        except ValueError as err:
+            raise FicError(f"cannot add LoRA adapters: {err}", field="lora.target_modules") from None
+    return model.train()
+
+
+def make_optimizer(model: torch.nn.Module, cfg: OptimSection) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    # The fused kernel (CPU and CUDA) is what TRL/transformers use by default, and is faster.
+    fused = all(p.device.type in ("cpu", "cuda") for p in params)
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,
+                             fused=fused)
+
+
+def lr_factor(step: int, total: int, cfg: OptimSection) -> float:
+    """Learning-rate multiplier for 0-based optimizer step `step` of `total`."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / (cfg.warmup_steps + 1)
+    if cfg.schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps))
+    shape = 1.0 - progress if cfg.schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+    return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * shape
+
+
+def prepare(accelerator: Any, loss_module: torch.nn.Module, cfg: RunConfig, steps: int) -> tuple[Any, Any, Any]:
+    """The optimizer and schedule for `loss_module`'s trainable weights, all three through
+    `accelerator.prepare` (DDP, DeepSpeed), with LoRA checkpoints holding only the adapter."""
+    from accelerate.utils import DistributedType
+
+    optimizer = make_optimizer(loss_module, cfg.optim)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, steps, cfg.optim))
+    if accelerator.distributed_type == DistributedType.DEEPSPEED:
+        # No dataloader goes through prepare(), so DeepSpeed learns the batch size and clipping here.
+        ds = accelerator.state.deepspeed_plugin.deepspeed_config
+        ds["train_micro_batch_size_per_gpu"] = cfg.train.micro_batch_size
+        if ds.get("gradient_clipping", "auto") == "auto":
+            ds["gradient_clipping"] = cfg.optim.max_grad_norm
+    loss_module, optimizer, scheduler = accelerator.prepare(loss_module, optimizer, scheduler)
+    check_accumulation(accelerator, cfg.train.grad_accum_steps)
+    if cfg.lora.enabled:
+        lora_state_hooks(accelerator, {n for n, p in loss_module.named_parameters() if p.requires_grad})
+    return loss_module, optimizer, scheduler
+
+
+def optimizer_step(accelerator: Any, loss_module: torch.nn.Module, optimizer: Any, scheduler: Any,
+                   max_grad_norm: float) -> dict:
+    """Clip, step, schedule, zero: the end of one accumulation window."""
+    lr = scheduler.get_last_lr()[0]
+    grad_norm = None
+    if max_grad_norm > 0:
+        grad_norm = accelerator.clip_grad_norm_([p for p in loss_module.parameters() if p.requires_grad],
+                                                max_grad_norm)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return {"lr": lr, "grad_norm": None if grad_norm is None else float(grad_norm)}
+
+
+def restore(accelerator: Any, cfg: RunConfig, resume_from: Path | None, saved: dict | None) -> tuple[int, str]:
+    """Load the checkpoint (if resuming) and start the run's files; return (first step done, run id)."""
+    out = Path(cfg.out)
+    metrics_path = out / "metrics.jsonl"
+    run_id = hashlib.sha256(f"{out.resolve()}:{time.time()}".encode()).hexdigest()[:12]
+    start = 0
+    if resume_from is not None:
+        load_checkpoint(accelerator, resume_from, cfg.lora.enabled)
+        start, run_id = int(saved["step"]), saved.get("wandb_id", run_id)
+        if accelerator.is_main_process:
+            _drop_metrics_after(metrics_path, start)
+        accelerator.print(f"resumed from {resume_from} at step {start}")
+    elif accelerator.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        write_text(metrics_path, "")
+    if accelerator.is_main_process:
+        import yaml
+
+        write_text(out / "config.yaml", yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+    return start, run_id
+
+
+def _drop_metrics_after(path: Path, upto_step: int) -> None:
+    """Drop metric lines of steps after the checkpoint a run resumes from (they are redone)."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            if json.loads(line)["step"] <= upto_step:
+                kept.append(line)
+        except (ValueError, KeyError, TypeError):
+            continue  # a line cut by a kill
+    write_text(path, "".join(line + "\n" for line in kept))
+
+
+def maybe_checkpoint(accelerator: Any, cfg: RunConfig, step: int, steps: int, state: dict,
+                     extra: Callable[[Path], None] | None = None) -> None:
+    """A checkpoint every `checkpoint.every` steps and at the last one; then the test hook that
+    kills the process after a chosen step (to check that a resume repeats nothing)."""
+    if cfg.checkpoint.every and (step % cfg.checkpoint.every == 0 or step == steps):
+        save_checkpoint(accelerator, Path(cfg.out), step, {"step": step, **state}, cfg.checkpoint.keep_last,
+                        cfg.lora.enabled, extra)
+    if step == int(os.environ.get(KILL_ENV, "0") or 0):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class RunLog:
+    """Per-step figures: `metrics.jsonl` (every step, main process), wandb (every
+    `logging.log_every` steps), and progress: a bar on a terminal, else a plain line every
+    `logging.print_every_s` seconds with steps done, rate and time left (a log file or batch
+    job would otherwise show nothing for an hour)."""
+
+    def __init__(self, cfg: RunConfig, accelerator: Any, steps: int, start: int, run_id: str, desc: str,
+                 postfix: Callable[[dict], dict] | None = None):
+        from tqdm import tqdm
+
+        self.cfg, self.steps, self.start, self.desc = cfg, steps, start, desc
+        self.main = accelerator.is_main_process
+        self.path = Path(cfg.out) / "metrics.jsonl"
+        self.postfix = postfix or (lambda figures: {"loss": f"{figures['loss']:.4f}"})
+        interactive = sys.stderr.isatty()
+        self.bar = tqdm(total=steps, initial=start, desc=desc, unit="step",
+                        disable=not (self.main and cfg.logging.progress and interactive) or None)
+        self.plain = self.main and cfg.logging.progress and not interactive
+        self.began = self.last_print = time.monotonic()
+        self.tracker = self._start_wandb(run_id) if cfg.logging.wandb and self.main else None
+
+    def _start_wandb(self, run_id: str) -> Any:
+        os.environ.setdefault("WANDB_MODE", self.cfg.logging.mode)  # offline unless the user says otherwise
+        import wandb
+
+        out = Path(self.cfg.out)
+        return wandb.init(project=self.cfg.logging.project, name=self.cfg.logging.run_name or out.name, id=run_id,
+                          resume="allow", dir=str(out), config=config_to_dict(self.cfg))
+
+    def step(self, step: int, figures: dict, tables: dict | None = None) -> None:
+        if not self.main:
+            return
+        append_jsonl(self.path, {"step": step, **figures})
+        self.bar.set_postfix(self.postfix(figures))
+        self.bar.update(1)
+        now = time.monotonic()
+        if self.plain and (now - self.last_print >= self.cfg.logging.print_every_s or step == self.steps):
+            done = step - self.start
+            rate = done / max(now - self.began, 1e-9)
+            left = (self.steps - step) / rate if rate > 0 else float("nan")
+            shown = " ".join(f"{k}={v}" for k, v in self.postfix(figures).items())
+            print(f"{self.desc}: step {step}/{self.steps}, {60 * rate:.2f} steps/min, about {left / 60:.1f} min "
+                  f"left; {shown}", flush=True)
+            self.last_print = now
+        if self.tracker is not None and (step % self.cfg.logging.log_every == 0 or step == self.steps):
+            self.tracker.log({f"train/{k}": v for k, v in figures.items() if isinstance(v, (int, float))}, step=step)
+            for name, table in (tables or {}).items():
+                import wandb
+
+                self.tracker.log({name: wandb.Table(columns=table["columns"], data=table["rows"])}, step=step)
+
+    def close(self, summary: dict | None = None) -> None:
+        self.bar.close()
+        if self.tracker is not None:
+            self.tracker.summary.update(summary or {})
+            self.tracker.finish()
