@@ -4,10 +4,12 @@ Labels (Lost in Conversation's seven, definitions in our own words):
 
 - `answer_attempt`: the reply commits to a complete answer to the task (a final number, a
   query, code ...). Only these are extracted and scored.
-- `clarification`: a short reply whose point is one question back to the user.
+- `clarification`: a short reply (under 100 words, as in LiC) whose point is one question
+  asking the user for a specific missing detail.
 - `interrogation`: a reply that asks the user several questions.
-- `discussion`: talks about the problem (restates it, plans, explains) without answering
-  and without asking.
+- `discussion`: talks about the problem (restates it, plans, explains) without answering;
+  a vague question ("What else should I know?") or a long reply ending in a question is
+  discussion too.
 - `hedge`: offers several candidate answers for different readings of the task.
 - `refuse`: declines to help.
 - `missing`: empty reply.
@@ -15,16 +17,20 @@ Labels (Lost in Conversation's seven, definitions in our own words):
 Two classifiers:
 
 - `rule` (offline, fast, deterministic): tuned for math-style answers. In order: empty ->
-  missing; a refusal phrase near the start -> refuse; an explicit final-answer marker
-  (`####`, `\\boxed{}`, "final answer", "the answer is") -> answer_attempt; wording that
-  branches over readings ("it depends", "depending on", "if you mean") with numbers -> hedge;
-  a reply ending in a question -> clarification (one question) or interrogation (several);
-  a closing sentence that states a number -> answer_attempt, unless that sentence mostly
-  repeats one of the user's messages (a parroted shard is not an answer); otherwise
+  missing; a refusal phrase near the start -> refuse; `####` or `\\boxed{}`, or "final
+  answer" / "the answer is" in a sentence that states a value and is not a question ->
+  answer_attempt ("Before I give the final answer, could you tell me ...?" is not one);
+  wording that branches over readings ("it depends", "depending on", "if you mean") with
+  numbers -> hedge; a reply ending in a question -> answer_attempt when a numeric conclusion
+  comes before a short courtesy question, interrogation (several questions), clarification
+  (one specific question in under 100 words), else discussion (a vague question, or a long
+  reply); a closing sentence that states a number -> answer_attempt, unless that sentence
+  mostly repeats one of the user's messages (a parroted shard is not an answer); otherwise
   discussion.
-- `llm`: a model reads the conversation and the reply and answers with a JSON object
-  `{"label": ...}`. When its output has no usable label, the rule label is used and the
-  turn's `label_note` says so; a label named in plain text (no JSON) is accepted too.
+- `llm`: a model reads the full task specification, the conversation and the reply (as
+  LiC's classifier does) and answers with a JSON object `{"label": ...}`. When its output
+  has no usable label, the rule label is used and the turn's `label_note` says so; a label
+  named in plain text (no JSON) is accepted too.
 """
 
 from __future__ import annotations
@@ -38,7 +44,19 @@ from fic.parsing import NUMBER, find_json, number_values
 LABELS = ("answer_attempt", "clarification", "interrogation", "discussion", "hedge", "refuse", "missing")
 CLASSIFIER_KINDS = ("rule", "llm")
 
-MARKER = re.compile(r"####|\\boxed\{|\bfinal answer\b|\bthe answer is\b|\banswer:\s*\S", re.IGNORECASE)
+STRONG_MARKER = re.compile(r"####|\\boxed\{")
+# Words that only mark a sentence as an answer when it states a value and asks nothing.
+SOFT_MARKER = re.compile(r"\bfinal answer\b|\bthe answer is\b|\banswer:\s*\S", re.IGNORECASE)
+CLARIFICATION_WORDS = 100  # LiC: a clarification is under 100 words
+# Words that do not make a question specific: "What else do I need to know?" asks for nothing
+# in particular ("How many games did she play?" does).
+VAGUE = set("""what else how who which when where why is are was were do does did i you me my your we us
+the a an to of for in on at about any anything something more other others rest remaining missing further
+additional extra detail details info information context know need needs tell share provide give clarify
+explain elaborate specify mention add go continue let please could would can should will shall may might
+like want there that this these those it its problem task question questions help sure need calculate
+compute solve find figure work out answer proceed else so and or but if then have has had be been
+requirements specifics particulars""".split())
 REFUSAL = re.compile(r"\b(?:I can(?:no|')t (?:help|assist|answer|do that|provide)|I(?: am|'m) (?:sorry, but I|"
                      r"unable to|not able to)|I won't be able|I will not)\b", re.IGNORECASE)
 HEDGE = re.compile(r"\b(?:it depends|depending on|if you mean|if you meant|could be either|"
@@ -78,29 +96,40 @@ def rule_label(reply: str, user_texts: Sequence[str] = ()) -> str:
     text = (reply or "").strip()
     if not text:
         return "missing"
-    if REFUSAL.search(text[:300]) and not MARKER.search(text):
+    sentences = _sentences(text)
+    marked = STRONG_MARKER.search(text) is not None or any(
+        SOFT_MARKER.search(s) and _states_number(s) for s in sentences)
+    if REFUSAL.search(text[:300]) and not marked:
         return "refuse"
-    if MARKER.search(text):
+    if marked:
         return "answer_attempt"
     has_number = NUMBER.search(text) is not None
     if HEDGE.search(text) and has_number:
         return "hedge"
-    sentences = _sentences(text)
     questions = [s for s in sentences if s.endswith("?")]
     if sentences[-1].endswith("?"):
         # "... the total is 42. Anything else?" still commits to 42: a closing courtesy
         # question after a numeric conclusion is not a clarification.
         statements = [s for s in sentences if not s.endswith("?")]
         if statements and _states_number(statements[-1]) and len(questions) == 1 \
-                and len(sentences[-1].split()) <= 8:
+                and len(sentences[-1].split()) <= 8 and not _echoes(statements[-1], user_texts):
             return "answer_attempt"
-        return "interrogation" if len(questions) >= 2 else "clarification"
+        if len(questions) >= 2:
+            return "interrogation"
+        if len(text.split()) >= CLARIFICATION_WORDS or not _is_specific(questions[0]):
+            return "discussion"
+        return "clarification"
     conclusion = sentences[-1] if _states_number(sentences[-1]) else (
         sentences[-2] if len(sentences) > 1 and _states_number(sentences[-2])
         and NUMBER.search(sentences[-1]) is None and len(sentences[-1].split()) <= 12 else None)
     if conclusion is not None and not _echoes(conclusion, user_texts):
         return "answer_attempt"
     return "interrogation" if len(questions) >= 2 else "discussion"
+
+
+def _is_specific(question: str) -> bool:
+    """Whether a question names what it asks about (a word beyond the generic ones)."""
+    return any(w not in VAGUE for w in re.findall(r"[a-z]{3,}", question.lower().replace("'", " ")))
 
 
 def _states_number(sentence: str) -> bool:
@@ -121,14 +150,16 @@ def _user_texts(conv: Any) -> list[str]:
 
 CLASSIFIER_RULES = """\
 You label one reply of an AI assistant in a conversation where a user describes a task, \
-possibly over several messages. Choose exactly one label:
-- answer_attempt: the reply commits to a complete answer to the task as the user has stated it \
-so far (for math: a final number).
-- clarification: a short reply whose main point is a single question asking the user for a \
-missing detail.
+possibly over several messages. You are shown the complete task, as the user would state it in \
+full; the assistant has only seen what the user said so far. Choose exactly one label:
+- answer_attempt: the reply gives a complete final answer to the task (for math: a final number), \
+so that the conversation could end here. A reply that only promises an answer, or asks something \
+before answering, is not one.
+- clarification: a short reply (under 100 words) whose main point is a single question asking the \
+user for one specific missing detail.
 - interrogation: the reply asks the user several questions.
-- discussion: the reply talks about the task (restates it, explains, plans) but gives no \
-final answer and asks nothing.
+- discussion: the reply talks about the task (restates it, explains, plans) without a final \
+answer; a vague question ("anything else?") or a long reply that ends in a question is discussion.
 - hedge: the reply gives several candidate answers for different interpretations.
 - refuse: the reply declines to help.
 - missing: the reply is empty or has no content.
@@ -138,12 +169,17 @@ MAX_CHARS = 3000
 
 
 def classifier_prompt(conv: Any) -> list[dict]:
-    """Chat messages asking the classifier model to label the last reply of `conv`."""
+    """Chat messages asking the classifier model to label the last reply of `conv`: the full
+    task specification (as LiC's classifier gets it), what the user said, and the reply."""
     users = [m["content"] for m in conv.messages if m["role"] == "user"]
     reply = conv.messages[-1]["content"] or ""
     if len(reply) > MAX_CHARS:
         reply = reply[:MAX_CHARS // 2] + "\n[...]\n" + reply[-MAX_CHARS // 2:]
-    body = ("What the user said so far:\n" + "\n".join(f"- {u}" for u in users)
+    task = conv.task.full_prompt(conv.instance)
+    if len(task) > MAX_CHARS:
+        task = task[:MAX_CHARS] + " [...]"
+    body = (f"The complete task:\n<<<\n{task}\n>>>\n\nWhat the user said so far:\n"
+            + "\n".join(f"- {u}" for u in users)
             + f"\n\nThe assistant's reply to label:\n<<<\n{reply}\n>>>\n\nAnswer with the JSON object only.")
     return [{"role": "system", "content": CLASSIFIER_RULES}, {"role": "user", "content": body}]
 

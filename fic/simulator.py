@@ -5,15 +5,23 @@ conversation by one turn per step:
 
 1. the user speaks: single-turn views send their one prompt; in multi-turn views turn 1
    sends shard 1 verbatim (as in Lost in Conversation) and later turns ask the user
-   simulator (`fic.user_sim`) to reveal one more shard, batched over all conversations;
+   simulator (`fic.user_sim`) for its next message, batched over all conversations. The
+   user reveals at most one shard a turn and may reveal none (LiC's shard id -1: a brief
+   "I don't know" to a question the shards do not answer). Turns that reveal nothing are
+   bounded: after `max_idle_turns` of them in one conversation the next shard is revealed
+   verbatim (noted in the turn's `user_note`), so a conversation has at most
+   shards + `max_idle_turns` user turns (recap: one more) and always ends;
 2. the assistant replies: the prompts of all active conversations go to the backend in
    chunks of `batch_size` (so 64 conversations cost about as many calls as one
    conversation has turns);
-3. each reply is labelled by the classifier (`fic.classify`); only answer attempts are
-   extracted and scored by the task;
+3. single-turn views (`full`, `concat`, `shuffle-concat`) are never classified, as in LiC:
+   every reply is extracted and scored (label `not_classified`). In multi-turn views each
+   reply is labelled by the classifier (`fic.classify`) and only answer attempts are
+   extracted and scored;
 4. a conversation stops at the first correct answer (`stop_at_correct`, the LiC default) or
-   after the reply to its last user turn; finished conversations drop out and are handed to
-   `on_finish` at once, so the caller can log them before the next step (resumable logs).
+   after the reply to the turn that revealed its last shard (recap: to the recap turn);
+   finished conversations drop out and are handed to `on_finish` at once, so the caller can
+   log them before the next step (resumable logs).
 
 Two forms of each conversation are kept: the text messages (for the user simulator, the
 classifier and the logs) and the exact token ids the assistant saw and produced. The ids
@@ -21,7 +29,8 @@ grow with `fic.chat.prompt_ids` / `continue_ids` plus the ids the backend genera
 assistant's replies are never re-tokenised. Backends without token ids (openai) get the text
 messages through `chat` instead.
 
-Views: `full`, `concat`, `shuffle-concat` (one turn), `sharded` (one shard per turn),
+Views: `full`, `concat`, `shuffle-concat` (one turn; every run draws its own order of the
+shards from (`view_seed`, run)), `sharded` (one shard per turn),
 `recap` (sharded plus a last turn restating every shard), `snowball` (each later turn
 restates the shards revealed so far before the new one). With the verbatim user the turns
 are exactly `fic.views.user_turns`. The assistant only gets the task's system prompt: it is
@@ -55,6 +64,9 @@ from fic.views import (
 )
 
 MULTI_TURN_VIEWS = tuple(v for v in VIEWS if v not in SINGLE_TURN_VIEWS)
+NOT_CLASSIFIED = "not_classified"  # the label of single-turn replies: scored always, never classified
+NOTHING = -1  # LiC's shard id of a user turn that reveals no shard
+DEFAULT_MAX_IDLE_TURNS = 3
 
 
 @dataclass
@@ -62,11 +74,11 @@ class Turn:
     """One user turn and the assistant's reply to it, as logged."""
 
     user: str
-    shard_ids: list[int]            # shards this user turn revealed for the first time
+    shard_ids: list[int]            # shards this user turn revealed for the first time ([]: none)
     reply: str = ""
     label: str = ""
-    answer: str | None = None       # extracted only from answer attempts
-    score: float | None = None      # 0..1, only for answer attempts
+    answer: str | None = None       # extracted from answer attempts and from every single-turn reply
+    score: float | None = None      # 0..1, for the same replies
     prompt_tokens: int = 0          # context length the assistant saw for this reply
     reply_tokens: int = 0           # tokens the assistant generated
     finish_reason: str = ""
@@ -90,6 +102,8 @@ class Conversation:
     done: bool = False
     stop_reason: str | None = None
     view_seed: int = 0  # the shuffle-concat order
+    max_idle_turns: int = DEFAULT_MAX_IDLE_TURNS  # user turns that may reveal nothing
+    recapped: bool = False  # recap view: the restating turn has been sent
 
     def __post_init__(self) -> None:
         if self.view not in VIEWS:
@@ -116,14 +130,18 @@ class Conversation:
         return [i for i in self.shard_ids if i not in self.revealed]
 
     @property
-    def planned_turns(self) -> int:
-        """How many user turns the view has."""
+    def idle_turns(self) -> int:
+        """User turns so far that revealed no shard (the recap turn does not count)."""
+        return sum(1 for t in self.turns if not t.shard_ids) - int(self.recapped)
+
+    def everything_said(self) -> bool:
+        """Whether the user has nothing left to say: the conversation ends after this reply."""
         if self.view in SINGLE_TURN_VIEWS:
-            return 1
-        return len(self.instance.shards) + (1 if self.view == "recap" else 0)
+            return bool(self.turns)
+        return not self.unrevealed and (self.view != "recap" or self.recapped)
 
     def needs_user_simulator(self) -> bool:
-        """Turns 2.. of a multi-turn view reveal a shard chosen (and phrased) by the user simulator."""
+        """Turns 2.. of a multi-turn view are written by the user simulator."""
         return self.view in MULTI_TURN_VIEWS and bool(self.turns) and bool(self.unrevealed)
 
     def score(self) -> float:
@@ -147,6 +165,10 @@ class Conversation:
             "first_answer_turn": first_attempt,
             "premature_answer": (first_attempt is not None and self.view in MULTI_TURN_VIEWS
                                  and not self._all_revealed_by(first_attempt)),
+            # How many shards the user had revealed when the first answer attempt came (the
+            # answer-timing bins of `fic.metrics` read it as a share of num_shards).
+            "shards_at_first_answer": (None if first_attempt is None else
+                                       len({i for t in self.turns[:first_attempt + 1] for i in t.shard_ids})),
             "last_shard_turn": last_shard_turn,
             "prompt_tokens": self.turns[-1].prompt_tokens if self.turns else 0,
             "generated_tokens": sum(t.reply_tokens for t in self.turns),
@@ -160,7 +182,8 @@ class Conversation:
 
 @dataclass
 class UserTurn:
-    """What the user simulator says at one turn: the text and the one shard it reveals."""
+    """What the user simulator says at one turn: the text and the one shard it reveals
+    (`NOTHING`, -1, when it reveals none)."""
 
     text: str
     shard_id: int
@@ -180,13 +203,21 @@ def _compose(conv: Conversation, picked: UserTurn | None) -> tuple[str, list[int
         text, ids = _first_user_turn(conv)
         return text, ids, None
     if picked is None:  # only recap's last turn comes here
+        conv.recapped = True
         shards = [s.shard for s in conv.instance.shards]
         return f"{RECAP_HEADER}\n{conv.task.concat_prompt(shards)}", [], None
+    if picked.shard_id == NOTHING and conv.idle_turns >= conv.max_idle_turns:
+        # The bound on turns that reveal nothing: the conversation must go on to its end.
+        shard = next(s for s in conv.instance.shards if s.shard_id == conv.unrevealed[0])
+        picked = UserTurn(shard.shard, shard.shard_id,
+                          note=f"revealed shard {shard.shard_id} verbatim: the user already revealed nothing "
+                          f"{conv.idle_turns} time(s) (max_idle_turns={conv.max_idle_turns})")
+    ids = [] if picked.shard_id == NOTHING else [picked.shard_id]
     if conv.view == "snowball":
         by_id = {s.shard_id: s.shard for s in conv.instance.shards}
         earlier = conv.task.concat_prompt([by_id[i] for i in conv.revealed])
-        return f"{SNOWBALL_HEADER}\n{earlier}\n\n{picked.text}", [picked.shard_id], picked.note
-    return picked.text, [picked.shard_id], picked.note
+        return f"{SNOWBALL_HEADER}\n{earlier}\n\n{picked.text}", ids, picked.note
+    return picked.text, ids, picked.note
 
 
 def _generate(backend: Backend, convs: list[Conversation], params: SamplingParams) -> list[Generation]:
@@ -261,18 +292,20 @@ def play(conversations: Sequence[Conversation], assistant: Backend, user: Any, c
                 turn.finish_reason, turn.seed = out.finish_reason, call_seed
                 conv.ids = conv.ids + list(out.token_ids)
                 conv.messages.append({"role": "assistant", "content": out.text})
-        # 3. Label every reply; only answer attempts are extracted and scored.
-        labels = classifier.classify(ready) if ready else []
-        for conv, (label, note) in zip(ready, labels):
+        # 3. Single-turn replies are scored whatever they look like; multi-turn replies are
+        # labelled and only answer attempts are extracted and scored.
+        multi = [c for c in ready if c.view in MULTI_TURN_VIEWS]
+        labels = dict(zip(map(id, multi), classifier.classify(multi) if multi else []))
+        for conv in ready:
             turn = conv.turns[-1]
-            turn.label, turn.label_note = label, note
-            if label == "answer_attempt":
+            turn.label, turn.label_note = labels.get(id(conv), (NOT_CLASSIFIED, None))
+            if turn.label in ("answer_attempt", NOT_CLASSIFIED):
                 turn.answer = conv.task.extract_answer(turn.reply)
                 turn.score = float(conv.task.score(turn.reply, conv.instance))
             # 4. Stop at the first correct answer, or after the reply to the last user turn.
             if stop_at_correct and turn.score is not None and turn.score >= 1.0:
                 _finish(conv, "correct", on_finish)
-            elif len(conv.turns) >= conv.planned_turns:
+            elif conv.everything_said():
                 _finish(conv, "last_turn", on_finish)
             elif max_turns is not None and len(conv.turns) >= max_turns:
                 _finish(conv, "max_turns", on_finish)
@@ -291,12 +324,15 @@ def _with_seed(params: SamplingParams, seed: int) -> SamplingParams:
 
 
 def make_conversations(instances: Sequence[Instance], views: Sequence[str], runs: int, *,
-                       view_seed: int = 0, skip: set | frozenset = frozenset()) -> list[Conversation]:
-    """One conversation per (instance, view, run), except the keys in `skip` (already played)."""
+                       view_seed: int = 0, skip: set | frozenset = frozenset(),
+                       max_idle_turns: int = DEFAULT_MAX_IDLE_TURNS) -> list[Conversation]:
+    """One conversation per (instance, view, run), except the keys in `skip` (already played).
+    Each run draws its own shuffle-concat order (LiC shuffles per conversation)."""
     out = []
     for instance in instances:
         for view in views:
             for run in range(runs):
                 if (instance.task_id, view, run) not in skip:
-                    out.append(Conversation(instance, view, run, view_seed=view_seed))
+                    out.append(Conversation(instance, view, run, view_seed=derive_seed(view_seed, "order", run),
+                                            max_idle_turns=max_idle_turns))
     return out

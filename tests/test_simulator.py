@@ -50,7 +50,7 @@ def test_verbatim_turns_are_the_views_turns_and_ids_match_the_text(smollm2_token
     convs = make_conversations([ara()], VIEWS, runs=1)
     play(convs, assistant, VerbatimUser(), RuleClassifier(), PARAMS, stop_at_correct=True)
     for conv in convs:
-        assert [t.user for t in conv.turns] == user_turns(conv.instance, conv.view), conv.view
+        assert [t.user for t in conv.turns] == user_turns(conv.instance, conv.view, seed=conv.view_seed), conv.view
         assert conv.stop_reason == "last_turn" and conv.score() == 0.0
         # Token-in/token-out: the ids the assistant saw and produced are the rendering of the text.
         rendered = render_chat(smollm2_tokenizer, conv.messages).input_ids
@@ -152,7 +152,7 @@ def test_llm_user_follows_valid_choices_and_falls_back_on_bad_ones(smollm2_token
     def user_model(messages):
         seen_prompts.append(messages)
         body = messages[-1]["content"]
-        if "shard 4:" in body and "Shards not revealed yet (pick exactly one):\n- shard 2" in body:
+        if "shard 4:" in body and "Shards not revealed yet (pick at most one; -1 for none):\n- shard 2" in body:
             return json.dumps({"response": "btw she got 21 points per game", "shard_id": 4})
         return "I refuse to use JSON"
 
@@ -256,3 +256,108 @@ def test_bench_rollout_plays_both_ways_and_reports_what_reuse_saves(tiny_model_d
     assert reusing["one_at_a_time_prompt_tokens_fed"] < 0.75 * rereading["one_at_a_time_prompt_tokens_fed"]
     with pytest.raises(FicError, match="--kv-reuse-mb"):
         measure("--kv-reuse-mb", "-1")
+
+
+# --------------------------------------------------------------------------- LiC protocol details
+
+class NoClassifierForSingleTurn(RuleClassifier):
+    """The rule classifier, refusing to label a single-turn reply (LiC never classifies them)."""
+
+    def classify(self, conversations):
+        assert all(c.view == "sharded" for c in conversations), [c.view for c in conversations]
+        return super().classify(conversations)
+
+
+def test_single_turn_replies_are_scored_whatever_they_look_like(smollm2_tokenizer):
+    # A correct answer closing with a courtesy question looks like a clarification to a classifier.
+    reply = "She scored 3360 points in total. Does that match what you expected, or should I recheck a step?"
+    assert rule_label(reply) == "clarification"
+    assistant = Scripted(lambda prompt: reply, smollm2_tokenizer)
+    convs = make_conversations([ara()], ["full", "concat", "shuffle-concat", "sharded"], runs=1)
+    play(convs, assistant, VerbatimUser(), NoClassifierForSingleTurn(), PARAMS)
+    by_view = {c.view: c for c in convs}
+    for view in ("full", "concat", "shuffle-concat"):
+        (turn,) = by_view[view].turns
+        assert turn.label == "not_classified" and turn.answer == "3360" and turn.score == 1.0, view
+        assert by_view[view].score() == 1.0
+    # In the sharded view the classifier decides; this reply is not an answer attempt there.
+    sharded = by_view["sharded"]
+    assert all(t.label == "clarification" and t.score is None for t in sharded.turns) and sharded.score() == 0.0
+
+
+def test_every_run_of_shuffle_concat_draws_its_own_order(smollm2_tokenizer):
+    six = Instance("six", "math", [Shard(i + 1, f"Fact number {i + 1} is here.") for i in range(6)],
+                   {"question": "q", "answer": "#### 1"})
+    convs = make_conversations([six], ["shuffle-concat"], runs=8, view_seed=3)
+    orders = {c.run: user_turns(six, "shuffle-concat", seed=c.view_seed)[0] for c in convs}
+    assert len(set(orders.values())) > 1
+    # The order depends only on (seed, run): a resumed run draws the same one.
+    again = make_conversations([six], ["shuffle-concat"], runs=8, view_seed=3, skip={("six", "shuffle-concat", 0)})
+    assert all(orders[c.run] == user_turns(six, "shuffle-concat", seed=c.view_seed)[0] for c in again)
+    play(convs, Scripted(lambda prompt: "ok", smollm2_tokenizer), VerbatimUser(), RuleClassifier(), PARAMS)
+    assert {c.run: c.turns[0].user for c in convs} == orders
+
+
+def test_the_llm_user_may_reveal_nothing_and_turns_stay_bounded(smollm2_tokenizer):
+    user = LLMUser(FunctionBackend(lambda messages: json.dumps({"response": "No idea, sorry.", "shard_id": -1})))
+    assistant = Scripted(lambda prompt: "What else do I need to know?", smollm2_tokenizer)
+    (conv,) = make_conversations([ara()], ["sharded"], runs=1, max_idle_turns=2)
+    play([conv], assistant, user, RuleClassifier(), PARAMS)
+    # Two turns reveal nothing (LiC's shard id -1); then the bound makes the user go on verbatim.
+    assert [t.shard_ids for t in conv.turns] == [[1], [], [], [2], [3], [4]]
+    assert [t.user for t in conv.turns[1:3]] == ["No idea, sorry."] * 2
+    assert all(t.user_note is None for t in conv.turns[:3])
+    assert all("max_idle_turns=2" in t.user_note for t in conv.turns[3:])
+    assert conv.stop_reason == "last_turn" and conv.to_record()["num_turns"] == 6
+    # A recap conversation still ends with its recap turn after every shard.
+    (recap,) = make_conversations([ara()], ["recap"], runs=1, max_idle_turns=1)
+    play([recap], assistant, user, RuleClassifier(), PARAMS)
+    assert [t.shard_ids for t in recap.turns] == [[1], [], [2], [3], [4], []]
+    assert recap.turns[-1].user.startswith(RECAP_HEADER)
+
+
+def test_user_replies_that_give_away_hidden_shards_are_refused():
+    conv = _conv_after_turn_one()
+    assert parse_user_reply('{"response": "I don\'t know, sorry", "shard_id": -1}', conv) == ("I don't know, sorry", -1)
+    with pytest.raises(ValueError, match=r"gives away value\(s\) 40 of shard\(s\) 3"):
+        parse_user_reply('{"response": "she played 4 years, 40 games each", "shard_id": 2}', conv)
+    with pytest.raises(ValueError, match=r"gives away value\(s\) 21 of shard\(s\) 4"):
+        parse_user_reply('{"response": "no idea, but she scored 21 a game", "shard_id": -1}', conv)
+    # A value already revealed (or of the shard being revealed) may be repeated.
+    conv.revealed = [1, 3]
+    assert parse_user_reply('{"response": "4 years of 40 games", "shard_id": 2}', conv)[1] == 2
+    # The LLM user falls back to the verbatim shard and says why.
+    leaky = LLMUser(FunctionBackend(lambda messages: '{"response": "4 years, 21 points a game", "shard_id": 2}'))
+    (turn,) = leaky.next_turns([_conv_after_turn_one()])
+    assert turn.text == SHARDS[1] and "gives away" in turn.note
+
+
+@pytest.mark.parametrize("reply, label", [
+    # Asking before answering is not an answer attempt, whatever words it uses.
+    ("Before I give the final answer, could you tell me how many games she played each year?", "clarification"),
+    # A vague question asks for nothing in particular: discussion (LiC).
+    ("What else do I need to know?", "discussion"),
+    ("Got it. Could you share more details?", "discussion"),
+    ("Thanks! How many points did she score in each game?", "clarification"),
+    # LiC's clarification is short: a long reply that ends in a question is discussion.
+    ("Let me think about this. " * 22 + "How many games did she play each year?", "discussion"),
+    ("The final answer is 3360. Let me know if you need more.", "answer_attempt"),
+])
+def test_rule_labels_follow_lic_definitions(reply, label):
+    assert rule_label(reply) == label
+
+
+def test_a_parroted_shard_before_a_question_is_no_answer():
+    said = ["How many points did Ara score in total?", "Ara played 40 games every year."]
+    assert rule_label("Ara played 40 games every year. How many points did she score per game?", said) \
+        == "clarification"
+
+
+def test_the_llm_classifier_sees_the_full_task_specification():
+    from fic.classify import classifier_prompt
+
+    conv = _conv_after_turn_one()
+    system, user = classifier_prompt(conv)
+    assert ara().fields["question"] in user["content"]
+    assert SHARDS[0] in user["content"] and "How long?" in user["content"]
+    assert "under 100 words" in system["content"] and "vague" in system["content"]
