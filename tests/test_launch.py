@@ -1,0 +1,330 @@
+"""The launch files: `fic launch-check` refuses a wrong set-up in one line, and the torchrun and SLURM
+scripts print (DRY_RUN=1) or start exactly the command each node runs."""
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fic.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPE = "recipes/llama-3.1-8b-instruct/sft.yaml"      # 4 x 2 per GPU: 64 conversations on 8 GPUs
+SCRIPT = "fic/train_sft.py"
+LAUNCH_CONFIGS = sorted(str(p.relative_to(REPO)) for p in (REPO / "launch").glob("*.yaml"))
+
+
+def check(*args: str) -> list[str]:
+    return ["launch-check", *args]
+
+
+def write_config(tmp_path: Path, name: str = "launch.yaml", **changes) -> str:
+    """launch/deepspeed_zero2.yaml with some keys changed (None removes one); nested as a.b."""
+    config = yaml.safe_load((REPO / "launch/deepspeed_zero2.yaml").read_text())
+    for key, value in changes.items():
+        node, *path = key.split("__")
+        target = config if not path else config.setdefault(node, {})
+        field = path[0] if path else node
+        if value is None:
+            target.pop(field, None)
+        else:
+            target[field] = value
+    out = tmp_path / name
+    out.write_text(yaml.safe_dump(config))
+    return str(out)
+
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+# --------------------------------------------------------------------------- the checker
+
+@pytest.mark.parametrize("config", LAUNCH_CONFIGS)
+def test_every_launch_config_passes_with_a_recipe(config, capsys):
+    assert main(check("--config_file", config, "--recipe", RECIPE, "--script", SCRIPT)) == 0
+    assert "ok:" in capsys.readouterr().err
+
+
+def test_missing_launch_file(capsys):
+    assert main(check("--config_file", "launch/nope.yaml", "--recipe", RECIPE)) == 2
+    assert one_error_line(capsys) == "fic launch-check: error: launch/nope.yaml: launch config not found"
+
+
+def test_missing_recipe_and_script(capsys):
+    assert main(check("--config_file", "launch/deepspeed_zero2.yaml", "--recipe", "recipes/x/sft.yaml")) == 2
+    assert "recipes/x/sft.yaml: recipe not found" in one_error_line(capsys)
+    assert main(check("--config_file", "launch/deepspeed_zero2.yaml", "--recipe", RECIPE,
+                      "--script", "fic/train_nothing.py")) == 2
+    assert "fic/train_nothing.py: training script not found" in one_error_line(capsys)
+
+
+def test_zero_stage_4(tmp_path, capsys):
+    bad = write_config(tmp_path, deepspeed_config__zero_stage=4)
+    assert main(check("--config_file", bad, "--recipe", RECIPE)) == 2
+    assert one_error_line(capsys).endswith(f"{bad}: field 'deepspeed_config.zero_stage': "
+                                           "expected ZeRO stage 2 or 3, got 4")
+
+
+def test_zero_stage_read_from_a_deepspeed_json(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # accelerate reads deepspeed_config_file relative to the working directory
+    (tmp_path / "ds.json").write_text('{"zero_optimization": {"stage": 1}, "gradient_accumulation_steps": "auto"}')
+    bad = write_config(tmp_path, deepspeed_config__deepspeed_config_file="ds.json", deepspeed_config__zero_stage=None)
+    assert main(check("--config_file", bad, "--recipe", str(REPO / RECIPE))) == 2
+    assert "ds.json: field 'zero_optimization.stage': expected ZeRO stage 2 or 3, got 1" in one_error_line(capsys)
+
+
+def test_unknown_distributed_type(tmp_path, capsys):
+    bad = write_config(tmp_path, distributed_type="FSDP")
+    assert main(check("--config_file", bad, "--recipe", RECIPE)) == 2
+    assert "field 'distributed_type': expected one of NO, MULTI_GPU, DEEPSPEED" in one_error_line(capsys)
+
+
+@pytest.mark.parametrize("key", ["gradient_accumulation_steps", "deepspeed_config__gradient_accumulation_steps"])
+def test_gradient_accumulation_in_the_launch_file(key, tmp_path, capsys):
+    bad = write_config(tmp_path, **{key: 4})
+    assert main(check("--config_file", bad, "--recipe", RECIPE)) == 2
+    line = one_error_line(capsys)
+    assert f"field '{key.replace('__', '.')}': remove it: the recipe's train.grad_accum_steps" in line
+
+
+def test_gradient_accumulation_in_a_deepspeed_json(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ds.json").write_text('{"zero_optimization": {"stage": 2}, "gradient_accumulation_steps": 8}')
+    bad = write_config(tmp_path, deepspeed_config__deepspeed_config_file="ds.json")
+    assert main(check("--config_file", bad, "--recipe", str(REPO / RECIPE))) == 2
+    assert "ds.json: field 'gradient_accumulation_steps'" in one_error_line(capsys)
+
+
+def test_gpu_count_that_does_not_divide_the_global_batch(capsys):
+    # 64 conversations over 12 GPUs x micro-batch 4 = 48 per accumulation step: no whole number of steps.
+    assert main(check("--config_file", "launch/accelerate_multi_node.yaml", "--recipe", RECIPE,
+                      "--num_machines", "2", "--num_processes", "16", "--gpus_per_node", "6",
+                      "--global_batch", "64")) == 2
+    assert one_error_line(capsys) == (
+        "fic launch-check: error: launch/accelerate_multi_node.yaml: field 'num_processes': expected num_machines "
+        "x 6 GPUs = 12 processes (one per GPU on every node), got 16 (from --num_processes)")
+    assert main(check("--config_file", "launch/accelerate_multi_node.yaml", "--recipe", RECIPE,
+                      "--num_machines", "2", "--num_processes", "12", "--gpus_per_node", "6",
+                      "--global_batch", "64")) == 2
+    assert one_error_line(capsys).endswith(
+        "command line: field '--global_batch': a global batch of 64 conversations is not divisible by 12 processes "
+        "x train.micro_batch_size 4 = 48; use a GPU count or micro-batch whose product divides it")
+
+
+def test_global_batch_prints_the_accumulation_that_keeps_it(capsys):
+    assert main(check("--config_file", "launch/accelerate_multi_node.yaml", "--recipe", RECIPE,
+                      "--num_machines", "2", "--num_processes", "16", "--global_batch", "64")) == 0
+    out = capsys.readouterr()
+    assert out.out == "train.grad_accum_steps=1\n"
+    assert "16 processes on 2 machines x micro-batch 4 x accumulation 1 = 64 conversations" in out.err
+    # A micro-batch given as an override is the one divided.
+    assert main(check("--config_file", "launch/deepspeed_zero2.yaml", "--recipe", RECIPE, "--global_batch", "64",
+                      "train.micro_batch_size=2")) == 0
+    assert capsys.readouterr().out == "train.grad_accum_steps=4\n"
+
+
+def test_deepspeed_json_train_batch_size_must_match_the_recipe(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ds.json").write_text('{"zero_optimization": {"stage": 2}, "train_batch_size": 128}')
+    config = write_config(tmp_path, deepspeed_config__deepspeed_config_file="ds.json")
+    assert main(check("--config_file", config, "--recipe", str(REPO / RECIPE))) == 2
+    assert "ds.json: field 'train_batch_size': 128 conversations per step, but the launch makes 64; set it to " \
+           '"auto" (the recipe decides) or train.grad_accum_steps to 4' in one_error_line(capsys)
+    assert main(check("--config_file", config, "--recipe", str(REPO / RECIPE), "train.grad_accum_steps=4")) == 0
+
+
+def test_process_counts(capsys):
+    assert main(check("--config_file", "launch/accelerate_single.yaml", "--recipe", RECIPE, "--num_processes", "2")) == 2
+    assert "distributed_type NO runs one process, got 2" in one_error_line(capsys)
+    assert main(check("--config_file", "launch/deepspeed_zero2.yaml", "--recipe", RECIPE, "--num_processes", "9")) == 2
+    assert "expected at most 8 processes on one machine" in one_error_line(capsys)
+
+
+def test_multi_node_deepspeed_needs_the_standard_launcher(tmp_path, capsys):
+    bad = write_config(tmp_path, deepspeed_config__deepspeed_multinode_launcher=None)
+    assert main(check("--config_file", bad, "--recipe", RECIPE, "--num_machines", "2", "--num_processes", "16")) == 2
+    assert "field 'deepspeed_config.deepspeed_multinode_launcher': expected 'standard' on 2 machines" \
+        in one_error_line(capsys)
+
+
+def test_the_checker_exits_2_in_one_line_without_importing_torch():
+    code = ("import sys\nfrom fic.cli import main\n"
+            "rc = main(['launch-check', '--config_file', 'launch/deepspeed_zero3.yaml', '--recipe', sys.argv[1]])\n"
+            "assert 'torch' not in sys.modules and 'accelerate' not in sys.modules, 'heavy import'\n"
+            "rc2 = main(['launch-check', '--config_file', 'launch/nope.yaml', '--recipe', sys.argv[1]])\n"
+            "sys.exit(10 * rc + rc2)")
+    done = subprocess.run([sys.executable, "-c", code, RECIPE], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines()[-1] == "fic launch-check: error: launch/nope.yaml: launch config not found"
+
+
+# --------------------------------------------------------------------------- the scripts
+
+def script_env(env: dict | None = None, path_prefix: Path | None = None, dry_run: bool = True) -> dict:
+    """This environment without anything the scripts read, plus `env`; stand-ins first on PATH."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "NNODES", "NODE_RANK", "MASTER_",
+                                                                     "GLOBAL_BATCH", "LAUNCH_CONFIG", "DRY_RUN"))}
+    base["PYTHON"] = sys.executable
+    if path_prefix is not None:
+        base["PATH"] = f"{path_prefix}{os.pathsep}{base['PATH']}"
+    if dry_run:
+        base["DRY_RUN"] = "1"
+    return {**base, **(env or {})}
+
+
+def run_script(script: str, *args: str, env: dict | None = None, path_prefix: Path | None = None,
+               dry_run: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", script, *args], cwd=REPO, env=script_env(env, path_prefix, dry_run),
+                          capture_output=True, text=True, timeout=60)
+
+
+def slurm_env(nodes: int, job: int = 4242, **extra) -> dict:
+    hosts = ",".join(f"gpu{i:03d}" for i in range(1, nodes + 1))
+    return {"SLURM_SUBMIT_DIR": str(REPO), "SLURM_JOB_ID": str(job), "SLURM_JOB_NUM_NODES": str(nodes),
+            "SLURM_JOB_NODELIST": hosts, **extra}
+
+
+def node_line(rank: int, nodes: int, config: str, *extra: str, job: int = 4242) -> str:
+    command = ["accelerate", "launch", "--config_file", config, "--num_machines", str(nodes), "--num_processes",
+               str(8 * nodes), "--machine_rank", str(rank), "--main_process_ip", "gpu001", "--main_process_port",
+               str(20000 + job % 20000), SCRIPT, "--config", RECIPE, *extra]
+    return f"node {rank} (gpu{rank + 1:03d}): {shlex.join(command)} >> runs/slurm/{job}/node-{rank}.log"
+
+
+def test_torchrun_dry_run_one_node():
+    done = run_script("launch/torchrun.sh", RECIPE, SCRIPT, "train.max_steps=5")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        f"env ACCELERATE_MIXED_PRECISION=bf16 torchrun --standalone --nproc_per_node 8 {SCRIPT} --config {RECIPE} "
+        "train.max_steps=5"]
+
+
+def test_torchrun_dry_run_on_each_of_two_nodes_keeps_the_global_batch():
+    for rank in (0, 1):
+        done = run_script("launch/torchrun.sh", RECIPE, SCRIPT, env={
+            "NNODES": "2", "NODE_RANK": str(rank), "MASTER_ADDR": "gpu001", "GLOBAL_BATCH": "64"})
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines() == [
+            f"env ACCELERATE_MIXED_PRECISION=bf16 torchrun --nnodes 2 --node_rank {rank} --master_addr gpu001 "
+            f"--master_port 29500 --nproc_per_node 8 {SCRIPT} --config {RECIPE} train.grad_accum_steps=1"]
+
+
+def test_torchrun_on_two_nodes_needs_the_rendezvous_address():
+    done = run_script("launch/torchrun.sh", RECIPE, SCRIPT, env={"NNODES": "2", "NODE_RANK": "0"})
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines()[-1] == "torchrun.sh: set MASTER_ADDR (node 0's hostname, the same on every node)"
+
+
+def test_slurm_one_node_dry_run():
+    done = run_script("launch/slurm_1node.sbatch", RECIPE, SCRIPT, env=slurm_env(1))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [node_line(0, 1, "launch/deepspeed_zero2.yaml")]
+
+
+def test_slurm_multi_node_dry_run_prints_every_node(tmp_path):
+    # A fake scontrol expands the bracketed node list as SLURM's does.
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "scontrol").write_text('#!/usr/bin/env bash\n[[ "$1 $2" == "show hostnames" ]] && printf "gpu%03d\\n" 1 2 3\n')
+    (fake / "scontrol").chmod(0o755)
+    env = slurm_env(3, SLURM_JOB_NODELIST="gpu[001-003]")
+    done = run_script("launch/slurm_multi_node.sbatch", RECIPE, SCRIPT, "logging.wandb=false", env=env, path_prefix=fake)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [node_line(r, 3, "launch/accelerate_multi_node.yaml", "logging.wandb=false")
+                                        for r in range(3)]
+
+
+def test_slurm_restart_resumes_and_global_batch_sets_the_accumulation():
+    env = slurm_env(2, SLURM_RESTART_COUNT="1", GLOBAL_BATCH="64")
+    done = run_script("launch/slurm_multi_node.sbatch", RECIPE, SCRIPT, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        node_line(r, 2, "launch/accelerate_multi_node.yaml", "resume=true", "train.grad_accum_steps=1")
+        for r in range(2)]
+
+
+def test_slurm_refuses_a_bad_launch_before_printing_any_node(tmp_path):
+    bad = write_config(tmp_path, deepspeed_config__zero_stage=4)
+    done = run_script("launch/slurm_multi_node.sbatch", RECIPE, SCRIPT, env=slurm_env(2, LAUNCH_CONFIG=bad))
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip().splitlines() == [
+        f"fic launch-check: error: {bad}: field 'deepspeed_config.zero_stage': expected ZeRO stage 2 or 3, got 4"]
+    done = run_script("launch/slurm_multi_node.sbatch", RECIPE, SCRIPT, env=slurm_env(2, GLOBAL_BATCH="40"))
+    assert done.returncode == 2 and done.stdout == ""
+    assert "a global batch of 40 conversations is not divisible by 16 processes" in done.stderr
+
+
+def test_sbatch_headers_ask_for_requeue_and_an_early_signal():
+    for script in ("launch/slurm_1node.sbatch", "launch/slurm_multi_node.sbatch"):
+        directives = [line for line in (REPO / script).read_text().splitlines() if line.startswith("#SBATCH")]
+        assert "#SBATCH --requeue" in directives and "#SBATCH --signal=B:USR1@300" in directives
+        assert "#SBATCH --gres=gpu:8" in directives and "#SBATCH --ntasks-per-node=1" in directives
+
+
+def fake_slurm(tmp_path: Path, srun_body: str) -> Path:
+    """srun and scontrol stand-ins that record how they were called, and an accelerate that echoes."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    scripts = {
+        "srun": f'#!/usr/bin/env bash\necho $$ > "{tmp_path}/srun.pid"\nprintf "%s\\n" "$@" > "{tmp_path}/srun.args"\n'
+                + srun_body,
+        "scontrol": f'#!/usr/bin/env bash\nif [[ "$1 $2" == "show hostnames" ]]; then tr , "\\n" <<< "$3"; exit; fi\n'
+                    f'echo "$*" >> "{tmp_path}/scontrol.calls"\n',
+        "accelerate": '#!/usr/bin/env bash\necho "accelerate $*"\n',
+    }
+    for name, body in scripts.items():
+        (fake / name).write_text(body)
+        (fake / name).chmod(0o755)
+    return fake
+
+
+def test_slurm_job_starts_on_every_node_what_the_dry_run_printed(tmp_path):
+    # srun stand-in: past its own five options, run the command once per node, as SLURM does, with
+    # that node's SLURM_NODEID.
+    fake = fake_slurm(tmp_path, 'shift 5\nfor r in 0 1; do SLURM_NODEID=$r "$@"; done\n')
+    env = slurm_env(2, LOG_DIR=str(tmp_path / "logs"), SLURM_JOB_NODELIST="gpu001,gpu002")
+    printed = run_script("launch/slurm_multi_node.sbatch", RECIPE, SCRIPT, env=env).stdout.splitlines()
+    done = run_script("launch/slurm_multi_node.sbatch", RECIPE, SCRIPT, env=env, path_prefix=fake, dry_run=False)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "srun.args").read_text().split() == [
+        "--nodes", "2", "--ntasks-per-node", "1", "--kill-on-bad-exit=1", "bash", "launch/slurm_node.sh", RECIPE, SCRIPT]
+    for rank, line in enumerate(printed):
+        log = (tmp_path / "logs" / f"node-{rank}.log").read_text().splitlines()
+        assert log[0].startswith("=== ") and log[0].endswith(f"job 4242 restart 0, node {rank} on {os.uname().nodename}")
+        command = line.split(": ", 1)[1].rsplit(" >> ", 1)[0]
+        assert log[1] == command
+
+
+def test_usr1_before_the_time_limit_requeues_the_job(tmp_path):
+    fake = fake_slurm(tmp_path, "exec sleep 30 </dev/null >/dev/null 2>&1\n")  # not holding our pipes open
+    env = script_env(slurm_env(1, LOG_DIR=str(tmp_path / "logs")), path_prefix=fake, dry_run=False)
+    job = subprocess.Popen(["bash", "launch/slurm_1node.sbatch", RECIPE, SCRIPT], cwd=REPO, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "srun.args").exists():
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+            time.sleep(0.05)
+        job.send_signal(signal.SIGUSR1)
+        out, err = job.communicate(timeout=30)
+        assert job.returncode == 0, err
+        assert (tmp_path / "scontrol.calls").read_text() == "requeue 4242\n"
+        assert "requeueing (the restart passes resume=true)" in out
+    finally:
+        if job.poll() is None:
+            job.kill()
+        pid = (tmp_path / "srun.pid").read_text().strip() if (tmp_path / "srun.pid").exists() else ""
+        if pid:
+            try:
+                os.kill(int(pid), signal.SIGTERM)
+            except ProcessLookupError:
+                pass
