@@ -7,7 +7,7 @@ import pytest
 
 from fic.errors import FicError
 from fic.instance import Instance
-from fic.sharding import ShardingError, shard_math, split_sentences
+from fic.sharding import ShardingError, shard_math, shard_missing, split_clauses, split_sentences
 from fic.sources import load_source
 from fic.views import RECAP_HEADER, SNOWBALL_HEADER, VIEWS, render_view, user_turns
 
@@ -48,16 +48,61 @@ def test_trailing_condition_with_numbers_becomes_a_fact():
 
 def test_gsm_symbolic_200_every_number_in_exactly_its_shard():
     instances = load_source("reasoning-gym:gsm_symbolic", "math", limit=200, seed=0)
-    for instance in instances:
-        sharded = shard_math(instance, seed=0)
-        assert len(sharded.shards) >= 2
+    kept, dropped = shard_missing(instances, seed=0)
+    assert len(dropped) <= 0.1 * len(instances)  # problems whose facts all sit in one inseparable sentence
+    assert all("only one fact" in reason for _, reason in dropped)
+    for sharded in kept:
+        instance = next(i for i in instances if i.task_id == sharded.task_id)
+        assert len(sharded.shards) >= 3  # the intent and at least two facts
+        assert "?" in sharded.shards[0].shard or sharded.shards[0].shard.split(". ", 1)[1].startswith("Calculate")
         assert numbers(instance.fields["question"]) == sum((numbers(t) for t in sharded.shard_texts), Counter())
         assert Instance.from_dict(sharded.to_dict()).to_dict() == sharded.to_dict()  # LiC round trip
         assert sharded.fields == instance.fields
 
 
+def test_shard_one_is_the_question_not_an_instruction():
+    question = ("A store sells pens for $2 each. Tom buys 3 pens. How much does he pay in total? "
+                "When necessary, round to the nearest cent.")
+    texts = shard_math(plain(question)).shard_texts
+    assert texts[0].endswith("How much does he pay in total? When necessary, round to the nearest cent.")
+    assert texts[1:] == ["A store sells pens for $2 each.", "Tom buys 3 pens."]
+
+
+def test_facts_after_the_question_get_their_own_shards():
+    texts = shard_math(plain("Tom buys 3 pens. How much does he pay in total? Each pen costs $2. "
+                             "Give the result as your final answer.")).shard_texts
+    assert texts[0].endswith("How much does he pay in total? Give the result as your final answer.")
+    assert texts[1:] == ["Tom buys 3 pens.", "Each pen costs $2."]
+
+
+def test_a_sentence_listing_several_facts_is_cut_into_clauses():
+    question = ("An uncle eats 6 hamburgers per day, his wife eats 3 hamburgers per day, and their son eats 7 "
+                "hamburgers per day. How many hamburgers does this family eat in one month?")
+    texts = shard_math(plain(question)).shard_texts
+    assert texts[1:] == ["An uncle eats 6 hamburgers per day.", "His wife eats 3 hamburgers per day.",
+                         "Their son eats 7 hamburgers per day."]
+    assert split_clauses("Sam and John have 198 feet of fence, and they agree to split it with John getting "
+                         "140 feet more.") == ["Sam and John have 198 feet of fence.",
+                                               "They agree to split it with John getting 140 feet more."]
+    # Pieces that would lose their meaning are not cut: "2 notebooks which cost $4 each" lost "he bought".
+    for whole in ("He bought 4 pens which cost $1.5 each, 2 notebooks which cost $4 each, and a rim of bond "
+                  "paper which cost $20.", "She writes it in full 2, writes 3 of it once.",
+                  "Tom bought a red shirt for $5, a red hat for $7, and a belt for $9."):
+        assert split_clauses(whole) == [whole]
+
+
+def test_one_inseparable_fact_is_rejected_with_a_reason():
+    question = ("Mia has 17 light yellow spools of thread, 68 dark yellow spools of thread, and 101 dark blue "
+                "spools of thread. What percent of her spools are yellow?")
+    with pytest.raises(ShardingError, match="only one fact"):
+        shard_math(plain(question))
+    kept, dropped = shard_missing([plain(question, "mia"), plain("Sam has 3 cats. Each eats 2 cans. How many cans?")])
+    assert [i.task_id for i in kept] == ["q"] and [(i.task_id, "only one fact" in r) for i, r in dropped] == [("mia", True)]
+
+
 def test_deterministic_for_a_seed_and_seed_changes_only_phrasing():
-    instances = load_source("reasoning-gym:gsm_symbolic", "math", limit=20, seed=1)
+    instances, _ = shard_missing(load_source("reasoning-gym:gsm_symbolic", "math", limit=20, seed=1))
+    instances = [Instance(i.task_id, i.task, [], i.fields) for i in instances]  # the ones the rules can shard
     a = [shard_math(i, seed=7).to_dict() for i in instances]
     assert a == [shard_math(i, seed=7).to_dict() for i in instances]
     b = [shard_math(i, seed=8).to_dict() for i in instances]
