@@ -38,6 +38,8 @@ from fic.errors import FicError
 DISTRIBUTED_TYPES = ("NO", "MULTI_GPU", "DEEPSPEED")
 ZERO_STAGES = (2, 3)
 GPUS_PER_NODE = 8  # an A100 node
+OWNED_BY_RECIPE = ("remove it: the recipe's train.grad_accum_steps sets the accumulation, and a second "
+                   "setting would move where optimizer steps fall")
 
 
 @dataclass
@@ -122,6 +124,45 @@ def _check_divides(batch: int, launch: Launch, path: str, field: str) -> int:
     return batch // unit
 
 
+def _check_processes(kind: str, machines: int, processes: int, gpus_per_node: int, where: str, given: str) -> None:
+    if kind == "NO" and processes != 1:
+        raise FicError(f"distributed_type NO runs one process, got {processes}{given}", path=where,
+                       field="num_processes")
+    if machines > 1 and processes != machines * gpus_per_node:
+        raise FicError(f"expected num_machines x {gpus_per_node} GPUs = {machines * gpus_per_node} processes "
+                       f"(one per GPU on every node), got {processes}{given}", path=where, field="num_processes")
+    if machines == 1 and processes > gpus_per_node:
+        raise FicError(f"expected at most {gpus_per_node} processes on one machine (one per GPU), "
+                       f"got {processes}{given}", path=where, field="num_processes")
+
+
+def _check_deepspeed(config: dict, where: str, machines: int) -> tuple[int, dict, str]:
+    """The ZeRO stage, the DeepSpeed JSON the config names ({} for none) and its path."""
+    section = config.get("deepspeed_config") or {}
+    if not isinstance(section, dict):
+        raise FicError("expected a mapping", path=where, field="deepspeed_config")
+    json_path = str(section.get("deepspeed_config_file") or "")
+    ds_json = _deepspeed_json(json_path) if json_path else {}
+    if section.get("gradient_accumulation_steps") is not None:
+        raise FicError(OWNED_BY_RECIPE, path=where, field="deepspeed_config.gradient_accumulation_steps")
+    if ds_json.get("gradient_accumulation_steps", "auto") != "auto":
+        raise FicError(f'expected "auto" or no key: {OWNED_BY_RECIPE}', path=json_path,
+                       field="gradient_accumulation_steps")
+    if ds_json:  # accelerate then reads the stage from the JSON only
+        stage, stage_path, stage_field = ((ds_json.get("zero_optimization") or {}).get("stage"), json_path,
+                                          "zero_optimization.stage")
+    else:
+        stage, stage_path, stage_field = section.get("zero_stage"), where, "deepspeed_config.zero_stage"
+    if stage not in ZERO_STAGES:
+        raise FicError(f"expected ZeRO stage 2 or 3, got {stage!r}", path=stage_path, field=stage_field)
+    launcher = section.get("deepspeed_multinode_launcher", "pdsh")  # accelerate's default
+    if machines > 1 and launcher != "standard":
+        raise FicError(f"expected 'standard' on {machines} machines, got {launcher!r}: the launch scripts "
+                       "start one launcher per node, and pdsh would ssh into the nodes again",
+                       path=where, field="deepspeed_config.deepspeed_multinode_launcher")
+    return stage, ds_json, json_path
+
+
 def check(config_file: str | Path, recipe: str | Path, *, script: str | Path | None = None,
           num_processes: int | None = None, num_machines: int | None = None, gpus_per_node: int = GPUS_PER_NODE,
           global_batch: int | None = None, overrides: Sequence[str] = ()) -> tuple[Launch, int | None]:
@@ -140,52 +181,17 @@ def check(config_file: str | Path, recipe: str | Path, *, script: str | Path | N
         raise FicError(f"expected one of {', '.join(DISTRIBUTED_TYPES)} (what FiC's trainers run under), "
                        f"got {kind!r}", path=where, field="distributed_type")
     if config.get("gradient_accumulation_steps") is not None:
-        raise FicError("remove it: the recipe's train.grad_accum_steps sets the accumulation, and two "
-                       "settings would disagree", path=where, field="gradient_accumulation_steps")
-
+        raise FicError(OWNED_BY_RECIPE, path=where, field="gradient_accumulation_steps")
     machines = _positive_int(num_machines if num_machines is not None else config.get("num_machines", 1),
                              where, "num_machines")
     processes = _positive_int(num_processes if num_processes is not None else config.get("num_processes", 1),
                               where, "num_processes")
-    given = " (from --num_processes)" if num_processes is not None else ""
-    if kind == "NO" and processes != 1:
-        raise FicError(f"distributed_type NO runs one process, got {processes}{given}", path=where,
-                       field="num_processes")
-    if machines > 1 and processes != machines * gpus_per_node:
-        raise FicError(f"expected num_machines x {gpus_per_node} GPUs = {machines * gpus_per_node} processes "
-                       f"(one per GPU on every node), got {processes}{given}", path=where, field="num_processes")
-    if machines == 1 and processes > gpus_per_node:
-        raise FicError(f"expected at most {gpus_per_node} processes on one machine (one per GPU), "
-                       f"got {processes}{given}", path=where, field="num_processes")
-
-    zero_stage, ds_json, json_path = None, {}, ""
-    if kind == "DEEPSPEED":
-        section = config.get("deepspeed_config") or {}
-        if not isinstance(section, dict):
-            raise FicError("expected a mapping", path=where, field="deepspeed_config")
-        json_path = str(section.get("deepspeed_config_file") or "")
-        ds_json = _deepspeed_json(json_path) if json_path else {}
-        if section.get("gradient_accumulation_steps") is not None:
-            raise FicError("remove it: the recipe's train.grad_accum_steps sets the accumulation",
-                           path=where, field="deepspeed_config.gradient_accumulation_steps")
-        if ds_json.get("gradient_accumulation_steps", "auto") != "auto":
-            raise FicError('expected "auto" or no key: the recipe\'s train.grad_accum_steps sets the accumulation',
-                           path=json_path, field="gradient_accumulation_steps")
-        if ds_json:
-            zero_stage, stage_path, stage_field = ((ds_json.get("zero_optimization") or {}).get("stage"),
-                                                   json_path, "zero_optimization.stage")
-        else:
-            zero_stage, stage_path, stage_field = section.get("zero_stage"), where, "deepspeed_config.zero_stage"
-        if zero_stage not in ZERO_STAGES:
-            raise FicError(f"expected ZeRO stage 2 or 3, got {zero_stage!r}", path=stage_path, field=stage_field)
-        launcher = section.get("deepspeed_multinode_launcher", "pdsh")
-        if machines > 1 and launcher != "standard":
-            raise FicError(f"expected 'standard' on {machines} machines, got {launcher!r}: the launch scripts "
-                           "start one launcher per node, and pdsh would ssh into the nodes again",
-                           path=where, field="deepspeed_config.deepspeed_multinode_launcher")
+    _check_processes(kind, machines, processes, gpus_per_node, where,
+                     " (from --num_processes)" if num_processes is not None else "")
+    stage, ds_json, json_path = _check_deepspeed(config, where, machines) if kind == "DEEPSPEED" else (None, {}, "")
 
     micro, accum, recipe_source = _recipe_batch(recipe_path, overrides)
-    launch = Launch(kind, machines, processes, zero_stage, micro, accum)
+    launch = Launch(kind, machines, processes, stage, micro, accum)
     wanted_accum = None
     if global_batch is not None:
         if micro is None:
@@ -195,7 +201,7 @@ def check(config_file: str | Path, recipe: str | Path, *, script: str | Path | N
                                       "command line", "--global_batch")
         launch.grad_accum = wanted_accum
     ds_batch = ds_json.get("train_batch_size", "auto")
-    if ds_batch != "auto" and micro is not None:
+    if ds_batch != "auto" and micro is not None:  # DeepSpeed would refuse a mismatch only after loading the model
         needed = _check_divides(_positive_int(ds_batch, json_path, "train_batch_size"), launch, json_path,
                                 "train_batch_size")
         if launch.grad_accum is not None and needed != launch.grad_accum:

@@ -24,8 +24,10 @@ CONFIG_CLASSES = {
     "sft-data": "fic.sft_data:SFTDataConfig",
     "sft": "fic.train_sft:SFTConfig",
 }
-if importlib.util.find_spec("fic.train_vasd") is not None:
-    CONFIG_CLASSES["vasd"] = "fic.train_vasd:VASDConfig"
+# Stages whose modules are being written alongside: mapped once the module exists.
+for _stem, _target in {"vasd": "fic.train_vasd:VASDConfig", "probe": "fic.probe:ProbeConfig"}.items():
+    if importlib.util.find_spec(_target.split(":")[0]) is not None:
+        CONFIG_CLASSES[_stem] = _target
 
 # Recipes that may read a file outside the repository, and why.
 OUTSIDE_REPO = {
