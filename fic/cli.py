@@ -2,7 +2,9 @@
 
 Each verb is handled by a module that defines `add_arguments(parser, verb)` and
 `run(args) -> int` (`args.verb` names the verb when a module serves several). Modules are imported only when their verb
-runs, so `fic --help` stays fast. A `FicError` (bad input) prints one line and exits 2.
+runs, so `fic --help` stays fast. A `FicError` (bad input) or an `OSError` (a path under a
+file, a read-only folder, a full disk: `fic.errors.os_error` names the path) prints one line
+and exits 2. Verbs call `fic.files.check_writable` on their outputs before loading anything.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     import logging
 
-    from fic.errors import FicError
+    from fic.errors import FicError, one_line, os_error
 
     # fic's own progress lines (model preparation, training, evaluation) go through logging.
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -60,7 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(importlib.import_module(args.module).run(args) or 0)
     except FicError as err:
-        print(f"fic {args.verb}: error: {err}", file=sys.stderr)
+        print(f"fic {args.verb}: error: {one_line(err)}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a path under a file, a read-only folder, a full disk: the user's to fix
+        print(f"fic {args.verb}: error: {one_line(os_error(err))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"fic {args.verb}: interrupted", file=sys.stderr)

@@ -59,20 +59,24 @@ def run(args: argparse.Namespace) -> int:
 
 
 def prepare_model(args: argparse.Namespace) -> int:
+    from fic.files import check_writable
     from fic.model import BUNDLED_MODEL_DIR
     from fic.model import prepare_model as prepare
 
-    out = prepare(Path(args.out) if args.out else BUNDLED_MODEL_DIR, force=args.force)
+    out = Path(args.out) if args.out else BUNDLED_MODEL_DIR
+    check_writable(out, folder=True, field="--out")
+    out = prepare(out, force=args.force)
     print(f"bundled model ready in {out}")
     return 0
 
 
 def shard(args: argparse.Namespace) -> int:
-    from fic.files import write_jsonl
+    from fic.files import check_writable, write_jsonl
     from fic.sharding import shard_missing
     from fic.sources import load_source
 
     _check_shard_args(args)
+    check_writable(args.out, field="--out")  # before a generator runs or a model loads
     instances = load_source(args.source, args.task, limit=args.limit, seed=args.seed)
     kept, rejected, reasons = [], [], Counter()
 
@@ -171,11 +175,13 @@ def load_sharded(path: str) -> list:
 
 
 def views(args: argparse.Namespace) -> int:
-    from fic.files import write_jsonl
+    from fic.files import check_writable, write_jsonl
     from fic.views import VIEWS, format_view, render_view
 
     if args.view not in VIEWS:
         raise FicError(f"expected one of {', '.join(VIEWS)}, got {args.view!r}", field="--view")
+    if args.out:
+        check_writable(args.out, field="--out")
     records = [render_view(instance, args.view, seed=args.seed) for instance in load_sharded(args.data)]
     for record in records[: args.show]:
         print(format_view(record) + "\n")

@@ -194,12 +194,42 @@ def _set_nested(data: dict, keys: list[str], value: Any) -> None:
     node[keys[-1]] = value
 
 
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: Any, first_line: int, line: int):
+        super().__init__(f"key {key!r} is given twice (lines {first_line} and {line}); keep one")
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error: PyYAML
+    keeps the last silently, so a recipe edited by appending a line would not do what it says."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *defaults` may be overridden key by key: that is what merges are for
+            key = self.construct_object(key_node)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise _DuplicateKey(key, seen[key], line)
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: str | Path) -> dict:
     path = Path(path)
     if not path.exists():
         raise FicError("config file not found", path=str(path))
+    if path.is_dir():
+        raise FicError("is a folder, expected a YAML file", path=str(path))
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise FicError(f"not UTF-8 text (byte {err.start}); expected a YAML file", path=str(path)) from None
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)
+    except _DuplicateKey as err:
+        raise FicError(str(err), path=str(path)) from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""

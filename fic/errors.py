@@ -24,3 +24,42 @@ class FicError(Exception):
         if self.field is not None:
             where.append(f"field '{self.field}'")
         return ": ".join(where + [self.message])
+
+
+# What went wrong, in words a user acts on; errno's own strings ("File exists") describe the
+# system call, not the user's mistake.
+_OS_REASONS = {
+    "EACCES": "permission denied",
+    "EPERM": "permission denied",
+    "EROFS": "the file system is read-only",
+    "ENOSPC": "no space left on the device",
+    "EDQUOT": "disk quota exceeded",
+    "ENOTDIR": "a part of this path is a file, not a folder",
+    "EEXIST": "a file is in the way: expected a folder here",
+    "EISDIR": "is a folder, expected a file",
+    "ENOENT": "no such file or folder",
+    "ENAMETOOLONG": "the name is too long",
+    "ELOOP": "too many symbolic links",
+    "EMFILE": "too many open files",
+}
+
+
+def os_error(err: OSError) -> FicError:
+    """The one-line FicError for an operating-system error: the path and what went wrong.
+
+    The CLI turns every `OSError` into this; the training recipes, which `accelerate launch`
+    runs outside the CLI, catch `OSError` and print it the same way.
+    """
+    import errno
+
+    name = errno.errorcode.get(err.errno or -1, "")
+    reason = _OS_REASONS.get(name) or err.strerror or str(err) or type(err).__name__
+    path = err.filename
+    if path is not None and err.filename2 is not None:
+        path = f"{path} -> {err.filename2}"
+    return FicError(reason, path=None if path is None else str(path))
+
+
+def one_line(text: str) -> str:
+    """`text` on one line: messages from libraries (transformers, servers) may span several."""
+    return " ".join(part.strip() for part in str(text).splitlines() if part.strip())

@@ -40,7 +40,7 @@ from fic.backends import make_backend
 from fic.classify import CLASSIFIER_KINDS, make_classifier
 from fic.config import config_to_dict, describe, flatten, load_config, setting
 from fic.errors import FicError
-from fic.files import append_jsonl, read_log, write_json, write_text
+from fic.files import append_jsonl, check_writable, read_log, write_json, write_text
 from fic.generation import BackendConfig, SamplingParams
 from fic.instance import Instance
 from fic.user_sim import USER_KINDS, make_user
@@ -233,8 +233,7 @@ def evaluate(cfg: EvalConfig, *, assistant: Any = None, user_backend: Any = None
     from fic.simulator import make_conversations, play
 
     out = Path(cfg.out)
-    if out.exists() and not out.is_dir():
-        raise FicError("exists and is not a folder", path=str(out), field="out")
+    check_writable(out, folder=True, field="out")
     baseline = read_baseline(cfg.baseline) if cfg.baseline else None
     instances, skipped = load_instances(cfg)
     out.mkdir(parents=True, exist_ok=True)
@@ -270,6 +269,11 @@ def evaluate(cfg: EvalConfig, *, assistant: Any = None, user_backend: Any = None
             play(conversations, backends["assistant"], user, classifier, params, batch_size=cfg.batch_size,
                  stop_at_correct=cfg.stop_at_correct, seed=cfg.seed, max_context=_max_context(backends["assistant"]),
                  on_finish=finished, on_step=step)
+        except FicError as err:  # e.g. the server went away for good: say that nothing finished is lost
+            saved = total - sum(1 for conv in conversations if not conv.done)
+            err.message += (f" ({saved} of {total} conversations are saved in {log_path}; "
+                            "run the same command again to resume)")
+            raise
         finally:
             bar.close()
 

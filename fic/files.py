@@ -20,12 +20,47 @@ from typing import Any, Iterable, Iterator
 from fic.errors import FicError
 
 
+def check_writable(path: str | os.PathLike, *, folder: bool = False, field: str | None = None) -> None:
+    """Refuse an output location that cannot be written, before any model or data loads.
+
+    `path` is a file to write, or with `folder=True` a folder to write into; missing folders
+    are fine (they will be made). A `FicError` naming `path` (and `field`, the option or key
+    that set it) when a part of the path is a file, `path` is a folder where a file is expected
+    or the other way round, or the deepest existing folder is not writable. Nothing is created.
+    A full disk cannot be foreseen: writes that hit one fail as `OSError`, which the CLI and the
+    training recipes report through `fic.errors.os_error`.
+    """
+    path = Path(path)
+
+    def refuse(reason: str) -> FicError:
+        return FicError(f"cannot write here: {reason}", path=str(path), field=field)
+
+    if path.is_dir() and not folder:
+        raise refuse("it is a folder, expected a file")
+    # Walk down from the top: `Path.exists()` is False under a file (ENOTDIR), so the first
+    # part that exists but is not a folder is the one in the way.
+    deepest = None
+    for part in reversed([path, *path.parents] if folder else list(path.parents)):
+        if not os.path.lexists(part):
+            break
+        if not part.is_dir():
+            raise refuse(f"{part} is a file, not a folder" if part != path else "it is a file, expected a folder")
+        deepest = part
+    # access() asks the kernel, so a read-only mount counts even for root.
+    if deepest is not None and not os.access(deepest, os.W_OK | os.X_OK):
+        raise refuse(f"no permission to write in {deepest}")
+
+
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[Any]:
     """Open a temporary file next to `path`; rename it onto `path` only if the block succeeds."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as err:  # name the folder the user chose, not our temporary file
+        err.filename, err.filename2 = str(path.parent), None
+        raise
     # mkstemp creates the file 0600; give it the mode a plain open() would (0666 minus umask).
     umask = os.umask(0)
     os.umask(umask)
@@ -37,9 +72,13 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None =
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        # A full disk fails write() or fsync() with no file name; a failed rename names our
+        # temporary file. Either way the user's error message should name `path`.
+        if isinstance(err, OSError) and err.filename in (None, tmp):
+            err.filename, err.filename2 = str(path), None
         raise
 
 
@@ -64,10 +103,15 @@ def write_jsonl(path: str | os.PathLike, records: Iterable[dict]) -> int:
 
 def append_jsonl(path: str | os.PathLike, record: dict) -> None:
     """Append one record and fsync it: used by resumable logs, where each line is one finished unit."""
-    with open(path, "a", encoding="utf-8") as handle:
-        handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
+    try:
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+    except OSError as err:
+        if err.filename is None:  # a full disk fails write() or fsync() with no file name
+            err.filename = str(path)
+        raise
 
 
 def read_records(path: str | os.PathLike) -> list[dict]:
@@ -75,36 +119,53 @@ def read_records(path: str | os.PathLike) -> list[dict]:
 
     Errors name the file and the line (JSONL) or the 1-based record number (JSON list).
     """
+    return [record for _, record in read_numbered_records(path)]
+
+
+def read_numbered_records(path: str | os.PathLike) -> list[tuple[int, dict]]:
+    """`read_records`, each record with where it is: its line in a JSONL file, its 1-based
+    position in a JSON list (1 for a single object). A UTF-8 byte-order mark (files saved on
+    Windows) is skipped."""
     path = Path(path)
     if not path.exists():
         raise FicError("file not found", path=str(path))
     if path.is_dir():
         raise FicError("is a folder, expected a JSON or JSONL file", path=str(path))
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise FicError(f"not UTF-8 text (byte {err.start}); expected a JSON or JSONL file",
+                       path=str(path)) from None
     stripped = text.lstrip()
     if not stripped:
         raise FicError("file is empty, expected JSON or JSONL records", path=str(path))
-    if stripped.startswith("["):
+    whole = None
+    if stripped.startswith(("[", "{")):
         try:
-            data = json.loads(text)
+            whole = json.loads(text)
         except json.JSONDecodeError as err:
-            raise FicError(f"not valid JSON (line {err.lineno}, column {err.colno}: {err.msg})",
-                           path=str(path)) from None
-        records = data
+            if stripped.startswith("["):
+                raise FicError(f"not valid JSON (line {err.lineno}, column {err.colno}: {err.msg})",
+                               path=str(path)) from None
+            # Not one object: JSONL, read line by line below.
+    if isinstance(whole, list):
+        numbered = list(enumerate(whole, start=1))
+    elif isinstance(whole, dict):  # one object, possibly spread over several lines
+        numbered = [(1, whole)]
     else:
-        records = []
+        numbered = []
         for lineno, line in enumerate(text.splitlines(), start=1):
             if not line.strip():
                 continue
             try:
-                records.append(json.loads(line))
+                numbered.append((lineno, json.loads(line)))
             except json.JSONDecodeError as err:
                 raise FicError(f"line {lineno} is not valid JSON ({err.msg})", path=str(path)) from None
-    for index, record in enumerate(records):
+    for index, (_, record) in enumerate(numbered, start=1):
         if not isinstance(record, dict):
             raise FicError(f"expected a JSON object, got {type(record).__name__}", path=str(path),
-                           record=index + 1)
-    return records
+                           record=index)
+    return numbered
 
 
 def file_sha256(path: str | os.PathLike) -> str:

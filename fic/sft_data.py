@@ -455,8 +455,9 @@ def card_markdown(info: dict) -> str:
 def build_corpus(cfg: SFTDataConfig, *, user_backend: Any = None, reply_backend: Any = None,
                  progress: bool = True) -> dict:
     """Load, build, and write the corpus and its data card atomically; return the card."""
-    from fic.files import write_json, write_jsonl, write_text
+    from fic.files import check_writable, write_json, write_jsonl, write_text
 
+    check_writable(cfg.out, field="out")  # before a source is generated or a model loads
     instances, sources = load_instances(cfg)
     records, stats = make_corpus(instances, cfg, user_backend=user_backend, reply_backend=reply_backend,
                                  progress=progress)

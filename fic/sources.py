@@ -6,7 +6,8 @@ A source is named by a spec string:
 - `gsm8k[:SPLIT]`       GSM8K through `datasets.load_dataset` ("main" config; default split test);
                         `gsm8k:PATH` reads a local JSON/JSONL/Parquet file in the same format
 - `reasoning-gym:NAME`  problems generated from a seed by reasoning-gym (gsm_symbolic, leg_counting, ...)
-- `jsonl:PATH`          your own file of `{question, answer}` records or already sharded instances
+- `jsonl:PATH`          your own file of `{question, answer}` records or already sharded instances;
+                        a record without `task_id` gets `<file name>:<line>` (its record number in a JSON list)
 
 Every source yields `Instance`s carrying the task's LiC keys, so they are interchangeable.
 """
@@ -17,7 +18,7 @@ import re
 from pathlib import Path
 
 from fic.errors import FicError
-from fic.files import read_records
+from fic.files import read_numbered_records, read_records
 from fic.instance import Instance
 
 SOURCE_KINDS = ("lic", "gsm8k", "reasoning-gym", "jsonl")
@@ -29,7 +30,8 @@ def load_source(spec: str, task: str = "math", *, limit: int | None = None, seed
     if kind == "lic":
         instances = _from_records(_need(arg, spec), task, require_shards=True, filter_task=True)
     elif kind == "jsonl":
-        instances = _from_records(_need(arg, spec), task, require_shards=False, filter_task=False)
+        instances = _from_records(_need(arg, spec), task, require_shards=False, filter_task=False,
+                                  default_ids=True)
     elif kind == "gsm8k":
         instances = _from_gsm8k(arg or "test", task, limit)
     elif kind == "reasoning-gym":
@@ -66,11 +68,15 @@ def _need(arg: str, spec: str) -> str:
     return arg
 
 
-def _from_records(path: str, task: str, *, require_shards: bool, filter_task: bool) -> list[Instance]:
+def _from_records(path: str, task: str, *, require_shards: bool, filter_task: bool,
+                  default_ids: bool = False) -> list[Instance]:
     instances, seen = [], {}
-    for number, record in enumerate(read_records(path), start=1):
+    for number, (where, record) in enumerate(read_numbered_records(path), start=1):
         if filter_task and record.get("task") != task:
             continue
+        if default_ids and "task_id" not in record:
+            # Stable: the same line of the same file gets the same id in every run and every verb.
+            record = {"task_id": f"{Path(path).name}:{where}", **record}
         instance = read_instance(record, path=path, record_no=number, require_shards=require_shards,
                                  default_task=task)
         if instance.task != task:
@@ -87,18 +93,16 @@ def _from_records(path: str, task: str, *, require_shards: bool, filter_task: bo
 
 
 def _from_gsm8k(split_or_path: str, task: str, limit: int | None) -> list[Instance]:
-    import datasets  # heavy import, only for this source
-
     if task != "math":
         raise FicError(f"gsm8k is a math source; got --task {task}", field="task")
     local = Path(split_or_path)
     if local.suffix in (".json", ".jsonl", ".parquet") or local.exists():
-        if not local.exists():
-            raise FicError("file not found", path=split_or_path)
-        builder = "parquet" if local.suffix == ".parquet" else "json"
-        rows = datasets.load_dataset(builder, data_files=str(local), split="train")
+        # JSON and JSONL through the one record reader (a byte-order mark is fine, errors name the line).
+        rows = _parquet_rows(local) if local.suffix == ".parquet" else read_records(local)
         name, origin = local.stem, str(local)
     else:
+        import datasets  # heavy import, only for the hub
+
         split = split_or_path if not limit else f"{split_or_path}[:{limit}]"
         try:
             rows = datasets.load_dataset("openai/gsm8k", "main", split=split)
@@ -106,12 +110,27 @@ def _from_gsm8k(split_or_path: str, task: str, limit: int | None) -> list[Instan
             raise FicError(f"could not load GSM8K split {split!r} from the Hugging Face hub ({err}); "
                            "pass a local copy as gsm8k:PATH", field="source") from None
         name, origin = split_or_path, "gsm8k"
-    for column in ("question", "answer"):
-        if column not in rows.column_names:
-            raise FicError(f"missing column {column!r}; GSM8K rows have question and answer", path=origin)
-    return [read_instance({"task_id": f"gsm8k-{name}/{i}", "task": "math", "question": row["question"],
-                           "answer": row["answer"]}, path=origin, record_no=i + 1, require_shards=False)
-            for i, row in enumerate(rows)]
+    instances = []
+    for i, row in enumerate(rows):
+        for column in ("question", "answer"):
+            if column not in row:
+                raise FicError("missing; GSM8K rows have question and answer", path=origin, record=i + 1,
+                               field=column)
+        instances.append(read_instance({"task_id": f"gsm8k-{name}/{i}", "task": "math", "question": row["question"],
+                                        "answer": row["answer"]}, path=origin, record_no=i + 1, require_shards=False))
+    return instances
+
+
+def _parquet_rows(path: Path) -> list[dict]:
+    import pyarrow
+    import pyarrow.parquet
+
+    if not path.is_file():
+        raise FicError("is a folder, expected a Parquet file" if path.is_dir() else "file not found", path=str(path))
+    try:
+        return pyarrow.parquet.read_table(path).to_pylist()
+    except pyarrow.ArrowException as err:
+        raise FicError(f"not a readable Parquet file ({err})", path=str(path)) from None
 
 
 def _from_reasoning_gym(name: str, task: str, size: int, seed: int) -> list[Instance]:

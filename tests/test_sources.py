@@ -135,3 +135,72 @@ def test_round_trip_keeps_extra_shard_keys():
     record = {"task_id": "s", "task": "math", "question": "q", "answer": "#### 1",
               "shards": [{"shard_id": 1, "shard": "x", "doc_idxs": [1, 2]}], "extra_key": {"a": 1}}
     assert Instance.from_dict(record).to_dict() == record
+
+
+# --------------------------------------------------------------------------- the README's source table, promise by promise
+
+
+def test_readme_lic_reads_json_and_jsonl_and_skips_other_tasks_unchecked(tmp_path):
+    other = {"task_id": "code-1", "task": "code", "shards": "not even checked"}
+    listed = tmp_path / "lic.json"
+    listed.write_text(json.dumps([other, GOOD]))
+    lines = write_jsonl(tmp_path / "lic.jsonl", [other, GOOD])
+    for path in (listed, lines):
+        assert [i.to_dict() for i in load_source(f"lic:{path}", "math")] == [GOOD]
+
+
+def test_readme_gsm8k_defaults_to_the_test_split(monkeypatch):
+    import datasets
+
+    calls = []
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: calls.append((a, k)) or
+                        datasets.Dataset.from_list([{"question": "q 1?", "answer": "#### 1"}]))
+    assert load_source("gsm8k", "math")[0].task_id == "gsm8k-test/0"
+    assert calls == [(("openai/gsm8k", "main"), {"split": "test"})]
+
+
+@pytest.mark.parametrize("suffix", [".json", ".parquet"])
+def test_readme_gsm8k_local_json_and_parquet(tmp_path, suffix):
+    rows = [{"question": "Tom has 5 pens. He loses 2. How many are left?", "answer": "5-2=3\n#### 3"}]
+    path = tmp_path / f"rows{suffix}"
+    if suffix == ".json":
+        path.write_text("\ufeff" + json.dumps(rows), encoding="utf-8")  # saved on Windows: a byte-order mark
+    else:
+        import pyarrow
+        import pyarrow.parquet
+
+        pyarrow.parquet.write_table(pyarrow.Table.from_pylist(rows), path)
+    [instance] = load_source(f"gsm8k:{path}", "math")
+    assert instance.task_id == "gsm8k-rows/0" and instance.fields == rows[0]
+
+
+def test_readme_jsonl_takes_plain_question_answer_records_with_stable_ids(tmp_path):
+    rows = [{"question": "Bo has 2 cats. How many cats?", "answer": "#### 2"},
+            {"question": "Al has 4 hats and gives away 1. How many?", "answer": "4-1=3\n#### 3"}]
+    path = tmp_path / "mine.jsonl"
+    path.write_text("\ufeff" + json.dumps(rows[0]) + "\n\n" + json.dumps(rows[1]) + "\n", encoding="utf-8")
+    first, second = load_source(f"jsonl:{path}", "math")
+    # <file name>:<line>, blank lines counted, so an id points at its line; the task is --task.
+    assert (first.task_id, second.task_id) == ("mine.jsonl:1", "mine.jsonl:3")
+    assert first.task == "math" and first.fields == rows[0] and not first.is_sharded
+    assert [i.task_id for i in load_source(f"jsonl:{path}", "math")] == ["mine.jsonl:1", "mine.jsonl:3"]
+    listed = tmp_path / "mine.json"
+    listed.write_text(json.dumps(rows))
+    assert [i.task_id for i in load_source(f"jsonl:{listed}", "math")] == ["mine.json:1", "mine.json:2"]
+
+
+def test_jsonl_default_id_colliding_with_an_explicit_one_is_refused(tmp_path):
+    path = write_jsonl(tmp_path / "mine.jsonl", [{"question": "Bo has 2 cats. How many?", "answer": "#### 2"},
+                                                  {**GOOD, "task_id": "mine.jsonl:1"}])
+    with pytest.raises(FicError, match=r"record 2: field 'task_id': duplicate task_id 'mine.jsonl:1'"):
+        load_source(f"jsonl:{path}", "math")
+
+
+def test_gsm8k_row_without_an_answer_and_a_broken_parquet_file(tmp_path):
+    path = write_jsonl(tmp_path / "rows.jsonl", [{"question": "q?", "answer": "#### 1"}, {"question": "q2?"}])
+    with pytest.raises(FicError, match=r"rows.jsonl: record 2: field 'answer': missing"):
+        load_source(f"gsm8k:{path}", "math")
+    broken = tmp_path / "rows.parquet"
+    broken.write_bytes(b"not parquet at all")
+    with pytest.raises(FicError, match=r"rows.parquet: not a readable Parquet file"):
+        load_source(f"gsm8k:{broken}", "math")
