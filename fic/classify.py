@@ -206,21 +206,24 @@ class LLMClassifier:
         self.backend, self.max_new_tokens, self.seed = backend, max_new_tokens, seed
 
     def classify(self, conversations: Sequence[Any]) -> list[tuple[str, str | None]]:
-        if not conversations:
-            return []
+        # Tasks whose every reply is an answer attempt (LiC: translation, summary, data2text) need
+        # no model.
+        labels: dict[int, tuple[str, str | None]] = {
+            id(conv): (conv.task.rule_label(conv.messages[-1]["content"] or "", _user_texts(conv)), None)
+            for conv in conversations if conv.task.replies_are_answers}
+        asking = [conv for conv in conversations if id(conv) not in labels]
         params = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=0.0, seed=self.seed)
-        outputs = self.backend.chat([classifier_prompt(conv) for conv in conversations], params)
-        labels = []
-        for conv, out in zip(conversations, outputs):
+        outputs = self.backend.chat([classifier_prompt(conv) for conv in asking], params) if asking else []
+        for conv, out in zip(asking, outputs):
             reply = conv.messages[-1]["content"] or ""
             if not reply.strip():  # no model needed to see an empty reply
-                labels.append(("missing", None))
+                labels[id(conv)] = ("missing", None)
                 continue
             try:
-                labels.append((parse_label(out.text), None))
+                labels[id(conv)] = (parse_label(out.text), None)
             except ValueError as err:
-                labels.append((conv.task.rule_label(reply, _user_texts(conv)), f"rule label used: {err}"))
-        return labels
+                labels[id(conv)] = (conv.task.rule_label(reply, _user_texts(conv)), f"rule label used: {err}")
+        return [labels[id(conv)] for conv in conversations]
 
 
 def make_classifier(kind: str, backend: Backend | None = None, **kwargs: Any):

@@ -59,6 +59,7 @@ from fic.views import (
     SINGLE_TURN_VIEWS,
     SNOWBALL_HEADER,
     VIEWS,
+    shard_turn,
     system_message,
     user_turns,
 )
@@ -85,6 +86,7 @@ class Turn:
     seed: int | None = None         # seed of the generation call this reply came from
     user_note: str | None = None    # why the user simulator fell back, if it did
     label_note: str | None = None   # why the classifier fell back, if it did
+    score_note: str | None = None   # why the score is what it is beyond a wrong answer (sandbox, no judge)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -194,7 +196,7 @@ def _first_user_turn(conv: Conversation) -> tuple[str, list[int]]:
     if conv.view in SINGLE_TURN_VIEWS:
         (text,) = user_turns(conv.instance, conv.view, seed=conv.view_seed)
         return text, conv.shard_ids
-    return conv.instance.shards[0].shard, [conv.shard_ids[0]]
+    return shard_turn(conv.instance, conv.shard_ids[0]), [conv.shard_ids[0]]
 
 
 def _compose(conv: Conversation, picked: UserTurn | None) -> tuple[str, list[int], str | None]:
@@ -204,17 +206,17 @@ def _compose(conv: Conversation, picked: UserTurn | None) -> tuple[str, list[int
         return text, ids, None
     if picked is None:  # only recap's last turn comes here
         conv.recapped = True
-        shards = [s.shard for s in conv.instance.shards]
+        shards = conv.task.shard_contents(conv.instance)
         return f"{RECAP_HEADER}\n{conv.task.concat_prompt(shards)}", [], None
     if picked.shard_id == NOTHING and conv.idle_turns >= conv.max_idle_turns:
         # The bound on turns that reveal nothing: the conversation must go on to its end.
         shard = next(s for s in conv.instance.shards if s.shard_id == conv.unrevealed[0])
-        picked = UserTurn(shard.shard, shard.shard_id,
+        picked = UserTurn(shard_turn(conv.instance, shard.shard_id), shard.shard_id,
                           note=f"revealed shard {shard.shard_id} verbatim: the user already revealed nothing "
                           f"{conv.idle_turns} time(s) (max_idle_turns={conv.max_idle_turns})")
     ids = [] if picked.shard_id == NOTHING else [picked.shard_id]
     if conv.view == "snowball":
-        by_id = {s.shard_id: s.shard for s in conv.instance.shards}
+        by_id = dict(zip(conv.shard_ids, conv.task.shard_contents(conv.instance)))
         earlier = conv.task.concat_prompt([by_id[i] for i in conv.revealed])
         return f"{SNOWBALL_HEADER}\n{earlier}\n\n{picked.text}", ids, picked.note
     return picked.text, ids, picked.note
@@ -301,7 +303,7 @@ def play(conversations: Sequence[Conversation], assistant: Backend, user: Any, c
             turn.label, turn.label_note = labels.get(id(conv), (NOT_CLASSIFIED, None))
             if turn.label in ("answer_attempt", NOT_CLASSIFIED):
                 turn.answer = conv.task.extract_answer(turn.reply)
-                turn.score = float(conv.task.score(turn.reply, conv.instance))
+                turn.score, turn.score_note = conv.task.scored(turn.reply, conv.instance)
             # 4. Stop at the first correct answer, or after the reply to the last user turn.
             if stop_at_correct and turn.score is not None and turn.score >= 1.0:
                 _finish(conv, "correct", on_finish)

