@@ -302,7 +302,17 @@ def shard_docstring(instance: Instance, *, seed: int = 0) -> Instance:
                             else f"For example: {line[3:].strip()}")
         elif not (i and lines[i - 1].startswith(">>>") and line) and not re.fullmatch(r"(?i)(for )?examples?:?", line):
             prose.append(line)
-    sentences = split_sentences(" ".join(s for s in prose if s))
+    # A line that ends without punctuation before a capitalised line ends a sentence too
+    # ("... not nested within each other\n    Ignore any spaces ...").
+    text = ""
+    for line in prose:
+        if not line:
+            text += "\n\n"
+        elif text and not text.endswith("\n") and text[-1] not in ".!?:,;" and line[0].isupper():
+            text += "\n\n" + line
+        else:
+            text += (" " if text and not text.endswith("\n") else "") + line
+    sentences = split_sentences(text)
     if not sentences:
         raise ShardingError("the docstring has no sentence to state the goal", record=instance.task_id)
     signature = f"{func_name}({', '.join(a.arg for a in node.args.args)})"
