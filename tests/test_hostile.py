@@ -22,6 +22,7 @@ from fic.sandbox import Limits, SQLLimits, run_python, run_sql
 
 LIC_SAMPLE = Path(__file__).resolve().parents[2] / "shared/data/lost_in_conversation/sample_5_per_task.json"
 needs_lic = pytest.mark.skipif(not LIC_SAMPLE.exists(), reason="../shared (LiC sample data) is not present")
+needs_actions = pytest.mark.skipif("actions" not in tasks.names(), reason="the actions task is not in this tree yet")
 ISOLATIONS = ["rlimits"] + (["bubblewrap"] if sandbox.bwrap_command() else [])
 FAST = Limits(seconds=1.5, memory_mb=256, processes=8, output_mb=1)
 
@@ -240,6 +241,7 @@ def test_code_task_hostile_replies_score_0_with_a_reason(monkeypatch):
 # --------------------------------------------------------------------------- function calls
 
 @needs_lic
+@needs_actions
 @pytest.mark.parametrize("reply", [
     "[create_histogram(data=create_histogram(data=[1, 2], bins=2), bins=create_histogram(data=[3], bins=1))]",
     "[create_histogram(data=[" + "1, " * 2_000_000 + "1], bins=5)]",
