@@ -15,7 +15,8 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
         parser.add_argument("--force", action="store_true", help="rebuild even if the folder is already prepared")
     elif verb == "shard":
         parser.add_argument("--source", required=True,
-                            help="lic:PATH, gsm8k[:SPLIT|:PATH], reasoning-gym:NAME or jsonl:PATH")
+                            help="lic:PATH, gsm8k[:SPLIT|:PATH], reasoning-gym:NAME, actions-gen:SPLIT "
+                            "(with --task actions) or jsonl:PATH")
         parser.add_argument("--task", default="math", help="task of the instances (default: math)")
         parser.add_argument("--out", required=True, help="output JSONL file (LiC schema, one instance a line)")
         parser.add_argument("--sharder", default="rule", choices=["rule", "llm"],

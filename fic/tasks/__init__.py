@@ -9,6 +9,7 @@ without touching the core.
 from __future__ import annotations
 
 from fic.errors import FicError
+from fic.tasks.actions import ActionsTask
 from fic.tasks.base import Task
 from fic.tasks.code import CodeTask
 from fic.tasks.database import DatabaseTask
@@ -43,5 +44,6 @@ register(CodeTask())
 register(Data2TextTask())
 register(TranslationTask())
 register(SummaryTask())
+register(ActionsTask())
 
 __all__ = ["Task", "get", "names", "register"]

@@ -174,9 +174,18 @@ class Task:
 
     # ------------------------------------------------------------------ SFT-corpus replies
 
-    def ask_for(self, shard: str, revealed: set, rng: random.Random) -> str | None:
+    @property
+    def deferrals(self) -> tuple[str, ...]:
+        """Brief acknowledge-and-wait replies the SFT corpus says while details are missing."""
+        from fic.deferrals import DEFERRALS
+
+        return DEFERRALS
+
+    def ask_for(self, shard: str, revealed: set, rng: random.Random,
+                instance: Instance | None = None) -> str | None:
         """A brief question asking for what `shard` tells, naming none of its new values; None
-        when no honest question can be made (the corpus then uses `generic_asks`)."""
+        when no honest question can be made (the corpus then uses `generic_asks`). `instance`
+        is there for tasks whose details are named by a schema (function parameters)."""
         return None
 
     def premature_reply(self, revealed_texts: list[str], instance: Instance, rng: random.Random) -> str:

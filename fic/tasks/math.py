@@ -156,7 +156,8 @@ class MathTask(Task):
 
         return MENTION.sub(lambda m: m.group(0) if set(self.values_in(m.group(0))) <= revealed else "___", text)
 
-    def ask_for(self, shard: str, revealed: set, rng: random.Random) -> str | None:
+    def ask_for(self, shard: str, revealed: set, rng: random.Random,
+                instance: Instance | None = None) -> str | None:
         from fic.deferrals import ask_for
 
         return ask_for(shard, revealed, rng)
