@@ -24,7 +24,9 @@ LIC_SAMPLE = Path(__file__).resolve().parents[2] / "shared/data/lost_in_conversa
 needs_lic = pytest.mark.skipif(not LIC_SAMPLE.exists(), reason="../shared (LiC sample data) is not present")
 needs_actions = pytest.mark.skipif("actions" not in tasks.names(), reason="the actions task is not in this tree yet")
 ISOLATIONS = ["rlimits"] + (["bubblewrap"] if sandbox.bwrap_command() else [])
-FAST = Limits(seconds=1.5, memory_mb=256, processes=8, output_mb=1)
+FAST = Limits(seconds=1.5, memory_mb=256, processes=8, output_mb=1)  # for runs meant to hit the time limit
+# For runs meant to be refused or to hit another limit: time enough to start on a loaded machine.
+ROOMY = Limits(seconds=10.0, memory_mb=256, processes=8, output_mb=1)
 
 
 # --------------------------------------------------------------------------- SQL
@@ -112,7 +114,7 @@ def test_python_that_loops_forever_is_killed_at_the_time_limit(isolation):
 @pytest.mark.parametrize("isolation", ISOLATIONS)
 def test_python_that_allocates_without_bound_hits_the_memory_limit(isolation):
     program = "chunks = []\nfor _ in range(16):\n    chunks.append(bytearray(64 << 20))\nprint('allocated 1 GiB')\n"
-    result = run_python(program, FAST, isolation=isolation)
+    result = run_python(program, ROOMY, isolation=isolation)
     assert not result.passed and result.reason.startswith("memory limit")
     assert "allocated 1 GiB" not in result.stdout  # 1 GiB never existed under a 256 MB limit
 
@@ -174,7 +176,7 @@ def test_python_cannot_open_a_socket(isolation):
     try:
         program = (f"import socket\ns = socket.create_connection(('127.0.0.1', {listener.port}), timeout=1)\n"
                    "s.sendall(b'stolen')\n")
-        result = run_python(program, FAST, isolation=isolation)
+        result = run_python(program, ROOMY, isolation=isolation)
         time.sleep(0.3)
     finally:
         listener.close()
@@ -191,12 +193,12 @@ def test_python_cannot_read_or_write_outside_its_folder(isolation, tmp_path):
     writer = f"open({str(target)!r}, 'w').write('x')\n"
     remover = f"import os\nos.remove({str(secret)!r})\n"
     for program in (reader, writer, remover):
-        result = run_python(program, FAST, isolation=isolation)
+        result = run_python(program, ROOMY, isolation=isolation)
         assert not result.passed and result.reason.startswith("refused")
         assert "the-secret-value" not in result.stdout + result.stderr
     assert not target.exists() and secret.read_text() == "the-secret-value"
     # Its own folder is writable: a program may use files there.
-    assert run_python("open('scratch.txt', 'w').write('ok')\nassert open('scratch.txt').read() == 'ok'\n", FAST,
+    assert run_python("open('scratch.txt', 'w').write('ok')\nassert open('scratch.txt').read() == 'ok'\n", ROOMY,
                       isolation=isolation).passed
 
 
@@ -205,7 +207,7 @@ def test_python_cannot_kill_its_parent(isolation):
     # The evaluator is a child Python here, so that a failure of containment kills it, not pytest.
     evaluator = ("from fic.sandbox import Limits, run_python\n"
                  "r = run_python('import os, signal\\nos.kill(os.getppid(), signal.SIGKILL)\\n'"
-                 f", Limits(seconds=2), isolation={isolation!r})\n"
+                 f", Limits(seconds=10), isolation={isolation!r})\n"
                  "print('evaluator alive:', r.reason)\n")
     done = subprocess.run([sys.executable, "-c", evaluator], capture_output=True, text=True, timeout=60,
                           cwd=Path(__file__).resolve().parents[1])
@@ -218,7 +220,7 @@ def test_python_cannot_start_programs_or_load_ctypes(isolation, tmp_path):
     marker = tmp_path / "ran"
     for program in (f"import os\nos.system('touch {marker}')\n", "import ctypes\n",
                     f"import subprocess\nsubprocess.run(['touch', {str(marker)!r}])\n"):
-        result = run_python(program, FAST, isolation=isolation)
+        result = run_python(program, ROOMY, isolation=isolation)
         assert not result.passed and result.reason.startswith("refused")
     assert not marker.exists()
 
@@ -270,7 +272,7 @@ def test_eval_goes_on_past_hostile_code(tmp_path, monkeypatch):
     from fic.files import read_records
     from fic.tasks import code as code_module
 
-    monkeypatch.setattr(code_module, "LIMITS", FAST)
+    monkeypatch.setattr(code_module, "LIMITS", Limits(seconds=3.0, memory_mb=256, processes=8, output_mb=1))
     problems = read_problems()
     hostile = {"HumanEval/0": "    while True:\n        pass\n",
                "HumanEval/1": "    import socket\n    socket.create_connection(('127.0.0.1', 9))\n"}
