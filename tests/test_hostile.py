@@ -256,7 +256,8 @@ def test_hostile_function_call_text_scores_0_quickly(reply):
     task = tasks.get("actions")
     instance = load_source(f"lic:{LIC_SAMPLE}", "actions")[0]
     started = time.monotonic()
-    assert task.score(reply, instance) == 0.0
+    score, note = task.scored(reply, instance)
+    assert score == 0.0 and note  # logged as the turn's score_note
     assert time.monotonic() - started < 2.0  # a 6 MB literal is refused by size, not parsed
 
 

@@ -169,12 +169,18 @@ class ActionsTask(Task):
         calls = find_calls(text)
         return None if calls is None else format_calls(calls)
 
-    def score(self, text: str, instance: Instance | dict) -> float:
+    def scored(self, text: str, instance: Instance | dict) -> tuple[float, str | None]:
+        """The score and, for a 0, why: no readable call (none, too long, too deep) or the check's
+        reason; the simulator logs it as the turn's score_note."""
         calls = find_calls(text)
         if calls is None:
-            return 0.0
+            return 0.0, "no readable function call in the reply"
         fields = self._instance(instance).fields
-        return float(check_calls(calls, fields["function"], fields["reference_answer"]) is None)
+        problem = check_calls(calls, fields["function"], fields["reference_answer"])
+        return (0.0, problem) if problem is not None else (1.0, None)
+
+    def score(self, text: str, instance: Instance | dict) -> float:
+        return self.scored(text, instance)[0]
 
     def reference_answer(self, instance: Instance | dict) -> str:
         return format_calls(reference_calls(self._instance(instance).fields["reference_answer"]))
