@@ -73,6 +73,7 @@ ASK_FRAMES = ("What is the {noun}?", "Could you tell me the {noun}?", "Can you g
               "What's the {noun}?")
 ACKS = ("Got it.", "Okay.", "Thanks.", "Noted.", "Sure.", "")
 PREMATURE_FRAMES = ("{call}", "{call}", "Here is the call: {call}", "Sure! {call}", "Calling it now: {call}")
+CALL_LIST = re.compile(r"\[\s*[A-Za-z_][\w.]*\s*\(")  # "[func(": the form the system prompt asks for
 MAX_NOUN_WORDS = 7  # longer parameter descriptions give no brief question: the name is used instead
 
 
@@ -231,12 +232,14 @@ class ActionsTask(Task):
     # ------------------------------------------------------------------ classifying replies
 
     def rule_label(self, reply: str, user_texts: list[str]) -> str:
-        """A reply with a call is an answer attempt, unless it only names a tool while asking
-        (`get_weather()?`); without a call it is never one: a date or an amount stated in prose
-        commits to no call."""
+        """An answer attempt when the reply makes a call: one with a named argument, or a call
+        list in the asked form (`[get_time()]`). A function only named in prose ("use `len()`",
+        "should I use get_weather()?") is no attempt, and without a call nothing is: a date or
+        an amount stated in prose commits to no call."""
         text = (reply or "").strip()
         calls = find_calls(text)
-        return label_reply(text, calls is not None and not (text.endswith("?") and all(not c.args for c in calls)))
+        made = calls is not None and (any(c.args for c in calls) or CALL_LIST.search(text) is not None)
+        return label_reply(text, made)
 
     # ------------------------------------------------------------------ SFT-corpus replies
 

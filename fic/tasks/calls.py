@@ -43,6 +43,7 @@ FENCE = re.compile(r"```[A-Za-z0-9_+-]*")
 # Where a call list may start: "[name(" or a bare "name(" (dotted names allowed: "math.sqrt(").
 CALL_START = re.compile(r"\[\s*[A-Za-z_][\w.]*\s*\(|(?<![\w.])[A-Za-z_][\w.]*\s*\(")
 SEPARATOR = re.compile(r"[\s,;]*")
+DEFINITION = re.compile(r"\b(?:def|class)\s+$")
 OPENERS, CLOSERS = "([{", ")]}"
 
 
@@ -139,6 +140,8 @@ def find_calls(text: str) -> list[Call] | None:
         start = match.start()
         if start < resume:
             continue  # inside a span already read
+        if DEFINITION.search(text, max(0, start - 12), start):
+            continue  # `def f(a=1):` defines a function, it calls nothing
         if tried == MAX_CANDIDATES:
             break
         tried += 1
