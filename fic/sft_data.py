@@ -16,8 +16,10 @@ Record: `{"id", "task_id", "task", "kind", "messages": [{"role", "content", "tra
 "reply_kinds": [one of defer|ask|premature|answer per assistant turn]}`. Every message carries
 `train` (true only on trained assistant turns), so `datasets` infers one schema. A data card
 (`<out stem>.card.json` and `.card.md`) records sources, counts, seed, reply-kind shares and
-the config. No reply before the last shard may hold the reference answer or a number the user
-has not given yet (`fic.deferrals.leak`); the builder enforces it on every reply it writes.
+the config, and the evaluation problems kept out (`exclude`, `fic.splits`): how many of the
+loaded instances were found among them and dropped. No reply before the last shard may hold
+the reference answer or a number the user has not given yet (`fic.deferrals.leak`); the
+builder enforces it on every reply it writes.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from fic.generation import BackendConfig, SamplingParams
 from fic.instance import Instance
 from fic.parsing import number_values
 from fic.seeding import seeded_rng
+from fic.splits import ExcludeConfig, build_exclusion
 from fic.views import system_message, user_turns
 
 KINDS = ("deferral", "recovery", "single_turn")
@@ -112,6 +115,9 @@ class SFTDataConfig:
                                  "short acknowledgement (\"With all the details, here is the corrected solution:\").")
     user: UserConfig = setting(UserConfig(), "User turns: verbatim shards or model rephrasings.")
     replies: RepliesConfig = setting(RepliesConfig(), "Replies before the last shard: pool or model-written.")
+    exclude: ExcludeConfig = setting(ExcludeConfig(), "Evaluation data to keep out of the corpus (fic.splits): "
+                                     "instances with the same task id or prompt are dropped and counted in the "
+                                     "data card, or refused.")
 
     def __post_init__(self) -> None:
         if isinstance(self.data, str):  # one source or several: always a list from here on
@@ -148,6 +154,7 @@ def load_instances(cfg: SFTDataConfig) -> tuple[list[Instance], list[dict]]:
     from fic.sources import load_source
 
     task = tasks.get(cfg.task)
+    exclusion = build_exclusion(cfg.exclude)
     kept, sources, seen = [], [], {}
     for spec in cfg.data:
         try:
@@ -157,6 +164,10 @@ def load_instances(cfg: SFTDataConfig) -> tuple[list[Instance], list[dict]]:
                            field="data" if err.field == "source" else err.field) from None
         sharded, unshardable = shard_missing(loaded, seed=cfg.seed)
         dropped = Counter(reason for _, reason in unshardable)
+        sharded, overlap = exclusion.apply(sharded)
+        for why, n in overlap.items():
+            if n:
+                dropped[f"an evaluation problem (same {why.replace('_', ' ')})"] += n
         sharded_here = sum(not instance.is_sharded for instance in loaded) - len(unshardable)
         count = 0
         for instance in sharded:
@@ -173,7 +184,7 @@ def load_instances(cfg: SFTDataConfig) -> tuple[list[Instance], list[dict]]:
             kept.append(instance)
             count += 1
         sources.append({"spec": spec, "loaded": len(loaded), "sharded_here": sharded_here, "kept": count,
-                        "dropped": dict(dropped)})
+                        "dropped": dict(dropped), "evaluation_overlap": overlap})
     if not kept:
         raise FicError(f"no usable instances in {', '.join(cfg.data)} ({sources})", field="data")
     return kept, sources
@@ -409,6 +420,7 @@ def card(records: list[dict], sources: list[dict], stats: Counter, cfg: SFTDataC
         "built_by": "fic sft-data",
         "seed": cfg.seed,
         "sources": sources,
+        "evaluation_excluded": _exclusion_summary(sources, cfg),
         "instances": len({r["task_id"] for r in records}),
         "conversations": len(records),
         "conversations_by_kind": {kind: by_kind[kind] for kind in KINDS},
@@ -433,6 +445,14 @@ def _reasons(stats: Counter, prefix: str) -> dict:
     return {key[len(prefix):]: n for key, n in stats.most_common() if key.startswith(prefix)}
 
 
+def _exclusion_summary(sources: list[dict], cfg: SFTDataConfig) -> dict:
+    """The card's record of evaluation data kept out: what was named, and the overlap found
+    (by task id, prompt, template) and dropped over every source."""
+    overlap = {why: sum(s["evaluation_overlap"][why] for s in sources) for why in ("task_id", "prompt", "template")}
+    return {"sources": list(cfg.exclude.sources), "on_overlap": cfg.exclude.on_overlap,
+            "templates": cfg.exclude.templates, "overlap": overlap, "dropped": sum(overlap.values())}
+
+
 def card_markdown(info: dict) -> str:
     lines = [f"# SFT corpus `{Path(info['file']).name}`", "",
              f"Built by `fic sft-data` with seed {info['seed']}: {info['conversations']} conversations "
@@ -441,6 +461,11 @@ def card_markdown(info: dict) -> str:
     for s in info["sources"]:
         dropped = "; ".join(f"{n} x {why}" for why, n in s["dropped"].items()) or "-"
         lines.append(f"| `{s['spec']}` | {s['loaded']} | {s['sharded_here']} | {s['kept']} | {dropped} |")
+    excluded = info["evaluation_excluded"]
+    named = ", ".join(f"`{spec}`" for spec in excluded["sources"]) or "none named (`exclude.sources`)"
+    lines += ["", f"Evaluation data kept out: {named}{' and their templates' if excluded['templates'] else ''}; "
+              f"overlap found and dropped: {excluded['dropped']} "
+              f"({', '.join(f'{n} by {why}' for why, n in excluded['overlap'].items())})."]
     lines += ["", "| conversation kind | count | share |", "|---|---|---|"]
     lines += [f"| {k} | {n} | {info['share_by_kind'][k]:.1%} |" for k, n in info["conversations_by_kind"].items()]
     lines += ["", "| reply kind | count | share |", "|---|---|---|"]
@@ -499,4 +524,8 @@ def run(args: argparse.Namespace) -> int:
     shares = ", ".join(f"{k} {s:.0%}" for k, s in info["reply_kind_shares"].items())
     print(f"wrote {info['conversations']} conversations ({kinds}) from {info['instances']} instances to {cfg.out}")
     print(f"replies: {shares}; data card: {card_paths(cfg.out)[0]}")
+    excluded = info["evaluation_excluded"]
+    if excluded["sources"]:
+        print(f"evaluation data kept out ({', '.join(excluded['sources'])}): {excluded['dropped']} overlapping "
+              "instances found and dropped")
     return 0

@@ -49,6 +49,50 @@ def load_source(spec: str, task: str = "math", *, limit: int | None = None, seed
     return instances[:limit] if limit is not None else instances
 
 
+# The one task a generated source makes (`data.task: all` on it means this task).
+GENERATED_TASKS = {"gsm8k": "math", "reasoning-gym": "math", "actions-gen": "actions", "human-eval": "code"}
+
+
+def load_tasks(spec: str, task: str | list[str], *, limit: int | None = None,
+               seed: int = 0) -> tuple[list[Instance], dict[str, int]]:
+    """Instances of one task, of several (a list of names) or of every task FiC knows ("all")
+    from one source, at most `limit` per task; and, for "all", how many records of each task
+    FiC does not know were left out (e.g. LiC's summary records)."""
+    from fic import tasks as registry
+
+    if isinstance(task, str) and task != "all":
+        return load_source(spec, task, limit=limit, seed=seed), {}
+    kind, _, arg = spec.partition(":")
+    if kind not in ("lic", "jsonl"):
+        names = [GENERATED_TASKS.get(kind, "math")] if task == "all" else list(task)
+        return [i for name in names for i in load_source(spec, name, limit=limit, seed=seed)], {}
+    path = _need(arg, spec)
+    present: dict[str, int] = {}
+    for number, record in enumerate(read_records(path), start=1):
+        name = record.get("task")
+        if not isinstance(name, str) or not name:
+            raise FicError("missing; a file of several tasks needs the task name on every record", path=path,
+                           record=number, field="task")
+        present[name] = present.get(name, 0) + 1
+    known = set(registry.names())
+    names = [n for n in present if n in known] if task == "all" else list(task)
+    for name in names:
+        registry.get(name)  # an unknown name in the list is an error naming the known tasks
+    if not names:
+        raise FicError(f"no record of a task FiC knows ({', '.join(sorted(known))}); found "
+                       f"{', '.join(sorted(present))}", path=path)
+    instances = []
+    for name in names:
+        loaded = (_from_records(path, name, require_shards=kind == "lic", filter_task=True,
+                                default_ids=kind == "jsonl")
+                  if name in present else [])
+        if not loaded:
+            raise FicError(f"no {name!r} instances in the file", path=path, field="task")
+        instances += loaded[:limit] if limit is not None else loaded
+    unknown = {name: n for name, n in present.items() if name not in known} if task == "all" else {}
+    return instances, unknown
+
+
 def read_instance(record: dict, *, path: str | None = None, record_no: int | None = None,
                   require_shards: bool = True, default_task: str | None = None) -> Instance:
     """An Instance from a LiC-schema record, its structure and its task's keys checked; errors
@@ -164,8 +208,14 @@ def _from_reasoning_gym(name: str, task: str, size: int, seed: int) -> list[Inst
             else f"#### {answer}"
         record = {"task_id": f"reasoning-gym/{name}/{seed}/{i}", "task": "math",
                   "question": entry["question"].strip(), "answer": solution}
+        # Generators built from templates (gsm_symbolic: 100 GSM8K problems) say which one made
+        # problem i; `fic.splits` can hold whole templates out of training.
+        templates = getattr(dataset, "task_indices", None)
+        if templates is not None:
+            record["template"] = f"{name}/{templates[i]}"
         instances.append(read_instance(record, path=origin, record_no=i + 1, require_shards=False))
     return instances
+
 
 def _from_actions_gen(split: str, task: str, size: int, seed: int) -> list[Instance]:
     from fic.tasks.actions_gen import generate
