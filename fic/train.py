@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-METHODS = {"sft": "fic.train_sft"}
+METHODS = {"sft": "fic.train_sft", "vasd": "fic.train_vasd"}
 
 
 def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fic.config import config_to_dict, describe, load_config, setting
-from fic.errors import FicError
+from fic.errors import FicError, one_line, os_error
 from fic.training.config import RunConfig
 
 # Settings a resumed run must share with the checkpoint: anything else changes what the
@@ -72,9 +72,12 @@ def total_steps(cfg: SFTConfig, n_examples: int, world: int) -> int:
 
 
 def check_inputs(cfg: SFTConfig) -> None:
-    """Missing files fail here, in a second, before torch and the model load."""
+    """Missing files and an output folder that cannot be written fail here, in a second, before
+    torch and the model load."""
+    from fic.files import check_writable
     from fic.model import check_model_folder
 
+    check_writable(cfg.out, folder=True, field="out")
     check_model_folder(cfg.model.path)
     if not Path(cfg.data.path).is_file():
         raise FicError("SFT corpus not found (make one with `fic sft-data`)", path=cfg.data.path, field="data.path")
@@ -183,8 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fic train sft: error: {err}", file=sys.stderr)
         return 2
     except OSError as err:  # a full disk, a read-only folder: the path and the reason, not a traceback
-        where = f"{err.filename}: " if err.filename else ""
-        print(f"fic train sft: error: {where}{err.strerror or err}", file=sys.stderr)
+        print(f"fic train sft: error: {one_line(os_error(err))}", file=sys.stderr)
         return 2
     return 0
 

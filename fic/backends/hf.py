@@ -78,6 +78,12 @@ class HFBackend:
     def chat(self, conversations: list[list[dict]], params: SamplingParams) -> list[Generation]:
         return chat_by_generate(self, conversations, params)
 
+    def weights_changed(self) -> None:
+        """Forget every stored key and value: the model was just updated (a trainer calls this
+        after each optimizer step; fused optimizers change weights without a trace)."""
+        if self.kv_store is not None:
+            self.kv_store.clear()
+
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         check_prompts(prompts)
         if not prompts:

@@ -88,8 +88,12 @@ class KVStore:
         self.nbytes = 0
 
     def check_weights(self, model: torch.nn.Module) -> None:
-        """Forget everything if any parameter was replaced or changed in place since the last call
-        (an optimizer step bumps every trained tensor's version counter)."""
+        """Forget everything if any parameter was replaced or changed in place since the last call.
+
+        A safety net only: plain in-place updates bump a tensor's version counter, but fused
+        optimizer kernels (AdamW(fused=True), the default in FiC's trainers) do not, so a trainer
+        that samples from its live model must also call `HFBackend.weights_changed()` after each
+        optimizer step."""
         version = tuple((id(p), p._version) for p in model.parameters())
         if version != self.weights_version:
             self.clear()

@@ -100,3 +100,104 @@ def load_vllm_backend(cfg: BackendConfig) -> VLLMBackend:
     if cfg.max_model_len is not None:
         kwargs["max_model_len"] = cfg.max_model_len
     return VLLMBackend(vllm.LLM(**kwargs), tokenizer)
+
+
+# --------------------------------------------------------------------------- a colocated rollout engine
+
+def colocated_engine(policy: Any, tokenizer: Any, model_path: str, gpu_memory_utilization: float,
+                     max_model_len: int) -> VLLMBackend:
+    """A vLLM engine in this training process, on this rank's GPU, for on-policy rollouts.
+
+    The engine starts from the checkpoint on disk and gets the trainer's weights with
+    `sync_weights` after every optimizer step. The model must live in this process for that
+    (`VLLM_ENABLE_V1_MULTIPROCESSING=0`); with several ranks each one runs its own engine
+    (`distributed_executor_backend="external_launcher"`, vLLM's mode for engines started by
+    torchrun/accelerate), sampling its own share of the rollouts.
+    """
+    import os
+
+    import torch
+
+    vllm = import_vllm()
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    kwargs: dict[str, Any] = dict(model=model_path, dtype="bfloat16", gpu_memory_utilization=gpu_memory_utilization,
+                                  max_model_len=max_model_len, enable_prefix_caching=True,
+                                  seed=torch.distributed.get_rank() if distributed else 0)
+    if distributed:
+        kwargs["distributed_executor_backend"] = "external_launcher"
+    backend = VLLMBackend(vllm.LLM(**kwargs), tokenizer)
+    sync_weights(backend, policy, [], 0.0, lambda message: None)  # the policy may already differ from disk
+    return backend
+
+
+def _engine_model(llm: Any) -> Any:
+    """The torch module inside an in-process engine (the attribute path differs across vLLM versions)."""
+    executor = llm.llm_engine.model_executor
+    worker = executor.driver_worker
+    runner = getattr(getattr(worker, "worker", worker), "model_runner", None)
+    if runner is None or not hasattr(runner, "model"):
+        raise FicError("cannot reach the vLLM engine's model to load new weights into it; set "
+                       "VLLM_ENABLE_V1_MULTIPROCESSING=0 or use rollout.backend=hf", field="rollout.backend")
+    return runner.model
+
+
+def _policy_weights(policy: Any) -> list[tuple[str, Any]]:
+    """The policy's weights under the checkpoint's names; LoRA adapters merged in (and taken out
+    again by the caller), ZeRO-3 partitions gathered."""
+    out = []
+    for name, tensor in policy.state_dict().items():  # no non-persistent buffers (rotary tables)
+        if "lora_" in name or "modules_to_save" in name:
+            continue
+        name = name.removeprefix("base_model.model.").replace(".base_layer", "")
+        out.append((name, tensor.detach()))
+    return out
+
+
+def sync_weights(backend: VLLMBackend, policy: Any, rollouts: list, tolerance: float, say: Any) -> None:
+    """Load the policy's current weights into the engine, reset its prefix cache (cached keys
+    and values belong to the old weights), and check on one rollout that the engine's log-probs
+    now agree with the trainer's."""
+    import contextlib
+
+    import torch
+
+    gather = contextlib.nullcontext()
+    params = list(policy.parameters())
+    if params and hasattr(params[0], "ds_id"):  # ZeRO-3: every rank holds a slice
+        import deepspeed
+
+        gather = deepspeed.zero.GatheredParameters(params)
+    merge = hasattr(policy, "merge_adapter")
+    with gather, torch.no_grad():
+        if merge:
+            policy.merge_adapter()
+        try:
+            _engine_model(backend.llm).load_weights(_policy_weights(policy))
+        finally:
+            if merge:
+                policy.unmerge_adapter()
+    backend.llm.reset_prefix_cache()
+    finished = [c for c in rollouts if c.turns and c.turns[-1].finish_reason == "stop"]
+    if finished:
+        drift = logprob_drift(backend, policy, finished[0])
+        if drift > tolerance:
+            say(f"warning: after the weight sync the engine's mean log-prob of a rollout differs from the "
+                f"trainer's by {drift:.3f} (> {tolerance}); rollouts may be off-policy")
+
+
+def logprob_drift(backend: VLLMBackend, policy: Any, conv: Any) -> float:
+    """|mean engine log-prob - mean trainer log-prob| over a rollout's final reply tokens."""
+    import torch
+
+    vllm = backend.vllm
+    start = conv.turns[-1].prompt_tokens
+    ids = list(conv.ids)
+    (out,) = backend.llm.generate([{"prompt_token_ids": ids}],
+                                  vllm.SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)
+    engine = [float(out.prompt_logprobs[t][ids[t]].logprob) for t in range(start, len(ids))]
+    device = next(policy.parameters()).device
+    with torch.no_grad():
+        logits = policy(input_ids=torch.tensor([ids], device=device)).logits[0, start - 1:len(ids) - 1].float()
+        trainer = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[start:], device=device)[:, None])
+    return abs(sum(engine) / len(engine) - float(trainer.mean()))

@@ -68,9 +68,13 @@ def softcap_of(model: torch.nn.Module) -> float | None:
     return getattr(causal_lm(model).config, "final_logit_softcapping", None)
 
 
+def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
 def head_logits(head: Callable, hidden: torch.Tensor, softcap: float | None) -> torch.Tensor:
     """fp32 logits of some rows, with the final soft-capping some models (Gemma 2) apply."""
-    logits = head(hidden).float()
+    logits = _at_least_fp32(head(hidden))
     if softcap:
         logits = torch.tanh(logits / softcap) * softcap
     return logits
@@ -179,8 +183,8 @@ def divergence(student_logits: torch.Tensor, teacher_logprobs: torch.Tensor, kin
                sampled: torch.Tensor | None = None) -> torch.Tensor:
     """Per-row divergence between the student (raw logits) and the teacher (log-probs already
     taken at `temperature`); see the module docstring. fp32 throughout."""
-    student = torch.log_softmax(student_logits.float() / temperature, dim=-1)
-    teacher = teacher_logprobs.float()
+    student = torch.log_softmax(_at_least_fp32(student_logits) / temperature, dim=-1)
+    teacher = _at_least_fp32(teacher_logprobs)
     if estimator == "sampled":
         if kind != "reverse_kl":
             raise FicError("the sampled-token estimator estimates reverse_kl only", field="loss.estimator")

@@ -1,0 +1,531 @@
+"""VASD: divergences against naive references, token alignment of student and teacher, the
+regulariser's positions, teacher modes, resume after SIGKILL, 2 processes vs 1, and errors."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from fic.chat import end_of_turn_ids, prompt_ids
+from fic.classify import RuleClassifier
+from fic.config import load_config
+from fic.errors import FicError
+from fic.generation import SamplingParams
+from fic.instance import Instance, Shard
+from fic.simulator import make_conversations, play
+from fic.train_vasd import VASDConfig, train
+from fic.training.data import IGNORE, render_examples
+from fic.training.distill import DistillLoss, collate_rows, rollout_from, runs_of, student_rows, teacher_prompts
+from fic.training.loop import KILL_ENV
+from fic.training.losses import divergence
+from fic.training.vasd import ema_update, step_batches, teacher_parts
+from fic.user_sim import VerbatimUser
+from fic.views import system_message
+from scripted import FunctionBackend
+from test_chat import LLAMA3, QWEN25
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = ROOT / "recipes" / "smollm2-135m-instruct" / "vasd.yaml"
+
+# Always opens with its own system block (as Llama 3.1 writes its knowledge-cutoff header),
+# whatever system message the conversation brings.
+SELF_SYSTEM = "{{- '<|im_start|>system\\nCutting Knowledge Date: 2023<|im_end|>\\n' }}" + QWEN25
+
+
+@pytest.fixture(autouse=True)
+def fresh_accelerate_state():
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    yield
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    PartialState._reset_state()
+
+
+def ara(task_id: str = "ara") -> Instance:
+    shards = ["How many points did Ara score in total?", "Ara played for 4 years.", "She played 40 games every year.",
+              "She scored 21 points in each game."]
+    return Instance(task_id, "math", [Shard(i + 1, s) for i, s in enumerate(shards)],
+                    {"question": "Ara played 4 years, 40 games a year, 21 points a game. How many points in total?",
+                     "answer": "40*4*21 = 3360\n#### 3360"})
+
+
+def played(tokenizer, final: str = "So 4 * 40 * 21 = 3360.\n#### 3360", max_new_tokens: int = 64):
+    """A sharded conversation played token-in/token-out by a scripted assistant."""
+    backend = FunctionBackend(lambda prompt: final if "21 points" in prompt else "Got it, go on.", tokenizer)
+    (conv,) = make_conversations([ara()], ["sharded"], 1)
+    play([conv], backend, VerbatimUser(), RuleClassifier(), SamplingParams(max_new_tokens=max_new_tokens),
+         stop_at_correct=False)
+    return conv
+
+
+def no_autocast():
+    return torch.autocast("cpu", enabled=False)
+
+
+def with_template(tokenizer, template):
+    tok = copy.deepcopy(tokenizer)
+    if template is not None:
+        tok.chat_template = template
+    if template is LLAMA3:  # its markup tokens, as a Llama 3 tokenizer has them
+        tok.add_tokens(["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
+                       special_tokens=True)
+        tok.bos_token, tok.eos_token = "<|begin_of_text|>", "<|eot_id|>"
+    return tok
+
+
+# --------------------------------------------------------------------------- divergences
+
+def naive(kind, s_logits, t_logits, beta=0.5, temperature=1.0):
+    """Textbook formulas on full softmaxes, written independently of fic.training.losses."""
+    p_s = torch.softmax(s_logits / temperature, -1)
+    p_t = torch.softmax(t_logits / temperature, -1)
+    if kind == "forward_kl":
+        return (p_t * (p_t.log() - p_s.log())).sum(-1)
+    if kind == "reverse_kl":
+        return (p_s * (p_s.log() - p_t.log())).sum(-1)
+    m = beta * p_t + (1 - beta) * p_s
+    return beta * (p_t * (p_t / m).log()).sum(-1) + (1 - beta) * (p_s * (p_s / m).log()).sum(-1)
+
+
+@pytest.mark.parametrize("kind", ["forward_kl", "reverse_kl", "jsd"])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_full_divergences_match_naive_values_and_gradients(kind, temperature):
+    g = torch.Generator().manual_seed(0)
+    s = torch.randn(6, 50, generator=g, dtype=torch.float64, requires_grad=True)
+    t = torch.randn(6, 50, generator=g, dtype=torch.float64)
+    s2 = s.detach().clone().requires_grad_(True)
+    got = divergence(s, torch.log_softmax(t / temperature, -1), kind, beta=0.3, temperature=temperature)
+    want = naive(kind, s2, t, beta=0.3, temperature=temperature)
+    assert torch.allclose(got.double(), want, atol=1e-6)
+    got.sum().backward()
+    want.sum().backward()
+    assert torch.allclose(s.grad, s2.grad, atol=1e-6)
+
+
+def test_topk_with_tail_is_exact_when_the_tails_agree_and_close_otherwise():
+    g = torch.Generator().manual_seed(1)
+    s = torch.randn(4, 40, generator=g)
+    same = divergence(s, torch.log_softmax(s, -1), "forward_kl", estimator="topk", top_k=5)
+    assert torch.allclose(same, torch.zeros(4), atol=1e-6)
+    # A teacher that differs only inside the student's top-k: the k+1 bins hold every difference.
+    t = s.clone()
+    top = s.topk(5, -1).indices
+    t.scatter_(-1, top, s.gather(-1, top) + torch.randn(4, 5, generator=g))
+    t_lp = torch.log_softmax(t, -1)
+    p_t, p_s = t_lp.exp(), torch.softmax(s, -1)
+    bins_t = torch.cat([p_t.gather(-1, top), 1 - p_t.gather(-1, top).sum(-1, keepdim=True)], -1)
+    bins_s = torch.cat([p_s.gather(-1, top), 1 - p_s.gather(-1, top).sum(-1, keepdim=True)], -1)
+    want = (bins_t * (bins_t / bins_s).log()).sum(-1)
+    assert torch.allclose(divergence(s, t_lp, "forward_kl", estimator="topk", top_k=5), want, atol=1e-5)
+
+
+def test_sampled_estimator_value_is_the_log_ratio_and_gradient_the_score_function():
+    g = torch.Generator().manual_seed(2)
+    s = torch.randn(5, 30, generator=g, dtype=torch.float64, requires_grad=True)
+    t_lp = torch.log_softmax(torch.randn(5, 30, generator=g, dtype=torch.float64), -1)
+    x = torch.randint(0, 30, (5,), generator=g)
+    got = divergence(s, t_lp, "reverse_kl", estimator="sampled", sampled=x)
+    s_lp = torch.log_softmax(s, -1)
+    ratio = (s_lp.gather(-1, x[:, None]) - t_lp.gather(-1, x[:, None]))[:, 0]
+    assert torch.allclose(got, ratio.detach())
+    got.sum().backward()
+    s2 = s.detach().clone().requires_grad_(True)
+    surrogate = (ratio.detach() * torch.log_softmax(s2, -1).gather(-1, x[:, None])[:, 0]).sum()
+    surrogate.backward()
+    assert torch.allclose(s.grad, s2.grad)
+    # Averaged over samples from the student it estimates KL(student || teacher).
+    probs = torch.softmax(s.detach()[0], -1)
+    draws = torch.multinomial(probs, 20000, replacement=True, generator=g)
+    estimate = divergence(s.detach()[0].expand(20000, -1), t_lp[0].expand(20000, -1), "reverse_kl",
+                          estimator="sampled", sampled=draws).mean()
+    assert estimate.item() == pytest.approx(naive("reverse_kl", s.detach()[:1], t_lp[:1])[0].item(), abs=0.05)
+    with pytest.raises(FicError, match="reverse_kl only"):
+        divergence(s, t_lp, "forward_kl", estimator="sampled", sampled=x)
+
+
+def test_distill_loss_in_chunks_equals_one_full_logits_computation(tiny_model_dir, smollm2_tokenizer):
+    """The chunked, head-only-at-answer-rows loss equals the divergence computed from full logits
+    of both passes, in value and in every weight's gradient."""
+    from fic.model import load_model
+
+    model = load_model(tiny_model_dir, dtype="float32").double().train()  # float64: compare formulas, not rounding
+    reference = copy.deepcopy(model)
+    conv = played(smollm2_tokenizer)
+    rollout = rollout_from(conv)
+    rollout.teacher_prompts = teacher_prompts(smollm2_tokenizer, conv.instance, ["full"])
+    batch = collate_rows(student_rows([rollout], [], use_final=[True], reference=False, first_tokens=0,
+                                      first_weight=1.0), smollm2_tokenizer.pad_token_id)
+    teacher_ids = torch.tensor([rollout.teacher_prompts[0] + rollout.answer_ids])
+    q, r = len(rollout.teacher_prompts[0]), len(rollout.answer_ids)
+    with torch.no_grad():
+        body = model.get_decoder()
+        teacher_hidden = body(input_ids=teacher_ids).last_hidden_state[0, q - 1:q - 1 + r]
+        teacher_logits = reference(input_ids=teacher_ids).logits[0, q - 1:q - 1 + r]
+    loss = DistillLoss(model, model.get_output_embeddings(), None, divergence="forward_kl", estimator="full", beta=0.5,
+                       temperature=1.0, top_k=8, chunk_tokens=3)
+    terms = loss(**batch, teacher_hidden=teacher_hidden[:, None])
+    p = rollout.final[0]
+    student_logits = reference(input_ids=batch["input_ids"]).logits[0, p - 1:p - 1 + r]
+    want = naive("forward_kl", student_logits, teacher_logits).sum()
+    assert terms["distill"].item() == pytest.approx(want.item(), rel=1e-9)
+    terms["distill"].backward()
+    want.backward()
+    for (name, a), b in zip(model.named_parameters(), reference.parameters()):
+        assert torch.allclose(a.grad, b.grad, atol=1e-12, rtol=1e-7), name
+
+
+# --------------------------------------------------------------------------- token layout
+
+@pytest.mark.parametrize("template", [None, LLAMA3, SELF_SYSTEM], ids=["chatml", "llama3", "adds-own-system"])
+def test_student_and_teacher_answer_tokens_line_up(smollm2_tokenizer, template):
+    tok = with_template(smollm2_tokenizer, template)
+    conv = played(tok)
+    rollout = rollout_from(conv)
+    (prompt,) = teacher_prompts(tok, conv.instance, ["full"])
+    teacher = prompt + rollout.answer_ids
+    (row,) = student_rows([rollout], [], use_final=[True], reference=False, first_tokens=0, first_weight=1.0)
+    positions = [t for t, y in enumerate(row["distill_targets"]) if y != IGNORE]
+    # Student position t predicts ids[t + 1]; teacher position q - 1 + j predicts its answer token j.
+    assert [rollout.ids[t + 1] for t in positions] == rollout.answer_ids == teacher[len(prompt):]
+    assert tok.decode(rollout.answer_ids, skip_special_tokens=False).startswith("So 4 * 40 * 21 = 3360.")
+    assert rollout.answer_ids[-1] in end_of_turn_ids(tok)
+    # The teacher's prompt is the rendering of the single-turn view, ending in the generation prompt.
+    assert prompt == prompt_ids(tok, [system_message(conv.instance), {"role": "user", "content": ara().fields["question"]}])
+
+
+def test_loss_is_zero_when_the_teacher_reads_the_students_own_context(tiny_model_dir, smollm2_tokenizer, monkeypatch):
+    """With the teacher's prompt replaced by the student's own conversation, both sides read the
+    same positions of the same ids with the same weights: the divergence must vanish. Any
+    off-by-one between the two layouts would make it positive."""
+    import fic.training.distill as distill
+    from fic.model import load_model
+
+    model = load_model(tiny_model_dir, dtype="float32").eval()
+    conv = played(smollm2_tokenizer)
+    rollout = rollout_from(conv)
+    monkeypatch.setattr(distill, "teacher_prompts", lambda tok, inst, views: [rollout.ids[:rollout.final[0]]])
+    cfg = load_config(VASDConfig, None, ["regularizer.kind=none", "teacher.mode=live", "train.max_steps=1",
+                                         "train.micro_batch_size=1"])
+    parts = teacher_parts(cfg, model)
+    (batch,), left_out = step_batches(cfg, [conv], [], smollm2_tokenizer, parts, "cpu", no_autocast)
+    batch.pop("counts")
+    loss = DistillLoss(model, parts["head"], None, divergence="forward_kl", estimator="full", beta=0.5,
+                       temperature=1.0, top_k=8, chunk_tokens=4)
+    terms = loss(**batch)
+    assert int((batch["distill_targets"] != IGNORE).sum()) == len(rollout.answer_ids) > 5
+    assert abs(terms["distill"].item()) < 1e-5
+    monkeypatch.undo()  # the real single-turn view differs from the conversation: a positive divergence
+    (batch,), _ = step_batches(cfg, [conv], [], smollm2_tokenizer, parts, "cpu", no_autocast)
+    batch.pop("counts")
+    assert loss(**batch)["distill"].item() > 1e-3
+    assert not left_out
+
+
+def test_truncated_and_unfinished_rollouts_are_counted_not_distilled(tiny_model_dir, smollm2_tokenizer):
+    from fic.model import load_model
+
+    model = load_model(tiny_model_dir, dtype="float32").eval()
+    conv = played(smollm2_tokenizer, final="a long final reply " * 20, max_new_tokens=8)
+    assert conv.turns[-1].finish_reason == "length"
+    cfg = load_config(VASDConfig, None, ["regularizer.kind=none", "train.max_steps=1", "train.micro_batch_size=1"])
+    (batch,), left_out = step_batches(cfg, [conv], [], smollm2_tokenizer, teacher_parts(cfg, model), "cpu",
+                                      no_autocast)
+    assert left_out["truncated_final"] == 1 and int((batch["distill_targets"] != IGNORE).sum()) == 0
+    assert batch["teacher_hidden"].shape[0] == 0
+    cfg.loss.keep_truncated = True
+    (batch,), _ = step_batches(cfg, [conv], [], smollm2_tokenizer, teacher_parts(cfg, model), "cpu", no_autocast)
+    assert int((batch["distill_targets"] != IGNORE).sum()) == 8 == batch["teacher_hidden"].shape[0]
+
+
+# --------------------------------------------------------------------------- regulariser
+
+def test_regulariser_covers_exactly_the_non_final_assistant_tokens(smollm2_tokenizer):
+    tok = smollm2_tokenizer
+    record = {"messages": [
+        {"role": "system", "content": "Be brief.", "train": False},
+        {"role": "user", "content": "Ara played for 4 years."},
+        {"role": "assistant", "content": "Got it. What else?", "train": True},
+        {"role": "user", "content": "She played 40 games every year."},
+        {"role": "assistant", "content": "Noted. How many points a game?", "train": True},
+        {"role": "user", "content": "21 points a game. Total?"},
+        {"role": "assistant", "content": "#### 3360", "train": True}]}
+    (anchor,), _ = render_examples([record], tok, max_seq_len=4096, progress=False, targets="non_final")
+    conv = played(tok)
+    rollout = rollout_from(conv)
+    rows = student_rows([rollout], [anchor], use_final=[True], reference=True, first_tokens=2, first_weight=5.0)
+    roll_row, anchor_row = rows
+    trained = [y for y in anchor_row["anchor_targets"] if y != IGNORE]
+    assert tok.decode(trained, skip_special_tokens=False) == "Got it. What else?<|im_end|>Noted. How many points a game?<|im_end|>"
+    assert len(runs_of(anchor.targets)) == 2
+    weights = [w for w in anchor_row["anchor_weights"] if w]
+    assert weights.count(5.0) == 4 and set(weights) == {1.0, 5.0}  # the first 2 tokens of each of the 2 turns
+    assert all(y == IGNORE for y in anchor_row["distill_targets"] + anchor_row["reference_targets"])
+    # Rollout rows: the reference term covers the three earlier replies, distillation the final one.
+    earlier = [y for y in roll_row["reference_targets"] if y != IGNORE]
+    assert tok.decode(earlier, skip_special_tokens=False) == "Got it, go on.<|im_end|>" * 3
+    assert all(y == IGNORE for y in roll_row["anchor_targets"])
+    final = [y for y in roll_row["distill_targets"] if y != IGNORE]
+    assert final == rollout.answer_ids and not set(i for i, y in enumerate(roll_row["distill_targets"]) if y != IGNORE) \
+        & set(i for i, y in enumerate(roll_row["reference_targets"]) if y != IGNORE)
+
+
+# --------------------------------------------------------------------------- teacher modes
+
+def test_frozen_lora_teacher_runs_with_adapters_off_and_gets_no_gradient(tiny_model_dir, smollm2_tokenizer):
+    from peft import LoraConfig, get_peft_model
+
+    from fic.model import load_model
+    from fic.training.distill import hidden_at
+
+    base = load_model(tiny_model_dir, dtype="float32").eval()
+    model = get_peft_model(copy.deepcopy(base), LoraConfig(r=4, target_modules=["q_proj", "v_proj"], lora_dropout=0.0))
+    with torch.no_grad():  # trained adapters: the adapted model now differs from the base
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    cfg = load_config(VASDConfig, None, ["lora.enabled=true", "teacher.mode=frozen", "regularizer.kind=reference",
+                                         "train.max_steps=1"])
+    parts = teacher_parts(cfg, model)
+    assert parts["copy"] is None  # no second copy of the weights
+    ids = [smollm2_tokenizer.encode("Ara played for 4 years and scored a lot.")]
+    pos = [range(3, 8)]
+    with parts["context"]():
+        frozen = hidden_at(parts["net"], ids, pos, 0, "cpu")
+    adapted = hidden_at(model, ids, pos, 0, "cpu")
+    plain = hidden_at(base, ids, pos, 0, "cpu")
+    assert torch.allclose(frozen, plain, atol=1e-6) and not torch.allclose(adapted, plain, atol=1e-3)
+    assert not frozen.requires_grad
+    with parts["ref_context"]():
+        assert torch.allclose(hidden_at(parts["ref_net"], ids, pos, 0, "cpu"), plain, atol=1e-6)
+    assert torch.allclose(hidden_at(model, ids, pos, 0, "cpu"), adapted)  # adapters are back on
+
+
+@pytest.mark.parametrize("mode", ["live", "ema"])
+def test_live_and_ema_teachers_get_no_gradient(tiny_model_dir, smollm2_tokenizer, mode):
+    from fic.model import load_model
+
+    model = load_model(tiny_model_dir, dtype="float32").train()
+    cfg = load_config(VASDConfig, None, [f"teacher.mode={mode}", "regularizer.kind=none", "train.max_steps=1",
+                                         "train.micro_batch_size=1"])
+    parts = teacher_parts(cfg, model)
+    conv = played(smollm2_tokenizer)
+    (batch,), _ = step_batches(cfg, [conv], [], smollm2_tokenizer, parts, "cpu", no_autocast)
+    batch.pop("counts")
+    assert not batch["teacher_hidden"].requires_grad
+    loss = DistillLoss(model, parts["head"], None, divergence="forward_kl", estimator="full", beta=0.5,
+                       temperature=1.0, top_k=8, chunk_tokens=4)
+    loss(**batch)["distill"].backward()
+    if mode == "ema":
+        assert all(p.grad is None for p in parts["copy"].parameters())
+        assert all(not p.requires_grad for p in parts["copy"].parameters())
+    # Same gradient as with the teacher's log-probs fed in as constants.
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    with torch.no_grad():
+        constant = parts["head"](batch["teacher_hidden"][:, 0]).detach()
+    loss_const = DistillLoss(model, lambda h, c=constant: c[:h.shape[0]] if h.shape[0] == c.shape[0] else c, None,
+                             divergence="forward_kl", estimator="full", beta=0.5, temperature=1.0, top_k=8,
+                             chunk_tokens=10_000)
+    loss_const(**batch)["distill"].backward()
+    for n, p in model.named_parameters():
+        assert torch.allclose(p.grad, grads[n], atol=1e-6, rtol=1e-4), n
+
+
+def test_ema_moves_the_copy_towards_the_model(tiny_model_dir):
+    from fic.model import load_model
+    model = load_model(tiny_model_dir, dtype="float32")
+    shadow = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    before = [p.clone() for p in shadow.parameters()]
+    ema_update(shadow, model, rate=0.75)
+    for old, new, cur in zip(before, shadow.parameters(), model.parameters()):
+        assert torch.allclose(new, 0.75 * old + 0.25 * cur)
+
+
+# --------------------------------------------------------------------------- the recipe end to end
+
+@pytest.fixture(scope="module")
+def anchor_corpus(tmp_path_factory) -> Path:
+    from fic.sft_data import SFTDataConfig, build_corpus
+
+    out = tmp_path_factory.mktemp("anchor") / "anchor.sft.jsonl"
+    build_corpus(load_config(SFTDataConfig, None, ["data=reasoning-gym:gsm_symbolic", "limit=24", "seed=5",
+                                                   f"out={out}"]), progress=False)
+    return out
+
+
+def settings(model_dir, anchor, out, *extra) -> list[str]:
+    return [f"model.path={model_dir}", "data.source=reasoning-gym:gsm_symbolic", "data.limit=16", "data.seed=9",
+            f"data.anchor_path={anchor}", f"out={out}", "train.micro_batch_size=2", "train.grad_accum_steps=2",
+            "rollout.max_new_tokens=6", "loss.keep_truncated=true", "optim.lr=1e-3", "logging.wandb=false",
+            "logging.progress=false", "logging.samples_every=0", *extra]
+
+
+def metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_kill_then_resume_gives_the_uninterrupted_losses(tiny_model_dir, anchor_corpus, tmp_path):
+    common = ("train.max_steps=4", "checkpoint.every=2", "teacher.mode=ema", "regularizer.kind=both")
+    whole = tmp_path / "whole"
+    result = train(load_config(VASDConfig, None, settings(tiny_model_dir, anchor_corpus, whole, *common)))
+    expected = metrics(whole)
+    assert [m["step"] for m in expected] == [1, 2, 3, 4] and result["steps"] == 4
+    assert all(m["answer_tokens"] > 0 and m["anchor_ce"] is not None for m in expected)
+
+    killed = tmp_path / "killed"
+    proc = subprocess.run([sys.executable, str(ROOT / "fic" / "train_vasd.py"),
+                           *settings(tiny_model_dir, anchor_corpus, killed, *common)],
+                          env={**os.environ, KILL_ENV: "3"}, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    assert [m["step"] for m in metrics(killed)] == [1, 2, 3]
+    train(load_config(VASDConfig, None, settings(tiny_model_dir, anchor_corpus, killed, *common, "resume=true")))
+    got = metrics(killed)
+    assert [m["step"] for m in got] == [1, 2, 3, 4]
+    for a, b in zip(got, expected):
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-6) and a["rollout_tokens"] == b["rollout_tokens"]
+    card = (killed / "final" / "README.md").read_text()
+    assert "FiC VASD" in card and f"Started from: `{tiny_model_dir}`" in card
+
+
+def test_two_processes_train_like_one_with_the_same_global_batch(tiny_model_dir, anchor_corpus, tmp_path):
+    """Greedy rollouts (the same replies however they are batched), DDP over 2 CPU processes
+    with half the rollouts and anchors each: the same losses as 1 process with all of them."""
+    common = ("train.max_steps=2", "checkpoint.every=0", "rollout.temperature=0", "train.grad_accum_steps=1",
+              "regularizer.kind=both", "logging.progress=false")
+    one = tmp_path / "one"
+    train(load_config(VASDConfig, None, settings(tiny_model_dir, anchor_corpus, one, *common,
+                                                  "train.micro_batch_size=4")))
+    two = tmp_path / "two"
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(ROOT / "fic" / "train_vasd.py"),
+                           *settings(tiny_model_dir, anchor_corpus, two, *common, "train.micro_batch_size=2")],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "x 2 process(es)" in proc.stdout
+    for a, b in zip(metrics(two), metrics(one)):
+        assert a["answer_tokens"] == b["answer_tokens"]
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-6)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-3)
+
+
+def test_fic_train_vasd_runs_the_shipped_recipe(tiny_model_dir, anchor_corpus, tmp_path, capsys):
+    from fic.cli import main
+
+    out = tmp_path / "run"
+    assert main(["train", "vasd", "--config", str(RECIPE), f"model.path={tiny_model_dir}",
+                 f"data.anchor_path={anchor_corpus}", f"out={out}", "train.max_steps=1", "train.micro_batch_size=2",
+                 "train.grad_accum_steps=1", "rollout.max_new_tokens=6", "logging.wandb=false",
+                 "data.limit=8", "eval.every=0"]) == 0
+    assert (out / "final" / "config.json").exists() and len(metrics(out)) == 1
+    figures = metrics(out)[0]
+    for key in ("divergence_per_token", "premature_answer_rate", "final_not_answer_rate", "rollout_accuracy",
+                "truncated_final_rate", "rollout_s", "teacher_s", "student_s", "optimizer_s"):
+        assert key in figures, key
+
+
+@pytest.mark.parametrize("override, message", [
+    ("loss.divergence=hellinger", "loss.divergence"),
+    ("loss.estimator=sampled", "reverse_kl only"),
+    ("teacher.view=snowball", "teacher.view"),
+    ("regularizer.kind=anchor data.anchor_path=", "data.anchor_path"),
+    ("model.path=/nonexistent/sft/final", "not found"),
+])
+def test_bad_settings_exit_2_with_one_line_before_any_model_loads(override, message, capsys, monkeypatch):
+    from fic.train_vasd import main
+
+    import fic.training.loop as loop
+    monkeypatch.setattr(loop, "build_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    assert main(["--config", str(RECIPE), *override.split()]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err and "Traceback" not in err
+
+
+def test_top_k_above_the_vocabulary_and_adapter_folders_are_refused_early(tiny_model_dir, anchor_corpus, tmp_path,
+                                                                          monkeypatch):
+    import fic.training.loop as loop
+    monkeypatch.setattr(loop, "build_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    with pytest.raises(FicError, match="top_k 99999999 is not below the vocabulary"):
+        train(load_config(VASDConfig, None, settings(tiny_model_dir, anchor_corpus, tmp_path / "a", "train.max_steps=1",
+                                                      "loss.estimator=topk", "loss.top_k=99999999")))
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    with pytest.raises(FicError, match="final-merged"):
+        train(load_config(VASDConfig, None, settings(adapter, anchor_corpus, tmp_path / "b", "train.max_steps=1")))
+
+
+def test_rollout_keys_and_values_are_forgotten_after_a_fused_optimizer_step(tiny_model_dir, smollm2_tokenizer):
+    """Fused AdamW changes weights without bumping version counters, so the backend's own check
+    cannot see the step: VASD calls weights_changed(), and the next rollout then matches a fresh
+    backend's, where stale keys and values would not."""
+    from fic.backends.hf import HFBackend
+    from fic.model import load_model
+
+    model = load_model(tiny_model_dir, dtype="float32")
+    backend = HFBackend(model, smollm2_tokenizer, kv_reuse_mb=64)
+    prompt = [prompt_ids(smollm2_tokenizer, [{"role": "user", "content": "Ara played for 4 years."}])]
+    greedy = SamplingParams(max_new_tokens=4)
+    backend.generate(prompt, greedy)
+    assert backend.kv_store.entries
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.5, fused=True)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    versions = [p._version for p in model.parameters()]
+    optimizer.step()
+    assert [p._version for p in model.parameters()] == versions  # invisible to the version check
+    backend.weights_changed()
+    assert not backend.kv_store.entries
+    again = backend.generate(prompt, greedy)[0]
+    fresh = HFBackend(model, smollm2_tokenizer).generate(prompt, greedy)[0]
+    assert again.token_ids == fresh.token_ids and again.logprobs == pytest.approx(fresh.logprobs, abs=1e-5)
+
+
+def test_weight_sync_hands_the_engine_merged_lora_weights_under_its_own_names(tiny_model_dir):
+    """vLLM is GPU-only; a stand-in engine with vLLM's attribute path and `load_weights` checks
+    the part FiC owns: names without PEFT's prefixes, adapters merged for the sync and taken out
+    after, the prefix cache reset."""
+    from types import SimpleNamespace
+
+    from peft import LoraConfig, get_peft_model
+
+    from fic.backends.vllm import sync_weights
+    from fic.model import load_model
+
+    policy = get_peft_model(load_model(tiny_model_dir, dtype="float32"),
+                            LoraConfig(r=4, target_modules=["q_proj", "v_proj"], lora_dropout=0.0))
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    engine_model = load_model(tiny_model_dir, dtype="float32")
+
+    class Engine(torch.nn.Module):
+        def load_weights(self, weights):
+            state = dict(weights)
+            assert set(state) == set(engine_model.state_dict())
+            engine_model.load_state_dict(state, strict=False)
+
+    resets = []
+    llm = SimpleNamespace(reset_prefix_cache=lambda: resets.append(1), llm_engine=SimpleNamespace(
+        model_executor=SimpleNamespace(driver_worker=SimpleNamespace(worker=SimpleNamespace(
+            model_runner=SimpleNamespace(model=Engine()))))))
+    ids = torch.tensor([[5, 9, 200, 31, 7]])
+    with torch.no_grad():
+        adapted = policy(input_ids=ids).logits
+    sync_weights(SimpleNamespace(llm=llm), policy, [], 0.0, print)
+    with torch.no_grad():
+        assert torch.allclose(engine_model(input_ids=ids).logits, adapted, atol=1e-5)
+        assert torch.allclose(policy(input_ids=ids).logits, adapted, atol=1e-6)  # unmerged again
+    assert resets == [1]
