@@ -44,6 +44,7 @@ from typing import Any
 from fic.config import config_to_dict, describe, load_config, setting
 from fic.errors import FicError, one_line, os_error
 from fic.evaluate import UserConfig
+from fic.splits import ExcludeConfig
 from fic.training.config import LoggingSection, RunConfig
 from fic.training.distill import TEACHER_VIEWS
 from fic.training.losses import DIVERGENCES, ESTIMATORS
@@ -67,6 +68,8 @@ class DataSection:
     max_seq_len: int = setting(2048, "Anchor conversations longer than this many tokens are skipped.", min=8)
     anchor_path: str = setting("", "SFT corpus (JSONL from `fic sft-data`) whose non-final assistant turns the "
                                "anchor regulariser trains on; needed when regularizer.kind is anchor or both.")
+    exclude: ExcludeConfig = setting(ExcludeConfig(), "Evaluation data the rollouts must not see (fic.splits); the "
+                                     "overlap found is logged and written to out/data_overlap.json.")
 
     def __post_init__(self) -> None:
         if isinstance(self.source, str):
@@ -205,23 +208,27 @@ def check_inputs(cfg: VASDConfig) -> None:
         import_vllm()
 
 
-def load_instances(cfg: VASDConfig) -> tuple[list, str]:
-    """The rollout instances (sharded, at least 2 shards) and a digest of them for resume checks."""
+def load_instances(cfg: VASDConfig) -> tuple[list, str, dict]:
+    """The rollout instances (sharded, at least 2 shards, none of the evaluation's), a digest of
+    them for resume checks, and the overlap with the evaluation data that was dropped."""
     import hashlib
     import json
 
     from fic.sharding import shard_missing
     from fic.sources import load_source
+    from fic.splits import exclude_instances
 
     instances = []
     for spec in cfg.data.source:
         loaded = load_source(spec, cfg.data.task, limit=cfg.data.limit, seed=cfg.data.seed)
         sharded, _ = shard_missing(loaded, seed=cfg.data.seed)
         instances += [i for i in sharded if len(i.shards) >= 2]
+    instances, overlap = exclude_instances(instances, cfg.data.exclude)
     if not instances:
-        raise FicError(f"no instance with two or more shards in {', '.join(cfg.data.source)}", field="data.source")
+        raise FicError(f"no instance with two or more shards in {', '.join(cfg.data.source)} outside the excluded "
+                       "evaluation data", field="data.source")
     digest = hashlib.sha256("\n".join(json.dumps(i.to_dict(), sort_keys=True) for i in instances).encode())
-    return instances, digest.hexdigest()
+    return instances, digest.hexdigest(), overlap
 
 
 def check_against_tokenizer(cfg: VASDConfig, tokenizer: Any, instances: list) -> None:
@@ -249,7 +256,7 @@ def train(cfg: VASDConfig) -> dict:
     from accelerate.utils import set_seed
 
     from fic.classify import make_classifier
-    from fic.files import append_jsonl, file_sha256
+    from fic.files import append_jsonl, file_sha256, write_json
     from fic.generation import SamplingParams
     from fic.model import load_template_checked_tokenizer
     from fic.seeding import derive_seed
@@ -267,7 +274,9 @@ def train(cfg: VASDConfig) -> dict:
                               accelerator.print)
     resume_from, saved = loop.resume_point(cfg, say)
     tokenizer = load_template_checked_tokenizer(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
-    instances, data_sha = load_instances(cfg)
+    instances, data_sha, overlap = load_instances(cfg)
+    say(f"evaluation data kept out: {overlap['dropped']} overlapping instance(s) dropped "
+        f"({', '.join(cfg.data.exclude.sources) or 'no exclude.sources named'})")
     check_against_tokenizer(cfg, tokenizer, instances)
     anchors, anchor_stats = [], {"used": 0}
     if cfg.regularizer.kind in ("anchor", "both"):
@@ -302,6 +311,8 @@ def train(cfg: VASDConfig) -> dict:
                        top_k=cfg.loss.top_k, chunk_tokens=cfg.train.loss_chunk_tokens)
     loss_model, optimizer, scheduler = loop.prepare(accelerator, loss, cfg, steps)
     start, run_id = loop.restore(accelerator, cfg, resume_from, saved)
+    if main:
+        write_json(Path(cfg.out) / "data_overlap.json", overlap)
     if resume_from is not None and parts["copy"] is not None and cfg.teacher.mode == "ema":
         from safetensors.torch import load_file
 

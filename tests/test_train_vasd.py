@@ -529,3 +529,21 @@ def test_weight_sync_hands_the_engine_merged_lora_weights_under_its_own_names(ti
         assert torch.allclose(engine_model(input_ids=ids).logits, adapted, atol=1e-5)
         assert torch.allclose(policy(input_ids=ids).logits, adapted, atol=1e-6)  # unmerged again
     assert resets == [1]
+
+
+def test_rollout_tasks_never_include_the_evaluation_instances(tmp_path):
+    from fic.train_vasd import load_instances
+
+    held_out = tmp_path / "eval.jsonl"
+    settings = ["data.source=reasoning-gym:gsm_symbolic", "data.limit=12", "data.seed=9", "regularizer.kind=none",
+                "train.max_steps=1"]
+    everything, _, none_dropped = load_instances(load_config(VASDConfig, None, settings))
+    assert none_dropped["dropped"] == 0
+    picked = everything[3:7]
+    held_out.write_text("".join(json.dumps(i.to_dict()) + "\n" for i in picked))
+    cfg = load_config(VASDConfig, None, [*settings, f"data.exclude.sources=[jsonl:{held_out}]"])
+    instances, _, overlap = load_instances(cfg)
+    assert overlap["dropped"] == 4 and not {i.task_id for i in instances} & {i.task_id for i in picked}
+    cfg.data.exclude.on_overlap = "refuse"
+    with pytest.raises(FicError, match="overlap|evaluation"):
+        load_instances(cfg)
