@@ -238,6 +238,30 @@ def continue_ids(tokenizer: Any, messages: Sequence[Mapping], ids: Sequence[int]
     return list(ids) + delta
 
 
+_USER_TEXT_MARK = "[fic: the user text starts here]"  # see user_turn_ids
+
+
+def user_turn_ids(tokenizer: Any, messages: Sequence[Mapping], *, tools: list[dict] | None = None) -> list[int]:
+    """Ids of the conversation followed by the opening of a *user* turn, so that the model
+    continues under the user role (the interaction-awareness probe, `fic probe`).
+
+    Templates have no "user generation prompt", so the opening is read off the template
+    itself: render the conversation plus a user message holding a marker text, and cut just
+    before the marker. The earlier turns must render as they do without that message.
+    """
+    msgs = _template_messages(messages)
+    base = _render(tokenizer, msgs, False, tools)
+    text, _ = _render(tokenizer, msgs + [{"role": "user", "content": _USER_TEXT_MARK}], False, tools)
+    at = text.find(_USER_TEXT_MARK)
+    if at < 0:
+        raise TemplateError("the chat template does not write a user message's text as given, so the "
+                            "start of a user turn cannot be found")
+    head = text[:at]
+    head_ids = _token_ids(tokenizer(head, add_special_tokens=False))
+    _check_prefix(base, (head, head_ids), f"message {len(msgs) + 1} (a new user turn)")
+    return head_ids
+
+
 def check_template(tokenizer: Any) -> list[str]:
     """Problems with the tokenizer's chat template, as sentences; empty when FiC can use it.
 

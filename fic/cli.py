@@ -20,6 +20,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "views": ("fic.commands", "render sharded instances in a view (full, concat, sharded, ...) as chat messages"),
     "masks": ("fic.commands", "print conversations rendered by a chat template with their loss masks"),
     "eval": ("fic.evaluate", "play conversations in each view and report scores and the recovery rate"),
+    "probe": ("fic.probe", "interaction awareness: let the model write the user's next turn and judge it"),
     "sft-data": ("fic.sft_data", "build the multi-turn SFT warm-start corpus from sharded instances"),
     "train": ("fic.train", "train with a recipe: `fic train sft --config recipes/<backbone>/sft.yaml`"),
     "bench": ("fic.bench", "benchmarks that print figures (rollout, sft); --json for one JSON object"),
