@@ -51,7 +51,7 @@ from fic import tasks
 from fic.backends import make_backend
 from fic.config import config_to_dict, describe, load_config, setting
 from fic.errors import FicError
-from fic.files import read_records, write_json, write_jsonl, write_text
+from fic.files import check_writable, read_records, write_json, write_jsonl, write_text
 from fic.generation import BackendConfig, Generation, SamplingParams
 from fic.instance import Instance
 from fic.probe_judge import JUDGE_KINDS, make_judge
@@ -266,11 +266,11 @@ def _replies_from_file(path: str, datasets: list[tuple[str, Instance]]) -> dict:
     return out
 
 
-def single_turn_replies(cfg: ProbeConfig, model: Any, datasets: list[tuple[str, Instance]],
+def single_turn_replies(cfg: ProbeConfig, model: Any, datasets: list[tuple[str, Instance]], given: dict | None,
                         progress: bool) -> list[dict]:
-    """Each instance's single-turn reply with its task score."""
-    if cfg.replies.path:
-        given = _replies_from_file(cfg.replies.path, datasets)
+    """Each instance's single-turn reply with its task score: `given` ones (read from
+    `replies.path`), else written by the model."""
+    if given is not None:
         texts = [given[(d, i.task_id)] for d, i in datasets]
     else:
         conversations = [[{"role": "system", "content": tasks.get(i.task).system_prompt},
@@ -408,10 +408,10 @@ def probe(cfg: ProbeConfig, *, model: Any = None, judge_backend: Any = None, pro
 
     started = time.perf_counter()
     out = Path(cfg.out)
-    if out.exists() and not out.is_dir():
-        raise FicError("exists and is not a folder", path=str(out), field="out")
+    check_writable(out, folder=True, field="out")  # before any data or model loads
     baseline = read_baseline(cfg) if cfg.baseline else None
     datasets = load_datasets(cfg)
+    given = _replies_from_file(cfg.replies.path, datasets) if cfg.replies.path else None
     model = model if model is not None else make_backend(cfg.model)
     if cfg.judge.kind == "llm":
         same = config_to_dict(cfg.judge.backend) == config_to_dict(cfg.model)
@@ -421,7 +421,7 @@ def probe(cfg: ProbeConfig, *, model: Any = None, judge_backend: Any = None, pro
     else:
         judge = make_judge("rule")
 
-    replies = single_turn_replies(cfg, model, datasets, progress)
+    replies = single_turn_replies(cfg, model, datasets, given, progress)
     generations = generate_user_turns(cfg, model, replies, progress)
     query = {(r["dataset"], r["task_id"]): r["query"] for r in replies}
     labels = judge.judge([(query[(g["dataset"], g["task_id"])], g["reply_shown"], g["user_turn"])

@@ -79,6 +79,10 @@ WALK = {
     "eval": {
         "out": ["--quiet", "model.model={missing}", "data.source=jsonl:{missing}", "out={out}/run"],
         "input": ["--quiet", "--config", "{bad}", "out={tmp}/run"], "input_kind": "file"},
+    "probe": {
+        "out": ["--quiet", "model.model={missing}", "data=jsonl:{missing}", "out={out}/run"],
+        "input": ["--quiet", "model.model={missing}", "data=jsonl:{good}", "replies.path={bad}", "out={tmp}/run"],
+        "input_kind": "file"},
     "sft-data": {
         "out": ["data=jsonl:{missing}", "out={out}/x.jsonl"],
         "input": ["--config", "{bad}", "out={tmp}/o.jsonl"], "input_kind": "file"},

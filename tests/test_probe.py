@@ -444,3 +444,17 @@ def test_cli_runs_the_probe(tmp_path, tiny_model_dir, capsys):
     printed = capsys.readouterr().out
     assert "| genuine follow-ups [95% CI]" in printed and f"report: {cfg.out}/report.md" in printed
     assert main(["probe", "model.model=m", "perturbations=[shuffle]"]) == 2
+
+
+def test_llm_judge_run_states_the_judge_and_its_fallbacks(tmp_path, tiny_model_dir):
+    # The tiny random model as judge never answers with a label, so every label falls back.
+    cfg = tiny_probe_config(tmp_path, tiny_model_dir, "limit=1", "temperatures=[1.0]", "samples=1", "judge.kind=llm",
+                            f"judge.backend.model={tiny_model_dir}", "judge.backend.device=cpu",
+                            "judge.backend.kv_reuse_mb=0", "judge.retries=1", "judge.max_new_tokens=4")
+    metrics = probe(cfg, progress=False)
+    assert metrics["judge"]["kind"] == "llm" and metrics["judge"]["labelled"] == 3
+    notes = [g["judge_note"] for g in generations_of(Path(cfg.out)) if g["user_turn"].strip()]
+    assert notes and metrics["judge"]["fallbacks"] == len(notes)
+    assert all(note.startswith("rule label used: 2 answers unusable") for note in notes)
+    report = (Path(cfg.out) / "report.md").read_text()
+    assert f"judge: llm ({tiny_model_dir}, JSON answers, 1 retries, then the rule label)" in report
