@@ -458,3 +458,18 @@ def test_llm_judge_run_states_the_judge_and_its_fallbacks(tmp_path, tiny_model_d
     assert all(note.startswith("rule label used: 2 answers unusable") for note in notes)
     report = (Path(cfg.out) / "report.md").read_text()
     assert f"judge: llm ({tiny_model_dir}, JSON answers, 1 retries, then the rule label)" in report
+
+
+def test_each_source_is_its_own_dataset_even_with_shared_task_ids(tmp_path, tiny_model_dir):
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.jsonl").write_text(json.dumps(INSTANCES[0]) + "\n")
+    sources = [f"jsonl:{tmp_path / 'a.jsonl'}", f"jsonl:{tmp_path / 'b.jsonl'}"]
+    cfg = tiny_probe_config(tmp_path, tiny_model_dir, f"data=[{sources[0]}, {sources[1]}]", "temperatures=[0.0]",
+                            "perturbations=[truncate]", "max_new_tokens=4", "replies.max_new_tokens=4")
+    metrics = probe(cfg, progress=False)
+    assert list(metrics["datasets"]) == sources
+    assert all(len(figures["cells"]) == 2 and figures["accuracy"]["n"] == 1 for figures in metrics["datasets"].values())
+    generations = generations_of(Path(cfg.out))
+    assert sorted((g["dataset"], g["condition"]) for g in generations) == sorted(
+        (s, c) for s in sources for c in (ORIGINAL, "truncate"))
+    assert all(g["changed"] is not None for g in generations if g["condition"] == "truncate")
