@@ -292,10 +292,10 @@ def single_turn_replies(cfg: ProbeConfig, model: Any, datasets: list[tuple[str, 
 
 # --------------------------------------------------------------------------- user turns
 
-def _call(model: Any, cfg: ProbeConfig, messages: Sequence[list[dict]], prompts: dict, keys: Sequence,
-          params: SamplingParams) -> list[Generation]:
+def _call(model: Any, keys: Sequence, messages: dict, prompts: dict, params: SamplingParams) -> list[Generation]:
+    """Token ids to a local backend (the role switch is rendered here); messages to a remote one."""
     if model.tokenizer is None:
-        return model.chat(list(messages), params)
+        return model.chat([messages[key] for key in keys], params)
     return model.generate([prompts[key] for key in keys], params)
 
 
@@ -337,7 +337,7 @@ def generate_user_turns(cfg: ProbeConfig, model: Any, replies: list[dict], progr
             params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=temperature, top_p=cfg.top_p,
                                     seed=0 if seed is None else seed)
             keys = [key for key, _ in rows]
-            outputs = _call(model, cfg, [messages[key] for key in keys], prompts, keys, params)
+            outputs = _call(model, keys, messages, prompts, params)
             for (key, sample), out in zip(rows, outputs):
                 dataset, task_id, condition = key
                 records.append({"dataset": dataset, "task_id": task_id, "condition": condition,

@@ -98,6 +98,7 @@ def summarize(replies: list[dict], generations: list[dict]) -> dict:
     for dataset in dict.fromkeys(r["dataset"] for r in replies):
         mine = [r for r in replies if r["dataset"] == dataset]
         accuracy = clustered_rate([[r["score"] >= 1.0] for r in mine])
+        accuracy["mean_score"] = sum(r["score"] for r in mine) / len(mine)
         accuracy["cut_off"] = sum(r.get("finish_reason") == "length" for r in mine)
         datasets[dataset] = {"accuracy": accuracy, "cells": []}
     cells = _by_instance(generations, lambda r: (r["dataset"], r["condition"], r["temperature"]))
@@ -105,7 +106,7 @@ def summarize(replies: list[dict], generations: list[dict]) -> dict:
         flat = [g for gs in per_instance.values() for g in gs]
         rate = clustered_rate([[g["label"] == FOLLOW_UP for g in gs] for gs in per_instance.values()])
         changed = [g["changed"] for g in flat if g.get("changed") is not None]
-        datasets.setdefault(dataset, {"accuracy": None, "cells": []})["cells"].append({
+        datasets[dataset]["cells"].append({
             "condition": condition, "temperature": temperature, "follow_up": rate,
             "labels": {label: n for label, n in Counter(g["label"] for g in flat).most_common()},
             "changed": sum(changed) / len(changed) if changed else None,
@@ -126,8 +127,9 @@ def compare(baseline: list[dict], current: list[dict], baseline_replies: list[di
         dataset, condition, temperature, task_id, _ = key
         pairs[(dataset, condition, temperature)][task_id].append(
             (base[key]["label"] == FOLLOW_UP, cur[key]["label"] == FOLLOW_UP))
+    order = list(dict.fromkeys((r["dataset"], r["condition"], r["temperature"]) for r in current))
     rows = []
-    for (dataset, condition, temperature), per_instance in sorted(pairs.items(), key=str):
+    for (dataset, condition, temperature), per_instance in sorted(pairs.items(), key=lambda kv: order.index(kv[0])):
         rows.append({"dataset": dataset, "condition": condition, "temperature": temperature,
                      **_paired([list(zip(*samples)) for samples in per_instance.values()])})
     base_acc = {(r["dataset"], r["task_id"]): r["score"] >= 1.0 for r in baseline_replies}
@@ -251,7 +253,7 @@ def follow_up_table(metrics: dict) -> list[str]:
     return lines
 
 
-def render_markdown(metrics: dict, examples: dict, baseline: dict | None = None) -> str:
+def render_markdown(metrics: dict, examples: dict) -> str:
     s = metrics["settings"]
     lines = ["# FiC interaction-awareness probe", "",
              "Given `[user question; assistant reply]`, the model writes the next **user** turn; a judge labels it. "
@@ -275,10 +277,12 @@ def render_markdown(metrics: dict, examples: dict, baseline: dict | None = None)
               "unperturbed reply with the same instance, temperature and sample index (at temperatures above 0 "
               "sampling noise changes text too).", "", f"![genuine follow-up rate vs temperature]({FOLLOW_UP_PNG})", "",
               "## Task accuracy of the single-turn replies", "",
-              "| dataset | instances | accuracy [95% CI] | replies cut at max_new_tokens |", "|---|---|---|---|"]
+              "Accuracy: the share of replies the task's scorer gives 1.0 (for math: the right final number).", "",
+              "| dataset | instances | accuracy [95% CI] | mean task score | replies cut at max_new_tokens |",
+              "|---|---|---|---|---|"]
     for dataset, figures in metrics["datasets"].items():
         acc = figures["accuracy"]
-        lines.append(f"| {dataset} | {acc['n']} | {_ci(acc)} | {acc['cut_off']} |")
+        lines.append(f"| {dataset} | {acc['n']} | {_ci(acc)} | {acc['mean_score']:.3f} | {acc['cut_off']} |")
     lines += ["", "## Label distribution", "", "| dataset | perturbation | temperature | " + " | ".join(LABELS) + " |",
               "|---|---|---|" + "---|" * len(LABELS)]
     for dataset, figures in metrics["datasets"].items():
@@ -319,5 +323,5 @@ def write_report(out: Path, metrics: dict, examples: dict, baseline: dict | None
     plot_follow_up(metrics, out / FOLLOW_UP_PNG, baseline)
     plot_labels(metrics, out / LABELS_PNG)
     path = out / REPORT_NAME
-    write_text(path, render_markdown(metrics, examples, baseline))
+    write_text(path, render_markdown(metrics, examples))
     return path

@@ -368,7 +368,7 @@ def first_run(tmp_path_factory, tiny_model_dir):
     return folder, cfg, probe(cfg, progress=False)
 
 
-def test_miniature_probe_writes_its_report(first_run):
+def test_miniature_probe_writes_its_report(first_run, smollm2_tokenizer):
     folder, cfg, metrics = first_run
     out = Path(cfg.out)
     for name in ("report.md", "metrics.json", "generations.jsonl", "replies.jsonl", "config.yaml",
@@ -378,9 +378,18 @@ def test_miniature_probe_writes_its_report(first_run):
     # 2 instances x 3 conditions x (1 greedy + 2 samples at T=1).
     assert len(generations) == 2 * 3 * 3
     assert {g["label"] for g in generations} <= set(LABELS)
+    replies = {r["task_id"]: r["reply"] for r in map(json.loads, (out / "replies.jsonl").read_text().splitlines())}
     for g in generations:
         assert g["seed"] == (None if g["temperature"] == 0 else derive_seed(0, "probe", cfg.data[0], g["task_id"], 1.0))
         assert (g["changed"] is None) == (g["condition"] == ORIGINAL)
+        # The model saw the perturbation the record names (the tiny model shares SmolLM2's tokenizer).
+        reply = replies[g["task_id"]]
+        shown = {ORIGINAL: reply, "truncate": truncate(reply, 0.5, smollm2_tokenizer)}
+        if g["condition"] == "explicit_question":
+            assert g["reply_shown"].startswith(reply.rstrip() + "\n\n")
+            assert g["reply_shown"].split("\n\n")[-1] in cfg.explicit_questions
+        else:
+            assert g["reply_shown"] == shown[g["condition"]]
     cells = metrics["datasets"][cfg.data[0]]["cells"]
     assert {(c["condition"], c["temperature"]) for c in cells} == {
         (c, t) for c in (ORIGINAL, "truncate", "explicit_question") for t in (0.0, 1.0)}
