@@ -421,11 +421,16 @@ def probe(cfg: ProbeConfig, *, model: Any = None, judge_backend: Any = None, pro
     else:
         judge = make_judge("rule")
 
+    phases = {"setup": time.perf_counter() - started}
+    clock = time.perf_counter()
     replies = single_turn_replies(cfg, model, datasets, given, progress)
+    phases["replies"], clock = time.perf_counter() - clock, time.perf_counter()
     generations = generate_user_turns(cfg, model, replies, progress)
+    phases["user_turns"], clock = time.perf_counter() - clock, time.perf_counter()
     query = {(r["dataset"], r["task_id"]): r["query"] for r in replies}
     labels = judge.judge([(query[(g["dataset"], g["task_id"])], g["reply_shown"], g["user_turn"])
                           for g in generations])
+    phases["judge"] = time.perf_counter() - clock
     for g, (label, note) in zip(generations, labels):
         g["label"], g["judge_note"] = label, note
     mark_changed(generations)
@@ -446,6 +451,7 @@ def probe(cfg: ProbeConfig, *, model: Any = None, judge_backend: Any = None, pro
         metrics["comparison"] = compare(baseline["generations"], generations, baseline["replies"], replies)
         metrics["baseline"] = {"out": baseline["out"], "model": baseline["metrics"]["settings"]["model"]}
     metrics["elapsed_s"] = time.perf_counter() - started
+    metrics["phases_s"] = phases  # where the time went: loading, replies, user turns, judging
     examples = {}
     for g in generations:
         examples.setdefault(g["label"], g)
@@ -483,6 +489,7 @@ def run(args: argparse.Namespace) -> int:
     for dataset, figures in metrics["datasets"].items():
         acc = figures["accuracy"]
         print(f"task accuracy on {dataset}: {100 * acc['rate']:.1f}% of {acc['n']} single-turn replies")
-    print(f"judge: {metrics['judge']['description']}; {metrics['elapsed_s']:.0f} s")
+    phases = ", ".join(f"{name.replace('_', ' ')} {seconds:.0f} s" for name, seconds in metrics["phases_s"].items())
+    print(f"judge: {metrics['judge']['description']}; {metrics['elapsed_s']:.0f} s ({phases})")
     print(f"report: {Path(cfg.out) / REPORT_NAME}")
     return 0

@@ -270,7 +270,9 @@ def render_markdown(metrics: dict, examples: dict) -> str:
              f"- **judge: {metrics['judge']['description']}**; {metrics['judge']['fallbacks']} of "
              f"{metrics['judge']['labelled']} labels fell back to the rule judge",
              f"- intervals: {metrics['ci_method']}",
-             f"- wall time: {metrics['elapsed_s']:.0f} s", "",
+             f"- wall time: {metrics['elapsed_s']:.0f} s ("
+             + ", ".join(f"{name.replace('_', ' ')} {seconds:.0f} s" for name, seconds in metrics["phases_s"].items())
+             + ")", "",
              "## Genuine follow-up rate", ""]
     lines += follow_up_table(metrics)
     lines += ["", "`changed vs unperturbed`: share of user turns whose text differs from the turn generated for the "
