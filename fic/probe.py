@@ -406,7 +406,7 @@ def probe(cfg: ProbeConfig, *, model: Any = None, judge_backend: Any = None, pro
     (tests, a live model); else they are built from the config."""
     from fic.probe_report import compare, summarize, write_report
 
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     out = Path(cfg.out)
     check_writable(out, folder=True, field="out")  # before any data or model loads
     baseline = read_baseline(cfg) if cfg.baseline else None
@@ -452,6 +452,9 @@ def probe(cfg: ProbeConfig, *, model: Any = None, judge_backend: Any = None, pro
         metrics["baseline"] = {"out": baseline["out"], "model": baseline["metrics"]["settings"]["model"]}
     metrics["elapsed_s"] = time.perf_counter() - started
     metrics["phases_s"] = phases  # where the time went: loading, replies, user turns, judging
+    # CPU seconds of this process (all its threads): on a machine shared with other jobs it says
+    # more about the work than the wall time does.
+    metrics["cpu_s"] = time.process_time() - cpu_started
     examples = {}
     for g in generations:
         examples.setdefault(g["label"], g)

@@ -272,7 +272,7 @@ def render_markdown(metrics: dict, examples: dict) -> str:
              f"- intervals: {metrics['ci_method']}",
              f"- wall time: {metrics['elapsed_s']:.0f} s ("
              + ", ".join(f"{name.replace('_', ' ')} {seconds:.0f} s" for name, seconds in metrics["phases_s"].items())
-             + ")", "",
+             + f"; {metrics['cpu_s']:.0f} CPU seconds)", "",
              "## Genuine follow-up rate", ""]
     lines += follow_up_table(metrics)
     lines += ["", "`changed vs unperturbed`: share of user turns whose text differs from the turn generated for the "
