@@ -249,7 +249,7 @@ def load_datasets(cfg: ProbeConfig) -> list[tuple[str, Instance]]:
 
 
 def _replies_from_file(path: str, datasets: list[tuple[str, Instance]]) -> dict:
-    found = {}
+    found, by_id = {}, {}
     for number, record in enumerate(read_records(path), start=1):
         reply, task_id = record.get("reply"), record.get("task_id")
         if not isinstance(task_id, str) or not task_id:
@@ -257,9 +257,13 @@ def _replies_from_file(path: str, datasets: list[tuple[str, Instance]]) -> dict:
         if not isinstance(reply, str):
             raise FicError(f"expected the reply as text, got {reply!r:.40}", path=path, record=number, field="reply")
         found[(record.get("dataset"), task_id)] = record
+        by_id.setdefault(task_id, []).append(record)
     out = {}
     for dataset, instance in datasets:
-        record = found.get((dataset, instance.task_id)) or found.get((None, instance.task_id))
+        # Matched by source and task id; a task id only one record has matches whatever its source says.
+        record = found.get((dataset, instance.task_id))
+        if record is None and len(by_id.get(instance.task_id, [])) == 1:
+            (record,) = by_id[instance.task_id]
         if record is None:
             raise FicError(f"no reply for task_id {instance.task_id!r} of {dataset}", path=path, field="task_id")
         out[(dataset, instance.task_id)] = (record["reply"], record.get("finish_reason", "stop"))
@@ -306,13 +310,13 @@ def generate_user_turns(cfg: ProbeConfig, model: Any, replies: list[dict], progr
         raise FicError(f"the {model.name} backend has no token ids; switch user_turn needs a local backend "
                        "(hf, vllm): use swap_roles or instruct", field="switch")
     conditions = [ORIGINAL, *cfg.perturbations]
-    contexts, messages, prompts = {}, {}, {}
+    shown_text, messages, prompts = {}, {}, {}
     for r in replies:
         system = tasks.get(r["task"]).system_prompt if cfg.system_prompt else None
         shown = shown_replies(r["reply"], cfg, r["dataset"], r["task_id"], tokenizer)
         for condition in conditions:
             key = (r["dataset"], r["task_id"], condition)
-            contexts[key] = (r["query"], shown[condition])
+            shown_text[key] = shown[condition]
             messages[key] = probe_messages(cfg.switch, r["query"], shown[condition], system=system,
                                            instruction=cfg.instruction)
             if tokenizer is not None:
@@ -342,7 +346,7 @@ def generate_user_turns(cfg: ProbeConfig, model: Any, replies: list[dict], progr
                 dataset, task_id, condition = key
                 records.append({"dataset": dataset, "task_id": task_id, "condition": condition,
                                 "temperature": temperature, "sample": sample, "seed": seed,
-                                "reply_shown": contexts[key][1], "user_turn": out.text,
+                                "reply_shown": shown_text[key], "user_turn": out.text,
                                 "finish_reason": out.finish_reason, "tokens": len(out.token_ids)})
             bar.update(len(rows))
     finally:

@@ -482,3 +482,23 @@ def test_each_source_is_its_own_dataset_even_with_shared_task_ids(tmp_path, tiny
     assert sorted((g["dataset"], g["condition"]) for g in generations) == sorted(
         (s, c) for s in sources for c in (ORIGINAL, "truncate"))
     assert all(g["changed"] is not None for g in generations if g["condition"] == "truncate")
+
+
+def test_replies_file_matches_by_source_then_by_a_unique_task_id(tmp_path):
+    from fic.instance import Instance
+    from fic.probe import _replies_from_file
+
+    path = tmp_path / "replies.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"dataset": "old-name", "task_id": "ara", "reply": "3360", "finish_reason": "length"},
+        {"dataset": "src-a", "task_id": "tom", "reply": "7 (a)"},
+        {"dataset": "src-b", "task_id": "tom", "reply": "7 (b)"}]))
+    ara, tom = Instance("ara", "math", []), Instance("tom", "math", [])
+    got = _replies_from_file(str(path), [("src-a", ara), ("src-a", tom), ("src-b", tom)])
+    assert got == {("src-a", "ara"): ("3360", "length"), ("src-a", "tom"): ("7 (a)", "stop"),
+                   ("src-b", "tom"): ("7 (b)", "stop")}
+    with pytest.raises(FicError, match="no reply for task_id 'tom' of src-c"):
+        _replies_from_file(str(path), [("src-c", tom)])  # two candidates, neither from src-c
+    path.write_text(json.dumps({"task_id": "ara", "reply": 3360}) + "\n")
+    with pytest.raises(FicError, match=r"record 1: field 'reply': expected the reply as text"):
+        _replies_from_file(str(path), [("src-a", ara)])
