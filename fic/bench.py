@@ -14,6 +14,8 @@ import json
 BENCHES: dict[str, tuple[str, str]] = {
     "rollout": ("fic.bench_rollout", "conversations played one at a time vs in lockstep batches"),
     "sft": ("fic.bench_sft", "FiC's SFT step vs TRL's SFTTrainer: target tokens/s on the same model and data"),
+    "vasd": ("fic.bench_vasd", "a VASD step's phases, its overhead over bare passes, and the chunked divergence's "
+             "memory"),
 }
 
 

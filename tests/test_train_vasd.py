@@ -176,8 +176,8 @@ def test_distill_loss_in_chunks_equals_one_full_logits_computation(tiny_model_di
     student_logits = reference(input_ids=batch["input_ids"]).logits[0, p - 1:p - 1 + r]
     want = naive("forward_kl", student_logits, teacher_logits).sum()
     assert terms["distill"].item() == pytest.approx(want.item(), rel=1e-9)
-    terms["distill"].backward()
-    want.backward()
+    (0.37 * terms["distill"]).backward()  # window_backward scales every term: gradients must follow
+    (0.37 * want).backward()
     for (name, a), b in zip(model.named_parameters(), reference.parameters()):
         assert torch.allclose(a.grad, b.grad, atol=1e-12, rtol=1e-7), name
 

@@ -33,8 +33,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from fic.training.data import IGNORE, Example
-from fic.training.losses import (causal_lm, chunked_sum, decoder_and_head, divergence, head_logits, softcap_of,
-                                 target_ce, teacher_logprobs)
+from fic.training.losses import causal_lm, decoder_and_head, divergence_rows, softcap_of, weighted_ce_rows
 
 TEACHER_VIEWS = ("full", "concat", "both")
 
@@ -183,19 +182,17 @@ class DistillLoss(torch.nn.Module):
     def config(self) -> Any:  # DeepSpeed reads hidden_size from here
         return causal_lm(self.model).config
 
-    def _divergence_sum(self, student: torch.Tensor, teacher: torch.Tensor, sampled: torch.Tensor,
-                        weights: torch.Tensor, head: Callable, other_head: Callable) -> torch.Tensor:
-        logprobs = teacher_logprobs(teacher.transpose(0, 1), other_head, self.softcap, self.temperature)
-        per_row = divergence(head_logits(head, student, self.softcap), logprobs, self.kind, beta=self.beta,
-                             temperature=self.temperature, estimator=self.estimator, top_k=self.top_k,
-                             sampled=sampled)
-        return (per_row * weights).sum()
-
     def _term(self, hidden: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, other: torch.Tensor,
               head: Callable, other_head: Callable) -> torch.Tensor:
         where = targets != IGNORE
-        return chunked_sum(self._divergence_sum, (hidden[where], other, targets[where], weights[where].float()),
-                           self.chunk_tokens, head, other_head)
+        return divergence_rows(head, hidden[where], other_head, other, targets[where], weights[where].float(),
+                               chunk_tokens=self.chunk_tokens, softcap=self.softcap, kind=self.kind,
+                               estimator=self.estimator, beta=self.beta, temperature=self.temperature,
+                               top_k=self.top_k)
+
+    def _anchor(self, hidden: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, head: Callable) -> torch.Tensor:
+        where = targets != IGNORE
+        return weighted_ce_rows(head, hidden[where], targets[where], weights[where], self.chunk_tokens, self.softcap)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, distill_targets: torch.Tensor,
                 teacher_hidden: torch.Tensor, anchor_targets: torch.Tensor, anchor_weights: torch.Tensor,
@@ -205,7 +202,7 @@ class DistillLoss(torch.nn.Module):
         hidden = body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
         ones = torch.ones_like(distill_targets, dtype=torch.float32)
         terms = {"distill": self._term(hidden, distill_targets, ones, teacher_hidden, head, self.teacher_head),
-                 "anchor": target_ce(head, hidden, anchor_targets, self.chunk_tokens, self.softcap, anchor_weights)}
+                 "anchor": self._anchor(hidden, anchor_targets, anchor_weights, head)}
         if reference_hidden is not None and self.reference_head is not None:
             terms["reference"] = self._term(hidden, reference_targets, reference_weights, reference_hidden[:, None],
                                             head, self.reference_head)

@@ -118,11 +118,21 @@ def _weighted_ce(hidden: torch.Tensor, targets: torch.Tensor, weights: torch.Ten
 
 def target_ce(head: Callable, hidden: torch.Tensor, targets: torch.Tensor, chunk_tokens: int,
               softcap: float | None, weights: torch.Tensor | None = None) -> torch.Tensor:
-    """Summed (weighted) cross-entropy of `hidden[targets != IGNORE]` against their targets."""
+    """Summed (weighted) cross-entropy of `hidden[targets != IGNORE]` against their targets
+    (SFT's loss: chunks recomputed in backward, through the head module)."""
     where = targets != IGNORE
     rows_weights = weights[where].float() if weights is not None else \
         torch.ones(int(where.sum()), device=hidden.device)
     return chunked_sum(_weighted_ce, (hidden[where], targets[where], rows_weights), chunk_tokens, head, softcap)
+
+
+def weighted_ce_rows(head: Callable, hidden: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor,
+                     chunk_tokens: int, softcap: float | None) -> torch.Tensor:
+    """sum_i weights[i] * cross-entropy(row i, target i) through `head_loss_sum` (VASD's anchor)."""
+    def chunk_loss(logits: torch.Tensor, chunk_targets: torch.Tensor, chunk_weights: torch.Tensor) -> torch.Tensor:
+        return (F.cross_entropy(logits, chunk_targets, reduction="none") * chunk_weights).sum()
+
+    return head_loss_sum(head, hidden, (targets, weights.float()), chunk_tokens, chunk_loss, softcap)
 
 
 class TargetLoss(torch.nn.Module):
@@ -211,10 +221,94 @@ def teacher_logprobs(teacher_hidden: torch.Tensor, head: Callable, softcap: floa
     """The teacher's log-probs at `temperature` from its hidden rows, averaging the distributions
     (not the logits) when several views are stacked on the first dimension: [views, n, H]."""
     with torch.no_grad():
+        if teacher_hidden.dim() == 3 and teacher_hidden.shape[0] == 1:  # one view: no stacked copy
+            teacher_hidden = teacher_hidden[0]
         if teacher_hidden.dim() == 2:
             return torch.log_softmax(head_logits(head, teacher_hidden, softcap) / temperature, dim=-1)
         views = [torch.log_softmax(head_logits(head, h, softcap) / temperature, dim=-1) for h in teacher_hidden]
         return torch.logsumexp(torch.stack(views), dim=0) - math.log(len(views))
+
+
+class _FusedHead(torch.autograd.Function):
+    """sum over chunks of `chunk_loss(logits of the chunk, *row chunks)`, with the gradients of
+    the hidden rows and of the head's weight worked out chunk by chunk during the forward pass
+    (autograd only from the chunk's logits to its loss) and the weight's gradient accumulated in
+    one buffer. Nothing is recomputed in backward, and at most one chunk's [rows, vocab] tensors
+    exist at a time; autograd through separate chunks would instead keep a second (and a third,
+    while adding) full-size copy of the head's gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                chunk_loss: Callable, chunk_tokens: int, *rows: torch.Tensor) -> torch.Tensor:
+        grad_hidden = torch.zeros_like(hidden)
+        grad_weight = torch.zeros_like(weight) if weight.requires_grad else None
+        grad_bias = torch.zeros_like(bias) if bias is not None and bias.requires_grad else None
+        total = torch.zeros((), dtype=torch.promote_types(torch.float32, hidden.dtype), device=hidden.device)
+        for start in range(0, hidden.shape[0], chunk_tokens):
+            h = hidden[start:start + chunk_tokens]
+            with torch.enable_grad():
+                logits = F.linear(h, weight, bias).detach().requires_grad_(True)
+                loss = chunk_loss(logits, *(r[start:start + chunk_tokens] for r in rows))
+                (grad_logits,) = torch.autograd.grad(loss, logits)
+            grad_logits = grad_logits.to(weight.dtype)
+            grad_hidden[start:start + chunk_tokens] = (grad_logits @ weight).to(hidden.dtype)
+            if grad_weight is not None:
+                grad_weight.addmm_(grad_logits.T, h.to(weight.dtype))
+            if grad_bias is not None:
+                grad_bias += grad_logits.sum(0)
+            total += loss.detach().to(total.dtype)
+        ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
+        return total
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple:
+        grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
+        # In place: the buffers are ours and used once; a copy would be another head-sized tensor.
+        scale = lambda g: None if g is None else g.mul_(grad_output.to(g.dtype))  # noqa: E731
+        return (scale(grad_hidden), scale(grad_weight), scale(grad_bias), None, None, *[None] * 8)
+
+
+def head_loss_sum(head: Any, hidden: torch.Tensor, rows: tuple[torch.Tensor, ...], chunk_tokens: int,
+                  chunk_loss: Callable, softcap: float | None) -> torch.Tensor:
+    """sum over chunks of `chunk_loss(fp32 logits, *row chunks)`, where the logits are `head(hidden)`.
+
+    A plain linear head takes the fused path (`_FusedHead`). A head that is not one (a LoRA
+    layer, or weights partitioned by ZeRO-3, which only the module's own hooks gather) takes
+    `chunked_sum`, which recomputes each chunk in backward."""
+    def loss_of_logits(logits: torch.Tensor, *parts: torch.Tensor) -> torch.Tensor:
+        logits = _at_least_fp32(logits)
+        if softcap:
+            logits = torch.tanh(logits / softcap) * softcap
+        return chunk_loss(logits, *parts)
+
+    plain = type(head) is torch.nn.Linear and not hasattr(head.weight, "ds_id") and head.weight.numel() > 0
+    if plain and hidden.requires_grad and len(rows) <= 8:
+        return _FusedHead.apply(hidden, head.weight, head.bias, loss_of_logits, chunk_tokens, *rows)
+
+    def through_module(h: torch.Tensor, *parts: torch.Tensor) -> torch.Tensor:
+        return chunk_loss(head_logits(head, h, softcap), *parts)
+
+    return chunked_sum(through_module, (hidden, *rows), chunk_tokens)
+
+
+def divergence_rows(head: Callable, student_hidden: torch.Tensor, teacher_head: Callable, teacher_hidden: torch.Tensor,
+                    sampled: torch.Tensor, weights: torch.Tensor, *, chunk_tokens: int, softcap: float | None,
+                    kind: str, estimator: str = "full", beta: float = 0.5, temperature: float = 1.0,
+                    top_k: int = 64) -> torch.Tensor:
+    """sum_i weights[i] * divergence(student row i, teacher row i), LM heads applied in chunks.
+
+    `student_hidden` [n, H] carries the gradient; `teacher_hidden` [n, views, H] does not, and
+    the teacher's log-probs are made per chunk from it (views averaged as distributions), so
+    neither side's [n, vocab] logits ever exist at once. `sampled` [n] are the tokens the
+    student wrote there (the sampled-token estimator reads them)."""
+    def chunk_loss(logits: torch.Tensor, teacher: torch.Tensor, tokens: torch.Tensor,
+                   row_weights: torch.Tensor) -> torch.Tensor:
+        logprobs = teacher_logprobs(teacher.transpose(0, 1), teacher_head, softcap, temperature)
+        per_row = divergence(logits, logprobs, kind, beta=beta, temperature=temperature, estimator=estimator,
+                             top_k=top_k, sampled=tokens)
+        return (per_row * row_weights).sum()
+
+    return head_loss_sum(head, student_hidden, (teacher_hidden, sampled, weights), chunk_tokens, chunk_loss, softcap)
 
 
 # --------------------------------------------------------------------------- the window
