@@ -322,12 +322,15 @@ def generate_user_turns(cfg: ProbeConfig, model: Any, replies: list[dict], progr
             if tokenizer is not None:
                 prompts[key] = probe_prompt_ids(tokenizer, cfg.switch, messages[key])
 
-    # Calls: greedy rows of every instance together; sampled rows one call per (instance, temperature).
+    # Calls: greedy rows of every instance together, the unperturbed ones first (the hf backend then
+    # reads a perturbed prompt only past the prefix it shares with its stored original); sampled
+    # rows one call per (instance, temperature).
     calls = []
     for temperature in cfg.temperatures:
         if temperature == 0:
-            rows = [(key, 0) for key in messages]
-            calls += [(temperature, None, rows[s:s + cfg.batch_size]) for s in range(0, len(rows), cfg.batch_size)]
+            for condition in conditions:
+                rows = [(key, 0) for key in messages if key[2] == condition]
+                calls += [(temperature, None, rows[s:s + cfg.batch_size]) for s in range(0, len(rows), cfg.batch_size)]
             continue
         for r in replies:
             seed = derive_seed(cfg.seed, "probe", r["dataset"], r["task_id"], temperature)
