@@ -19,12 +19,14 @@ For every instance of every data source:
    - `instruct`: one user message holding the transcript and a request to write the user's
      next message; the model answers as the assistant. Any backend.
 4. Decoding sweep: each temperature of `temperatures`; `samples` draws per instance above 0,
-   one greedy draw at 0. Seeds come from `fic.seeding`: one generation call per (source,
-   instance, temperature) holds every (perturbation, sample) row of that instance, seeded by
-   `derive_seed(seed, "probe", source, task_id, temperature)`; a row's draw is fixed by that
-   seed and its place in the call, so it does not depend on which other instances are probed,
-   and two checkpoints probed with the same settings draw the same samples. Greedy rows of all
-   instances share calls (no randomness to seed).
+   one greedy draw at 0. Seeds come from `fic.seeding`: sample k at temperature t is one
+   generation call over every (source, instance, perturbation) row in data order (split into
+   chunks of `batch_size`), seeded `derive_seed(seed, "probe", t, k, chunk)`. Backends seed per
+   call (vLLM and openai give row i seed + i; hf draws the call's rows from one seeded stream),
+   so a draw is fixed by the settings and the data: two checkpoints probed with the same
+   settings draw with the same seeds on the same instances (what pairing needs); changing
+   `limit` or `data` changes the draws. One call per (instance, temperature) would make draws
+   independent of the other instances but take several times as many decoding steps.
 5. A judge (`fic.probe_judge`: `rule` offline, or `llm` through any backend) labels each
    generated user turn with one of 8 labels; the report states which judge was used.
 6. Outputs in `out`: `replies.jsonl`, `generations.jsonl` (every user turn with its seed,
@@ -322,20 +324,19 @@ def generate_user_turns(cfg: ProbeConfig, model: Any, replies: list[dict], progr
             if tokenizer is not None:
                 prompts[key] = probe_prompt_ids(tokenizer, cfg.switch, messages[key])
 
-    # Calls: greedy rows of every instance together, the unperturbed ones first (the hf backend then
-    # reads a perturbed prompt only past the prefix it shares with its stored original); sampled
-    # rows one call per (instance, temperature).
+    # Calls hold the rows of every instance and perturbation together: a decoding step reads every
+    # weight once whatever the batch, so on a CPU 60 rows cost a few times what 4 rows cost, not 15
+    # times, and the number of steps decides the time. Sampled rows: one call per sample index, seeded by (temperature, sample,
+    # chunk); greedy rows: one pass. Sampled calls find every prompt's keys and values stored by
+    # the greedy pass (hf backend), so they read almost nothing but their own new tokens.
     calls = []
+    keys = list(messages)  # (source, task_id, condition), in data order
     for temperature in cfg.temperatures:
-        if temperature == 0:
-            for condition in conditions:
-                rows = [(key, 0) for key in messages if key[2] == condition]
-                calls += [(temperature, None, rows[s:s + cfg.batch_size]) for s in range(0, len(rows), cfg.batch_size)]
-            continue
-        for r in replies:
-            seed = derive_seed(cfg.seed, "probe", r["dataset"], r["task_id"], temperature)
-            rows = [((r["dataset"], r["task_id"], c), k) for c in conditions for k in range(cfg.samples)]
-            calls.append((temperature, seed, rows))
+        for sample in range(1 if temperature == 0 else cfg.samples):
+            rows = [(key, sample) for key in keys]
+            for chunk, start in enumerate(range(0, len(rows), cfg.batch_size)):
+                seed = None if temperature == 0 else derive_seed(cfg.seed, "probe", temperature, sample, chunk)
+                calls.append((temperature, seed, rows[start:start + cfg.batch_size]))
     records = []
     bar = tqdm(total=sum(len(rows) for _, _, rows in calls), desc="user turns", unit="turn",
                disable=not progress or None, dynamic_ncols=True)
