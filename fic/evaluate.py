@@ -40,7 +40,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from tqdm import tqdm
 
 from fic.backends import make_backend
 from fic.classify import CLASSIFIER_KINDS, make_classifier
@@ -49,6 +48,7 @@ from fic.errors import FicError
 from fic.files import append_jsonl, check_writable, read_log, write_json, write_text
 from fic.generation import BackendConfig, SamplingParams
 from fic.instance import Instance
+from fic.progress import Progress
 from fic.user_sim import USER_KINDS, make_user
 from fic.views import VIEWS
 
@@ -336,8 +336,7 @@ def evaluate(cfg: EvalConfig, *, assistant: Any = None, user_backend: Any = None
                                       seed=cfg.seed) if cfg.classifier.kind == "llm" else make_classifier("rule"))
         params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
                                 seed=cfg.seed)
-        bar = tqdm(total=total, initial=total - len(conversations), desc="conversations", unit="conv",
-                   disable=not progress or None, dynamic_ncols=True)
+        bar = Progress(total, "conversations", "conv", initial=total - len(conversations), enabled=progress)
 
         def finished(conv) -> None:
             record = conv.to_record()
@@ -346,7 +345,7 @@ def evaluate(cfg: EvalConfig, *, assistant: Any = None, user_backend: Any = None
             bar.update(1)
 
         def step(number: int, active: int) -> None:
-            bar.set_postfix(turn=number + 1, active=active, refresh=True)
+            bar.update(0, turn=number + 1, active=active)
 
         try:
             play(conversations, backends["assistant"], user, classifier, params, batch_size=cfg.batch_size,

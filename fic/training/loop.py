@@ -26,7 +26,6 @@ import logging
 import math
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -220,23 +219,20 @@ def maybe_checkpoint(accelerator: Any, cfg: RunConfig, step: int, steps: int, st
 
 class RunLog:
     """Per-step figures: `metrics.jsonl` (every step, main process), wandb (every
-    `logging.log_every` steps), and progress: a bar on a terminal, else a plain line every
-    `logging.print_every_s` seconds with steps done, rate and time left (a log file or batch
-    job would otherwise show nothing for an hour)."""
+    `logging.log_every` steps), and progress (`fic.progress`): a bar on a terminal, else a plain
+    line every `logging.print_every_s` seconds with steps done, rate and time left (a log file or
+    batch job would otherwise show nothing for an hour)."""
 
     def __init__(self, cfg: RunConfig, accelerator: Any, steps: int, start: int, run_id: str, desc: str,
                  postfix: Callable[[dict], dict] | None = None):
-        from tqdm import tqdm
+        from fic.progress import Progress
 
-        self.cfg, self.steps, self.start, self.desc = cfg, steps, start, desc
+        self.cfg, self.steps = cfg, steps
         self.main = accelerator.is_main_process
         self.path = Path(cfg.out) / "metrics.jsonl"
         self.postfix = postfix or (lambda figures: {"loss": f"{figures['loss']:.4f}"})
-        interactive = sys.stderr.isatty()
-        self.bar = tqdm(total=steps, initial=start, desc=desc, unit="step",
-                        disable=not (self.main and cfg.logging.progress and interactive) or None)
-        self.plain = self.main and cfg.logging.progress and not interactive
-        self.began = self.last_print = time.monotonic()
+        self.progress = Progress(steps, desc, "step", initial=start, enabled=self.main and cfg.logging.progress,
+                                 every_s=cfg.logging.print_every_s)
         self.tracker = self._start_wandb(run_id) if cfg.logging.wandb and self.main else None
 
     def _start_wandb(self, run_id: str) -> Any:
@@ -251,17 +247,7 @@ class RunLog:
         if not self.main:
             return
         append_jsonl(self.path, {"step": step, **figures})
-        self.bar.set_postfix(self.postfix(figures))
-        self.bar.update(1)
-        now = time.monotonic()
-        if self.plain and (now - self.last_print >= self.cfg.logging.print_every_s or step == self.steps):
-            done = step - self.start
-            rate = done / max(now - self.began, 1e-9)
-            left = (self.steps - step) / rate if rate > 0 else float("nan")
-            shown = " ".join(f"{k}={v}" for k, v in self.postfix(figures).items())
-            print(f"{self.desc}: step {step}/{self.steps}, {60 * rate:.2f} steps/min, about {left / 60:.1f} min "
-                  f"left; {shown}", flush=True)
-            self.last_print = now
+        self.progress.update(1, **self.postfix(figures))
         if self.tracker is not None and (step % self.cfg.logging.log_every == 0 or step == self.steps):
             self.tracker.log({f"train/{k}": v for k, v in figures.items() if isinstance(v, (int, float))}, step=step)
             for name, table in (tables or {}).items():
@@ -270,7 +256,7 @@ class RunLog:
                 self.tracker.log({name: wandb.Table(columns=table["columns"], data=table["rows"])}, step=step)
 
     def close(self, summary: dict | None = None) -> None:
-        self.bar.close()
+        self.progress.close()
         if self.tracker is not None:
             self.tracker.summary.update(summary or {})
             self.tracker.finish()
