@@ -86,6 +86,9 @@ WALK = {
     "sft-data": {
         "out": ["data=jsonl:{missing}", "out={out}/x.jsonl"],
         "input": ["--config", "{bad}", "out={tmp}/o.jsonl"], "input_kind": "file"},
+    "demo": {
+        "out": ["--recipes", str(REPO / "recipes/smollm2-135m-instruct"), "out={out}/run", "--quiet"],
+        "input": ["--recipes", "{bad}", "--quiet"], "input_kind": "folder"},
     "train sft": {
         # Valid inputs: the recipe's own early check of `out` is wired in fic/training/.
         "out": ["--config", "{sft_yaml}", "model.path={model}", "data.path={corpus}", "out={out}/run",
@@ -101,6 +104,9 @@ WALK = {
     "bench sft": {
         "out": None, "no_output": "prints figures; writes no file",
         "input": ["--model", "{bad}"], "input_kind": "folder"},
+    "bench vasd": {
+        "out": None, "no_output": "prints figures; writes no file",
+        "input": ["--model", "{bad}", "--memory-tokens", "0"], "input_kind": "folder"},
     "launch-check": {
         "out": None, "no_output": "checks files; writes nothing",
         "input": ["--config_file", "{bad}", "--recipe", str(REPO / "recipes/smollm2-135m-instruct/sft.yaml")],

@@ -1,0 +1,96 @@
+"""`fic demo` in miniature: the tiny random model, a few instances, a step or two per stage."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fic.cli import main
+from fic.demo import STAGES, load_demo, split_overlap
+from fic.stats import paired_bootstrap, sign_test
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = ROOT / "recipes" / "smollm2-135m-instruct"
+
+
+@pytest.fixture(autouse=True)
+def fresh_accelerate_state():
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    yield
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    PartialState._reset_state()
+
+
+def small(model, out) -> list[str]:
+    return [f"base_model={model}", f"out={out}", "data.train=16", "data.dev=2", "data.test=4", "data.test_unseen=2",
+            "warmup.train.max_steps=1", "sft.train.max_steps=1", "vasd.train.max_steps=1",
+            "vasd.train.micro_batch_size=2", "vasd.rollout.max_new_tokens=4", "eval.max_new_tokens=4",
+            "bootstrap=100", "--quiet"]
+
+
+def markers(out: Path) -> dict[str, float]:
+    return {p.stem: p.stat().st_mtime_ns for p in (out / "stages").glob("*.json")}
+
+
+def test_the_demo_runs_every_stage_to_its_table_and_reruns_from_a_stage(tiny_model_dir, tmp_path, capsys):
+    out = tmp_path / "demo"
+    assert main(["demo", "--recipes", str(RECIPES), *small(tiny_model_dir, out)]) == 0
+    printed = capsys.readouterr().out
+    assert "SmolLM2-135M-Instruct + single-turn warm-up: test set, N = 4 instances" in printed
+    for stage in ("starting point", "FiC stage 1 (SFT)", "FiC stage 1+2 (SFT + VASD)"):
+        assert f"| {stage} |" in printed
+    assert "VASD vs SFT alone on the same 4 instances" in printed
+    report = (out / "report.md").read_text()
+    assert "## test-unseen" in report and "Total" in report and (out / "demo_scores.png").is_file()
+    assert set(markers(out)) == set(STAGES)
+    card = json.loads((out / "data" / "card.json").read_text())
+    assert not any(card["overlap_between_splits"].values())
+    assert all(c["evaluation_overlap_dropped"] == 0 for c in card["corpora"].values())
+    for stage in ("warmup", "sft", "vasd"):  # only the final models are kept
+        assert (out / stage / "final" / "config.json").is_file() and not (out / stage / "checkpoints").exists()
+    # Every later stage was measured against the starting point's single-turn score.
+    sft_metrics = json.loads((out / "eval-sft" / "test" / "metrics.json").read_text())
+    assert sft_metrics["baseline_source"] and "eval-start" in sft_metrics["baseline_source"]
+
+    before = markers(out)
+    assert main(["demo", "--recipes", str(RECIPES), *small(tiny_model_dir, out)]) == 0  # nothing left to do
+    assert "done before" in capsys.readouterr().out
+    assert {k: v for k, v in markers(out).items() if k != "report"} == \
+        {k: v for k, v in before.items() if k != "report"}
+
+    assert main(["demo", "--recipes", str(RECIPES), "--from", "vasd", *small(tiny_model_dir, out)]) == 0
+    after = markers(out)
+    redone = {stage for stage in STAGES if after[stage] != before[stage]}
+    assert redone == {"vasd", "eval-vasd", "report"}
+
+
+def test_a_bad_stage_or_missing_recipe_is_one_line(tmp_path, capsys):
+    assert main(["demo", "--recipes", str(RECIPES), "--from", "polish", f"out={tmp_path}/d"]) == 2
+    assert "--from" in capsys.readouterr().err
+    assert main(["demo", "--recipes", str(tmp_path)]) == 2
+    assert "demo.yaml" in capsys.readouterr().err
+
+
+def test_the_shipped_demo_splits_do_not_overlap():
+    from fic.sources import load_source
+
+    cfg = load_demo(str(RECIPES), ["data.train=200", "data.test=64", "data.test_unseen=32"])
+    splits = {s: load_source(f"{cfg.data.source}:{s}", cfg.data.task, limit=n, seed=cfg.data.seed)
+              for s, n in (("train", 200), ("dev", 16), ("test", 64), ("test-unseen", 32))}
+    assert split_overlap(splits) == {k: 0 for k in split_overlap(splits)}
+    dup = {"train": splits["train"][:3], "test": splits["train"][:3]}
+    assert split_overlap(dup)["train/test"] >= 3  # the check would see a repeat
+
+
+def test_paired_statistics():
+    # Ratio of means with a paired bootstrap: an exact ratio of 0.5 has a tight interval around it.
+    low, high = paired_bootstrap([[1, 0] * 50, [1, 1] * 50], lambda a, b: a / b if b else None, resamples=500)
+    assert low < 0.5 < high and high - low < 0.3
+    assert paired_bootstrap([[0, 0], [0, 0]], lambda a, b: a / b if b else None, resamples=100) == (None, None)
+    result = sign_test([1] * 9 + [-1] + [0] * 5)
+    assert (result["better"], result["worse"], result["tied"]) == (9, 1, 5)
+    assert result["p_value"] == pytest.approx(22 / 1024)  # 2 * P(X <= 1), X ~ Bin(10, 1/2)
