@@ -23,11 +23,11 @@ Two judges:
   malformed; meta-planning phrasing; a near copy of the question or of the reply (word-pair
   overlap), or an answer marker outside a question (the turn goes on answering); a short
   acknowledgement; a new-topic phrase ("another problem"); a phrase that reacts to the reply
-  ("you forgot", "is that right"); a follow-up word ("explain", "why", "step") that points back
-  at the conversation, or a question about "that"/"this" in the conversation's words; a
-  question or remark about something only the reply said (its numbers or words); a question
-  built mostly from the original question's words;
-  a question, request or new problem unrelated to both; otherwise other. Good enough to
+  ("you forgot", "is that right"); a follow-up word ("explain", "why", "step") in a short turn
+  that points back at the conversation, or a question about "that" ("how much is that per
+  month?"); a turn built from the question's own words (asked or told again: restates) or
+  from the reply's (repeats); a short question about a number only the reply worked out; a
+  question, request or new problem unrelated to both; otherwise other. Good enough to
   separate what small models do (they mostly restate or change the subject); use the `llm`
   judge for numbers to publish.
 - `llm`: a model reads the question, the reply and the turn and answers with a JSON object
@@ -92,12 +92,15 @@ FOLLOW_UP = re.compile(r"\b(?:explain|clarify|why|how did|how do you|how come|wh
                        r"where does|mean|elaborate|more detail|walk me through)\b", re.IGNORECASE)
 POINTS_BACK = re.compile(r"\b(?:that|this|it|those|these|there|above|step|answer|result|calculation|"
                          r"solution|part|number)\b", re.IGNORECASE)
-DEICTIC = re.compile(r"\b(?:that|this)\b", re.IGNORECASE)
+# "is that", "of this": pointing at something said, not introducing something ("this question: ...").
+POINTS_AT = re.compile(r"\b(?:is|was|does|did|about|of|with|from|for|on|in)\s+(?:that|this)\b"
+                       r"(?!\s+(?:question|problem|puzzle|task))", re.IGNORECASE)
 REQUEST = re.compile(r"^\W*(?:can|could|would|will) you\b|^\W*(?:please|tell me|write|give me|help me|"
                      r"solve|calculate|compute|find|what|how|who|when|where|which|why|is|are|do|does)\b",
                      re.IGNORECASE)
 COPY_SHARE = 0.5      # share of the turn's word pairs found in the question (or reply) that makes a copy
 GROUNDED_SHARE = 0.5  # share of the turn's content words from the question that makes a re-asked question
+MAX_FOLLOW_UP_WORDS = 40  # a follow-up is a question or two; longer text with "step" in it is something else
 
 
 def _words(text: str) -> list[str]:
@@ -157,24 +160,26 @@ def rule_judge(query: str, reply: str, turn: str) -> str:
     if REACTS.search(text):
         return "genuine_follow_up"
     content = _content(words)
-    known = set(_content(query_words)) | set(_content(reply_words))
+    query_content, reply_content = set(_content(query_words)), set(_content(reply_words))
+    known = query_content | reply_content
     refers_back = POINTS_BACK.search(text) is not None or any(w in known for w in content)
-    if FOLLOW_UP.search(text) and refers_back:
+    if FOLLOW_UP.search(text) and refers_back and len(words) <= MAX_FOLLOW_UP_WORDS:
         return "genuine_follow_up"
     # "how many points is that per month?": a question about "that" in the conversation's terms.
-    if is_question and DEICTIC.search(text) and any(w in known for w in content):
+    if is_question and POINTS_AT.search(text) and any(w in known for w in content):
         return "genuine_follow_up"
-    # Something only the reply brought up (its own numbers or words) means the turn read it.
-    only_in_reply = (set(_content(reply_words)) - set(_content(query_words))) | \
-        (set(number_values(reply, words=False)) - set(number_values(query, words=False)))
-    mentions = set(content) | set(number_values(text, words=False))
-    if mentions & only_in_reply and (is_question or len(content) <= 12):
-        return "genuine_follow_up"
-    if is_question and content and _share(content, set(_content(query_words))) >= GROUNDED_SHARE:
-        return "restates_query"
+    # Built from the question's own words (a question asked again, or its facts told again); from
+    # the reply's rather than the question's, it retells the reply.
+    in_query, in_reply = _share(content, query_content), _share(content, reply_content)
+    if content and (is_question and in_query >= GROUNDED_SHARE or len(content) >= 4 and max(in_query, in_reply) >= 0.6):
+        return "restates_query" if in_query >= in_reply else "repeats_reply"
     new_numbers = set(number_values(text, words=False)) - set(number_values(query + " " + reply, words=False))
-    unrelated = _share(content, known) < 0.25
-    if unrelated and (is_question or (new_numbers and len(words) >= 8)):
+    # A short question about a number only the reply worked out means the turn read the reply.
+    reply_numbers = set(number_values(reply, words=False)) - set(number_values(query, words=False))
+    if is_question and not new_numbers and len(words) <= MAX_FOLLOW_UP_WORDS \
+            and set(number_values(text, words=False)) & reply_numbers:
+        return "genuine_follow_up"
+    if _share(content, known) < 0.25 and (is_question or (new_numbers and len(words) >= 8)):
         return "new_question"
     return "other"
 
