@@ -205,6 +205,7 @@ HAND_LABELLED = {
                 "over the four years?"),
         (REPLY, "What is Ara's total score over the four years?"),
         (REPLY, "How many points did Ara score in total across the 4 years of basketball?"),
+        (REPLY, "What is the answer to this question: what is Ara's total score over four years?"),
     ],
     "repeats_reply": [
         (REPLY, "Each year Ara scores 40 * 21 = 840 points, and over 4 years that is 840 * 4 = 3360 points."),
@@ -226,6 +227,8 @@ HAND_LABELLED = {
         (REPLY, "What is the capital of France?"),
         (REPLY, "Can you help me with another problem? A train leaves at 3 pm going 60 miles per hour."),
         (REPLY, "A farmer has 12 cows and buys 7 more each week. How many cows does he have after 5 weeks?"),
+        (REPLY, "A bat and a ball together cost $1.10. The bat costs $1.00 more than the ball. How much does the "
+                "ball cost?"),
     ],
     "brief_filler": [
         (REPLY, "Thanks!"),
