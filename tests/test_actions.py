@@ -21,7 +21,7 @@ from fic.generation import SamplingParams
 from fic.instance import Instance
 from fic.sft_data import SFTDataConfig, load_instances, make_corpus
 from fic.simulator import make_conversations, play
-from fic.sources import load_source
+from fic.sources import load_source, read_instance
 from fic.tasks import actions_gen
 from fic.tasks.actions_gen import SPLITS, generate, split_of
 from fic.tasks.calls import find_calls, format_calls, parse_calls
@@ -446,3 +446,22 @@ def test_the_simulator_plays_actions_conversations():
             assert labels[-1] == "answer_attempt"
             assert labels[:-1] == (["clarification"] * (len(labels) - 1) if fn is patient else
                                    ["answer_attempt"] * (len(labels) - 1))
+
+
+def test_generated_instances_show_their_tools_as_signature_lines():
+    from fic.tasks.actions import tool_signature
+
+    inst = load_source("actions-gen:test", "actions", limit=3, seed=0)[0]
+    system = system_message(inst)["content"]
+    for schema in inst.fields["function"]:
+        line = tool_signature(schema)
+        assert line in system.splitlines() and line.startswith(schema["name"] + "(")
+        for name in schema["parameters"]["properties"]:
+            assert f"{name}: " in line
+    assert '{"name"' not in system
+    schema = {"name": "rent_car", "description": "Rent a car.", "parameters": {"type": "dict", "properties": {
+        "city": {"type": "string"}, "days": {"type": "integer"}, "car_type": {"type": "string", "enum": ["suv", "van"]}},
+        "required": ["city", "days"]}}
+    assert tool_signature(schema) == 'rent_car(city: str, days: int, car_type: "suv" | "van" = None) -- Rent a car.'
+    with pytest.raises(FicError, match="tool_format"):
+        read_instance({**inst.to_dict(), "tool_format": "yaml"})

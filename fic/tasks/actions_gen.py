@@ -2,7 +2,8 @@
 
 Each instance asks for one call of a template's function (`fic.tasks.action_templates`) with
 2 to 5 arguments: every required parameter and each optional one with probability 1/2. The
-tools listed are the target function plus one or two distractors, in random order. The full
+tools listed are the target function plus one or two distractors, in random order, each as one
+Python-style signature line (`tool_format: signature`; LiC's own data lists JSON schemas). The full
 request is one of several phrasings (one sentence with a clause per argument, or an intent
 followed by one sentence per argument); shard 1 states the intent only, and each later shard
 states one argument, in random order. Values are written as a correct call writes them.
@@ -104,6 +105,7 @@ def _instance(template: Template, pool: list[Template], split: str, seed: int, i
             "reference_answer": [{template.name: {p.name: [args[p.name]] if p.name in args else [""]
                                                   for p in template.params}}],
             "language": "Python", "test_category": "multiple",
+            "tool_format": "signature",  # one line a tool: a 135M model on a CPU reads every turn's prompt
         }
         if _clean(record, [p.name for p in order]):
             seen.add(call)
