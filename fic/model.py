@@ -16,6 +16,7 @@ import functools
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 from importlib.util import find_spec
@@ -25,7 +26,7 @@ from typing import Any
 import torch
 
 from fic import __version__
-from fic.errors import FicError
+from fic.errors import FicError, one_line
 from fic.files import file_sha256, publish_folder
 
 log = logging.getLogger(__name__)
@@ -83,14 +84,27 @@ def _dtype_kwarg() -> str:
 
 # --------------------------------------------------------------------------- loaders
 
-def check_model_folder(path: str | os.PathLike) -> Path:
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def is_hub_id(path: str | os.PathLike) -> bool:
+    """`org/name` that is no local path: transformers fetches it from the Hugging Face hub (or its
+    cache) on a user's machine."""
+    text = str(path)
+    return bool(HUB_ID.match(text)) and not Path(text).exists() and not text.startswith((".", "/"))
+
+
+def check_model_folder(path: str | os.PathLike) -> str | Path:
+    """A local model folder, checked; or a hub id, passed through (loading it says if it fails)."""
+    if is_hub_id(path):
+        return str(path)
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise FicError("is a file, expected a model folder (config.json, weights, tokenizer files)",
                        path=str(path))
     if not path.is_dir():
         raise FicError(f"model folder {path} not found; run `fic prepare-model` to create the bundled "
-                       "one, or point to a Hugging Face model folder")
+                       "one, point to a Hugging Face model folder, or name a hub model as org/name")
     if not (path / "config.json").is_file():
         raise FicError("not a Hugging Face model folder (no config.json); run `fic prepare-model` "
                        "to create the bundled one, or point to a folder saved with save_pretrained",
@@ -98,8 +112,13 @@ def check_model_folder(path: str | os.PathLike) -> Path:
     return path
 
 
+def _hub_hint(path: str | Path) -> str:
+    return (" (a hub model: check the name, your network or HF_HUB_OFFLINE, and `huggingface-cli login` for "
+            "gated models)") if is_hub_id(path) else ""
+
+
 def load_tokenizer(path: str | os.PathLike, trust_remote_code: bool = False) -> Any:
-    """Load the tokenizer of a local model folder and make sure it has a pad token.
+    """Load the tokenizer of a local model folder (or a hub id) and make sure it has a pad token.
 
     A missing pad token falls back to the eos token on this instance only; nothing is
     saved. `padding_side` is left as the folder says: batching call sites choose it
@@ -111,7 +130,7 @@ def load_tokenizer(path: str | os.PathLike, trust_remote_code: bool = False) -> 
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
-        raise FicError(f"cannot load the tokenizer: {err}", path=str(path)) from None
+        raise FicError(f"cannot load the tokenizer: {one_line(err)}{_hub_hint(path)}", path=str(path)) from None
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
             raise FicError("the tokenizer has neither a pad nor an eos token", path=str(path))
@@ -133,8 +152,8 @@ def load_template_checked_tokenizer(path: str | os.PathLike, trust_remote_code: 
 
 def load_model(path: str | os.PathLike, dtype: str | torch.dtype = "auto", device: str = "cpu",
                trust_remote_code: bool = False) -> Any:
-    """Load a causal LM from a local folder onto `device` ("auto" picks `default_device()`),
-    in eval mode."""
+    """Load a causal LM from a local folder (or a hub id, `org/name`) onto `device` ("auto" picks
+    `default_device()`), in eval mode."""
     from transformers import AutoModelForCausalLM
 
     path = check_model_folder(path)
@@ -143,7 +162,7 @@ def load_model(path: str | os.PathLike, dtype: str | torch.dtype = "auto", devic
     try:
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except OSError as err:  # missing or unreadable weight files: the user can fix the folder
-        raise FicError(f"cannot load the model: {err}", path=str(path)) from None
+        raise FicError(f"cannot load the model: {one_line(err)}{_hub_hint(path)}", path=str(path)) from None
     return model.to(device).eval()
 
 

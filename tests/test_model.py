@@ -163,3 +163,19 @@ def test_resolve_dtype():
     assert resolve_dtype(torch.float16) is torch.float16
     with pytest.raises(FicError, match="unknown dtype 'int3'"):
         resolve_dtype("int3")
+
+
+def test_hub_ids_reach_transformers_and_fail_with_one_clear_line(monkeypatch, tmp_path):
+    """`org/name` is a hub model on a user's machine; offline (as here) loading it is one clear
+    error naming it. A local folder of the same shape still wins."""
+    from fic.model import is_hub_id, load_tokenizer
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert is_hub_id("meta-llama/Llama-3.1-8B-Instruct") and not is_hub_id("./models/x") and not is_hub_id("a/b/c")
+    with pytest.raises(FicError, match="meta-llama/Llama-3.1-8B-Instruct.*hub model"):
+        load_tokenizer("meta-llama/Llama-3.1-8B-Instruct")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "org" / "name").mkdir(parents=True)
+    assert not is_hub_id("org/name")
+    with pytest.raises(FicError, match="no config.json"):
+        load_tokenizer("org/name")

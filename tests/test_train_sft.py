@@ -311,7 +311,7 @@ def test_resume_without_checkpoints_is_a_clear_error(tiny_model_dir, corpus, tmp
         run(*settings(tiny_model_dir, corpus, tmp_path / "partial", "resume=true"))
 
 
-def test_damaged_checkpoints_are_clear_errors(finished_run):
+def test_damaged_checkpoints_are_clear_errors(finished_run, capsys):
     out, args = finished_run
     newest = out / "checkpoints" / "step-2"
     (newest / "model.safetensors").write_bytes(b"truncated")
@@ -320,9 +320,10 @@ def test_damaged_checkpoints_are_clear_errors(finished_run):
     (newest / "trainer_state.json").write_text("{not json")
     with pytest.raises(FicError, match="step-2.*damaged"):
         run(*args, "resume=true")
-    # Without its marker the damaged one is skipped and the run resumes from step 1.
+    # Without its marker the damaged one is skipped, the run says so and resumes from step 1.
     (newest / "complete").unlink()
     assert run(*args, "resume=true")["steps"] == 2
+    assert "passing over step-2 (incomplete: no `complete` marker); resuming from step-1" in capsys.readouterr().out
     assert list(losses(out)) == [1, 2]
 
 
