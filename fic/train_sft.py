@@ -24,15 +24,14 @@ LoRA) plus `final-merged/` for LoRA with `save_merged=true`, each with a model c
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fic.config import config_to_dict, describe, load_config, setting
-from fic.errors import FicError, one_line, os_error
+from fic.config import config_to_dict, setting
+from fic.errors import FicError
 from fic.training.config import RunConfig
 
 # Settings a resumed run must share with the checkpoint: anything else changes what the
@@ -168,27 +167,10 @@ def model_card(cfg: SFTConfig, corpus: dict, result: dict, kind: str) -> str:
                        f"step; final loss {result['final_loss']:.4f}"])
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="train_sft.py", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="settings (key=value):\n" + describe(SFTConfig))
-    parser.add_argument("--config", default=None, help="recipe YAML, e.g. recipes/smollm2-135m-instruct/sft.yaml")
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="override recipe settings")
-    return parser
-
-
 def main(argv: list[str] | None = None) -> int:
-    # Intermixed: `--config` may come before, between or after the key=value overrides.
-    args = build_parser().parse_intermixed_args(sys.argv[1:] if argv is None else argv)
-    try:
-        train(load_config(SFTConfig, args.config, args.overrides))
-    except FicError as err:  # `accelerate launch` runs this file directly, past the fic CLI's handler
-        print(f"fic train sft: error: {err}", file=sys.stderr)
-        return 2
-    except OSError as err:  # a full disk, a read-only folder: the path and the reason, not a traceback
-        print(f"fic train sft: error: {one_line(os_error(err))}", file=sys.stderr)
-        return 2
-    return 0
+    from fic.training.loop import recipe_main
+
+    return recipe_main(SFTConfig, train, "sft", __doc__, argv)
 
 
 if __name__ == "__main__":

@@ -34,15 +34,14 @@ checkpoints hold weights, optimizer, RNG and the EMA teacher: losses after a kil
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fic.config import config_to_dict, describe, load_config, setting
-from fic.errors import FicError, one_line, os_error
+from fic.config import config_to_dict, setting
+from fic.errors import FicError
 from fic.evaluate import UserConfig
 from fic.splits import ExcludeConfig
 from fic.training.config import LoggingSection, RunConfig
@@ -435,26 +434,10 @@ def model_card(cfg: VASDConfig, result: dict, kind: str) -> str:
                        f"Training: {result['steps']} optimizer steps"])
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="train_vasd.py", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="settings (key=value):\n" + describe(VASDConfig))
-    parser.add_argument("--config", default=None, help="recipe YAML, e.g. recipes/smollm2-135m-instruct/vasd.yaml")
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="override recipe settings")
-    return parser
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_intermixed_args(sys.argv[1:] if argv is None else argv)
-    try:
-        train(load_config(VASDConfig, args.config, args.overrides))
-    except FicError as err:  # `accelerate launch` runs this file directly, past the fic CLI's handler
-        print(f"fic train vasd: error: {err}", file=sys.stderr)
-        return 2
-    except OSError as err:  # a full disk, a read-only folder: the path and the reason, not a traceback
-        print(f"fic train vasd: error: {one_line(os_error(err))}", file=sys.stderr)
-        return 2
-    return 0
+    from fic.training.loop import recipe_main
+
+    return recipe_main(VASDConfig, train, "vasd", __doc__, argv)
 
 
 if __name__ == "__main__":

@@ -60,3 +60,15 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) 
         if path.name.startswith(("tokenizer", "special_tokens_map", "chat_template")):
             shutil.copy(path, out / path.name)
     return out
+
+
+@pytest.fixture
+def fresh_accelerate_state():
+    """Accelerate keeps process-wide singletons; an in-process training run starts from a clean one.
+    Modules that train in-process use it with `pytestmark = pytest.mark.usefixtures(...)`."""
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    yield
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    PartialState._reset_state()

@@ -15,14 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes" / "smollm2-135m-instruct"
 
 
-@pytest.fixture(autouse=True)
-def fresh_accelerate_state():
-    from accelerate.state import AcceleratorState, GradientState, PartialState
-
-    yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    PartialState._reset_state()
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
 
 def small(model, out) -> list[str]:

@@ -44,15 +44,7 @@ def write_corpus(path: Path, n: int = 16) -> Path:
     return path
 
 
-@pytest.fixture(autouse=True)
-def fresh_accelerate_state():
-    """Accelerate keeps process-wide singletons; each in-process run starts from a clean one."""
-    from accelerate.state import AcceleratorState, GradientState, PartialState
-
-    yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    PartialState._reset_state()
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
 
 @pytest.fixture

@@ -39,14 +39,7 @@ RECIPE = ROOT / "recipes" / "smollm2-135m-instruct" / "vasd.yaml"
 SELF_SYSTEM = "{{- '<|im_start|>system\\nCutting Knowledge Date: 2023<|im_end|>\\n' }}" + QWEN25
 
 
-@pytest.fixture(autouse=True)
-def fresh_accelerate_state():
-    from accelerate.state import AcceleratorState, GradientState, PartialState
-
-    yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    PartialState._reset_state()
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
 
 def ara(task_id: str = "ara") -> Instance:

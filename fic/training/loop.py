@@ -26,6 +26,7 @@ import logging
 import math
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -260,3 +261,31 @@ class RunLog:
         if self.tracker is not None:
             self.tracker.summary.update(summary or {})
             self.tracker.finish()
+
+
+def recipe_main(config_class: type, train: Callable[[Any], Any], method: str, doc: str,
+                argv: list[str] | None) -> int:
+    """The command line of a recipe script (`accelerate launch fic/train_<method>.py --config ...`):
+    `--config` anywhere among the key=value overrides, `--help` listing every key, and bad input
+    or an operating-system refusal as one line with exit 2 (`accelerate launch` runs the script
+    directly, past the fic CLI's handler)."""
+    import argparse
+
+    from fic.config import describe, load_config
+    from fic.errors import one_line, os_error
+
+    parser = argparse.ArgumentParser(prog=f"train_{method}.py", description=doc.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="settings (key=value):\n" + describe(config_class))
+    parser.add_argument("--config", default=None, help=f"recipe YAML, e.g. recipes/smollm2-135m-instruct/{method}.yaml")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="override recipe settings")
+    args = parser.parse_intermixed_args(sys.argv[1:] if argv is None else argv)
+    try:
+        train(load_config(config_class, args.config, args.overrides))
+    except FicError as err:
+        print(f"fic train {method}: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a full disk, a read-only folder: the path and the reason, not a traceback
+        print(f"fic train {method}: error: {one_line(os_error(err))}", file=sys.stderr)
+        return 2
+    return 0
