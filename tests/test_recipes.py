@@ -25,7 +25,8 @@ CONFIG_CLASSES = {
     "sft": "fic.train_sft:SFTConfig",
 }
 # Stages whose modules are being written alongside: mapped once the module exists.
-for _stem, _target in {"vasd": "fic.train_vasd:VASDConfig", "probe": "fic.probe:ProbeConfig"}.items():
+for _stem, _target in {"vasd": "fic.train_vasd:VASDConfig", "probe": "fic.probe:ProbeConfig",
+                       "demo": "fic.demo:DemoConfig"}.items():
     if importlib.util.find_spec(_target.split(":")[0]) is not None:
         CONFIG_CLASSES[_stem] = _target
 
@@ -101,7 +102,24 @@ def path_values(path: Path) -> list[tuple[str, str]]:
         for section in ("model", "data"):
             if "path" in (data.get(section) or {}):
                 found.append((f"{section}.path", data[section]["path"]))
+    elif stem == "vasd":
+        section = data.get("data") or {}
+        if (data.get("model") or {}).get("path"):
+            found.append(("model.path", data["model"]["path"]))
+        if section.get("anchor_path"):
+            found.append(("data.anchor_path", section["anchor_path"]))
+        for spec in (section.get("exclude") or {}).get("sources") or []:
+            found.append(("data.exclude.sources", source_path(spec) or spec))
     return found
+
+
+def sibling_outs(path: Path) -> list[str]:
+    """The `out` of every other recipe in the folder: what the earlier stages write."""
+    return [yaml.safe_load(p.read_text()).get("out", "") for p in path.parent.glob("*.yaml") if p != path]
+
+
+def made_by_sibling(path: Path, value: str) -> bool:
+    return any(out and (value == out or value.startswith(out.rstrip("/") + "/")) for out in sibling_outs(path))
 
 
 def test_there_are_recipes():
@@ -145,7 +163,6 @@ def test_files_named_in_comments_exist(path):
 def test_files_a_recipe_reads_exist_or_are_made_or_explained(path):
     """A path a recipe reads is written by a sibling recipe (`out`), named in its comments (which say
     where it comes from: a download, `fic prepare-model`), or a file in the repository."""
-    siblings = [yaml.safe_load(p.read_text()).get("out", "") for p in path.parent.glob("*.yaml") if p != path]
     text = comments(path)
     for key, value in path_values(path):
         assert not Path(value).is_absolute(), f"{rel(path)}: {key} is an absolute path: {value}"
@@ -153,14 +170,15 @@ def test_files_a_recipe_reads_exist_or_are_made_or_explained(path):
             continue
         assert (REPO / value).resolve().is_relative_to(REPO), \
             f"{rel(path)}: {key}={value} is outside the repository, which a user's clone does not have"
-        made = any(out and (value == out or value.startswith(out.rstrip("/") + "/")) for out in siblings)
-        assert made or value in text or (REPO / value).exists(), \
+        assert made_by_sibling(path, value) or value in text or (REPO / value).exists(), \
             f"{rel(path)}: {key}={value} does not exist, no recipe beside it writes it, and no comment says where it comes from"
 
 
 @pytest.mark.parametrize("folder", sorted({p.parent for p in RECIPES}), ids=lambda p: p.name)
 def test_stages_of_a_backbone_chain(folder):
-    """SFT trains on the corpus sft-data writes, from the weights the base evaluation scores."""
+    """SFT trains on the corpus sft-data writes, from the weights the base evaluation scores; VASD starts
+    from the model SFT saves (merged, for a LoRA SFT), anchors on the same corpus, and keeps the
+    folder's evaluation data out of its rollouts."""
     load = lambda name: yaml.safe_load((folder / name).read_text())  # noqa: E731
     if {"sft.yaml", "sft-data.yaml"} <= {p.name for p in folder.iterdir()}:
         assert load("sft.yaml")["data"]["path"] == load("sft-data.yaml")["out"]
@@ -168,13 +186,24 @@ def test_stages_of_a_backbone_chain(folder):
         for evaluation in folder.glob("eval*.yaml"):
             assert yaml.safe_load(evaluation.read_text())["model"]["model"] == load("sft.yaml")["model"]["path"], \
                 f"{evaluation.name} does not evaluate the weights sft.yaml starts from"
+    if (folder / "vasd.yaml").exists():
+        vasd, sft = load("vasd.yaml"), load("sft.yaml")
+        lora_sft = (sft.get("lora") or {}).get("enabled", False)
+        # vLLM and VASD read whole model folders; a LoRA SFT's `final` is an adapter.
+        assert not lora_sft or sft.get("save_merged"), "a LoRA SFT must save_merged for VASD to start from"
+        wanted = f"{sft['out'].rstrip('/')}/{'final-merged' if lora_sft else 'final'}"
+        assert vasd["model"]["path"] == wanted, f"vasd.yaml does not start from what sft.yaml saves ({wanted})"
+        assert vasd["data"]["anchor_path"] == load("sft-data.yaml")["out"], \
+            "vasd.yaml's anchor is not the SFT corpus sft-data.yaml writes"
+        excluded = (vasd["data"].get("exclude") or {}).get("sources") or []
+        assert f"recipes/{folder.name}/eval.yaml" in excluded, "vasd.yaml does not keep eval.yaml's data out"
 
 
 def test_the_paper_backbones_have_recipes():
     assert BACKBONES == ["llama-3.1-8b-instruct", "llama-3.2-3b-instruct", "olmo-2-1124-7b-instruct", "phi-4",
                          "qwen2.5-7b-instruct"]
     for name in BACKBONES:
-        assert {"sft-data", "sft", "eval"} <= {p.stem for p in (REPO / "recipes" / name).glob("*.yaml")}, name
+        assert {"sft-data", "sft", "vasd", "eval"} <= {p.stem for p in (REPO / "recipes" / name).glob("*.yaml")}, name
 
 
 BACKBONE_RECIPES = [p for p in RECIPES if p.parent.name in BACKBONES]
@@ -190,8 +219,13 @@ def test_backbone_recipe_header_says_how_where_and_how_long(path):
     models = [value for key, value in path_values(path) if key.endswith(("model", "model.path"))]
     assert models
     for model in models:
+        if made_by_sibling(path, model):  # an earlier stage's output (VASD starts from SFT's model)
+            assert model in text, f"the header does not say which stage writes {model}"
+            continue
         assert re.search(rf"hf download [\w.-]+/[\w.-]+ --local-dir {re.escape(model)}(?!\S)", text), \
             f"the header does not say how to get {model} from the hub"
+    if path.stem == "vasd":
+        return  # three parts, not one: test_vasd_time_estimate_adds_up
 
     factor, n, tokens, flops = re.search(r"(\d) \* N \* tokens.*? = \d \* ([\d.]+e\d+) \* ([\d.]+e\d+) = "
                                          r"([\d.]+e\d+) FLOPs", text).groups()
@@ -203,9 +237,56 @@ def test_backbone_recipe_header_says_how_where_and_how_long(path):
     assert float(hours) == pytest.approx(seconds / 3600, rel=0.15)
 
 
-@pytest.mark.parametrize("path", [p for p in RECIPES if p.stem == "sft"], ids=rel)
+@pytest.mark.parametrize("path", [p for p in RECIPES if p.stem in ("sft", "vasd")], ids=rel)
 def test_launch_files_named_by_a_training_recipe_accept_it(path):
     named = sorted(set(re.findall(r"launch/[\w-]+\.yaml", comments(path))))
     assert named, f"{rel(path)} names no launch config"
     for config in named:
         launch_check.check(REPO / config, path)
+
+
+VASD_PART = re.compile(r"(rollouts|teacher|student): (\d) \* N \* tokens.*? = \d \* ([\d.]+e\d+) \* ([\d.]+e\d+) = "
+                       r"([\d.]+e\d+) FLOPs at an assumed (\d+)% MFU of (\d+) x 312 TFLOP/s.*? = ([\d.]+) h")
+
+
+@pytest.mark.parametrize("path", [p for p in BACKBONE_RECIPES if p.stem == "vasd"], ids=rel)
+def test_vasd_time_estimate_adds_up(path):
+    """A VASD step generates (2N per token), runs the teacher (2N) and trains the student (6N, or 4N for
+    LoRA without gradient checkpointing, which computes no weight gradients and no second forward): the
+    header states each part's FLOPs and hours, and they follow from its numbers and the recipe's batch."""
+    text, recipe = header(path), yaml.safe_load(path.read_text())
+    gpus = int(re.search(r"Sized for: (\d+) x A100", text).group(1))
+    steps, rollouts = map(int, re.search(r"(\d+) steps x (\d+) rollouts", text).groups())
+    train = recipe["train"]
+    assert steps == train["max_steps"]
+    assert rollouts == gpus * train["micro_batch_size"] * train["grad_accum_steps"], \
+        "the rollouts per step are not GPUs x micro_batch_size x grad_accum_steps"
+    parts = {m[0]: m[1:] for m in VASD_PART.findall(text)}
+    assert set(parts) == {"rollouts", "teacher", "student"}, f"found parts {sorted(parts)}"
+    lora, checkpointing = recipe["lora"]["enabled"], recipe["model"]["gradient_checkpointing"]
+    factors = {"rollouts": 2, "teacher": 2, "student": 4 if lora and not checkpointing else 6}
+    sft_n = re.search(r"\d \* N \* tokens.*? = \d \* ([\d.]+e\d+) \*", header(path.parent / "sft.yaml")).group(1)
+    total = 0.0
+    for name, (factor, n, tokens, flops, mfu, part_gpus, hours) in parts.items():
+        assert int(factor) == factors[name], f"{name}: {factor} * N, expected {factors[name]} * N"
+        assert float(n) == pytest.approx(float(sft_n), rel=0.01), f"{name}: N differs from sft.yaml's"
+        assert int(part_gpus) == gpus
+        assert float(flops) == pytest.approx(int(factor) * float(n) * float(tokens), rel=0.05), name
+        seconds = float(flops) / (gpus * 312e12 * int(mfu) / 100)
+        assert float(hours) == pytest.approx(seconds / 3600, rel=0.15), name
+        total += float(hours)
+    stated = float(re.search(r"In all ([\d.]+) h of compute", text).group(1))
+    assert stated == pytest.approx(total, rel=0.05)
+
+
+@pytest.mark.parametrize("path", [p for p in RECIPES if p.stem == "vasd"], ids=rel)
+def test_vasd_teacher_is_no_second_copy_under_zero3(path):
+    """The trainer refuses a frozen or EMA teacher copy under ZeRO-3 only once the model is loaded on
+    every GPU; a recipe must not name that launch for that teacher in the first place."""
+    recipe = yaml.safe_load(path.read_text())
+    copy = recipe["teacher"]["mode"] == "ema" or (recipe["teacher"]["mode"] == "frozen"
+                                                  and not recipe["lora"]["enabled"])
+    for config in sorted(set(re.findall(r"launch/[\w-]+\.yaml", comments(path)))):
+        launch = yaml.safe_load((REPO / config).read_text())
+        assert not (copy and (launch.get("deepspeed_config") or {}).get("zero_stage") == 3), \
+            f"{rel(path)}: a teacher copy under {config} (ZeRO-3)"
