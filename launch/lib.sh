@@ -29,6 +29,41 @@ fic_check() {
   fi
 }
 
+# fic_resume: add resume=true to OVERRIDES when the run's `out` folder holds a complete checkpoint
+# (`out/checkpoints/step-N/complete`, written last), and say so on stderr when it holds none. A job
+# requeued before its first checkpoint must start over: resume=true there stops the trainer with "no
+# complete checkpoint". `out` is the last out=... override, else the recipe's own; the trainer reads it
+# relative to the working directory, as this does. An explicit resume=... override is left alone.
+fic_resume() {
+  local item out
+  for item in "${OVERRIDES[@]}"; do
+    if [[ $item == resume=* ]]; then
+      return 0
+    fi
+  done
+  # A recipe that cannot be read yields no folder here; fic_check then says what is wrong with it.
+  out=$("${PYTHON:-python}" - "$RECIPE" "${OVERRIDES[@]}" <<'PY' 2>/dev/null
+import sys
+
+import yaml
+
+from fic.config import read_yaml
+
+out = read_yaml(sys.argv[1]).get("out")
+for item in sys.argv[2:]:
+    key, sep, raw = item.partition("=")
+    if sep and key.strip() == "out":
+        out = yaml.safe_load(raw)
+print(out if isinstance(out, str) else "")
+PY
+  ) || out=""
+  if [[ -n $out ]] && compgen -G "$out/checkpoints/step-[0-9]*/complete" >/dev/null; then
+    OVERRIDES+=(resume=true)
+  else
+    echo "${0##*/}: no complete checkpoint in ${out:-<out>}/checkpoints yet: starting the run from step 0" >&2
+  fi
+}
+
 # need VAR WHAT: stop with one line (exit 2) when the environment variable VAR is unset or empty.
 need() {
   if [[ -z ${!1:-} ]]; then

@@ -10,8 +10,9 @@
 # limit (and at preemption where the cluster sets PreemptParameters=send_user_signal); the trap below
 # requeues the job. With `#SBATCH --requeue`, a cluster whose PreemptMode is REQUEUE puts a preempted job
 # back in the queue by itself. SIGTERM is not trapped, so `scancel` still ends the job for good. A
-# restarted job (SLURM_RESTART_COUNT > 0) passes resume=true and continues from the newest complete
-# checkpoint (at most checkpoint.every steps are redone). `out` must be on a filesystem every node sees.
+# restarted job (SLURM_RESTART_COUNT > 0) passes resume=true once the run's `out` folder holds a complete
+# checkpoint, and continues from the newest one (at most checkpoint.every steps are redone); requeued
+# before its first checkpoint, it starts the run again. `out` must be on a filesystem every node sees.
 set -euo pipefail
 need SLURM_SUBMIT_DIR "the repository root; sbatch sets it to the folder it was called from"
 cd "$SLURM_SUBMIT_DIR"
@@ -40,8 +41,8 @@ export MAIN_HOST=${HOSTS[0]}
 export MAIN_PORT=${MAIN_PORT:-$((20000 + JOB % 20000))}
 export LOG_DIR=${LOG_DIR:-runs/slurm/$JOB}
 
-if (( ${SLURM_RESTART_COUNT:-0} > 0 )) && [[ " ${OVERRIDES[*]} " != *" resume=true "* ]]; then
-  OVERRIDES+=(resume=true)
+if (( ${SLURM_RESTART_COUNT:-0} > 0 )); then
+  fic_resume
 fi
 fic_check "$LAUNCH_CONFIG" $((NNODES * GPUS_PER_NODE)) "$NNODES"
 
@@ -54,7 +55,7 @@ if [[ ${DRY_RUN:-0} == 1 ]]; then
 fi
 
 requeue() {
-  echo "job $JOB: USR1 before the time limit or at preemption; requeueing (the restart passes resume=true)"
+  echo "job $JOB: USR1 before the time limit or at preemption; requeueing (the restart resumes from the newest complete checkpoint)"
   scontrol requeue "$JOB"
   exit 0
 }

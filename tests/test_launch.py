@@ -243,13 +243,58 @@ def test_slurm_multi_node_dry_run_prints_every_node(tmp_path):
                                         for r in range(3)]
 
 
-def test_slurm_restart_resumes_and_global_batch_sets_the_accumulation():
+def checkpoint(out: Path, step: int, complete: bool = True) -> None:
+    """A checkpoint folder as the trainer leaves it: `complete` is written last."""
+    folder = out / "checkpoints" / f"step-{step}"
+    folder.mkdir(parents=True)
+    if complete:
+        (folder / "complete").write_text(f"step {step}\n")
+
+
+def test_slurm_restart_resumes_and_global_batch_sets_the_accumulation(tmp_path):
+    checkpoint(tmp_path, 100)
     env = slurm_env(2, SLURM_RESTART_COUNT="1", GLOBAL_BATCH="64")
-    done = run_script("launch/slurm_multi_node.sbatch", RECIPE, SCRIPT, env=env)
+    done = run_script("launch/slurm_multi_node.sbatch", RECIPE, SCRIPT, f"out={tmp_path}", env=env)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
-        node_line(r, 2, "launch/accelerate_multi_node.yaml", "resume=true", "train.grad_accum_steps=1")
-        for r in range(2)]
+        node_line(r, 2, "launch/accelerate_multi_node.yaml", f"out={tmp_path}", "resume=true",
+                  "train.grad_accum_steps=1") for r in range(2)]
+
+
+def test_slurm_restart_before_the_first_checkpoint_starts_over(tmp_path):
+    # Requeued before any checkpoint was complete: resume=true would stop the trainer ("no complete
+    # checkpoint"), so the restart runs the first job's command again. A folder without its `complete`
+    # marker (killed while writing) and the trainer's temporary folder do not count.
+    checkpoint(tmp_path, 100, complete=False)
+    (tmp_path / "checkpoints" / ".step-200.tmp").mkdir()
+    (tmp_path / "checkpoints" / ".step-200.tmp" / "complete").write_text("step 200\n")
+    env = slurm_env(1, SLURM_RESTART_COUNT="1")
+    done = run_script("launch/slurm_1node.sbatch", RECIPE, SCRIPT, f"out={tmp_path}", env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [node_line(0, 1, "launch/deepspeed_zero2.yaml", f"out={tmp_path}")]
+    assert f"no complete checkpoint in {tmp_path}/checkpoints yet: starting the run from step 0" in done.stderr
+
+
+@pytest.mark.parametrize("complete", [False, True])
+def test_slurm_restart_reads_out_from_the_recipe(tmp_path, complete):
+    """Without an out= override the recipe's own `out` is the folder looked in."""
+    recipe = tmp_path / "sft.yaml"
+    data = yaml.safe_load((REPO / RECIPE).read_text())
+    data["out"] = str(tmp_path / "run")
+    recipe.write_text(yaml.safe_dump(data))
+    if complete:
+        checkpoint(tmp_path / "run", 7)
+    done = run_script("launch/slurm_1node.sbatch", str(recipe), SCRIPT, env=slurm_env(1, SLURM_RESTART_COUNT="2"))
+    assert done.returncode == 0, done.stderr
+    (line,) = done.stdout.splitlines()
+    assert line.split(" >> ")[0].endswith(f"--config {recipe}" + (" resume=true" if complete else ""))
+
+
+def test_slurm_first_run_never_resumes(tmp_path):
+    checkpoint(tmp_path, 100)
+    done = run_script("launch/slurm_1node.sbatch", RECIPE, SCRIPT, f"out={tmp_path}", env=slurm_env(1))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [node_line(0, 1, "launch/deepspeed_zero2.yaml", f"out={tmp_path}")]
 
 
 def test_slurm_refuses_a_bad_launch_before_printing_any_node(tmp_path):
@@ -318,7 +363,7 @@ def test_usr1_before_the_time_limit_requeues_the_job(tmp_path):
         out, err = job.communicate(timeout=30)
         assert job.returncode == 0, err
         assert (tmp_path / "scontrol.calls").read_text() == "requeue 4242\n"
-        assert "requeueing (the restart passes resume=true)" in out
+        assert "requeueing (the restart resumes from the newest complete checkpoint)" in out
     finally:
         if job.poll() is None:
             job.kill()
