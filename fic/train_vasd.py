@@ -137,11 +137,13 @@ class RegularizerSection:
 
 @dataclass
 class EvalSection:
-    every: int = setting(0, "Evaluate the live model every this many steps (0: never) with `fic eval`'s code.", min=0)
+    every: int = setting(0, "Evaluate the live model before training, every this many steps and at the end (0: "
+                         "never): the divergence per answer token on the held-out tasks' greedy rollouts, and "
+                         "`fic eval` of eval.views.", min=0)
     source: str = setting("", "Held-out instances (a source spec); must not overlap the training data.")
     task: str = setting("math", "Task of the held-out instances.")
     limit: int | None = setting(32, "At most this many held-out instances.", min=1)
-    views: list[str] = setting(["full", "sharded"], "Views to evaluate.")
+    views: list[str] = setting(["full", "sharded"], "Views `fic eval` plays (empty: the divergence only).")
     max_new_tokens: int = setting(256, "Most tokens of one evaluation reply.", min=1)
 
 
@@ -331,6 +333,12 @@ def train(cfg: VASDConfig) -> dict:
         "loss": f"{f['loss']:.4f}", "acc": f"{f['rollout_accuracy']:.2f}", "early": f"{f['premature_answer_rate']:.2f}"})
     out = Path(cfg.out)
 
+    held_out = load_held_out(cfg)
+    if held_out and start == 0 and main:  # the point the held-out figures are compared with
+        before = evaluate_now(cfg, held_out, policy, generator, tokenizer, parts, loss, accelerator,
+                              out / "eval" / "step-0")
+        append_jsonl(out / "metrics.jsonl", {"step": 0, **before})
+        say("before training: " + ", ".join(f"{k}={v:.4g}" for k, v in before.items() if v is not None))
     last: dict = {}
     loss_model.train()
     for step in range(start + 1, steps + 1):
@@ -368,8 +376,9 @@ def train(cfg: VASDConfig) -> dict:
                 for row in rows:
                     append_jsonl(out / "samples.jsonl", {"step": step, "task_id": row[0], "score": row[1],
                                                          "conversation": row[2]})
-        if cfg.eval.every and step % cfg.eval.every == 0:
-            last.update(evaluate_now(cfg, policy, tokenizer, out / "eval" / f"step-{step}", main))
+        if cfg.eval.every and (step % cfg.eval.every == 0 or step == steps):
+            last.update(evaluate_now(cfg, held_out, policy, generator, tokenizer, parts, loss, accelerator,
+                                     out / "eval" / f"step-{step}"))
         log.step(step, last, tables)
         state = {"world_size": world, "data_sha256": data_sha, "config": config_to_dict(cfg), "wandb_id": run_id,
                  "loss": last["loss"]}
@@ -395,25 +404,42 @@ def _user_backend(cfg: VASDConfig) -> Any:
     return make_backend(cfg.rollout.user.backend)
 
 
-def evaluate_now(cfg: VASDConfig, policy: Any, tokenizer: Any, out: Path, main: bool) -> dict:
-    """A `fic eval` of the live model on the held-out set (main process); its headline figures."""
-    if not main:
+def evaluate_now(cfg: VASDConfig, held_out: list, policy: Any, generator: Any, tokenizer: Any, parts: dict,
+                 loss: Any, accelerator: Any, out: Path) -> dict:
+    """On the held-out tasks (main process): the divergence per answer token (`eval_divergence_per_token`)
+    and, for each of `eval.views`, a `fic eval` of the live model (`out/eval/step-N/`)."""
+    if not accelerator.is_main_process:
         return {}
     from fic.backends.hf import HFBackend
     from fic.evaluate import EvalConfig, evaluate
     from fic.generation import BackendConfig
+    from fic.training.vasd import held_out_divergence
 
-    eval_cfg = EvalConfig(model=BackendConfig(model=str(out)), views=list(cfg.eval.views), runs=1, temperature=0.0,
-                          max_new_tokens=cfg.eval.max_new_tokens, out=str(out))
-    eval_cfg.data.source, eval_cfg.data.task, eval_cfg.data.limit = cfg.eval.source, cfg.eval.task, cfg.eval.limit
-    metrics = evaluate(eval_cfg, assistant=HFBackend(policy, tokenizer, batch_size=cfg.rollout.batch_size),
-                       progress=False)
-    figures = {}
-    for view, values in metrics["views"].items():
-        figures[f"eval_{view}_P"] = values.get("P")
-        if values.get("premature_answer_rate") is not None:
-            figures[f"eval_{view}_premature_answer_rate"] = values["premature_answer_rate"]
+    policy.eval()
+    figures = {"eval_divergence_per_token": held_out_divergence(cfg, held_out, generator, tokenizer, parts, loss,
+                                                                accelerator.device, accelerator.autocast)}
+    policy.train()
+    if cfg.eval.views:
+        eval_cfg = EvalConfig(model=BackendConfig(model=str(out)), views=list(cfg.eval.views), runs=1,
+                              temperature=0.0, max_new_tokens=cfg.eval.max_new_tokens, out=str(out))
+        eval_cfg.data.source, eval_cfg.data.task, eval_cfg.data.limit = cfg.eval.source, cfg.eval.task, cfg.eval.limit
+        metrics = evaluate(eval_cfg, assistant=HFBackend(policy, tokenizer, batch_size=cfg.rollout.batch_size),
+                           progress=False)
+        for view, values in metrics["views"].items():
+            figures[f"eval_{view}_P"] = values.get("P")
+            if values.get("premature_answer_rate") is not None:
+                figures[f"eval_{view}_premature_answer_rate"] = values["premature_answer_rate"]
     return figures
+
+
+def load_held_out(cfg: VASDConfig) -> list:
+    from fic.sharding import shard_missing
+    from fic.sources import load_source
+
+    if not cfg.eval.every:
+        return []
+    sharded, _ = shard_missing(load_source(cfg.eval.source, cfg.eval.task, limit=cfg.eval.limit, seed=cfg.data.seed))
+    return [i for i in sharded if len(i.shards) >= 2]
 
 
 def model_card(cfg: VASDConfig, result: dict, kind: str) -> str:

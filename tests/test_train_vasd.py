@@ -420,9 +420,12 @@ def test_fic_train_vasd_runs_the_shipped_recipe(tiny_model_dir, anchor_corpus, t
     assert main(["train", "vasd", "--config", str(RECIPE), f"model.path={tiny_model_dir}",
                  f"data.anchor_path={anchor_corpus}", f"out={out}", "train.max_steps=1", "train.micro_batch_size=2",
                  "train.grad_accum_steps=1", "rollout.max_new_tokens=6", "logging.wandb=false",
-                 "data.limit=8", "eval.every=0"]) == 0
-    assert (out / "final" / "config.json").exists() and len(metrics(out)) == 1
-    figures = metrics(out)[0]
+                 "data.limit=8", "eval.every=1", "eval.source=reasoning-gym:gsm_symbolic", "eval.limit=2",
+                 "eval.views=[]", "loss.keep_truncated=true"]) == 0
+    assert (out / "final" / "config.json").exists()
+    before, figures = metrics(out)  # step 0: the held-out figures training is compared with
+    assert before["step"] == 0 and before["eval_divergence_per_token"] > 0
+    assert figures["step"] == 1 and figures["eval_divergence_per_token"] > 0
     for key in ("divergence_per_token", "premature_answer_rate", "final_not_answer_rate", "rollout_accuracy",
                 "truncated_final_rate", "rollout_s", "teacher_s", "student_s", "optimizer_s"):
         assert key in figures, key

@@ -181,3 +181,35 @@ def sync_rollout_backend(generator: Any, policy: Any, cfg: Any, convs: list, say
         from fic.backends.vllm import sync_weights
 
         sync_weights(generator, policy, convs, cfg.rollout.logprob_check_tolerance, say)
+
+
+def held_out_divergence(cfg: Any, instances: list, generator: Any, tokenizer: Any, parts: dict, loss: Any,
+                        device: Any, autocast: Any) -> float | None:
+    """The distillation term per answer token on held-out tasks, without a gradient: the live
+    model plays them greedily (sharded, every shard) and the teacher reads their single-turn
+    views, as in training. Lower means the student's final replies moved towards the teacher's."""
+    import torch
+
+    from fic.classify import make_classifier
+    from fic.generation import SamplingParams
+    from fic.simulator import make_conversations, play
+    from fic.user_sim import make_user
+
+    convs = make_conversations(instances, ["sharded"], 1)
+    play(convs, generator, make_user("verbatim"), make_classifier("rule"),
+         SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=0.0), batch_size=len(convs),
+         stop_at_correct=False, max_context=cfg.rollout.max_conversation_tokens)
+    per_step = cfg.train.micro_batch_size * cfg.train.grad_accum_steps
+    total, count = 0.0, 0.0
+    was_training = loss.training
+    loss.eval()
+    try:
+        with torch.no_grad():
+            for start in range(0, len(convs), per_step):
+                batches, _ = step_batches(cfg, convs[start:start + per_step], [], tokenizer, parts, device, autocast)
+                for batch in batches:
+                    count += batch.pop("counts")["distill"]
+                    total += float(loss(**{k: v.to(device) for k, v in batch.items()})["distill"])
+    finally:
+        loss.train(was_training)
+    return total / count if count else None
