@@ -373,3 +373,95 @@ def test_usr1_before_the_time_limit_requeues_the_job(tmp_path):
                 os.kill(int(pid), signal.SIGTERM)
             except ProcessLookupError:
                 pass
+
+
+# --------------------------------------------------------------------------- the GPU smoke check
+
+GPU_CHECKS = ["gpu", "setup", "sft-bf16", "vasd-bf16", "zero2-sft", "zero2-vasd", "vllm-logprobs"]
+
+
+def gpu_check(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    return run_script("launch/gpu_check.sh", env={"OUT": str(tmp_path / "out"), **env})
+
+
+def dry_commands(stdout: str) -> list[tuple[str, list[str]]]:
+    """(check, argv without the `timeout N` prefix) for each command a dry run prints."""
+    commands = []
+    for line in stdout.splitlines():
+        check, _, command = line.partition(": ")
+        if check in GPU_CHECKS and command.startswith("timeout "):
+            argv = shlex.split(command)
+            assert argv[1].isdigit()
+            commands.append((check, argv[2:]))
+    return commands
+
+
+def recipe_and_overrides(argv: list[str]) -> tuple[str, list[str]]:
+    at = argv.index("--config")
+    return argv[at + 1], argv[at + 2:]
+
+
+@pytest.mark.parametrize("tools", ["vllm+deepspeed", "neither"])
+def test_gpu_check_dry_run_prints_every_command(tmp_path, tools):
+    from fic.config import load_config
+    from fic.launch_check import check as launch_check
+    from fic.sft_data import SFTDataConfig
+    from fic.train_sft import SFTConfig
+    from fic.train_vasd import VASDConfig
+
+    both = tools == "vllm+deepspeed"
+    done = gpu_check(tmp_path, VLLM="1" if both else "0", DEEPSPEED="1" if both else "0")
+    assert done.returncode == 0, done.stderr
+    assert not (tmp_path / "out").exists(), "a dry run wrote files"
+    commands = dry_commands(done.stdout)
+    assert [c for c, _ in commands] == ["gpu", "setup", "setup", "sft-bf16", "vasd-bf16"] + (
+        ["zero2-sft", "zero2-sft", "zero2-vasd"] if both else [])
+    out = str(tmp_path / "out")
+    python = sys.executable
+    assert commands[0][1][:2] == [python, "-c"] and "torch.cuda" in commands[0][1][2]
+    assert commands[1][1] == [python, "-m", "fic", "prepare-model"]
+    corpus = load_config(SFTDataConfig, *recipe_and_overrides(commands[2][1]))
+    assert corpus.out == f"{out}/sft.jsonl" and corpus.limit == 32
+
+    # Every training command's settings load with the trainer's own config class.
+    configs = {}
+    for check, argv in commands[3:]:
+        if argv[:3] == [python, "-m", "fic"] and argv[3:5] == ["train", "sft"]:
+            cls = SFTConfig
+        elif argv[:3] == [python, "-m", "fic"] and argv[3:5] == ["train", "vasd"]:
+            cls = VASDConfig
+        elif argv[:2] == ["accelerate", "launch"]:
+            assert argv[2:7] == ["--config_file", "launch/deepspeed_zero2.yaml", "--num_processes", "1",
+                                 f"fic/train_{check.split('-')[1]}.py"]
+            cls = SFTConfig if check == "zero2-sft" else VASDConfig
+            recipe, overrides = recipe_and_overrides(argv)
+            launch_check(REPO / "launch/deepspeed_zero2.yaml", REPO / recipe, num_processes=1, overrides=overrides)
+        else:
+            assert argv[3] == "launch-check" and check == "zero2-sft", argv
+            continue
+        configs[check] = load_config(cls, *recipe_and_overrides(argv))
+    sft, vasd = configs["sft-bf16"], configs["vasd-bf16"]
+    for config in (sft, vasd):
+        assert (config.model.dtype, config.train.mixed_precision) == ("float32", "bf16")
+        assert config.train.max_steps == 3 and not config.logging.wandb
+    assert sft.data.path == corpus.out and sft.out == f"{out}/sft"
+    assert vasd.model.path == f"{out}/sft/final" and vasd.data.anchor_path == corpus.out
+    assert vasd.rollout.backend == ("vllm" if both else "hf")
+    if both:
+        assert configs["zero2-sft"].train.mixed_precision == "auto"  # bf16 from the launch file
+        assert configs["zero2-vasd"].rollout.backend == "vllm"
+        assert configs["zero2-vasd"].model.path == vasd.model.path
+        assert any(line.startswith("vllm-logprobs: reads ") for line in done.stdout.splitlines())
+    else:
+        assert done.stdout.splitlines()[-3:] == [f"SKIP {check:<13} {why}" for check, why in [
+            ("zero2-sft", "DEEPSPEED=0"), ("zero2-vasd", "DEEPSPEED=0"),
+            ("vllm-logprobs", "VLLM=0; the rollouts ran on hf")]]
+
+
+def test_gpu_check_without_a_gpu_fails_in_one_line_and_skips_the_rest(tmp_path):
+    done = gpu_check(tmp_path, DRY_RUN="0", CUDA_VISIBLE_DEVICES="", VLLM="0", DEEPSPEED="0")
+    assert done.returncode == 1, done.stderr
+    lines = done.stdout.splitlines()
+    assert [line.split()[:2] for line in lines] == [["FAIL", "gpu"]] + [["SKIP", c] for c in GPU_CHECKS[1:]]
+    assert all(line.endswith("no GPU") for line in lines[1:])
+    assert (tmp_path / "out" / "gpu.log").is_file()
