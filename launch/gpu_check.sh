@@ -102,6 +102,7 @@ from pathlib import Path
 run, steps = Path(sys.argv[1]), int(sys.argv[2])
 path = run / "metrics.jsonl"
 rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+rows = [row for row in rows if row.get("step", 1) >= 1]  # step 0: a held-out evaluation before training
 losses = [row.get("loss") for row in rows]
 if len(rows) != steps:
     sys.exit(f"{path}: {len(rows)} steps logged, expected {steps}")
@@ -239,6 +240,7 @@ for check in checks:
                  if "warning: after the weight sync" in line]
     metrics = out / runs[check] / "metrics.jsonl"
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.is_file() else []
+    rows = [row for row in rows if row.get("step", 1) >= 1]  # one weight sync after each optimizer step
     syncs += len(rows)
     # A step's sync is checked on a rollout whose final reply stopped by itself, as the rate counts.
     checked += sum(1 for row in rows if row.get("truncated_final_rate") is not None and row["truncated_final_rate"] < 1)
