@@ -634,3 +634,36 @@ def test_vllm_matches_hf_on_the_tiny_model(request):
     sampled = SamplingParams(max_new_tokens=8, temperature=1.0, seed=5)
     assert [g.token_ids for g in vllm_backend.generate(prompts, sampled)] == \
            [g.token_ids for g in vllm_backend.generate(prompts, sampled)]
+
+
+def test_hf_prefixes_shared_by_some_prompts_are_read_once(tiny):
+    """One task in two views shares its (long) system prompt with nothing else; N runs of one
+    prompt share everything but the last token. Each shared prefix is read once, shorter first,
+    and the replies are those of a full read."""
+    from fic.backends.hf import HFBackend
+    from fic.backends.kv_reuse import shared_prefixes
+    from fic.chat import prompt_ids
+
+    model, tokenizer = tiny
+    first = {"role": "system", "content": "Tools: rent_car(city: str, days: int). " * 8}
+    second = {"role": "system", "content": "Tools: send_money(recipient: str, amount: float). " * 8}
+    batch = [prompt_ids(tokenizer, [first, {"role": "user", "content": "Rent a car in Rome for 5 days."}]),
+             prompt_ids(tokenizer, [first, {"role": "user", "content": "I need to rent a car."}]),
+             prompt_ids(tokenizer, [second, {"role": "user", "content": "Send 20 euros to Ana."}])] + \
+        [prompt_ids(tokenizer, [second, {"role": "user", "content": "Pay Bo."}])] * 3
+    lcp = next(i for i in range(len(batch[0])) if batch[0][i] != batch[1][i])
+    prefixes = shared_prefixes(batch, [0] * len(batch), min_saving=32)
+    assert [len(p) for p in prefixes][-1] == len(batch[3]) - 1  # the three runs: all but the last token
+    assert any(len(p) == lcp for p in prefixes)
+    reusing = HFBackend(model, tokenizer, kv_reuse_mb=64)
+    got = reusing.generate(batch, GREEDY)
+    second_system = next(i for i in range(len(batch[2])) if batch[2][i] != batch[3][i])
+    # Read once each: the first system prompt, the second one, the runs' shared prompt beyond it,
+    # every row's own rest; and every row's last prompt token, fed with the first reply step.
+    assert reusing.fed_tokens == (lcp + (len(batch[0]) - 1 - lcp) + (len(batch[1]) - 1 - lcp) + second_system
+                                  + (len(batch[2]) - 1 - second_system) + (len(batch[3]) - 1 - second_system)
+                                  + len(batch))
+    assert reusing.fed_tokens < 0.6 * sum(len(p) for p in batch)
+    for a, b in zip(_hf(tiny).generate(batch, GREEDY), got):
+        assert a.token_ids == b.token_ids
+        assert b.logprobs == pytest.approx(a.logprobs, abs=1e-4)

@@ -30,9 +30,9 @@ from fic.backends.kv_reuse import (
     KV,
     KVStore,
     batch_rows,
-    common_prefix_length,
     layer_kv,
     left_padded,
+    shared_prefixes,
     spans_kv,
 )
 from fic.generation import (
@@ -132,19 +132,27 @@ class HFBackend:
     def _prefill(self, prompts: list[list[int]], device: torch.device) -> None:
         """Put the keys and values of every prompt but its last token into the store.
 
-        A prefix all prompts share (a system prompt) is fed once. The rest is fed in groups of
-        similar length, each one forward pass, so that short rows are not padded to the longest
-        (padding costs as much compute as real tokens; half of a turn's tokens were padding)."""
+        A prefix several prompts share (a system prompt, one task's tools in several views, N
+        runs of one conversation) is fed once, shorter shared prefixes before the longer ones
+        that extend them (`shared_prefixes`). The rest is fed in groups of similar length, each
+        one forward pass, so that short rows are not padded to the longest (padding costs as much
+        compute as real tokens; half of a turn's tokens were padding)."""
         store = self.kv_store
         reused = [store.match(p)[1] for p in prompts]
-        shared = common_prefix_length(prompts)
-        if sum(max(0, shared - m) for m in reused) - shared >= FORWARD_PASS_COST:
-            self._feed([prompts[0][:shared]], device)
-            reused = [max(m, shared) for m in reused]
-        todo = [i for i, p in enumerate(prompts) if reused[i] < len(p) - 1]
-        lengths = [len(prompts[i]) - 1 - reused[i] for i in todo]
+        pending = shared_prefixes(prompts, reused, FORWARD_PASS_COST)
+        while pending:  # rounds: a prefix waits until the shorter shared prefix it extends is stored
+            ready = [p for p in pending if not any(len(q) < len(p) and p[:len(q)] == q for q in pending)]
+            self._feed_grouped(ready, device)
+            pending = [p for p in pending if p not in ready]
+        self._feed_grouped([p[:-1] for p in prompts], device)
+
+    def _feed_grouped(self, token_lists: list[list[int]], device: torch.device) -> None:
+        """Feed what the store lacks of each token list, in forward passes of similar length."""
+        stored = [self.kv_store.match(t + [0])[1] for t in token_lists]  # + [0]: a whole stored list counts
+        todo = [i for i, t in enumerate(token_lists) if stored[i] < len(t)]
+        lengths = [len(token_lists[i]) - stored[i] for i in todo]
         for group in prefill_groups(lengths, FORWARD_PASS_COST):
-            self._feed([prompts[todo[j]][:-1] for j in group], device)
+            self._feed([token_lists[todo[j]] for j in group], device)
 
     def _feed(self, token_lists: list[list[int]], device: torch.device) -> None:
         """One forward pass over the rows, storing each row's keys and values; no sampling."""

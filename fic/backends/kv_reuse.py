@@ -100,16 +100,37 @@ class KVStore:
             self.weights_version = version
 
 
-def common_prefix_length(prompts: list[list[int]]) -> int:
-    """Tokens every prompt starts with, capped one short of the shortest prompt (a row must
-    still feed at least one token of its own)."""
-    cap = min(len(p) for p in prompts) - 1
-    first = np.asarray(prompts[0][:cap], dtype=np.int64)
-    shared = len(first)
-    for prompt in prompts[1:]:
-        same = first[:shared] == np.asarray(prompt[:shared], dtype=np.int64)
-        shared = shared if same.all() else int(np.argmin(same))
-    return shared
+def _lcp(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    same = np.asarray(a[:n], dtype=np.int64) == np.asarray(b[:n], dtype=np.int64)
+    return n if same.all() else int(np.argmin(same))
+
+
+def shared_prefixes(prompts: list[list[int]], stored: list[int], min_saving: int) -> list[list[int]]:
+    """Prefixes that two or more prompts share beyond what each already has stored, worth one
+    forward pass of their own: feeding such a prefix once saves (rows - 1) x its new tokens.
+
+    Sorting the prompts puts prompts with a common prefix next to each other, so a prompt's
+    longest prefix shared with any other is the longer of its common prefixes with its two
+    neighbours (capped one token short of the prompt: a row must feed a token of its own). The
+    same task in several views shares its system prompt and tools; N runs of one conversation
+    share everything. Returned shortest first, so that a longer prefix can reuse a shorter one
+    once that is stored."""
+    order = sorted(range(len(prompts)), key=lambda i: prompts[i])
+    neighbour = [_lcp(prompts[order[k]], prompts[order[k + 1]]) for k in range(len(order) - 1)]
+    rows_of: dict[tuple, list[int]] = {}
+    for k, i in enumerate(order):
+        length = min(max(neighbour[k - 1] if k else 0, neighbour[k] if k < len(neighbour) else 0),
+                     len(prompts[i]) - 1)
+        if length > stored[i]:
+            rows_of.setdefault(tuple(prompts[i][:length]), []).append(i)
+    chosen = []
+    for prefix, rows in rows_of.items():
+        sharing = [i for i, p in enumerate(prompts) if p[:len(prefix)] == list(prefix)]
+        saving = (len(sharing) - 1) * (len(prefix) - max(stored[i] for i in sharing))
+        if saving >= min_saving:
+            chosen.append(list(prefix))
+    return sorted(chosen, key=len)
 
 
 def layer_kv(cache) -> KV:
