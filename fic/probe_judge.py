@@ -23,10 +23,11 @@ Two judges:
   malformed; meta-planning phrasing; a near copy of the question or of the reply (word-pair
   overlap), or an answer marker outside a question (the turn goes on answering); a short
   acknowledgement; a new-topic phrase ("another problem"); a phrase that reacts to the reply
-  ("you forgot", "is that right"); a follow-up word ("explain", "why", "step") in a short turn
-  that points back at the conversation, or a question about "that" ("how much is that per
-  month?"); a turn built from the question's own words (asked or told again: restates) or
-  from the reply's (repeats); a short question about a number only the reply worked out; a
+  ("you forgot", "is that right"), a follow-up word ("explain", "why", "step") pointing back at
+  the conversation, or a question about "that" ("how much is that per month?"), each only in a
+  turn of at most 30 words; a turn built from the question's own words (asked or told again:
+  restates) or from the reply's (repeats); a short question about a number (10 or more, or a
+  fraction) only the reply worked out; a
   question, request or new problem unrelated to both; otherwise other. Good enough to
   separate what small models do (they mostly restate or change the subject); use the `llm`
   judge for numbers to publish.
@@ -85,7 +86,7 @@ REACTS = re.compile(
     r"(?:didn't|did not|don't|never) finish|cut off|incomplete|unfinished|you stopped|you forgot|you missed|"
     r"you skipped|you said|you wrote|you got|you used|you multiplied|you divided|you added|you subtracted|"
     r"you assumed|you mean|your (?:answer|calculation|solution|result|math|reasoning|explanation|steps?)|"
-    r"i got|instead of|actually)\b", re.IGNORECASE)
+    r"i got)\b", re.IGNORECASE)
 # Follow-up words that need the turn to point back at the conversation to count.
 FOLLOW_UP = re.compile(r"\b(?:explain|clarify|why|how did|how do you|how come|what about|what if|continue|"
                        r"go on|keep going|rest of|finish|step|show|break (?:it|that|this) down|where did|"
@@ -100,7 +101,9 @@ REQUEST = re.compile(r"^\W*(?:can|could|would|will) you\b|^\W*(?:please|tell me|
                      re.IGNORECASE)
 COPY_SHARE = 0.5      # share of the turn's word pairs found in the question (or reply) that makes a copy
 GROUNDED_SHARE = 0.5  # share of the turn's content words from the question that makes a re-asked question
-MAX_FOLLOW_UP_WORDS = 40  # a follow-up is a question or two; longer text with "step" in it is something else
+# A follow-up is a question or two; longer text that happens to say "explain" or "mistake" is
+# something else (sampled small models ramble on until the token limit).
+MAX_FOLLOW_UP_WORDS = 30
 
 
 def _words(text: str) -> list[str]:
@@ -157,16 +160,17 @@ def rule_judge(query: str, reply: str, turn: str) -> str:
         return "brief_filler"
     if NEW_TOPIC.search(text):
         return "new_question"
-    if REACTS.search(text):
+    short = len(words) <= MAX_FOLLOW_UP_WORDS
+    if short and REACTS.search(text):
         return "genuine_follow_up"
     content = _content(words)
     query_content, reply_content = set(_content(query_words)), set(_content(reply_words))
     known = query_content | reply_content
     refers_back = POINTS_BACK.search(text) is not None or any(w in known for w in content)
-    if FOLLOW_UP.search(text) and refers_back and len(words) <= MAX_FOLLOW_UP_WORDS:
+    if short and FOLLOW_UP.search(text) and refers_back:
         return "genuine_follow_up"
     # "how many points is that per month?": a question about "that" in the conversation's terms.
-    if is_question and POINTS_AT.search(text) and any(w in known for w in content):
+    if short and is_question and POINTS_AT.search(text) and any(w in known for w in content):
         return "genuine_follow_up"
     # Built from the question's own words (a question asked again, or its facts told again); from
     # the reply's rather than the question's, it retells the reply.
@@ -174,10 +178,11 @@ def rule_judge(query: str, reply: str, turn: str) -> str:
     if content and (is_question and in_query >= GROUNDED_SHARE or len(content) >= 4 and max(in_query, in_reply) >= 0.6):
         return "restates_query" if in_query >= in_reply else "repeats_reply"
     new_numbers = set(number_values(text, words=False)) - set(number_values(query + " " + reply, words=False))
-    # A short question about a number only the reply worked out means the turn read the reply.
-    reply_numbers = set(number_values(reply, words=False)) - set(number_values(query, words=False))
-    if is_question and not new_numbers and len(words) <= MAX_FOLLOW_UP_WORDS \
-            and set(number_values(text, words=False)) & reply_numbers:
+    # A short question about a number only the reply worked out means the turn read the reply
+    # (small counts like 1 or 3 turn up anywhere, so they do not count).
+    reply_numbers = {v for v in set(number_values(reply, words=False)) - set(number_values(query, words=False))
+                     if v >= 10 or v.denominator != 1}
+    if short and is_question and not new_numbers and set(number_values(text, words=False)) & reply_numbers:
         return "genuine_follow_up"
     if _share(content, known) < 0.25 and (is_question or (new_numbers and len(words) >= 8)):
         return "new_question"
