@@ -39,8 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _instances(args: argparse.Namespace) -> list:
-    from fic.sharding import ShardingError, shard_rule
-    from fic.sources import load_source
+    from fic.sharding import ShardingError
+    from fic.sources import load_source, shard_rule
 
     # Ask for more than needed: some generated problems cannot be sharded.
     found = []

@@ -73,8 +73,7 @@ def prepare_model(args: argparse.Namespace) -> int:
 
 def shard(args: argparse.Namespace) -> int:
     from fic.files import check_writable, write_jsonl
-    from fic.sharding import shard_missing
-    from fic.sources import load_source
+    from fic.sources import load_source, shard_missing
 
     _check_shard_args(args)
     check_writable(args.out, field="--out")  # before a generator runs or a model loads

@@ -206,8 +206,8 @@ def load_instances(cfg: EvalConfig) -> tuple[list[Instance], dict]:
     Unsharded instances are rule-sharded whatever the views, so that a full-view run and a
     sharded run of one source evaluate the same instances (one can be the other's baseline).
     A full-view run keeps instances of tasks that have no rule sharder as they are."""
-    from fic.sharding import SHARDERS, shard_missing
-    from fic.sources import load_tasks
+    from fic import tasks
+    from fic.sources import load_tasks, shard_missing
 
     try:
         instances, unknown = load_tasks(cfg.data.source, cfg.data.task, limit=cfg.data.limit, seed=cfg.data.seed)
@@ -215,7 +215,7 @@ def load_instances(cfg: EvalConfig) -> tuple[list[Instance], dict]:
         raise FicError(err.message, path=err.path, record=err.record,
                        field=f"data.{err.field}" if err.field in ("source", "task") else err.field) from None
     multi_turn = any(view != "full" for view in cfg.views)
-    as_is = [] if multi_turn else [i for i in instances if not i.is_sharded and i.task not in SHARDERS]
+    as_is = [] if multi_turn else [i for i in instances if not i.is_sharded and not tasks.get(i.task).rule_sharder]
     kept, dropped = shard_missing([i for i in instances if i not in as_is], seed=cfg.data.seed)
     skipped = dict(Counter(reason for _, reason in dropped))
     skipped.update({f"task {name!r} is not a FiC task": n for name, n in unknown.items()})

@@ -150,8 +150,7 @@ def card_paths(out: str | Path) -> tuple[Path, Path]:
 
 def load_instances(cfg: SFTDataConfig) -> tuple[list[Instance], list[dict]]:
     """Instances from every source, sharded where needed; and what happened to each source."""
-    from fic.sharding import shard_missing
-    from fic.sources import load_source
+    from fic.sources import load_source, shard_missing
 
     task = tasks.get(cfg.task)
     exclusion = build_exclusion(cfg.exclude)

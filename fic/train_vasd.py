@@ -215,8 +215,7 @@ def load_instances(cfg: VASDConfig) -> tuple[list, str, dict]:
     import hashlib
     import json
 
-    from fic.sharding import shard_missing
-    from fic.sources import load_source
+    from fic.sources import load_source, shard_missing
     from fic.splits import exclude_instances
 
     instances = []
@@ -266,8 +265,16 @@ def train(cfg: VASDConfig) -> dict:
     from fic.training.data import DataOrder, load_corpus
     from fic.training.distill import DistillLoss
     from fic.training.losses import check_target_path, window_backward
-    from fic.training.vasd import (ema_state, ema_update, make_rollout_backend, rollout_figures, sample_rows,
-                                   step_batches, sync_rollout_backend, teacher_parts)
+    from fic.training.vasd import (
+        ema_state,
+        ema_update,
+        make_rollout_backend,
+        rollout_figures,
+        sample_rows,
+        step_batches,
+        sync_rollout_backend,
+        teacher_parts,
+    )
     from fic.user_sim import make_user
 
     accelerator = loop.make_accelerator(cfg)
@@ -433,8 +440,7 @@ def evaluate_now(cfg: VASDConfig, held_out: list, policy: Any, generator: Any, t
 
 
 def load_held_out(cfg: VASDConfig) -> list:
-    from fic.sharding import shard_missing
-    from fic.sources import load_source
+    from fic.sources import load_source, shard_missing
 
     if not cfg.eval.every:
         return []

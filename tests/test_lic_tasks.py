@@ -11,8 +11,7 @@ import pytest
 from fic import tasks
 from fic.errors import FicError
 from fic.instance import Instance
-from fic.sharding import shard_rule
-from fic.sources import load_source
+from fic.sources import load_source, shard_rule
 from fic.views import VIEWS, render_view, user_turns
 
 LIC = Path(__file__).resolve().parents[2] / "shared/data/lost_in_conversation"

@@ -7,8 +7,8 @@ import pytest
 
 from fic.errors import FicError
 from fic.instance import Instance
-from fic.sharding import ShardingError, shard_math, shard_missing, split_clauses, split_sentences
-from fic.sources import load_source
+from fic.sharding import ShardingError, shard_math, split_clauses, split_sentences
+from fic.sources import load_source, shard_missing
 from fic.views import RECAP_HEADER, SNOWBALL_HEADER, VIEWS, render_view, user_turns
 
 NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from scripted import FunctionBackend
+from test_chat import LLAMA3, QWEN25
 
 from fic.chat import end_of_turn_ids, prompt_ids
 from fic.classify import RuleClassifier
@@ -28,8 +30,6 @@ from fic.training.losses import divergence
 from fic.training.vasd import ema_update, step_batches, teacher_parts
 from fic.user_sim import VerbatimUser
 from fic.views import system_message
-from scripted import FunctionBackend
-from test_chat import LLAMA3, QWEN25
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "smollm2-135m-instruct" / "vasd.yaml"
@@ -439,9 +439,8 @@ def test_fic_train_vasd_runs_the_shipped_recipe(tiny_model_dir, anchor_corpus, t
     ("model.path=/nonexistent/sft/final", "not found"),
 ])
 def test_bad_settings_exit_2_with_one_line_before_any_model_loads(override, message, capsys, monkeypatch):
-    from fic.train_vasd import main
-
     import fic.training.loop as loop
+    from fic.train_vasd import main
     monkeypatch.setattr(loop, "build_model", lambda *a, **k: pytest.fail("a model was loaded"))
     assert main(["--config", str(RECIPE), *override.split()]) == 2
     err = capsys.readouterr().err.strip()

@@ -193,6 +193,18 @@ class Task:
         hold the reference answer. Used (out of the loss) in recovery conversations."""
         raise NotImplementedError(f"task {self.name!r} has no premature replies; set recovery_share=0")
 
+    # ------------------------------------------------------------------ sharding
+
+    rule_sharder: bool = False  # whether `rule_shard` can shard this task's instances offline
+
+    def rule_shard(self, instance: Instance, seed: int = 0) -> Instance:
+        """A copy of `instance` with shards made by rules; `fic.sharding.ShardingError` when the task
+        has no rule sharder or this instance cannot be split (the LLM sharder then does it)."""
+        from fic.sharding import ShardingError
+
+        raise ShardingError(f"the {self.name} task has no rule sharder; shard its instances with --sharder llm",
+                            record=instance.task_id)
+
     @staticmethod
     def _instance(instance: Instance | dict) -> Instance:
         return as_instance(instance)

@@ -241,6 +241,11 @@ class CodeTask(Task):
 
     # ------------------------------------------------------------------ classifying and SFT replies
 
+    rule_sharder = True
+
+    def rule_shard(self, instance: Instance, seed: int = 0) -> Instance:
+        return shard_docstring(instance, seed=seed)  # HumanEval docstrings: the signature, then one sentence a shard
+
     def rule_label(self, reply: str, user_texts: list[str]) -> str:
         return label_reply(reply, extract_code(reply or "") is not None)
 

@@ -150,9 +150,7 @@ class MathTask(Task):
         return GENERIC_ASKS
 
     def mask_values(self, text: str, revealed: set, instance: Instance | None = None) -> str:
-        from fic.deferrals import (
-            MENTION,  # also blanks number words ("four"), not only digits
-        )
+        from fic.deferrals import MENTION  # also blanks number words ("four"), not only digits
 
         return MENTION.sub(lambda m: m.group(0) if set(self.values_in(m.group(0))) <= revealed else "___", text)
 
@@ -167,6 +165,13 @@ class MathTask(Task):
 
         in_order = [value for text in revealed_texts for value in number_values(text, words=False)]
         return premature_answer(in_order, as_value(self.reference_answer(instance)), rng)
+
+    rule_sharder = True
+
+    def rule_shard(self, instance: Instance, seed: int = 0) -> Instance:
+        from fic.sharding import shard_math  # the question sentence first, then one fact per shard
+
+        return shard_math(instance, seed=seed)
 
 
 def _numbers_equal(predicted: str | None, gold: str) -> bool:
