@@ -279,7 +279,8 @@ def run_demo(cfg: DemoConfig, *, start_from: str | None = None, progress: bool =
         write_json(marker, {"stage": stage, "seconds": round(seconds, 1), "peak_rss_mb_so_far": round(peak),
                             "figures": info})
         say(f"[{stage}] finished in {seconds / 60:.1f} min")
-    report = write_demo_report(cfg)
+    runs = {split: {stage: eval_dir(cfg, stage, split) for stage in ("start", "sft", "vasd")} for split in EVAL_SETS}
+    report = write_demo_report(cfg, runs, stage_summaries(cfg), paths(cfg)["report"])
     write_json(markers / "report.json", {"stage": "report", "figures": report["summary"]})
     return report
 

@@ -40,10 +40,7 @@ def _final_not_answer(run: Path) -> float | None:
     return sum(r["turns"][-1].get("label") != "answer_attempt" for r in records) / len(records)
 
 
-def stage_figures(cfg: Any, stage: str, split: str, start: dict) -> dict | None:
-    from fic.demo import eval_dir
-
-    run = eval_dir(cfg, stage, split)
+def stage_figures(cfg: Any, run: Path, start: dict) -> dict | None:
     if not (run / "metrics.json").is_file():
         return None
     metrics = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
@@ -71,36 +68,28 @@ def _ratio(numerator: float, denominator: float) -> float | None:
     return numerator / denominator if denominator else None
 
 
-def write_demo_report(cfg: Any) -> dict:
-    """Write `out/report.md` and its plot; return the printed table and the figures."""
-    from fic.demo import EVAL_SETS, paths, stage_summaries
+def write_demo_report(cfg: Any, runs: dict[str, dict[str, Path]], stages: dict[str, dict], report: Path) -> dict:
+    """Write `report` (markdown) and its plot beside it; return the printed table and the figures.
 
+    `runs[split][stage]` is the `fic eval` folder of a stage ("start", "sft", "vasd") on an
+    evaluation set; `stages` what each finished stage recorded (its seconds and peak memory)."""
     summary: dict[str, Any] = {"label": cfg.label, "sets": {}}
-    for split in EVAL_SETS:
-        start_run = _scores_or_empty(cfg, "start", split)
-        start = {"scores": start_run}
+    for split, by_stage in runs.items():
+        start_run = by_stage["start"]
+        start = {"scores": _scores(start_run) if (start_run / "conversations.jsonl").is_file() else {}}
         rows = {}
         for stage in STAGE_NAMES:
-            figures = stage_figures(cfg, stage, split, start)
+            figures = stage_figures(cfg, by_stage[stage], start)
             if figures is not None:
                 rows[stage] = figures
         summary["sets"][split] = {"rows": rows, "vasd_vs_sft": _paired(rows)}
-    stages = stage_summaries(cfg)
     summary["seconds"] = {s: info.get("seconds") for s, info in stages.items() if "seconds" in info}
     summary["peak_rss_mb"] = max((info.get("peak_rss_mb_so_far", 0) for info in stages.values()), default=None)
     summary["disk_mb"] = round(_disk_mb(Path(cfg.out)))
     table = render_table(summary, "test")
-    text = render_markdown(cfg, summary, stages)
-    write_text(paths(cfg)["report"], text)
-    _plot(summary, Path(cfg.out) / PLOT)
+    write_text(report, render_markdown(cfg, summary, stages))
+    _plot(summary, report.parent / PLOT)
     return {"table": table, "summary": _without_scores(summary)}
-
-
-def _scores_or_empty(cfg: Any, stage: str, split: str) -> dict:
-    from fic.demo import eval_dir
-
-    run = eval_dir(cfg, stage, split)
-    return _scores(run) if (run / "conversations.jsonl").is_file() else {}
 
 
 def _paired(rows: dict) -> dict | None:
