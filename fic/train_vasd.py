@@ -280,6 +280,10 @@ def train(cfg: VASDConfig) -> dict:
     accelerator = loop.make_accelerator(cfg)
     main, world, rank, say = (accelerator.is_main_process, accelerator.num_processes, accelerator.process_index,
                               accelerator.print)
+    if loop.is_zero3(accelerator) and (cfg.teacher.mode == "ema" or (not cfg.lora.enabled and
+                                                                      cfg.teacher.mode == "frozen")):
+        raise FicError("under ZeRO-3 the teacher must not be a second copy of the model: use LoRA (the frozen "
+                       "teacher is the adapter-free model) or teacher.mode=live", field="teacher.mode")
     resume_from, saved = loop.resume_point(cfg, say)
     tokenizer = load_template_checked_tokenizer(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
     instances, data_sha, overlap = load_instances(cfg)
@@ -310,9 +314,6 @@ def train(cfg: VASDConfig) -> dict:
     if not loop.is_zero3(accelerator):
         check_target_path(model.eval(), len(tokenizer))
         model.train()
-    elif cfg.teacher.mode == "ema" or (not cfg.lora.enabled and cfg.teacher.mode == "frozen"):
-        raise FicError("under ZeRO-3 the teacher must not be a second copy of the model: use LoRA (the frozen "
-                       "teacher is the adapter-free model) or teacher.mode=live", field="teacher.mode")
     parts = teacher_parts(cfg, model)
     loss = DistillLoss(model, parts["head"], parts["ref_head"], divergence=cfg.loss.divergence,
                        estimator=cfg.loss.estimator, beta=cfg.loss.beta, temperature=cfg.loss.temperature,
