@@ -20,15 +20,14 @@ matplotlib runs with the Agg backend (no display needed); every file is written 
 from __future__ import annotations
 
 import io
-import math
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Iterable
 
 from fic.files import atomic_open, write_text
 from fic.probe_judge import LABELS
+from fic.stats import sign_test, wilson_interval
 
-Z95 = 1.959963984540054
 FOLLOW_UP = "genuine_follow_up"
 FOLLOW_UP_PNG, LABELS_PNG, REPORT_NAME = "followup_vs_temperature.png", "labels.png", "report.md"
 CI_METHOD = ("95% Wilson score interval; with several samples per instance at the effective sample size "
@@ -38,17 +37,6 @@ PAIRED_METHOD = ("mean of per-instance differences over the same instances and s
 
 
 # --------------------------------------------------------------------------- statistics
-
-def wilson_interval(successes: float, n: float, z: float = Z95) -> tuple[float, float]:
-    """The Wilson score interval of a proportion (successes and n may be effective, non-integer)."""
-    if n <= 0:
-        raise ValueError("a proportion needs n > 0")
-    p = successes / n
-    denominator = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denominator
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
-    return max(0.0, centre - half), min(1.0, centre + half)
-
 
 def clustered_rate(groups: Iterable[Iterable[bool | int]]) -> dict:
     """Rate of successes over every item of every group (an instance's samples), with its
@@ -70,16 +58,6 @@ def clustered_rate(groups: Iterable[Iterable[bool | int]]) -> dict:
         deff = min(mean_size, max(1.0, cluster_var / (p * (1 - p) / n)))
     low, high = wilson_interval(p * n / deff, n / deff)
     return {"rate": p, "low": low, "high": high, "n": n, "instances": k, "design_effect": deff}
-
-
-def sign_test(differences: Iterable[float]) -> dict:
-    """Exact two-sided sign test: how often the difference is positive vs negative (ties dropped)."""
-    differences = list(differences)
-    wins = sum(d > 0 for d in differences)
-    losses = sum(d < 0 for d in differences)
-    m = wins + losses
-    tail = sum(math.comb(m, i) for i in range(min(wins, losses) + 1)) / 2 ** m if m else 1.0
-    return {"better": wins, "worse": losses, "tied": len(differences) - m, "p_value": min(1.0, 2 * tail)}
 
 
 # --------------------------------------------------------------------------- metrics

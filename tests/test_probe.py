@@ -26,8 +26,9 @@ from fic.probe import (
     truncate,
 )
 from fic.probe_judge import LABELS, LLMJudge, parse_judgement, rule_judge
-from fic.probe_report import clustered_rate, sign_test, wilson_interval
+from fic.probe_report import clustered_rate
 from fic.seeding import derive_seed
+from fic.stats import sign_test, wilson_interval
 
 QUERY = ("Ara plays basketball for 4 years. Each year she plays 40 games and scores 21 points per game. "
          "What is her total score over the four years?")
