@@ -18,12 +18,13 @@ Each optimizer step:
    both sides have all the information; normalised by answer tokens over the accumulation
    window and all ranks. Final replies cut by the token cap are counted and left out
    (`loss.keep_truncated`).
-4. Regulariser on non-final turns (`regularizer.kind`): the teacher, who has the whole request,
-   always wants an immediate answer; the shared update leaks into earlier turns and, unchecked,
-   teaches the model to answer before the last shard. An SFT anchor (cross-entropy on the
-   deferral and ask turns of SFT-corpus conversations mixed into each batch) and/or a
-   divergence to the starting model on the rollouts' earlier replies keep that behaviour, with
-   extra weight on the first tokens of each reply, where the decision is made.
+4. Regulariser (`regularizer.kind`): the teacher, who has the whole request, always wants an
+   immediate answer; the shared update leaks into earlier turns and, unchecked, teaches the
+   model to answer before the last shard. An SFT anchor (cross-entropy on the assistant turns of
+   SFT-corpus conversations mixed into each batch: deferrals and asks, and by default the final
+   answers too, since an anchor of deferrals alone teaches deferring even when the request is
+   complete) and/or a divergence to the starting model on the rollouts' earlier replies keep that
+   behaviour, with extra weight on the first tokens of each reply, where the decision is made.
 
 Rollouts are seeded from (seed, step, rank), the data order is a function of the step, and
 checkpoints hold weights, optimizer, RNG and the EMA teacher: losses after a kill and
@@ -45,12 +46,14 @@ from fic.errors import FicError
 from fic.evaluate import UserConfig
 from fic.splits import ExcludeConfig
 from fic.training.config import LoggingSection, RunConfig
+from fic.training.data import TARGET_KINDS
 from fic.training.distill import TEACHER_VIEWS
 from fic.training.losses import DIVERGENCES, ESTIMATORS
 
 MUST_MATCH = ("model.path", "model.dtype", "lora", "data", "rollout", "teacher.mode", "teacher.view",
               "train.micro_batch_size", "train.grad_accum_steps", "train.seed", "train.loss_chunk_tokens",
-              "regularizer.kind", "regularizer.anchor_share")
+              "regularizer.kind", "regularizer.anchor_share",
+               "regularizer.anchor_targets")
 REGULARIZERS = ("anchor", "reference", "both", "none")
 
 
@@ -129,6 +132,10 @@ class RegularizerSection:
                         "replies; both; none.", choices=REGULARIZERS)
     anchor_share: float = setting(0.5, "Anchor conversations per rollout conversation.", min=0.0)
     anchor_weight: float = setting(1.0, "Weight of the anchor term next to the distillation term.", min=0.0)
+    anchor_targets: str = setting("assistant", "Which SFT-corpus turns the anchor trains: assistant (every trained "
+                                  "turn: deferrals, asks and the final answers, so both decisions are kept) or "
+                                  "non_final (deferrals and asks only; on its own it can teach the model to defer "
+                                  "even when the request is complete).", choices=TARGET_KINDS)
     reference_weight: float = setting(1.0, "Weight of the reference term next to the distillation term.", min=0.0)
     first_tokens: int = setting(4, "The first this many tokens of each non-final reply weigh first_token_weight.",
                                 min=0)
@@ -293,7 +300,7 @@ def train(cfg: VASDConfig) -> dict:
     anchors, anchor_stats = [], {"used": 0}
     if cfg.regularizer.kind in ("anchor", "both"):
         anchors, anchor_stats = load_corpus(cfg.data.anchor_path, tokenizer, cfg.data.max_seq_len,
-                                            progress=main and cfg.logging.progress, targets="non_final")
+                                            progress=main and cfg.logging.progress, targets=cfg.regularizer.anchor_targets)
         data_sha += ":" + file_sha256(cfg.data.anchor_path)
     if saved is not None:
         changed = checkpoints.check_compatible(saved, cfg, MUST_MATCH, data_sha, "rollout instances and anchor corpus",

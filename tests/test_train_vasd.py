@@ -270,6 +270,27 @@ def test_regulariser_covers_exactly_the_non_final_assistant_tokens(smollm2_token
         & set(i for i, y in enumerate(roll_row["reference_targets"]) if y != IGNORE)
 
 
+def test_default_anchor_keeps_the_final_answers_too(smollm2_tokenizer):
+    """An anchor of deferrals alone taught the demo's model to defer on complete single-turn
+    requests (P(full) 77% -> 4% in 12 steps); by default the anchor trains every assistant turn."""
+    tok = smollm2_tokenizer
+    assert VASDConfig().regularizer.anchor_targets == "assistant"
+    record = {"messages": [
+        {"role": "user", "content": "Book a table."},
+        {"role": "assistant", "content": "Which restaurant?", "train": True},
+        {"role": "user", "content": "At Nopa."},
+        {"role": "assistant", "content": "[book(place=\"Nopa\")]", "train": True}]}
+    (anchor,), _ = render_examples([record], tok, max_seq_len=4096, progress=False,
+                                   targets=VASDConfig().regularizer.anchor_targets)
+    rows = student_rows([], [anchor], use_final=[], reference=False, first_tokens=1, first_weight=3.0)
+    trained = [y for y in rows[0]["anchor_targets"] if y != IGNORE]
+    assert tok.decode(trained, skip_special_tokens=False) == 'Which restaurant?<|im_end|>[book(place="Nopa")]<|im_end|>'
+    weights = [w for w in rows[0]["anchor_weights"] if w]
+    assert weights.count(3.0) == 2  # the first token of the deferral and of the answer: both decisions
+    with pytest.raises(FicError, match="anchor_targets"):
+        load_config(VASDConfig, None, ["regularizer.anchor_targets=final"])
+
+
 # --------------------------------------------------------------------------- teacher modes
 
 def test_frozen_lora_teacher_runs_with_adapters_off_and_gets_no_gradient(tiny_model_dir, smollm2_tokenizer):
