@@ -12,7 +12,8 @@ time and figures; a second run skips finished stages):
    corpus, both from the train split only;
 2. `warmup`: a short single-turn SFT on the task: the base model has never seen its format, so
    the starting point is "base model + single-turn warm-up", and every output says so;
-3. `eval-start`: the starting point in the full, concat and sharded views (test and test-unseen);
+3. `eval-start`: the starting point in the full, concat and sharded views (test; test-unseen in
+   full and sharded, as every later stage);
 4. `sft`: FiC stage 1, the SFT warm start (`fic/train_sft.py`), then `eval-sft`;
 5. `vasd`: FiC stage 2 from the SFT model (`fic/train_vasd.py`), then `eval-vasd`;
 6. `report`: one table and `report.md` with plots (`fic.demo_report`).
@@ -118,7 +119,8 @@ def eval_dir(cfg: DemoConfig, stage: str, split: str) -> Path:
 
 
 def model_of(cfg: DemoConfig, stage: str) -> Path:
-    return paths(cfg)[stage] / "final"
+    """The whole model a stage leaves: for a LoRA stage `final` is only the adapter."""
+    return paths(cfg)[stage] / ("final-merged" if getattr(cfg, stage).lora.enabled else "final")
 
 
 # --------------------------------------------------------------------------- stages
@@ -178,12 +180,25 @@ def _train(stage: str, cfg: Any, run: Callable[[Any], dict]) -> dict:
     from fic.training.checkpoints import complete_checkpoints
 
     out = Path(cfg.out)
+    cfg.save_merged = cfg.save_merged or cfg.lora.enabled  # the next stage and the evaluation load a whole model
     cfg.resume = bool(complete_checkpoints(out)) and not (out / "final").exists()
     if not cfg.resume and out.exists():
         shutil.rmtree(out)  # a run killed before its first checkpoint: nothing to keep
     result = run(cfg)
     shutil.rmtree(out / "checkpoints", ignore_errors=True)  # the demo keeps only the final model
+    _free_memory()
     return {"steps": result["steps"], "final_loss": result["final_loss"], "model": str(result["model_dir"])}
+
+
+def _free_memory() -> None:
+    """Stages run one after another in this process: give a stage's GPU memory back before the next."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def stage_warmup(cfg: DemoConfig, progress: bool) -> dict:
@@ -224,10 +239,12 @@ def evaluate_stage(cfg: DemoConfig, stage: str, model: Path, progress: bool) -> 
         run = dataclasses.replace(cfg.eval, model=dataclasses.replace(cfg.eval.model, model=str(model)),
                                   data=dataclasses.replace(cfg.eval.data, source=f"jsonl:{split_file(cfg, split)}",
                                                            task=cfg.data.task, limit=None),
-                                  views=["full", "concat", "sharded"] if stage == "start" else ["full", "sharded"],
+                                  views=["full", "concat", "sharded"] if (stage, split) == ("start", "test")
+                                  else ["full", "sharded"],
                                   out=str(eval_dir(cfg, stage, split)),
                                   baseline="" if stage == "start" else str(eval_dir(cfg, "start", split)))
         metrics = evaluate(run, progress=progress)
+        _free_memory()
         figures[split] = {view: metrics["views"][view]["P"] for view in run.views}
     return figures
 

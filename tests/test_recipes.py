@@ -110,6 +110,8 @@ def path_values(path: Path) -> list[tuple[str, str]]:
             found.append(("data.anchor_path", section["anchor_path"]))
         for spec in (section.get("exclude") or {}).get("sources") or []:
             found.append(("data.exclude.sources", source_path(spec) or spec))
+    elif stem == "demo":  # every other path of a demo is under its own `out`, wired by fic/demo.py
+        found.append(("base_model", data["base_model"]))
     return found
 
 
@@ -168,6 +170,8 @@ def test_files_a_recipe_reads_exist_or_are_made_or_explained(path):
         assert not Path(value).is_absolute(), f"{rel(path)}: {key} is an absolute path: {value}"
         if path.parent.name == BUNDLED and value.startswith(LIC_SAMPLE):
             continue
+        if key == "base_model" and value == f"models/{BUNDLED}":  # the demo's data stage prepares it on first use
+            continue
         assert (REPO / value).resolve().is_relative_to(REPO), \
             f"{rel(path)}: {key}={value} is outside the repository, which a user's clone does not have"
         assert made_by_sibling(path, value) or value in text or (REPO / value).exists(), \
@@ -199,6 +203,42 @@ def test_stages_of_a_backbone_chain(folder):
         assert f"recipes/{folder.name}/eval.yaml" in excluded, "vasd.yaml does not keep eval.yaml's data out"
 
 
+DEMOS = [p for p in RECIPES if p.stem == "demo"]
+
+
+def saved_model(demo: dict, stage: str) -> str:
+    """The folder a demo stage's model is loaded from by what comes after it: a LoRA stage's `final`
+    is an adapter, which VASD and vLLM refuse; its merged model is `final-merged`."""
+    lora = (demo[stage].get("lora") or {}).get("enabled", False)
+    assert not lora or demo[stage].get("save_merged"), f"{stage}: a LoRA stage must save_merged"
+    return f"{{out}}/{stage}/{'final-merged' if lora else 'final'}"
+
+
+@pytest.mark.parametrize("path", DEMOS, ids=rel)
+def test_demo_stages_chain(path):
+    """Each stage of a demo starts from the model the one before it saves, and the evaluation of the
+    starting point loads the warm-up's."""
+    demo = yaml.safe_load(path.read_text())
+    assert demo["warmup"]["model"]["path"] == "{base_model}"
+    assert demo["sft"]["model"]["path"] == saved_model(demo, "warmup")
+    assert demo["vasd"]["model"]["path"] == saved_model(demo, "sft")
+    assert demo["eval"]["model"]["model"] == saved_model(demo, "warmup")
+    saved_model(demo, "vasd")  # eval-vasd loads it
+
+
+@pytest.mark.parametrize("path", DEMOS, ids=rel)
+def test_demo_wires_the_models_its_yaml_shows(path):
+    """fic/demo.py overrides every stage's model path; it must load what the YAML shows (for a LoRA
+    stage the merged model, not the adapter in `final`)."""
+    from fic.demo import load_demo, model_of
+
+    cfg = load_demo(str(path.parent), [])
+    assert str(model_of(cfg, "warmup")) == cfg.sft.model.path == cfg.eval.model.model
+    assert str(model_of(cfg, "sft")) == cfg.vasd.model.path
+    vasd = "final-merged" if cfg.vasd.lora.enabled else "final"
+    assert str(model_of(cfg, "vasd")) == f"{cfg.out}/vasd/{vasd}"
+
+
 def test_the_paper_backbones_have_recipes():
     assert BACKBONES == ["llama-3.1-8b-instruct", "llama-3.2-3b-instruct", "olmo-2-1124-7b-instruct", "phi-4",
                          "qwen2.5-7b-instruct"]
@@ -214,7 +254,8 @@ def test_backbone_recipe_header_says_how_where_and_how_long(path):
     """The opening comment runs this very file, names the hardware, fetches the model it uses from the
     hub into the folder it reads, and its FLOPs and hours follow from the numbers it states."""
     text = header(path)
-    assert f"recipes/{rel(path)}" in text, "the header's command does not run this recipe"
+    command = f"fic demo --recipes recipes/{path.parent.name}" if path.stem == "demo" else f"recipes/{rel(path)}"
+    assert command in text, "the header's command does not run this recipe"
     assert re.search(r"Sized for: \d+ x A100 80GB", text), "no hardware line"
     models = [value for key, value in path_values(path) if key.endswith(("model", "model.path"))]
     assert models
@@ -226,6 +267,9 @@ def test_backbone_recipe_header_says_how_where_and_how_long(path):
             f"the header does not say how to get {model} from the hub"
     if path.stem == "vasd":
         return  # three parts, not one: test_vasd_time_estimate_adds_up
+    if path.stem == "demo":  # many short stages: fixed costs (loading, merging, engine starts) dominate
+        assert "Configured, not run" in text and re.search(r"Expected time: ~[\d.]+ h", text)
+        return
 
     factor, n, tokens, flops = re.search(r"(\d) \* N \* tokens.*? = \d \* ([\d.]+e\d+) \* ([\d.]+e\d+) = "
                                          r"([\d.]+e\d+) FLOPs", text).groups()
