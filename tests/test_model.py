@@ -170,7 +170,11 @@ def test_hub_ids_reach_transformers_and_fail_with_one_clear_line(monkeypatch, tm
     error naming it. A local folder of the same shape still wins."""
     from fic.model import is_hub_id, load_tokenizer
 
+    import huggingface_hub.constants
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # The library reads the variable once, at import: without this it tries the network (46 s of retries).
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     assert is_hub_id("meta-llama/Llama-3.1-8B-Instruct") and not is_hub_id("./models/x") and not is_hub_id("a/b/c")
     with pytest.raises(FicError, match="meta-llama/Llama-3.1-8B-Instruct.*hub model"):
         load_tokenizer("meta-llama/Llama-3.1-8B-Instruct")
