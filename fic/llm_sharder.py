@@ -28,11 +28,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from tqdm import tqdm
-
 from fic.generation import Backend, SamplingParams
 from fic.instance import Instance, Shard
 from fic.parsing import find_json
+from fic.progress import Progress
 from fic.seeding import derive_seed
 
 SHARDER_PROMPT = """\
@@ -117,7 +116,7 @@ def shard_with_llm(instances: Sequence[Instance], backend: Backend, *, retries: 
     pending = list(range(len(instances)))
     results: dict[int, Instance] = {}
     reasons: dict[int, str] = {}
-    bar = tqdm(total=len(instances), desc="llm sharding", unit="inst", disable=not progress or None)
+    bar = Progress(len(instances), "llm sharding", "inst", enabled=progress)
     for attempt in range(retries + 1):
         if not pending:
             break
@@ -166,7 +165,7 @@ def validate_shards(instances: Sequence[Instance], backend: Backend, *, runs: in
     from fic.user_sim import VerbatimUser
 
     conversations = make_conversations(instances, VALIDATION_VIEWS, runs, view_seed=seed)
-    bar = tqdm(total=len(conversations), desc="validating", unit="conv", disable=not progress or None)
+    bar = Progress(len(conversations), "validating", "conv", enabled=progress)
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
     play(conversations, backend, VerbatimUser(), RuleClassifier(), params, batch_size=batch_size, seed=seed,
          on_finish=lambda conv: bar.update(1))

@@ -47,7 +47,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import yaml
-from tqdm import tqdm
 
 from fic import tasks
 from fic.backends import make_backend
@@ -57,7 +56,9 @@ from fic.files import check_writable, read_records, write_json, write_jsonl, wri
 from fic.generation import BackendConfig, Generation, SamplingParams
 from fic.instance import Instance
 from fic.probe_judge import JUDGE_KINDS, make_judge
+from fic.progress import Progress
 from fic.seeding import derive_seed, pick
+from fic.views import system_message
 
 SWITCHES = ("user_turn", "swap_roles", "instruct")
 PERTURBATIONS = ("truncate", "explicit_question")
@@ -279,18 +280,21 @@ def single_turn_replies(cfg: ProbeConfig, model: Any, datasets: list[tuple[str, 
     if given is not None:
         texts = [given[(d, i.task_id)] for d, i in datasets]
     else:
-        conversations = [[{"role": "system", "content": tasks.get(i.task).system_prompt},
-                          {"role": "user", "content": tasks.get(i.task).full_prompt(i)}] for _, i in datasets]
+        conversations = [[system_message(i), {"role": "user", "content": tasks.get(i.task).full_prompt(i)}]
+                         for _, i in datasets]
         params = SamplingParams(max_new_tokens=cfg.replies.max_new_tokens, temperature=0.0, seed=cfg.seed)
         outputs: list[Generation] = []
-        for start in tqdm(range(0, len(conversations), cfg.batch_size), desc="replies", unit="call",
-                          disable=not progress or None):
+        bar = Progress(len(conversations), "replies", "reply", enabled=progress)
+        for start in range(0, len(conversations), cfg.batch_size):
             outputs += model.chat(conversations[start:start + cfg.batch_size], params)
+            bar.update(len(conversations[start:start + cfg.batch_size]))
+        bar.close()
         texts = [(out.text, out.finish_reason) for out in outputs]
     records = []
     for (dataset, instance), (text, finish) in zip(datasets, texts):
         task = tasks.get(instance.task)
         records.append({"dataset": dataset, "task_id": instance.task_id, "task": instance.task,
+                        "system": system_message(instance)["content"],  # the task's, with this instance's tools
                         "query": task.full_prompt(instance), "reply": text, "finish_reason": finish,
                         "score": float(task.score(text, instance)), "source": cfg.replies.path or "model"})
     return records
@@ -314,7 +318,7 @@ def generate_user_turns(cfg: ProbeConfig, model: Any, replies: list[dict], progr
     conditions = [ORIGINAL, *cfg.perturbations]
     shown_text, messages, prompts = {}, {}, {}
     for r in replies:
-        system = tasks.get(r["task"]).system_prompt if cfg.system_prompt else None
+        system = r["system"] if cfg.system_prompt else None
         shown = shown_replies(r["reply"], cfg, r["dataset"], r["task_id"], tokenizer)
         for condition in conditions:
             key = (r["dataset"], r["task_id"], condition)
@@ -338,8 +342,7 @@ def generate_user_turns(cfg: ProbeConfig, model: Any, replies: list[dict], progr
                 seed = None if temperature == 0 else derive_seed(cfg.seed, "probe", temperature, sample, chunk)
                 calls.append((temperature, seed, rows[start:start + cfg.batch_size]))
     records = []
-    bar = tqdm(total=sum(len(rows) for _, _, rows in calls), desc="user turns", unit="turn",
-               disable=not progress or None, dynamic_ncols=True)
+    bar = Progress(sum(len(rows) for _, _, rows in calls), "user turns", "turn", enabled=progress)
     try:
         for temperature, seed, rows in calls:
             params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=temperature, top_p=cfg.top_p,

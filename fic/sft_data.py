@@ -41,6 +41,7 @@ from fic.errors import FicError
 from fic.generation import BackendConfig, SamplingParams
 from fic.instance import Instance
 from fic.parsing import number_values
+from fic.progress import Progress
 from fic.seeding import seeded_rng
 from fic.splits import ExcludeConfig, build_exclusion
 from fic.views import system_message, user_turns
@@ -285,9 +286,11 @@ def make_corpus(instances: list[Instance], cfg: SFTDataConfig, *, user_backend: 
 def _chat(backend: Any, conversations: list[list[dict]], params: SamplingParams, desc: str,
           progress: bool) -> list[Any]:
     out = []
-    for start in tqdm(range(0, len(conversations), LLM_BATCH), desc=desc, unit="batch",
-                      disable=not progress or None):
+    bar = Progress(len(conversations), desc, "conv", enabled=progress)
+    for start in range(0, len(conversations), LLM_BATCH):
         out += backend.chat(conversations[start:start + LLM_BATCH], params)
+        bar.update(len(conversations[start:start + LLM_BATCH]))
+    bar.close()
     return out
 
 

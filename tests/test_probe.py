@@ -11,6 +11,7 @@ import pytest
 from scripted import FunctionBackend
 from test_chat import LLAMA3, QWEN25
 
+from fic import tasks
 from fic.chat import TemplateError, render_chat
 from fic.config import load_config
 from fic.errors import FicError
@@ -504,3 +505,24 @@ def test_replies_file_matches_by_source_then_by_a_unique_task_id(tmp_path):
     path.write_text(json.dumps({"task_id": "ara", "reply": 3360}) + "\n")
     with pytest.raises(FicError, match=r"record 1: field 'reply': expected the reply as text"):
         _replies_from_file(str(path), [("src-a", ara)])
+
+
+def test_single_turn_replies_see_the_instances_own_system_prompt():
+    """An actions instance's tools live in its system prompt: without them the demo's model scored
+    0 of 20 in the probe against 65% in `fic eval`."""
+    from fic.probe import single_turn_replies
+    from fic.sources import read_instance
+    from fic.tasks.actions_gen import generate
+
+    instance = read_instance(generate("test", 1, seed=0)[0])
+    seen = []
+
+    def model(messages):
+        seen.append(messages[0]["content"])
+        return tasks.get("actions").reference_answer(instance)
+
+    cfg = load_config(ProbeConfig, None, ["task=actions", "model.model=scripted"])
+    (record,) = single_turn_replies(cfg, FunctionBackend(model), [("gen", instance)], None, progress=False)
+    tool = instance.fields["function"][0]["name"]
+    assert tool in seen[0] and tool in record["system"]
+    assert record["score"] == 1.0
