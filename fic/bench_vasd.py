@@ -31,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -212,10 +213,22 @@ def memory_child(way: str, tokens: int, vocab: int, hidden: int, chunk: int) -> 
     the inputs already hold. The parent sets MALLOC_MMAP_THRESHOLD_ so that glibc serves every
     large block by mmap and returns it when freed: the process's peak is then this computation's."""
     inputs = _memory_inputs(tokens, vocab, hidden)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    before = _peak_rss_kb()
     _divergence(way, *inputs, chunk).backward()
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"peak_mb": (after - before) / 1024}
+    return {"peak_mb": (_peak_rss_kb() - before) / 1024}
+
+
+def _peak_rss_kb() -> int:
+    """This process's peak resident memory. Linux carries ru_maxrss across exec, so a child of a
+    large parent (the bench after its step) would report the parent's peak; VmHWM belongs to the
+    new address space alone."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 def memory_figures(tokens: int, vocab: int, hidden: int, chunk: int) -> dict:
@@ -228,6 +241,9 @@ def memory_figures(tokens: int, vocab: int, hidden: int, chunk: int) -> dict:
         if proc.returncode != 0:
             raise FicError(f"the {way} memory run failed: {proc.stderr.strip().splitlines()[-1:]}")
         peaks[way] = json.loads(proc.stdout.strip().splitlines()[-1])["peak_mb"]
+        if peaks[way] <= 0:  # seen once on a shared machine: report nothing rather than a ratio of 0
+            raise FicError(f"the {way} memory run measured no growth of its peak resident memory; run again "
+                           "on a quieter machine, or skip the figure with --memory-tokens 0")
     values, grads = {}, {}
     for way in ("chunked", "naive"):
         head, student, teacher, sampled, weights = _memory_inputs(tokens, vocab, hidden)

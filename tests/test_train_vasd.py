@@ -563,3 +563,15 @@ def test_rollout_tasks_never_include_the_evaluation_instances(tmp_path):
     cfg.data.exclude.on_overlap = "refuse"
     with pytest.raises(FicError, match="overlap|evaluation"):
         load_instances(cfg)
+
+
+def test_bench_memory_figure_is_the_childs_own_peak_even_under_a_large_parent():
+    """Linux carries ru_maxrss across exec: a child of a process that had grown past the
+    computation's peak (the bench after its timed step) reported 0 MB for both ways."""
+    from fic.bench_vasd import memory_figures
+
+    ballast = bytearray(b"\x01") * (600 << 20)  # the parent's peak, well above the child's
+    figures = memory_figures(tokens=512, vocab=8192, hidden=32, chunk=64)
+    assert ballast[-1] == 1
+    assert 0 < figures["chunked_peak_mb"] < figures["naive_peak_mb"]
+    assert figures["memory_ratio"] < 0.6 and figures["max_abs_diff"] < 1e-4
