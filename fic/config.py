@@ -254,6 +254,14 @@ def load_config(cls: type, path: str | Path | None = None, overrides: Sequence[s
     return _build(cls, data, source)
 
 
+def load_cli_config(cls: type, config: str | None, overrides: Sequence[str]) -> Any:
+    """`load_config` for a verb that has no usable defaults: it needs a file or some settings."""
+    if config is None and not overrides:
+        raise FicError("give --config FILE (and/or key=value settings); --keys lists the settings",
+                       field="--config")
+    return load_config(cls, config, overrides)
+
+
 def config_to_dict(config: Any) -> dict:
     """The plain-dict form of a config, for saving next to outputs (model cards, runs)."""
     return dataclasses.asdict(config)

@@ -43,7 +43,7 @@ import yaml
 
 from fic.backends import make_backend
 from fic.classify import CLASSIFIER_KINDS, make_classifier
-from fic.config import config_to_dict, describe, flatten, load_config, setting
+from fic.config import config_to_dict, describe, flatten, load_cli_config, setting
 from fic.errors import FicError
 from fic.files import append_jsonl, check_writable, read_log, write_json, write_text
 from fic.generation import BackendConfig, SamplingParams
@@ -395,10 +395,7 @@ def run(args: argparse.Namespace) -> int:
     if args.keys:
         print(describe(EvalConfig))
         return 0
-    if args.config is None and not args.overrides:
-        raise FicError("give --config FILE (and/or key=value settings); --keys lists the settings",
-                       field="--config")
-    cfg = load_config(EvalConfig, args.config, args.overrides)
+    cfg = load_cli_config(EvalConfig, args.config, args.overrides)
     started = time.perf_counter()
     metrics = evaluate(cfg, progress=not args.quiet)
     elapsed = time.perf_counter() - started

@@ -50,7 +50,7 @@ import yaml
 
 from fic import tasks
 from fic.backends import make_backend
-from fic.config import config_to_dict, describe, load_config, setting
+from fic.config import config_to_dict, describe, load_cli_config, setting
 from fic.errors import FicError
 from fic.files import check_writable, read_records, write_json, write_jsonl, write_text
 from fic.generation import BackendConfig, Generation, SamplingParams
@@ -495,9 +495,7 @@ def run(args: argparse.Namespace) -> int:
     if args.keys:
         print(describe(ProbeConfig))
         return 0
-    if args.config is None and not args.overrides:
-        raise FicError("give --config FILE (and/or key=value settings); --keys lists the settings", field="--config")
-    cfg = load_config(ProbeConfig, args.config, args.overrides)
+    cfg = load_cli_config(ProbeConfig, args.config, args.overrides)
     metrics = probe(cfg, progress=not args.quiet)
     print("\n".join(follow_up_table(metrics)))
     for dataset, figures in metrics["datasets"].items():

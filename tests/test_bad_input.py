@@ -401,3 +401,10 @@ def test_write_jsonl_names_its_file_when_the_rename_fails(tmp_path, monkeypatch)
         write_jsonl(tmp_path / "x.jsonl", [{"a": 1}])
     assert str(os_error(err.value)) == f"{tmp_path / 'x.jsonl'}: permission denied"
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("verb", ["eval", "probe"])
+def test_a_config_verb_without_any_settings_asks_for_them_in_one_line(verb, capsys):
+    code, line, lines = _run_captured(capsys, [verb])
+    _assert_one_line(code, line, lines, verb, "--config")
+    assert "give --config FILE" in line
