@@ -1,5 +1,5 @@
 import sys
 
-from fic.cli import main
+from fic.cli.main import main
 
 sys.exit(main())

@@ -7,7 +7,7 @@
 One explicit loop on Accelerate (the shared parts live in `fic/training/`). What it does that
 a generic trainer gets wrong:
 
-- Targets are the assistant-mask positions of `fic.chat.render_chat` (content and end-of-turn
+- Targets are the assistant-mask positions of `fic.core.chat.render_chat` (content and end-of-turn
   token of every trained assistant turn), shifted for next-token prediction.
 - The LM head runs only at target positions, in chunks upcast to fp32, so the logits of a
   whole batch ([batch, seq, vocab]) never exist.
@@ -30,8 +30,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fic.config import config_to_dict, setting
-from fic.errors import FicError
+from fic.core.config import config_to_dict, setting
+from fic.core.errors import FicError
 from fic.training.config import RunConfig
 
 # Settings a resumed run must share with the checkpoint: anything else changes what the
@@ -73,8 +73,8 @@ def total_steps(cfg: SFTConfig, n_examples: int, world: int) -> int:
 def check_inputs(cfg: SFTConfig) -> None:
     """Missing files and an output folder that cannot be written fail here, in a second, before
     torch and the model load."""
-    from fic.files import check_writable
-    from fic.model import check_model_folder
+    from fic.core.files import check_writable
+    from fic.core.model import check_model_folder
 
     check_writable(cfg.out, folder=True, field="out")
     check_model_folder(cfg.model.path)
@@ -86,8 +86,8 @@ def train(cfg: SFTConfig) -> dict:
     """Run the recipe; return the final model folder (`model_dir`), the trained model as it is
     in memory (`model`, unwrapped; the PEFT model for LoRA), `steps` and `final_loss`."""
     check_inputs(cfg)
-    from fic.files import file_sha256
-    from fic.model import load_template_checked_tokenizer
+    from fic.core.files import file_sha256
+    from fic.core.model import load_template_checked_tokenizer
     from fic.training import checkpoints, loop
     from fic.training.data import DataOrder, collate, load_corpus
     from fic.training.losses import TargetLoss, check_target_path, target_counts, window_backward

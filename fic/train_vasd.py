@@ -6,11 +6,11 @@
 Each optimizer step:
 
 1. Rollouts, on-policy: the current weights play a batch of sharded conversations
-   (`fic.simulator.play`: lockstep, keys and values kept between turns) with every assistant
+   (`fic.conversation.simulator.play`: lockstep, keys and values kept between turns) with every assistant
    reply sampled at `rollout.temperature`; every shard is played (no stop at a correct answer),
    so the final reply is the reply to the last shard, whatever it says.
 2. Teacher: the same backbone reads the single-turn view of the same task (`teacher.view`)
-   followed by the student's final-reply ids (`fic/training/distill.py` has the layout), under
+   followed by the student's final-reply ids (`fic/training/vasd/distill.py` has the layout), under
    `teacher.mode`: `frozen` (the starting weights: LoRA adapters switched off, or a frozen
    copy), `live` (the current weights, no gradient) or `ema` (a moving average).
 3. Loss: a token-level divergence (`loss.*`) between the student's and the teacher's
@@ -41,13 +41,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fic.config import config_to_dict, setting
-from fic.errors import FicError
-from fic.evaluate import UserConfig
-from fic.splits import ExcludeConfig
+from fic.core.config import config_to_dict, setting
+from fic.core.errors import FicError
+from fic.evaluation.evaluate import UserConfig
+from fic.data.splits import ExcludeConfig
 from fic.training.config import LoggingSection, RunConfig
 from fic.training.data import TARGET_KINDS
-from fic.training.distill import TEACHER_VIEWS
+from fic.training.vasd.distill import TEACHER_VIEWS
 from fic.training.losses import DIVERGENCES, ESTIMATORS
 
 MUST_MATCH = ("model.path", "model.dtype", "lora", "data", "rollout", "teacher.mode", "teacher.view",
@@ -70,7 +70,7 @@ class DataSection:
     max_seq_len: int = setting(2048, "Anchor conversations longer than this many tokens are skipped.", min=8)
     anchor_path: str = setting("", "SFT corpus (JSONL from `fic sft-data`) whose non-final assistant turns the "
                                "anchor regulariser trains on; needed when regularizer.kind is anchor or both.")
-    exclude: ExcludeConfig = setting(ExcludeConfig(), "Evaluation data the rollouts must not see (fic.splits); the "
+    exclude: ExcludeConfig = setting(ExcludeConfig(), "Evaluation data the rollouts must not see (fic.data.splits); the "
                                      "overlap found is logged and written to out/data_overlap.json.")
 
     def __post_init__(self) -> None:
@@ -198,8 +198,8 @@ class VASDConfig(RunConfig):
 def check_inputs(cfg: VASDConfig) -> None:
     """Missing or wrong files and an output folder that cannot be written fail here, in a
     second, before torch and the model load."""
-    from fic.files import check_writable
-    from fic.model import check_model_folder
+    from fic.core.files import check_writable
+    from fic.core.model import check_model_folder
 
     check_writable(cfg.out, folder=True, field="out")
     folder = Path(cfg.model.path)
@@ -222,8 +222,8 @@ def load_instances(cfg: VASDConfig) -> tuple[list, str, dict]:
     import hashlib
     import json
 
-    from fic.sources import load_source, shard_missing
-    from fic.splits import exclude_instances
+    from fic.data.sources import load_source, shard_missing
+    from fic.data.splits import exclude_instances
 
     instances = []
     for spec in cfg.data.source:
@@ -240,8 +240,8 @@ def load_instances(cfg: VASDConfig) -> tuple[list, str, dict]:
 
 def check_against_tokenizer(cfg: VASDConfig, tokenizer: Any, instances: list) -> None:
     """Settings that only the tokenizer and data can check, before any model loads."""
-    from fic.training.distill import teacher_prompts
-    from fic.training.vasd import teacher_views
+    from fic.training.vasd.distill import teacher_prompts
+    from fic.training.vasd.step import teacher_views
 
     if cfg.loss.estimator == "topk" and cfg.loss.top_k >= len(tokenizer):
         raise FicError(f"top_k {cfg.loss.top_k} is not below the vocabulary size {len(tokenizer)}",
@@ -262,17 +262,17 @@ def train(cfg: VASDConfig) -> dict:
     check_inputs(cfg)
     from accelerate.utils import set_seed
 
-    from fic.classify import make_classifier
-    from fic.files import append_jsonl, file_sha256, write_json
-    from fic.generation import SamplingParams
-    from fic.model import load_template_checked_tokenizer
-    from fic.seeding import derive_seed
-    from fic.simulator import make_conversations, play
+    from fic.conversation.classify import make_classifier
+    from fic.core.files import append_jsonl, file_sha256, write_json
+    from fic.core.generation import SamplingParams
+    from fic.core.model import load_template_checked_tokenizer
+    from fic.core.seeding import derive_seed
+    from fic.conversation.simulator import make_conversations, play
     from fic.training import checkpoints, loop
     from fic.training.data import DataOrder, load_corpus
-    from fic.training.distill import DistillLoss
+    from fic.training.vasd.distill import DistillLoss
     from fic.training.losses import check_target_path, window_backward
-    from fic.training.vasd import (
+    from fic.training.vasd.step import (
         ema_state,
         ema_update,
         make_rollout_backend,
@@ -282,7 +282,7 @@ def train(cfg: VASDConfig) -> dict:
         sync_rollout_backend,
         teacher_parts,
     )
-    from fic.user_sim import make_user
+    from fic.conversation.users import make_user
 
     accelerator = loop.make_accelerator(cfg)
     main, world, rank, say = (accelerator.is_main_process, accelerator.num_processes, accelerator.process_index,
@@ -426,9 +426,9 @@ def evaluate_now(cfg: VASDConfig, held_out: list, policy: Any, generator: Any, t
     if not accelerator.is_main_process:
         return {}
     from fic.backends.hf import HFBackend
-    from fic.evaluate import EvalConfig, evaluate
-    from fic.generation import BackendConfig
-    from fic.training.vasd import held_out_divergence
+    from fic.evaluation.evaluate import EvalConfig, evaluate
+    from fic.core.generation import BackendConfig
+    from fic.training.vasd.step import held_out_divergence
 
     policy.eval()
     figures = {"eval_divergence_per_token": held_out_divergence(cfg, held_out, generator, tokenizer, parts, loss,
@@ -448,7 +448,7 @@ def evaluate_now(cfg: VASDConfig, held_out: list, policy: Any, generator: Any, t
 
 
 def load_held_out(cfg: VASDConfig) -> list:
-    from fic.sources import load_source, shard_missing
+    from fic.data.sources import load_source, shard_missing
 
     if not cfg.eval.every:
         return []

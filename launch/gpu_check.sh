@@ -228,7 +228,7 @@ import json
 import sys
 from pathlib import Path
 
-from fic.config import load_config
+from fic.core.config import load_config
 from fic.train_vasd import VASDConfig
 
 out, recipe, checks = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]

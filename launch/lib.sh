@@ -47,7 +47,7 @@ import sys
 
 import yaml
 
-from fic.config import read_yaml
+from fic.core.config import read_yaml
 
 out = read_yaml(sys.argv[1]).get("out")
 for item in sys.argv[2:]:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fic.model import load_tokenizer, prepare_model
+from fic.core.model import load_tokenizer, prepare_model
 
 
 @pytest.fixture(scope="session")

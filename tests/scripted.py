@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from fic.errors import FicError
-from fic.generation import Generation, SamplingParams, check_prompts, stop_ids
+from fic.core.errors import FicError
+from fic.core.generation import Generation, SamplingParams, check_prompts, stop_ids
 
 
 def end_of_turn_id(tokenizer: Any) -> int:

@@ -13,20 +13,20 @@ import pytest
 from scripted import FunctionBackend
 
 from fic import tasks
-from fic.classify import RuleClassifier
-from fic.cli import main
-from fic.config import load_config
-from fic.errors import FicError
-from fic.generation import SamplingParams
-from fic.instance import Instance
-from fic.sft_data import SFTDataConfig, load_instances, make_corpus
-from fic.simulator import make_conversations, play
-from fic.sources import load_source, read_instance
+from fic.conversation.classify import RuleClassifier
+from fic.cli.main import main
+from fic.core.config import load_config
+from fic.core.errors import FicError
+from fic.core.generation import SamplingParams
+from fic.core.instance import Instance
+from fic.corpus.build import SFTDataConfig, load_instances, make_corpus
+from fic.conversation.simulator import make_conversations, play
+from fic.data.sources import load_source, read_instance
 from fic.tasks import actions_gen
 from fic.tasks.actions_gen import SPLITS, generate, split_of
 from fic.tasks.calls import find_calls, format_calls, parse_calls
-from fic.user_sim import VerbatimUser
-from fic.views import VIEWS, render_view, system_message, user_turns
+from fic.conversation.users import VerbatimUser
+from fic.data.views import VIEWS, render_view, system_message, user_turns
 
 LIC_SAMPLE = Path(__file__).resolve().parents[2] / "shared/data/lost_in_conversation/sample_5_per_task.json"
 needs_lic = pytest.mark.skipif(not LIC_SAMPLE.exists(), reason="../shared (LiC sample data) is not present")

@@ -36,9 +36,9 @@ from pathlib import Path
 
 import pytest
 
-from fic.cli import VERBS, main
-from fic.errors import FicError, one_line, os_error
-from fic.files import check_writable, read_records, write_jsonl
+from fic.cli.main import VERBS, main
+from fic.core.errors import FicError, one_line, os_error
+from fic.core.files import check_writable, read_records, write_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
 AS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
@@ -61,7 +61,7 @@ CONVERSATION = {"messages": [{"role": "user", "content": "Ann has 3 apples and b
 # Outputs are given with inputs that are missing where the verb checks its output first: the
 # error must then name the output, which shows that nothing was loaded before the check.
 # `input_kind` says whether the unreadable input stands for a file or a folder.
-# Add your verb here when you add it to fic.cli.VERBS: test_every_verb_is_walked fails until then.
+# Add your verb here when you add it to fic.cli.main.VERBS: test_every_verb_is_walked fails until then.
 
 WALK = {
     "prepare-model": {
@@ -116,8 +116,8 @@ WALK = {
 
 def _commands() -> set[str]:
     """Every command a user can run: each verb, and each `train` method and `bench` name."""
-    from fic.bench import BENCHES
-    from fic.train import METHODS
+    from fic.cli.bench import BENCHES
+    from fic.cli.train import METHODS
 
     commands = set(VERBS) - {"train", "bench"}
     return commands | {f"train {m}" for m in METHODS} | {f"bench {b}" for b in BENCHES}
@@ -253,7 +253,7 @@ def test_a_full_disk_is_one_line_naming_the_file_and_leaves_nothing(tmp_path, ca
     good.write_text(json.dumps(SHARDED) + "\n")
     out = tmp_path / "views.jsonl"
     if target == "append":
-        from fic.files import append_jsonl
+        from fic.core.files import append_jsonl
 
         out.write_text("")
         monkeypatch.setattr(os, "fsync", no_space)
@@ -329,7 +329,7 @@ def test_a_duplicated_yaml_key_is_an_error_not_last_wins(tmp_path, capsys, text,
 
 
 def test_yaml_merge_keys_may_still_be_overridden(tmp_path):
-    from fic.config import read_yaml
+    from fic.core.config import read_yaml
 
     path = tmp_path / "m.yaml"
     path.write_text("base: &b\n  lr: 1\n  steps: 2\nrun:\n  <<: *b\n  lr: 3\n")
@@ -337,7 +337,7 @@ def test_yaml_merge_keys_may_still_be_overridden(tmp_path):
 
 
 def test_a_yaml_byte_order_mark_and_non_utf8_bytes(tmp_path):
-    from fic.config import read_yaml
+    from fic.core.config import read_yaml
 
     path = tmp_path / "bom.yaml"
     path.write_bytes(b"\xef\xbb\xbfruns: 3\n")

@@ -10,7 +10,7 @@ import copy
 
 import pytest
 
-from fic.chat import (
+from fic.core.chat import (
     PROBE_CONVERSATION,
     Rendered,
     TemplateError,
@@ -21,7 +21,7 @@ from fic.chat import (
     prompt_ids,
     render_chat,
 )
-from fic.errors import FicError
+from fic.core.errors import FicError
 
 # Llama 3 ends each header with "\n\n". Its own tokenizer splits that off as one token
 # whatever follows, but SmolLM2's GPT-2-style pre-tokenizer makes one token of "\n\n" at the
@@ -308,7 +308,7 @@ def test_format_masks(tokenizers):
 def test_continue_ids_ignores_how_a_noisy_reply_would_retokenise(smollm2_tokenizer):
     """A generated reply whose text starts with the newline the template already ends with would
     break the prefix rule if its text were rendered; continuing only uses its ids."""
-    from fic.chat import continue_ids, end_of_turn_ids, prompt_ids
+    from fic.core.chat import continue_ids, end_of_turn_ids, prompt_ids
 
     tok = smollm2_tokenizer
     opening = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi."}]

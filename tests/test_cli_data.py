@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fic.cli import main
+from fic.cli.main import main
 
 LIC_SAMPLE = Path(__file__).resolve().parents[2] / "shared/data/lost_in_conversation/sample_5_per_task.json"
 
@@ -73,7 +73,7 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, args, need
 
 
 def test_atomic_write_leaves_old_file_when_interrupted(tmp_path):
-    from fic.files import write_jsonl
+    from fic.core.files import write_jsonl
 
     path = tmp_path / "out.jsonl"
     path.write_text("old\n")

@@ -2,7 +2,7 @@
 
 import json
 
-from fic.cli import main
+from fic.cli.main import main
 
 
 def test_prepare_model_is_idempotent_through_the_cli(smollm2_dir, capsys):

@@ -4,8 +4,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from fic.config import describe, load_config, setting
-from fic.errors import FicError
+from fic.core.config import describe, load_config, setting
+from fic.core.errors import FicError
 
 
 @dataclass

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from fic.cli import main
-from fic.demo import STAGES, load_demo, split_overlap
-from fic.stats import paired_bootstrap, sign_test
+from fic.cli.main import main
+from fic.demo.run import STAGES, load_demo, split_overlap
+from fic.core.stats import paired_bootstrap, sign_test
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes" / "smollm2-135m-instruct"
@@ -69,7 +69,7 @@ def test_a_bad_stage_or_missing_recipe_is_one_line(tmp_path, capsys):
 
 
 def test_the_shipped_demo_splits_do_not_overlap():
-    from fic.sources import load_source
+    from fic.data.sources import load_source
 
     cfg = load_demo(str(RECIPES), ["data.train=200", "data.test=64", "data.test_unseen=32"])
     splits = {s: load_source(f"{cfg.data.source}:{s}", cfg.data.task, limit=n, seed=cfg.data.seed)

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from scripted import FunctionBackend
 
-from fic.cli import main
-from fic.config import load_config
-from fic.errors import FicError
-from fic.evaluate import EvalConfig, evaluate
-from fic.files import read_records
+from fic.cli.main import main
+from fic.core.config import load_config
+from fic.core.errors import FicError
+from fic.evaluation.evaluate import EvalConfig, evaluate
+from fic.core.files import read_records
 from fic.tasks import Task
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,7 +39,7 @@ def lic_file(tmp_path):
 @pytest.fixture(scope="module")
 def tiny_backend(tiny_model_dir):
     from fic.backends import make_backend
-    from fic.generation import BackendConfig
+    from fic.core.generation import BackendConfig
 
     return make_backend(BackendConfig(model=str(tiny_model_dir), device="cpu", batch_size=32))
 

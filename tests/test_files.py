@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from fic import files
-from fic.errors import FicError
+from fic.core import files
+from fic.core.errors import FicError
 
 
 def _folder(path, text):

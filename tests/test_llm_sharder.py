@@ -8,10 +8,10 @@ import re
 import pytest
 from scripted import FunctionBackend
 
-from fic.cli import main
-from fic.instance import Instance, Shard
-from fic.llm_sharder import parse_shards, shard_with_llm, validate_shards
-from fic.parsing import number_values
+from fic.cli.main import main
+from fic.core.instance import Instance, Shard
+from fic.data.llm_sharder import parse_shards, shard_with_llm, validate_shards
+from fic.core.parsing import number_values
 
 QUESTION = ("Ara joined the team four years ago. She plays 40 games every year. She scores 21 points a game. "
             "How many points has she scored?")
@@ -132,7 +132,7 @@ def test_validation_threshold_is_a_share_of_full(smollm2_tokenizer):
 
 
 def test_shard_cli_with_llm_sharder_and_validation(tmp_path, monkeypatch, capsys, smollm2_tokenizer):
-    import fic.commands
+    import fic.cli.data
 
     source = tmp_path / "plain.jsonl"
     source.write_text(json.dumps({"task_id": "ara", "task": "math", "question": QUESTION, "answer": "#### 3360"})
@@ -148,7 +148,7 @@ def test_shard_cli_with_llm_sharder_and_validation(tmp_path, monkeypatch, capsys
         made.append(option)
         return sharder if option == "--sharder-config" else assistant
 
-    monkeypatch.setattr(fic.commands, "_backend_from_yaml", fake_backend)
+    monkeypatch.setattr(fic.cli.data, "_backend_from_yaml", fake_backend)
     out = tmp_path / "out.jsonl"
     code = main(["shard", "--source", f"jsonl:{source}", "--out", str(out), "--sharder", "llm", "--sharder-config",
                  str(tmp_path / "sharder.yaml"), "--retries", "0", "--validate", str(tmp_path / "assistant.yaml"),

@@ -80,7 +80,7 @@ def test_table_is_large_and_balanced():
 
 
 def test_score_accepts_instance_or_dict():
-    from fic.instance import Instance
+    from fic.core.instance import Instance
 
     instance = Instance.from_dict(ARA, require_shards=False)
     assert MATH.score("#### 3360", instance) == MATH.score("#### 3360", ARA) == 1.0

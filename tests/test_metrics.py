@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fic.metrics import RELIABILITY_NOTE, instance_stats, ratio, summarize, timing_bin
+from fic.evaluation.metrics import RELIABILITY_NOTE, instance_stats, ratio, summarize, timing_bin
 
 
 def rec(task_id, view, run, score, labels=("answer_attempt",), task="math", premature=False, tokens=10,

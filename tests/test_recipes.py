@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fic import launch_check
-from fic.config import load_config
-from fic.errors import FicError
+from fic.cli import launch_check
+from fic.core.config import load_config
+from fic.core.errors import FicError
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = sorted((REPO / "recipes").rglob("*.yaml"))
@@ -20,13 +20,13 @@ BACKBONES = sorted(p.name for p in (REPO / "recipes").iterdir() if p.is_dir() an
 
 # recipe file name (without .yaml) -> "module:ConfigClass"; every recipe must match one prefix.
 CONFIG_CLASSES = {
-    "eval": "fic.evaluate:EvalConfig",
-    "sft-data": "fic.sft_data:SFTDataConfig",
+    "eval": "fic.evaluation.evaluate:EvalConfig",
+    "sft-data": "fic.corpus.build:SFTDataConfig",
     "sft": "fic.train_sft:SFTConfig",
 }
 # Stages whose modules are being written alongside: mapped once the module exists.
-for _stem, _target in {"vasd": "fic.train_vasd:VASDConfig", "probe": "fic.probe:ProbeConfig",
-                       "demo": "fic.demo:DemoConfig"}.items():
+for _stem, _target in {"vasd": "fic.train_vasd:VASDConfig", "probe": "fic.probe.run:ProbeConfig",
+                       "demo": "fic.demo.run:DemoConfig"}.items():
     if importlib.util.find_spec(_target.split(":")[0]) is not None:
         CONFIG_CLASSES[_stem] = _target
 
@@ -110,7 +110,7 @@ def path_values(path: Path) -> list[tuple[str, str]]:
             found.append(("data.anchor_path", section["anchor_path"]))
         for spec in (section.get("exclude") or {}).get("sources") or []:
             found.append(("data.exclude.sources", source_path(spec) or spec))
-    elif stem == "demo":  # every other path of a demo is under its own `out`, wired by fic/demo.py
+    elif stem == "demo":  # every other path of a demo is under its own `out`, wired by fic/demo/run.py
         found.append(("base_model", data["base_model"]))
     return found
 
@@ -228,9 +228,9 @@ def test_demo_stages_chain(path):
 
 @pytest.mark.parametrize("path", DEMOS, ids=rel)
 def test_demo_wires_the_models_its_yaml_shows(path):
-    """fic/demo.py overrides every stage's model path; it must load what the YAML shows (for a LoRA
+    """fic/demo/run.py overrides every stage's model path; it must load what the YAML shows (for a LoRA
     stage the merged model, not the adapter in `final`)."""
-    from fic.demo import load_demo, model_of
+    from fic.demo.run import load_demo, model_of
 
     cfg = load_demo(str(path.parent), [])
     assert str(model_of(cfg, "warmup")) == cfg.sft.model.path == cfg.eval.model.model

@@ -10,24 +10,24 @@ import pytest
 from scripted import FunctionBackend
 
 from fic import tasks
-from fic.cli import main
-from fic.config import load_config
-from fic.deferrals import ACKS, DEFERRALS, GENERIC_ASKS, RECOVERY_ACKS, ask_for
-from fic.errors import FicError
-from fic.instance import Instance
-from fic.sft_data import (
+from fic.cli.main import main
+from fic.core.config import load_config
+from fic.tasks.deferrals import ACKS, DEFERRALS, GENERIC_ASKS, RECOVERY_ACKS, ask_for
+from fic.core.errors import FicError
+from fic.core.instance import Instance
+from fic.corpus.build import (
     SFTDataConfig,
     build_corpus,
     card_paths,
     load_instances,
     make_corpus,
 )
-from fic.views import user_turns
+from fic.data.views import user_turns
 
 LIC_SAMPLE = Path(__file__).resolve().parents[2] / "shared/data/lost_in_conversation/sample_5_per_task.json"
 MATH = tasks.get("math")
 
-# The test's own number reader, independent of fic.deferrals: digits and common number words.
+# The test's own number reader, independent of fic.tasks.deferrals: digits and common number words.
 WORDS = {w: i for i, w in enumerate("zero one two three four five six seven eight nine ten eleven twelve "
                                     "thirteen fourteen fifteen sixteen seventeen eighteen nineteen".split())}
 WORDS.update({"twenty": 20, "thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70,
@@ -205,7 +205,7 @@ def test_the_file_loads_with_datasets(tmp_path):
 
 
 def test_the_premature_turn_is_out_of_the_loss_mask(corpus, smollm2_tokenizer):
-    from fic.chat import render_chat
+    from fic.core.chat import render_chat
 
     records, _ = corpus
     record = next(r for r in records.values() if r["kind"] == "recovery" and len(r["reply_kinds"]) >= 3)
@@ -254,7 +254,7 @@ def test_model_rephrased_user_turns_keep_their_numbers(gym):
 
 
 def test_rewrites_that_change_or_drop_information_are_refused():
-    from fic.sft_data import rephrase_problem, reply_problem
+    from fic.corpus.build import rephrase_problem, reply_problem
 
     def _valid_rephrase(original, text):
         return rephrase_problem(original, text, MATH) is None

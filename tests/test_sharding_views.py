@@ -5,11 +5,11 @@ from collections import Counter
 
 import pytest
 
-from fic.errors import FicError
-from fic.instance import Instance
-from fic.sharding import ShardingError, shard_math, split_clauses, split_sentences
-from fic.sources import load_source, shard_missing
-from fic.views import RECAP_HEADER, SNOWBALL_HEADER, VIEWS, render_view, user_turns
+from fic.core.errors import FicError
+from fic.core.instance import Instance
+from fic.tasks.sharding import ShardingError, shard_math, split_clauses, split_sentences
+from fic.data.sources import load_source, shard_missing
+from fic.data.views import RECAP_HEADER, SNOWBALL_HEADER, VIEWS, render_view, user_turns
 
 NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
 

@@ -8,14 +8,14 @@ import re
 import pytest
 from scripted import FunctionBackend
 
-from fic.chat import render_chat
-from fic.classify import LLMClassifier, RuleClassifier, parse_label, rule_label
-from fic.errors import FicError
-from fic.generation import SamplingParams
-from fic.instance import Instance, Shard
-from fic.simulator import Conversation, make_conversations, play
-from fic.user_sim import LLMUser, VerbatimUser, parse_user_reply
-from fic.views import RECAP_HEADER, SNOWBALL_HEADER, VIEWS, user_turns
+from fic.core.chat import render_chat
+from fic.conversation.classify import LLMClassifier, RuleClassifier, parse_label, rule_label
+from fic.core.errors import FicError
+from fic.core.generation import SamplingParams
+from fic.core.instance import Instance, Shard
+from fic.conversation.simulator import Conversation, make_conversations, play
+from fic.conversation.users import LLMUser, VerbatimUser, parse_user_reply
+from fic.data.views import RECAP_HEADER, SNOWBALL_HEADER, VIEWS, user_turns
 
 PARAMS = SamplingParams(max_new_tokens=64)
 SHARDS = ["How many points did Ara score in total?", "Ara played for 4 years.",
@@ -233,7 +233,7 @@ def test_llm_classifier_falls_back_to_the_rule_label():
 def test_bench_rollout_plays_both_ways_and_reports_what_reuse_saves(tiny_model_dir):
     import argparse
 
-    from fic import bench_rollout
+    from fic.bench import rollout as bench_rollout
 
     parser = argparse.ArgumentParser()
     bench_rollout.add_arguments(parser)
@@ -354,7 +354,7 @@ def test_a_parroted_shard_before_a_question_is_no_answer():
 
 
 def test_the_llm_classifier_sees_the_full_task_specification():
-    from fic.classify import classifier_prompt
+    from fic.conversation.classify import classifier_prompt
 
     conv = _conv_after_turn_one()
     system, user = classifier_prompt(conv)

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from fic.errors import FicError
-from fic.instance import Instance
-from fic.sources import load_source
+from fic.core.errors import FicError
+from fic.core.instance import Instance
+from fic.data.sources import load_source
 
 LIC_SAMPLE = Path(__file__).resolve().parents[2] / "shared/data/lost_in_conversation/sample_5_per_task.json"
 needs_lic = pytest.mark.skipif(not LIC_SAMPLE.exists(), reason="../shared (LiC sample data) is not present")

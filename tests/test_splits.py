@@ -1,4 +1,4 @@
-"""Evaluation problems never in the training data: fic.splits and the SFT corpus's `exclude`."""
+"""Evaluation problems never in the training data: fic.data.splits and the SFT corpus's `exclude`."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fic.config import load_config
-from fic.errors import FicError
-from fic.evaluate import EvalConfig
-from fic.evaluate import load_instances as eval_instances
-from fic.files import read_records, write_jsonl
-from fic.sft_data import SFTDataConfig, build_corpus, load_instances
-from fic.sources import load_source
-from fic.splits import ExcludeConfig, exclude_instances, normalise
+from fic.core.config import load_config
+from fic.core.errors import FicError
+from fic.evaluation.evaluate import EvalConfig
+from fic.evaluation.evaluate import load_instances as eval_instances
+from fic.core.files import read_records, write_jsonl
+from fic.corpus.build import SFTDataConfig, build_corpus, load_instances
+from fic.data.sources import load_source
+from fic.data.splits import ExcludeConfig, exclude_instances, normalise
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes" / "smollm2-135m-instruct"

@@ -14,8 +14,8 @@ import pytest
 import torch
 import yaml
 
-from fic.config import load_config
-from fic.errors import FicError
+from fic.core.config import load_config
+from fic.core.errors import FicError
 from fic.train_sft import SFTConfig, train
 from fic.training.data import IGNORE, collate, render_examples, shift_targets
 from fic.training.loop import KILL_ENV
@@ -119,7 +119,7 @@ def test_loss_normalised_over_the_accumulation_window(tiny_model_dir, smollm2_to
     """Gradient accumulation 3 with uneven target counts equals one full-logits CE over all targets / count."""
     from accelerate import Accelerator
 
-    from fic.model import load_model
+    from fic.core.model import load_model
 
     records = [{"messages": conversation(i)} for i in (0, 1, 5, 7, 10)]
     examples, _ = render_examples(records, smollm2_tokenizer, max_seq_len=4096, progress=False)
@@ -150,7 +150,7 @@ def test_loss_normalised_over_the_accumulation_window(tiny_model_dir, smollm2_to
 
 
 def test_lm_head_only_sees_target_rows_in_chunks(tiny_model_dir, smollm2_tokenizer):
-    from fic.model import load_model
+    from fic.core.model import load_model
 
     model = load_model(tiny_model_dir, dtype="float32").train()
     examples, _ = render_examples([{"messages": conversation(i)} for i in range(4)], smollm2_tokenizer,
@@ -239,7 +239,7 @@ def test_lora_resume_restores_adapter_optimizer_and_dropout_rng(tiny_model_dir, 
 def test_full_fine_tuning_saves_a_loadable_model(tiny_model_dir, corpus, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from fic.model import load_tokenizer
+    from fic.core.model import load_tokenizer
 
     out = tmp_path / "full"
     result = run(*settings(tiny_model_dir, corpus, out, "train.max_steps=2", "checkpoint.every=0"))
@@ -249,7 +249,7 @@ def test_full_fine_tuning_saves_a_loadable_model(tiny_model_dir, corpus, tmp_pat
     assert not torch.allclose(logits(saved, ids), logits(AutoModelForCausalLM.from_pretrained(tiny_model_dir), ids))
     assert load_tokenizer(out / "final").chat_template == load_tokenizer(tiny_model_dir).chat_template
     card = (out / "final" / "README.md").read_text()
-    from fic.files import file_sha256
+    from fic.core.files import file_sha256
     assert file_sha256(corpus) in card and str(corpus) in card and "full fine-tuning" in card
     assert not (out / "checkpoints").exists()
 
@@ -370,7 +370,7 @@ def test_bad_corpus_and_model_are_clear_errors(tiny_model_dir, corpus, tmp_path)
 
 
 def test_fic_train_sft_runs_the_recipe_end_to_end(tiny_model_dir, corpus, tmp_path, monkeypatch):
-    from fic.cli import main
+    from fic.cli.main import main
 
     monkeypatch.setenv("WANDB_MODE", "disabled")  # the wandb code path runs, nothing is written
     out = tmp_path / "cli"
@@ -412,7 +412,7 @@ def test_launch_configs_parse_with_the_intended_settings():
 def test_bench_sft_times_fic_and_trl_on_the_same_batches(tiny_model_dir):
     import argparse
 
-    from fic import bench_sft
+    from fic.bench import sft as bench_sft
 
     parser = argparse.ArgumentParser()
     bench_sft.add_arguments(parser)

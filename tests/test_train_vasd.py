@@ -15,21 +15,21 @@ import torch
 from scripted import FunctionBackend
 from test_chat import LLAMA3, QWEN25
 
-from fic.chat import end_of_turn_ids, prompt_ids
-from fic.classify import RuleClassifier
-from fic.config import load_config
-from fic.errors import FicError
-from fic.generation import SamplingParams
-from fic.instance import Instance, Shard
-from fic.simulator import make_conversations, play
+from fic.core.chat import end_of_turn_ids, prompt_ids
+from fic.conversation.classify import RuleClassifier
+from fic.core.config import load_config
+from fic.core.errors import FicError
+from fic.core.generation import SamplingParams
+from fic.core.instance import Instance, Shard
+from fic.conversation.simulator import make_conversations, play
 from fic.train_vasd import VASDConfig, train
 from fic.training.data import IGNORE, render_examples
-from fic.training.distill import DistillLoss, collate_rows, rollout_from, runs_of, student_rows, teacher_prompts
+from fic.training.vasd.distill import DistillLoss, collate_rows, rollout_from, runs_of, student_rows, teacher_prompts
 from fic.training.loop import KILL_ENV
 from fic.training.losses import divergence
-from fic.training.vasd import ema_update, step_batches, teacher_parts
-from fic.user_sim import VerbatimUser
-from fic.views import system_message
+from fic.training.vasd.step import ema_update, step_batches, teacher_parts
+from fic.conversation.users import VerbatimUser
+from fic.data.views import system_message
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "smollm2-135m-instruct" / "vasd.yaml"
@@ -147,7 +147,7 @@ def test_sampled_estimator_value_is_the_log_ratio_and_gradient_the_score_functio
 def test_distill_loss_in_chunks_equals_one_full_logits_computation(tiny_model_dir, smollm2_tokenizer):
     """The chunked, head-only-at-answer-rows loss equals the divergence computed from full logits
     of both passes, in value and in every weight's gradient."""
-    from fic.model import load_model
+    from fic.core.model import load_model
 
     model = load_model(tiny_model_dir, dtype="float32").double().train()  # float64: compare formulas, not rounding
     reference = copy.deepcopy(model)
@@ -198,8 +198,8 @@ def test_loss_is_zero_when_the_teacher_reads_the_students_own_context(tiny_model
     """With the teacher's prompt replaced by the student's own conversation, both sides read the
     same positions of the same ids with the same weights: the divergence must vanish. Any
     off-by-one between the two layouts would make it positive."""
-    import fic.training.distill as distill
-    from fic.model import load_model
+    import fic.training.vasd.distill as distill
+    from fic.core.model import load_model
 
     model = load_model(tiny_model_dir, dtype="float32").eval()
     conv = played(smollm2_tokenizer)
@@ -223,7 +223,7 @@ def test_loss_is_zero_when_the_teacher_reads_the_students_own_context(tiny_model
 
 
 def test_truncated_and_unfinished_rollouts_are_counted_not_distilled(tiny_model_dir, smollm2_tokenizer):
-    from fic.model import load_model
+    from fic.core.model import load_model
 
     model = load_model(tiny_model_dir, dtype="float32").eval()
     conv = played(smollm2_tokenizer, final="a long final reply " * 20, max_new_tokens=8)
@@ -296,8 +296,8 @@ def test_default_anchor_keeps_the_final_answers_too(smollm2_tokenizer):
 def test_frozen_lora_teacher_runs_with_adapters_off_and_gets_no_gradient(tiny_model_dir, smollm2_tokenizer):
     from peft import LoraConfig, get_peft_model
 
-    from fic.model import load_model
-    from fic.training.distill import hidden_at
+    from fic.core.model import load_model
+    from fic.training.vasd.distill import hidden_at
 
     base = load_model(tiny_model_dir, dtype="float32").eval()
     model = get_peft_model(copy.deepcopy(base), LoraConfig(r=4, target_modules=["q_proj", "v_proj"], lora_dropout=0.0))
@@ -324,7 +324,7 @@ def test_frozen_lora_teacher_runs_with_adapters_off_and_gets_no_gradient(tiny_mo
 
 @pytest.mark.parametrize("mode", ["live", "ema"])
 def test_live_and_ema_teachers_get_no_gradient(tiny_model_dir, smollm2_tokenizer, mode):
-    from fic.model import load_model
+    from fic.core.model import load_model
 
     model = load_model(tiny_model_dir, dtype="float32").train()
     cfg = load_config(VASDConfig, None, [f"teacher.mode={mode}", "regularizer.kind=none", "train.max_steps=1",
@@ -354,7 +354,7 @@ def test_live_and_ema_teachers_get_no_gradient(tiny_model_dir, smollm2_tokenizer
 
 
 def test_ema_moves_the_copy_towards_the_model(tiny_model_dir):
-    from fic.model import load_model
+    from fic.core.model import load_model
     model = load_model(tiny_model_dir, dtype="float32")
     shadow = copy.deepcopy(model)
     with torch.no_grad():
@@ -370,7 +370,7 @@ def test_ema_moves_the_copy_towards_the_model(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def anchor_corpus(tmp_path_factory) -> Path:
-    from fic.sft_data import SFTDataConfig, build_corpus
+    from fic.corpus.build import SFTDataConfig, build_corpus
 
     out = tmp_path_factory.mktemp("anchor") / "anchor.sft.jsonl"
     build_corpus(load_config(SFTDataConfig, None, ["data=reasoning-gym:gsm_symbolic", "limit=24", "seed=5",
@@ -435,7 +435,7 @@ def test_two_processes_train_like_one_with_the_same_global_batch(tiny_model_dir,
 
 
 def test_fic_train_vasd_runs_the_shipped_recipe(tiny_model_dir, anchor_corpus, tmp_path, capsys):
-    from fic.cli import main
+    from fic.cli.main import main
 
     out = tmp_path / "run"
     assert main(["train", "vasd", "--config", str(RECIPE), f"model.path={tiny_model_dir}",
@@ -487,7 +487,7 @@ def test_rollout_keys_and_values_are_forgotten_after_a_fused_optimizer_step(tiny
     cannot see the step: VASD calls weights_changed(), and the next rollout then matches a fresh
     backend's, where stale keys and values would not."""
     from fic.backends.hf import HFBackend
-    from fic.model import load_model
+    from fic.core.model import load_model
 
     model = load_model(tiny_model_dir, dtype="float32")
     backend = HFBackend(model, smollm2_tokenizer, kv_reuse_mb=64)
@@ -517,7 +517,7 @@ def test_weight_sync_hands_the_engine_merged_lora_weights_under_its_own_names(ti
     from peft import LoraConfig, get_peft_model
 
     from fic.backends.vllm import sync_weights
-    from fic.model import load_model
+    from fic.core.model import load_model
 
     policy = get_peft_model(load_model(tiny_model_dir, dtype="float32"),
                             LoraConfig(r=4, target_modules=["q_proj", "v_proj"], lora_dropout=0.0))
@@ -568,7 +568,7 @@ def test_rollout_tasks_never_include_the_evaluation_instances(tmp_path):
 def test_bench_memory_figure_is_the_childs_own_peak_even_under_a_large_parent():
     """Linux carries ru_maxrss across exec: a child of a process that had grown past the
     computation's peak (the bench after its timed step) reported 0 MB for both ways."""
-    from fic.bench_vasd import memory_figures
+    from fic.bench.vasd import memory_figures
 
     ballast = bytearray(b"\x01") * (600 << 20)  # the parent's peak, well above the child's
     figures = memory_figures(tokens=512, vocab=8192, hidden=32, chunk=64)

@@ -1,4 +1,4 @@
-"""Generation engines behind the one interface of `fic.generation`, built from a `BackendConfig`.
+"""Generation engines behind the one interface of `fic.core.generation`, built from a `BackendConfig`.
 
 - `hf` (`hf.py`): our own decoding loop over a transformers model, keys and values kept
   between calls (`kv_reuse.py`);
@@ -10,8 +10,8 @@ Engines are imported only when chosen: `import fic.backends` stays light.
 
 from __future__ import annotations
 
-from fic.errors import FicError
-from fic.generation import KINDS, Backend, BackendConfig
+from fic.core.errors import FicError
+from fic.core.generation import KINDS, Backend, BackendConfig
 
 
 def make_backend(cfg: BackendConfig) -> Backend:

@@ -35,7 +35,7 @@ from fic.backends.kv_reuse import (
     shared_prefixes,
     spans_kv,
 )
-from fic.generation import (
+from fic.core.generation import (
     BackendConfig,
     Generation,
     SamplingParams,
@@ -405,12 +405,12 @@ def column_major_linears(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def load_hf_backend(cfg: BackendConfig) -> HFBackend:
-    """Load `cfg.model` with fic.model (dtype resolved for the device: bf16 where supported).
+    """Load `cfg.model` with fic.core.model (dtype resolved for the device: bf16 where supported).
 
     The backend owns this model (nothing trains it), so keys and values are reused between
     calls within `cfg.kv_reuse_mb`, and on a CPU its weights are laid out for decoding with
     `column_major_linears`."""
-    from fic.model import default_device, load_model, load_tokenizer
+    from fic.core.model import default_device, load_model, load_tokenizer
 
     device = default_device() if cfg.device == "auto" else cfg.device
     tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)

@@ -28,8 +28,8 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from fic.errors import FicError
-from fic.generation import BackendConfig, Generation, SamplingParams
+from fic.core.errors import FicError
+from fic.core.generation import BackendConfig, Generation, SamplingParams
 
 
 class _Transient(Exception):

@@ -12,7 +12,7 @@ nothing is re-tokenized. What vLLM returns, as read in its source (vllm/v1/core/
   id stays in `CompletionOutput.token_ids` (the detokenizer leaves it out of `.text` only), so
   `token_ids` matches FiC's convention (end-of-turn id included) with no fix-up;
 - the length limit is checked *before* the stop ids, so an end-of-turn id sampled as the last
-  allowed token is reported as "length"; `fic.generation.finish` names that case "stop";
+  allowed token is reported as "length"; `fic.core.generation.finish` names that case "stop";
 - `logprobs=0` returns the sampled token's log-prob only; in vLLM's default `raw_logprobs`
   mode it is the log-softmax of the raw logits, before temperature and top-p, the same quantity
   the hf backend reports.
@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fic.errors import FicError
-from fic.generation import (
+from fic.core.errors import FicError
+from fic.core.generation import (
     BackendConfig,
     Generation,
     SamplingParams,
@@ -88,7 +88,7 @@ class VLLMBackend:
 def load_vllm_backend(cfg: BackendConfig) -> VLLMBackend:
     """Start a vLLM engine for `cfg.model` (the tokenizer is loaded the same way as for hf)."""
     vllm = import_vllm()
-    from fic.model import load_tokenizer, resolve_dtype
+    from fic.core.model import load_tokenizer, resolve_dtype
 
     tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
     # Same dtype names as the hf backend (bf16, fp32, ...); "auto" stays vLLM's own choice.

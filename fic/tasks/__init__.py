@@ -8,7 +8,7 @@ without touching the core.
 
 from __future__ import annotations
 
-from fic.errors import FicError
+from fic.core.errors import FicError
 from fic.tasks.actions import ActionsTask
 from fic.tasks.base import Task
 from fic.tasks.code import CodeTask

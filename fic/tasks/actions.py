@@ -26,8 +26,8 @@ import re
 from collections import Counter
 from typing import Any
 
-from fic.instance import Instance
-from fic.parsing import NUMBER, number_values
+from fic.core.instance import Instance
+from fic.core.parsing import NUMBER, number_values
 from fic.tasks.base import ErrorFactory, Task, label_reply
 from fic.tasks.calls import (
     Call,

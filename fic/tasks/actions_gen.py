@@ -21,9 +21,9 @@ Draws are refused until every argument shard names its own parameter's value and
 
 from __future__ import annotations
 
-from fic.errors import FicError
-from fic.instance import Instance
-from fic.seeding import derive_seed, seeded_rng
+from fic.core.errors import FicError
+from fic.core.instance import Instance
+from fic.core.seeding import derive_seed, seeded_rng
 from fic.tasks.action_templates import SEEN, UNSEEN, Template
 from fic.tasks.actions import ActionsTask
 from fic.tasks.calls import Call, format_calls

@@ -24,9 +24,9 @@ import random
 from collections import Counter
 from typing import Any, Callable
 
-from fic.errors import FicError
-from fic.instance import Instance, as_instance
-from fic.parsing import NUMBER, number_values
+from fic.core.errors import FicError
+from fic.core.instance import Instance, as_instance
+from fic.core.parsing import NUMBER, number_values
 
 ErrorFactory = Callable[..., FicError]  # error(message, field) -> FicError naming file and record
 
@@ -44,7 +44,7 @@ def label_reply(reply: str, has_answer: bool) -> str:
     """The rule label for tasks whose answer is structured (a query, code, a call): an answer
     attempt when `has_answer` (the task found its answer in the reply), else what the reply
     does instead: nothing, a refusal, one question, several, or talk."""
-    from fic.classify import REFUSAL, _sentences
+    from fic.conversation.classify import REFUSAL, _sentences
 
     text = (reply or "").strip()
     if not text:
@@ -163,8 +163,8 @@ class Task:
     # ------------------------------------------------------------------ classifying replies
 
     def rule_label(self, reply: str, user_texts: list[str]) -> str:
-        """The offline rule classifier's label (one of `fic.classify.LABELS`) for a reply."""
-        from fic.classify import (
+        """The offline rule classifier's label (one of `fic.conversation.classify.LABELS`) for a reply."""
+        from fic.conversation.classify import (
             rule_label,  # the generic heuristic; tasks may refine it
         )
 
@@ -177,7 +177,7 @@ class Task:
     @property
     def deferrals(self) -> tuple[str, ...]:
         """Brief acknowledge-and-wait replies the SFT corpus says while details are missing."""
-        from fic.deferrals import DEFERRALS
+        from fic.tasks.deferrals import DEFERRALS
 
         return DEFERRALS
 
@@ -198,9 +198,9 @@ class Task:
     rule_sharder: bool = False  # whether `rule_shard` can shard this task's instances offline
 
     def rule_shard(self, instance: Instance, seed: int = 0) -> Instance:
-        """A copy of `instance` with shards made by rules; `fic.sharding.ShardingError` when the task
+        """A copy of `instance` with shards made by rules; `fic.tasks.sharding.ShardingError` when the task
         has no rule sharder or this instance cannot be split (the LLM sharder then does it)."""
-        from fic.sharding import ShardingError
+        from fic.tasks.sharding import ShardingError
 
         raise ShardingError(f"the {self.name} task has no rule sharder; shard its instances with --sharder llm",
                             record=instance.task_id)

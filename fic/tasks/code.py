@@ -7,7 +7,7 @@ Keys: `metadata.func_name`, the problem as `prompt` (HumanEval: signature and do
 is the reference solution when present.
 
 Scoring: the reply's code block (the last one that parses and defines a top-level function)
-runs with the tests in `fic.sandbox`; the score is 1 only if every test passes. As in LiC, the
+runs with the tests in `fic.tasks.sandbox`; the score is 1 only if every test passes. As in LiC, the
 imports and helper definitions of a HumanEval prompt are put before the reply's code, and when
 the reply names the function differently (the sharded view may never tell the name) its last
 top-level function is called under the expected name. LiC's test cases are used when the
@@ -25,10 +25,10 @@ import re
 from collections import Counter
 from typing import Any
 
-from fic.errors import FicError
-from fic.instance import Instance, Shard
-from fic.parsing import number_values
-from fic.sandbox import Limits, run_python
+from fic.core.errors import FicError
+from fic.core.instance import Instance, Shard
+from fic.core.parsing import number_values
+from fic.tasks.sandbox import Limits, run_python
 from fic.tasks.base import ErrorFactory, Task, label_reply
 
 CODE_BLOCK = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
@@ -289,8 +289,8 @@ CODE_INTENTS = (
 def shard_docstring(instance: Instance, *, seed: int = 0) -> Instance:
     """Shards from a HumanEval docstring: shard 1 names the function and states its first
     sentence; each later sentence and each example is one shard. Moved, never rewritten."""
-    from fic.seeding import pick
-    from fic.sharding import ShardingError, split_sentences
+    from fic.core.seeding import pick
+    from fic.tasks.sharding import ShardingError, split_sentences
 
     func_name = instance.fields["metadata"]["func_name"]
     node = _docstring_function(instance.fields.get("prompt") or "", func_name)

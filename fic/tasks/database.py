@@ -12,7 +12,7 @@ Databases: a folder of Spider databases, `<dir>/<db_id>/<db_id>.sqlite` (every `
 `<dir>/<db_id>/` is used, as Spider's test suites do), named by `FIC_SPIDER_DBS` in the
 environment or `fic.tasks.get("database").db_dir`. Without one, each database is built from
 `schema_sql`: tables without rows, so the comparison only checks that a query runs and returns
-the same columns; the score's note says so. Model SQL runs through `fic.sandbox.run_sql`
+the same columns; the score's note says so. Model SQL runs through `fic.tasks.sandbox.run_sql`
 (read-only, authorizer, time and row limits).
 """
 
@@ -31,10 +31,10 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, Iterator
 
-from fic.errors import FicError
-from fic.instance import Instance
-from fic.parsing import number_values
-from fic.sandbox import SQLLimits, run_sql
+from fic.core.errors import FicError
+from fic.core.instance import Instance
+from fic.core.parsing import number_values
+from fic.tasks.sandbox import SQLLimits, run_sql
 from fic.tasks.base import ErrorFactory, Task, label_reply
 from fic.tasks.code import code_blocks
 

@@ -28,8 +28,8 @@ import random
 import re
 from typing import Any
 
-from fic.errors import FicError
-from fic.instance import Instance
+from fic.core.errors import FicError
+from fic.core.instance import Instance
 from fic.tasks.base import ErrorFactory, Task
 
 JUDGE_VARIABLE = "FIC_SUMMARY_JUDGE"
@@ -211,8 +211,8 @@ class SummaryTask(_TextTask):
     def _judge(self) -> Any:
         if self.judge is None and os.environ.get(JUDGE_VARIABLE):
             from fic.backends import make_backend
-            from fic.config import load_config
-            from fic.generation import BackendConfig
+            from fic.core.config import load_config
+            from fic.core.generation import BackendConfig
 
             self.judge = make_backend(load_config(BackendConfig, os.environ[JUDGE_VARIABLE], []))
         return self.judge
@@ -222,7 +222,7 @@ class SummaryTask(_TextTask):
         judge = self._judge()
         if judge is None:
             return 0.0, f"not judged: summary scoring needs an LLM judge (set {JUDGE_VARIABLE} to a backend YAML)"
-        from fic.generation import SamplingParams
+        from fic.core.generation import SamplingParams
 
         bullets = summary_bullets(text)
         listing = json.dumps([{"bullet_id": k, "text": b} for k, b in enumerate(bullets, start=1)], indent=1)
@@ -287,7 +287,7 @@ def citations(bullet: str) -> list[int]:
 
 
 def _verdict(text: str, bullets: int) -> tuple[float, int | None] | None:
-    from fic.parsing import find_json
+    from fic.core.parsing import find_json
 
     obj = find_json(text or "")
     if not isinstance(obj, dict):

@@ -19,9 +19,9 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from fic.config import config_to_dict, flatten
-from fic.errors import FicError
-from fic.files import publish_folder, write_json, write_text
+from fic.core.config import config_to_dict, flatten
+from fic.core.errors import FicError
+from fic.core.files import publish_folder, write_json, write_text
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "chat_template.json", "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
@@ -185,7 +185,7 @@ def save_final(accelerator: Any, loss_model: Any, cfg: Any, out: Path, card: Cal
         if cfg.save_merged:
             from peft import PeftModel
 
-            from fic.model import load_model
+            from fic.core.model import load_model
 
             base = load_model(cfg.model.path, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
             merged = PeftModel.from_pretrained(base, final).merge_and_unload()

@@ -4,7 +4,7 @@
     class SFTConfig(RunConfig):
         data: DataSection = setting(DataSection(), "The SFT corpus.")
 
-Every field is declared with `fic.config.setting` (type, default, help), so `--help` of a
+Every field is declared with `fic.core.config.setting` (type, default, help), so `--help` of a
 recipe lists every key and a YAML with an unknown key is an error.
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fic.config import setting
-from fic.errors import FicError
+from fic.core.config import setting
+from fic.core.errors import FicError
 
 DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

@@ -1,6 +1,6 @@
 """Conversations as training examples: token ids, next-token targets, collation, visiting order.
 
-A conversation is rendered once with the chat template (`fic.chat.render_chat`); its targets
+A conversation is rendered once with the chat template (`fic.core.chat.render_chat`); its targets
 come from token positions in that rendering, never from re-tokenised text. `targets[t]` is the
 id at t+1 where that token is trained and `IGNORE` elsewhere, so the loss at position t needs
 only the hidden state at t.
@@ -15,8 +15,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from fic.errors import FicError
-from fic.files import read_records
+from fic.core.errors import FicError
+from fic.core.files import read_records
 
 IGNORE = -100
 TARGET_KINDS = ("assistant", "non_final")
@@ -47,7 +47,7 @@ def render_examples(records: Sequence[dict], tokenizer: Any, max_seq_len: int, s
     """
     from tqdm import tqdm
 
-    from fic.chat import render_chat
+    from fic.core.chat import render_chat
 
     if targets not in TARGET_KINDS:
         raise ValueError(f"targets must be one of {TARGET_KINDS}, got {targets!r}")

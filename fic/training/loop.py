@@ -33,9 +33,9 @@ from typing import Any, Callable
 
 import torch
 
-from fic.config import config_to_dict
-from fic.errors import FicError
-from fic.files import append_jsonl, write_text
+from fic.core.config import config_to_dict
+from fic.core.errors import FicError
+from fic.core.files import append_jsonl, write_text
 from fic.training.checkpoints import (
     complete_checkpoints,
     find_resume,
@@ -96,7 +96,7 @@ def resume_point(cfg: RunConfig, say: Callable[[str], None]) -> tuple[Path | Non
 
 
 def build_model(cfg: RunConfig, device: str) -> torch.nn.Module:
-    from fic.model import load_model
+    from fic.core.model import load_model
 
     model = load_model(cfg.model.path, dtype=cfg.model.dtype, device=device,
                        trust_remote_code=cfg.model.trust_remote_code)
@@ -220,13 +220,13 @@ def maybe_checkpoint(accelerator: Any, cfg: RunConfig, step: int, steps: int, st
 
 class RunLog:
     """Per-step figures: `metrics.jsonl` (every step, main process), wandb (every
-    `logging.log_every` steps), and progress (`fic.progress`): a bar on a terminal, else a plain
+    `logging.log_every` steps), and progress (`fic.core.progress`): a bar on a terminal, else a plain
     line every `logging.print_every_s` seconds with steps done, rate and time left (a log file or
     batch job would otherwise show nothing for an hour)."""
 
     def __init__(self, cfg: RunConfig, accelerator: Any, steps: int, start: int, run_id: str, desc: str,
                  postfix: Callable[[dict], dict] | None = None):
-        from fic.progress import Progress
+        from fic.core.progress import Progress
 
         self.cfg, self.steps = cfg, steps
         self.main = accelerator.is_main_process
@@ -271,8 +271,8 @@ def recipe_main(config_class: type, train: Callable[[Any], Any], method: str, do
     directly, past the fic CLI's handler)."""
     import argparse
 
-    from fic.config import describe, load_config
-    from fic.errors import one_line, os_error
+    from fic.core.config import describe, load_config
+    from fic.core.errors import one_line, os_error
 
     parser = argparse.ArgumentParser(prog=f"train_{method}.py", description=doc.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,

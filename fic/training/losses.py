@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
-from fic.errors import FicError
+from fic.core.errors import FicError
 from fic.training.data import IGNORE
 
 DIVERGENCES = ("forward_kl", "reverse_kl", "jsd")

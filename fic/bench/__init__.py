@@ -1,0 +1,1 @@
+"""Benchmarks that print figures (`fic bench NAME`): `rollout`, `sft`, `vasd`."""

@@ -1,0 +1,208 @@
+"""`fic bench sft`: FiC's SFT step against TRL's `SFTTrainer`, and the memory of the loss.
+
+Throughput: the same model, the same conversations (a corpus built in-process by the SFT
+corpus builder from reasoning-gym problems), the same micro-batches in the same order, the
+same precision, optimizer (AdamW, constant lr, clipping at 1.0) and number of steps. TRL gets
+pre-tokenised `input_ids` and `labels` (-100 outside FiC's assistant mask), so both train on
+exactly the same target tokens. The two alternate step by step in one process (FiC's step on
+a batch runs right after TRL's step on it), so drifting load from other processes weighs on
+both alike. Figures are target tokens per second over the timed steps (after warm-up steps);
+`ratio` is FiC / TRL.
+
+Memory: for one 2k-token conversation on the model, the bytes autograd keeps for backward
+with FiC's target-only chunked loss and with the usual full-logits loss (`model(...,
+labels=...)`), and the size of the largest logits tensor each one builds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from typing import Any
+
+import torch
+
+from fic.core.errors import FicError
+
+PRECISIONS = ("fp32", "bf16")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from fic.core.model import BUNDLED_MODEL_DIR
+
+    parser.add_argument("--model", default=str(BUNDLED_MODEL_DIR),
+                        help="model folder (default: the bundled SmolLM2-135M-Instruct)")
+    parser.add_argument("--steps", type=int, default=6, help="timed optimizer steps per trainer")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
+    parser.add_argument("--micro-batch-size", type=int, default=4, help="conversations per step")
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32", help="fp32, or bf16 autocast")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the generated problems")
+    parser.add_argument("--memory-tokens", type=int, default=2048,
+                        help="length of the conversation of the memory figure (0: skip it)")
+    parser.add_argument("--skip-trl", action="store_true", help="time FiC only")
+
+
+def make_records(n: int, seed: int) -> list[dict]:
+    """`n` SFT conversations (deferral, recovery, single-turn) from the corpus builder."""
+    from fic.corpus.build import SFTDataConfig, load_instances, make_corpus
+
+    cfg = SFTDataConfig(limit=2 * n + 8, seed=seed)  # some problems cannot be sharded
+    instances, _ = load_instances(cfg)
+    records, _ = make_corpus(instances, cfg, progress=False)
+    if len(records) < n:
+        raise FicError(f"the corpus builder made {len(records)} conversations, the benchmark needs {n}")
+    return records[:n]
+
+
+class _FicStepper:
+    """FiC's training step (the recipe's loss, AdamW and `train_step`) on its own copy of the model."""
+
+    def __init__(self, model_dir: str, pad_id: int, precision: str):
+        from accelerate import Accelerator
+
+        from fic.core.model import load_model
+        from fic.training.config import OptimSection
+        from fic.training.loop import make_optimizer
+        from fic.training.losses import TargetLoss
+
+        self.accelerator = Accelerator(mixed_precision="bf16" if precision == "bf16" else "no")
+        loss_model = TargetLoss(load_model(model_dir, dtype="float32").train())
+        optimizer = make_optimizer(loss_model, OptimSection(lr=1e-5))  # the recipe's AdamW (fused)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+        self.parts = self.accelerator.prepare(loss_model, optimizer, scheduler)
+        self.pad_id = pad_id
+
+    def step(self, examples: list) -> float:
+        from fic.training.data import collate
+        from fic.training.loop import optimizer_step
+        from fic.training.losses import target_counts, window_backward
+
+        began = time.perf_counter()
+        loss_model, optimizer, scheduler = self.parts
+        batch = collate(examples, self.pad_id)
+        window_backward(self.accelerator, loss_model, [batch], [target_counts(batch)], {"ce": 1.0})
+        optimizer_step(self.accelerator, loss_model, optimizer, scheduler, max_grad_norm=1.0)
+        return time.perf_counter() - began
+
+
+def interleaved_times(model_dir: str, batches: list[list], tokenizer: Any, precision: str,
+                      with_trl: bool = True) -> tuple[list[float], list[float]]:
+    """Seconds per step of FiC and of TRL's SFTTrainer on the same batches, alternating step by
+    step (FiC's step runs right after TRL's step on the same batch, from a trainer callback), so
+    both see the same machine load; on a shared machine the load drifts by several times."""
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import SFTConfig, SFTTrainer
+
+    from fic.core.model import load_model
+    from fic.training.data import IGNORE
+
+    fic = _FicStepper(model_dir, tokenizer.pad_token_id, precision)
+    if not with_trl:
+        return [fic.step(examples) for examples in batches], []
+    rows = []
+    for examples in batches:
+        for e in examples:  # TRL shifts labels itself: label t is the token at t, trained where FiC targets it
+            rows.append({"input_ids": e.input_ids, "labels": [IGNORE] + e.targets[:-1]})
+
+    class Alternate(TrainerCallback):
+        def __init__(self) -> None:
+            self.trl, self.fic, self.began = [], [], 0.0
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.began = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.trl.append(time.perf_counter() - self.began)
+            self.fic.append(fic.step(batches[state.global_step - 1]))
+
+    clock = Alternate()
+    with tempfile.TemporaryDirectory() as out:
+        # TRL's defaults changed to match FiC's recipe: no gradient checkpointing, and bf16 only
+        # when asked (TRL turns it on by default; CPUs without native bf16 emulate it slowly).
+        args = SFTConfig(output_dir=out, per_device_train_batch_size=len(batches[0]), gradient_accumulation_steps=1,
+                         max_steps=len(batches), learning_rate=1e-5, lr_scheduler_type="constant", warmup_steps=0,
+                         weight_decay=0.0, max_grad_norm=1.0, bf16=precision == "bf16", use_cpu=True,
+                         report_to="none", save_strategy="no", logging_steps=10_000, disable_tqdm=True,
+                         train_sampling_strategy="sequential", dataloader_num_workers=0, max_length=None, seed=0,
+                         gradient_checkpointing=False)
+        trainer = SFTTrainer(model=load_model(model_dir, dtype="float32"), args=args,
+                             train_dataset=Dataset.from_list(rows), processing_class=tokenizer, callbacks=[clock])
+        trainer.train()
+    return clock.fic, clock.trl
+
+
+def _saved_bytes(fn, model: torch.nn.Module) -> int:
+    """Bytes of the distinct tensors autograd saves for backward while `fn()` runs, weights excluded."""
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in weights:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sum(seen.values())
+
+
+def memory_figures(model_dir: str, tokens: int, chunk: int = 1024) -> dict:
+    """Saved-for-backward MB of one `tokens`-long conversation (second half targets), FiC vs full logits."""
+    from fic.core.model import load_model
+    from fic.training.data import IGNORE
+    from fic.training.losses import TargetLoss
+
+    model = load_model(model_dir, dtype="float32").train()
+    vocab = model.get_output_embeddings().weight.shape[0]
+    ids = torch.randint(0, vocab, (1, tokens), generator=torch.Generator().manual_seed(0))
+    targets = torch.full_like(ids, IGNORE)
+    targets[:, tokens // 2 - 1:-1] = ids[:, tokens // 2:]
+    labels = torch.full_like(ids, IGNORE)
+    labels[:, tokens // 2:] = ids[:, tokens // 2:]
+    mask = torch.ones_like(ids)
+    fic = TargetLoss(model, chunk)
+    fic_bytes = _saved_bytes(lambda: fic(ids, mask, targets)["ce"], model)
+    full_bytes = _saved_bytes(lambda: model(input_ids=ids, attention_mask=mask, labels=labels).loss, model)
+    n_targets = int((targets != IGNORE).sum())
+    mb = 1 / 2**20
+    return {"memory_tokens": tokens, "memory_vocab": vocab, "memory_targets": n_targets,
+            "fic_saved_mb": round(fic_bytes * mb, 1), "full_logits_saved_mb": round(full_bytes * mb, 1),
+            "fic_largest_logits_mb": round(min(chunk, n_targets) * vocab * 4 * mb, 1),
+            "full_largest_logits_mb": round(tokens * vocab * 4 * mb, 1)}
+
+
+def measure(args: argparse.Namespace) -> dict:
+    from accelerate.state import AcceleratorState
+
+    from fic.core.model import load_tokenizer
+    from fic.training.data import render_examples
+
+    if args.steps < 1 or args.micro_batch_size < 1 or args.warmup < 0:
+        raise FicError("--steps and --micro-batch-size must be at least 1, --warmup at least 0")
+    tokenizer = load_tokenizer(args.model)
+    n = (args.steps + args.warmup) * args.micro_batch_size
+    examples, _ = render_examples(make_records(n, args.seed), tokenizer, max_seq_len=1 << 30, progress=False)
+    mbs = args.micro_batch_size
+    batches = [examples[i:i + mbs] for i in range(0, n, mbs)]
+    timed = batches[args.warmup:]
+    target_tokens = sum(e.n_targets for b in timed for e in b)
+    figures = {"model": args.model, "precision": args.precision, "micro_batch_size": mbs, "steps": args.steps,
+               "target_tokens_per_step": target_tokens / args.steps,
+               "tokens_per_step": sum(len(e.input_ids) for b in timed for e in b) / args.steps,
+               "threads": torch.get_num_threads()}
+
+    fic, trl = interleaved_times(args.model, batches, tokenizer, args.precision, with_trl=not args.skip_trl)
+    AcceleratorState._reset_state(True)
+    fic, trl = fic[args.warmup:], trl[args.warmup:]
+    figures.update({"fic_target_tokens_per_s": target_tokens / sum(fic), "fic_median_step_s": statistics.median(fic)})
+    if trl:
+        figures.update({"trl_target_tokens_per_s": target_tokens / sum(trl),
+                        "trl_median_step_s": statistics.median(trl),
+                        "ratio": sum(trl) / sum(fic)})
+    if args.memory_tokens:
+        figures.update(memory_figures(args.model, args.memory_tokens))
+    return figures

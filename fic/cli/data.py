@@ -1,0 +1,209 @@
+"""The data verbs: `prepare-model`, `shard`, `views`, `masks`."""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+from pathlib import Path
+
+from fic.core.errors import FicError
+
+
+def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
+    if verb == "prepare-model":
+        parser.add_argument("--out", default=None, help="output folder (default: models/smollm2-135m-instruct)")
+        parser.add_argument("--force", action="store_true", help="rebuild even if the folder is already prepared")
+    elif verb == "shard":
+        parser.add_argument("--source", required=True,
+                            help="lic:PATH, gsm8k[:SPLIT|:PATH], reasoning-gym:NAME, actions-gen:SPLIT "
+                            "(with --task actions) or jsonl:PATH")
+        parser.add_argument("--task", default="math", help="task of the instances (default: math)")
+        parser.add_argument("--out", required=True, help="output JSONL file (LiC schema, one instance a line)")
+        parser.add_argument("--sharder", default="rule", choices=["rule", "llm"],
+                            help="how to shard instances that have no shards yet: rule (math, offline) or llm "
+                            "(a model, any task; needs --sharder-config) (default: rule)")
+        parser.add_argument("--sharder-config", default=None, metavar="FILE",
+                            help="backend YAML of the sharder model (keys of `model:` in an eval recipe: "
+                            "kind, model, device, ...)")
+        parser.add_argument("--retries", type=int, default=2,
+                            help="llm sharder: ask again this many times when the output fails a check (default: 2)")
+        parser.add_argument("--limit", type=int, default=None, help="at most this many instances")
+        parser.add_argument("--seed", type=int, default=0, help="seed for generated sources and phrasing")
+        parser.add_argument("--reshard", action="store_true",
+                            help="re-shard instances that already have shards instead of keeping them")
+        parser.add_argument("--validate", default=None, metavar="MODEL_CONFIG",
+                            help="backend YAML of a model: keep an instance only if its concat and shuffle-concat "
+                            "scores reach --validate-threshold x its full score over --validate-runs runs")
+        parser.add_argument("--validate-runs", type=int, default=3, help="validation runs per view (default: 3)")
+        parser.add_argument("--validate-temperature", type=float, default=1.0,
+                            help="validation sampling temperature (default: 1.0; 0 is greedy)")
+        parser.add_argument("--validate-threshold", type=float, default=0.8,
+                            help="share of the full score concat and shuffle-concat must reach (default: 0.8, LiC)")
+        parser.add_argument("--validate-max-new-tokens", type=int, default=384,
+                            help="most tokens of one validation reply (default: 384)")
+    elif verb == "views":
+        parser.add_argument("--data", required=True, help="sharded instances (JSONL or LiC JSON)")
+        parser.add_argument("--view", required=True, help="full, concat, shuffle-concat, sharded, recap or snowball")
+        parser.add_argument("--out", default=None, help="output JSONL file of rendered views")
+        parser.add_argument("--show", type=int, default=0, metavar="N", help="print the first N rendered views")
+        parser.add_argument("--seed", type=int, default=0, help="seed of the shuffle-concat order")
+    elif verb == "masks":
+        parser.add_argument("--model", required=True, help="model or tokenizer folder whose chat template is used")
+        parser.add_argument("--data", required=True,
+                            help="JSONL of conversations with a 'messages' list (e.g. an SFT corpus)")
+        parser.add_argument("--show", type=int, default=1, metavar="N", help="how many conversations to print")
+        parser.add_argument("--trust-remote-code", action="store_true", help="allow custom tokenizer code")
+
+
+def run(args: argparse.Namespace) -> int:
+    return {"prepare-model": prepare_model, "shard": shard, "views": views, "masks": masks}[args.verb](args)
+
+
+def prepare_model(args: argparse.Namespace) -> int:
+    from fic.core.files import check_writable
+    from fic.core.model import BUNDLED_MODEL_DIR
+    from fic.core.model import prepare_model as prepare
+
+    out = Path(args.out) if args.out else BUNDLED_MODEL_DIR
+    check_writable(out, folder=True, field="--out")
+    out = prepare(out, force=args.force)
+    print(f"bundled model ready in {out}")
+    return 0
+
+
+def shard(args: argparse.Namespace) -> int:
+    from fic.core.files import check_writable, write_jsonl
+    from fic.data.sources import load_source, shard_missing
+
+    _check_shard_args(args)
+    check_writable(args.out, field="--out")  # before a generator runs or a model loads
+    instances = load_source(args.source, args.task, limit=args.limit, seed=args.seed)
+    kept, rejected, reasons = [], [], Counter()
+
+    def reject(instance, reason: str, stage: str, **extra) -> None:
+        reasons[f"{stage}: {reason}" if stage != "shard" else reason] += 1
+        rejected.append({**instance.to_dict(), "rejected_reason": reason, "rejected_stage": stage, **extra})
+
+    to_shard = [i for i in instances if args.reshard or not i.is_sharded]
+    kept = [i for i in instances if not (args.reshard or not i.is_sharded)]
+    if args.sharder == "llm" and to_shard:
+        from fic.data.llm_sharder import shard_with_llm
+
+        done, dropped = shard_with_llm(to_shard, _backend_from_yaml(args.sharder_config, "--sharder-config"),
+                                       retries=args.retries, seed=args.seed)
+        kept += done
+        for instance, reason in dropped:
+            reject(instance, reason, "shard")
+    else:
+        from fic.core.instance import Instance
+
+        # --reshard: drop the old shards so the rule sharder writes new ones.
+        fresh = [Instance(i.task_id, i.task, [], dict(i.fields)) for i in to_shard]
+        done, dropped = shard_missing(fresh, seed=args.seed, progress=True)
+        kept += done
+        originals = {instance.task_id: instance for instance in to_shard}
+        for instance, reason in dropped:
+            reject(originals[instance.task_id], reason, "shard")
+    order = {instance.task_id: n for n, instance in enumerate(instances)}
+    kept.sort(key=lambda instance: order[instance.task_id])
+    if kept and args.validate:
+        from fic.data.llm_sharder import validate_shards
+
+        verdicts = validate_shards(kept, _backend_from_yaml(args.validate, "--validate"), runs=args.validate_runs,
+                                   temperature=args.validate_temperature, threshold=args.validate_threshold,
+                                   max_new_tokens=args.validate_max_new_tokens, seed=args.seed)
+        kept = [v.instance for v in verdicts if v.keep]
+        for verdict in verdicts:
+            if not verdict.keep:
+                reject(verdict.instance, verdict.reason, "validate", validation_scores=verdict.scores)
+        unsolved = sum(1 for v in verdicts if v.keep and v.scores["full"] == 0)
+        print(f"validation kept {len(kept)} of {len(verdicts)}"
+              + (f" ({unsolved} kept without evidence: the model never solved their full view)" if unsolved else ""))
+    rejected_path = Path(args.out).with_suffix(".rejected.jsonl")
+    if rejected:  # written first: when nothing is kept, the reasons are what the user needs
+        write_jsonl(rejected_path, rejected)
+    if not kept:
+        raise FicError(f"no instance was kept ({dict(reasons.most_common(3))}); see {rejected_path}",
+                       field="--source")
+    count = write_jsonl(args.out, (instance.to_dict() for instance in kept))
+    print(f"wrote {count} sharded instances to {args.out}")
+    if rejected:
+        summary = "; ".join(f"{n} x {reason}" for reason, n in reasons.most_common(5))
+        print(f"dropped {len(rejected)} ({summary}); see {rejected_path}")
+    return 0
+
+
+def _check_shard_args(args: argparse.Namespace) -> None:
+    if args.limit is not None and args.limit < 1:
+        raise FicError(f"expected a positive number, got {args.limit}", field="--limit")
+    if args.sharder == "llm" and not args.sharder_config:
+        raise FicError("--sharder llm needs --sharder-config FILE (a backend YAML: kind, model, ...)",
+                       field="--sharder-config")
+    if args.sharder_config and args.sharder != "llm":
+        raise FicError("--sharder-config is only used with --sharder llm", field="--sharder-config")
+    if args.retries < 0:
+        raise FicError(f"expected 0 or more, got {args.retries}", field="--retries")
+    if args.validate_runs < 1:
+        raise FicError(f"expected a positive number, got {args.validate_runs}", field="--validate-runs")
+    if args.validate_temperature < 0:
+        raise FicError(f"expected a value >= 0, got {args.validate_temperature}", field="--validate-temperature")
+    if not 0 < args.validate_threshold <= 1:
+        raise FicError(f"expected a value in (0, 1], got {args.validate_threshold}", field="--validate-threshold")
+    if args.validate_max_new_tokens < 1:
+        raise FicError(f"expected a positive number, got {args.validate_max_new_tokens}",
+                       field="--validate-max-new-tokens")
+
+
+def _backend_from_yaml(path: str, option: str):
+    """A backend from a YAML of BackendConfig keys; a file missing or wrong is a FicError naming it."""
+    from fic.backends import make_backend
+    from fic.core.config import load_config
+    from fic.core.generation import BackendConfig
+
+    if not Path(path).is_file():
+        raise FicError("backend config not found", path=path, field=option)
+    return make_backend(load_config(BackendConfig, path))
+
+
+def load_sharded(path: str) -> list:
+    """Sharded instances of any task from a JSONL or LiC JSON file."""
+    from fic.core.files import read_records
+    from fic.data.sources import read_instance
+
+    return [read_instance(record, path=path, record_no=number)
+            for number, record in enumerate(read_records(path), start=1)]
+
+
+def views(args: argparse.Namespace) -> int:
+    from fic.core.files import check_writable, write_jsonl
+    from fic.data.views import VIEWS, format_view, render_view
+
+    if args.view not in VIEWS:
+        raise FicError(f"expected one of {', '.join(VIEWS)}, got {args.view!r}", field="--view")
+    if args.out:
+        check_writable(args.out, field="--out")
+    records = [render_view(instance, args.view, seed=args.seed) for instance in load_sharded(args.data)]
+    for record in records[: args.show]:
+        print(format_view(record) + "\n")
+    if args.out:
+        write_jsonl(args.out, records)
+        print(f"wrote {len(records)} {args.view} views to {args.out}")
+    elif not args.show:
+        raise FicError("nothing to do: give --out FILE and/or --show N", field="--out")
+    return 0
+
+
+def masks(args: argparse.Namespace) -> int:
+    from fic.core.chat import format_masks, render_chat
+    from fic.core.files import read_records
+    from fic.core.model import load_tokenizer
+
+    tokenizer = load_tokenizer(args.model, trust_remote_code=args.trust_remote_code)
+    records = read_records(args.data)
+    for number, record in enumerate(records[: args.show], start=1):
+        messages = record.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise FicError("expected a non-empty 'messages' list", path=args.data, record=number, field="messages")
+        print(f"== {args.data} record {number}")
+        print(format_masks(tokenizer, render_chat(tokenizer, messages)) + "\n")
+    return 0

@@ -1,0 +1,78 @@
+"""The `fic` command line.
+
+Each verb is handled by a module that defines `add_arguments(parser, verb)` and
+`run(args) -> int` (`args.verb` names the verb when a module serves several). Modules are imported only when their verb
+runs, so `fic --help` stays fast. A `FicError` (bad input) or an `OSError` (a path under a
+file, a read-only folder, a full disk: `fic.core.errors.os_error` names the path) prints one line
+and exits 2. Verbs call `fic.core.files.check_writable` on their outputs before loading anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# verb -> (module, one-line help)
+VERBS: dict[str, tuple[str, str]] = {
+    "prepare-model": ("fic.cli.data", "turn the bundled SmolLM2-135M-Instruct GGUF into a Hugging Face folder"),
+    "shard": ("fic.cli.data", "load a source and write sharded instances (LiC schema) as JSONL"),
+    "views": ("fic.cli.data", "render sharded instances in a view (full, concat, sharded, ...) as chat messages"),
+    "masks": ("fic.cli.data", "print conversations rendered by a chat template with their loss masks"),
+    "eval": ("fic.evaluation.evaluate", "play conversations in each view and report scores and the recovery rate"),
+    "probe": ("fic.probe.run", "interaction awareness: let the model write the user's next turn and judge it"),
+    "sft-data": ("fic.corpus.build", "build the multi-turn SFT warm-start corpus from sharded instances"),
+    "train": ("fic.cli.train", "train with a recipe: `fic train sft --config recipes/<backbone>/sft.yaml`"),
+    "demo": ("fic.demo.run", "the main job: warm-up, FiC's SFT and VASD on one task, evaluated stage by stage, one table"),
+    "bench": ("fic.cli.bench", "benchmarks that print figures (rollout, sft); --json for one JSON object"),
+    "launch-check": ("fic.cli.launch_check", "check a launch config and recipe before a multi-GPU job starts"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from fic import __version__
+
+    parser = argparse.ArgumentParser(prog="fic", description="FiC: teach LLMs not to get lost in multi-turn "
+                                     "conversation. Run `fic VERB --help` for a verb's options.")
+    parser.add_argument("--version", action="version", version=f"fic {__version__}")
+    sub = parser.add_subparsers(dest="verb", metavar="VERB")
+    for verb, (module, help_text) in VERBS.items():
+        verb_parser = sub.add_parser(verb, help=help_text, description=help_text)
+        verb_parser.set_defaults(module=module)
+        # Arguments are added only for the verb being run (below), keeping start-up light.
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    import logging
+
+    from fic.core.errors import FicError, one_line, os_error
+
+    # fic's own progress lines (model preparation, training, evaluation) go through logging.
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    verb = next((a for a in argv if not a.startswith("-")), None)
+    if verb in VERBS:
+        module = importlib.import_module(VERBS[verb][0])
+        module.add_arguments(parser._subparsers._group_actions[0].choices[verb], verb)  # type: ignore[union-attr]
+    args = parser.parse_args(argv)
+    if args.verb is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(importlib.import_module(args.module).run(args) or 0)
+    except FicError as err:
+        print(f"fic {args.verb}: error: {one_line(err)}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a path under a file, a read-only folder, a full disk: the user's to fix
+        print(f"fic {args.verb}: error: {one_line(os_error(err))}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"fic {args.verb}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

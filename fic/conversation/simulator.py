@@ -1,0 +1,340 @@
+"""Playing conversations in lockstep: many conversations, one batched generation call per turn.
+
+A `Conversation` is one (instance, view, run). `play` advances every still-active
+conversation by one turn per step:
+
+1. the user speaks: single-turn views send their one prompt; in multi-turn views turn 1
+   sends shard 1 verbatim (as in Lost in Conversation) and later turns ask the user
+   simulator (`fic.conversation.users`) for its next message, batched over all conversations. The
+   user reveals at most one shard a turn and may reveal none (LiC's shard id -1: a brief
+   "I don't know" to a question the shards do not answer). Turns that reveal nothing are
+   bounded: after `max_idle_turns` of them in one conversation the next shard is revealed
+   verbatim (noted in the turn's `user_note`), so a conversation has at most
+   shards + `max_idle_turns` user turns (recap: one more) and always ends;
+2. the assistant replies: the prompts of all active conversations go to the backend in
+   chunks of `batch_size` (so 64 conversations cost about as many calls as one
+   conversation has turns);
+3. single-turn views (`full`, `concat`, `shuffle-concat`) are never classified, as in LiC:
+   every reply is extracted and scored (label `not_classified`). In multi-turn views each
+   reply is labelled by the classifier (`fic.conversation.classify`) and only answer attempts are
+   extracted and scored;
+4. a conversation stops at the first correct answer (`stop_at_correct`, the LiC default) or
+   after the reply to the turn that revealed its last shard (recap: to the recap turn);
+   finished conversations drop out and are handed to `on_finish` at once, so the caller can
+   log them before the next step (resumable logs).
+
+Two forms of each conversation are kept: the text messages (for the user simulator, the
+classifier and the logs) and the exact token ids the assistant saw and produced. The ids
+grow with `fic.core.chat.prompt_ids` / `continue_ids` plus the ids the backend generated, so the
+assistant's replies are never re-tokenised. Backends without token ids (openai) get the text
+messages through `chat` instead.
+
+Views: `full`, `concat`, `shuffle-concat` (one turn; every run draws its own order of the
+shards from (`view_seed`, run)), `sharded` (one shard per turn),
+`recap` (sharded plus a last turn restating every shard), `snowball` (each later turn
+restates the shards revealed so far before the new one). With the verbatim user the turns
+are exactly `fic.data.views.user_turns`. The assistant only gets the task's system prompt: it is
+never told the conversation is multi-turn.
+
+Seeding: a backend seeds once per call and samples the rows of a call independently, so the
+N runs of a conversation in one call are independent samples. Each call's seed is derived
+from (`seed`, step, chunk); the same conversations played with the same settings give the
+same results. A resumed evaluation batches the remaining conversations differently, so its
+sampled replies are other (equally valid) samples than an uninterrupted run would draw;
+greedy decoding is unaffected.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from fic import tasks
+from fic.core.errors import FicError
+from fic.core.generation import Backend, Generation, SamplingParams
+from fic.core.instance import Instance
+from fic.core.seeding import derive_seed
+from fic.data.views import (
+    RECAP_HEADER,
+    SINGLE_TURN_VIEWS,
+    SNOWBALL_HEADER,
+    VIEWS,
+    shard_turn,
+    system_message,
+    user_turns,
+)
+
+MULTI_TURN_VIEWS = tuple(v for v in VIEWS if v not in SINGLE_TURN_VIEWS)
+NOT_CLASSIFIED = "not_classified"  # the label of single-turn replies: scored always, never classified
+NOTHING = -1  # LiC's shard id of a user turn that reveals no shard
+DEFAULT_MAX_IDLE_TURNS = 3
+
+
+@dataclass
+class Turn:
+    """One user turn and the assistant's reply to it, as logged."""
+
+    user: str
+    shard_ids: list[int]            # shards this user turn revealed for the first time ([]: none)
+    reply: str = ""
+    label: str = ""
+    answer: str | None = None       # extracted from answer attempts and from every single-turn reply
+    score: float | None = None      # 0..1, for the same replies
+    prompt_tokens: int = 0          # context length the assistant saw for this reply
+    reply_tokens: int = 0           # tokens the assistant generated
+    finish_reason: str = ""
+    seed: int | None = None         # seed of the generation call this reply came from
+    user_note: str | None = None    # why the user simulator fell back, if it did
+    label_note: str | None = None   # why the classifier fell back, if it did
+    score_note: str | None = None   # why the score is what it is beyond a wrong answer (sandbox, no judge)
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Conversation:
+    instance: Instance
+    view: str
+    run: int = 0
+    messages: list[dict] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+    revealed: list[int] = field(default_factory=list)
+    done: bool = False
+    stop_reason: str | None = None
+    view_seed: int = 0  # the shuffle-concat order
+    max_idle_turns: int = DEFAULT_MAX_IDLE_TURNS  # user turns that may reveal nothing
+    recapped: bool = False  # recap view: the restating turn has been sent
+
+    def __post_init__(self) -> None:
+        if self.view not in VIEWS:
+            raise FicError(f"unknown view {self.view!r}; expected one of {', '.join(VIEWS)}", field="views")
+        if self.view != "full" and not self.instance.is_sharded:
+            raise FicError(f"view {self.view!r} needs shards", record=self.instance.task_id, field="shards")
+        if not self.messages:
+            self.messages = [system_message(self.instance)]
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return (self.instance.task_id, self.view, self.run)
+
+    @property
+    def task(self):
+        return tasks.get(self.instance.task)
+
+    @property
+    def shard_ids(self) -> list[int]:
+        return [s.shard_id for s in self.instance.shards]
+
+    @property
+    def unrevealed(self) -> list[int]:
+        return [i for i in self.shard_ids if i not in self.revealed]
+
+    @property
+    def idle_turns(self) -> int:
+        """User turns so far that revealed no shard (the recap turn does not count)."""
+        return sum(1 for t in self.turns if not t.shard_ids) - int(self.recapped)
+
+    def everything_said(self) -> bool:
+        """Whether the user has nothing left to say: the conversation ends after this reply."""
+        if self.view in SINGLE_TURN_VIEWS:
+            return bool(self.turns)
+        return not self.unrevealed and (self.view != "recap" or self.recapped)
+
+    def needs_user_simulator(self) -> bool:
+        """Turns 2.. of a multi-turn view are written by the user simulator."""
+        return self.view in MULTI_TURN_VIEWS and bool(self.turns) and bool(self.unrevealed)
+
+    def score(self) -> float:
+        """The conversation's score: that of its last answer attempt (0 when it never answered).
+
+        With `stop_at_correct` this is 1 exactly when some answer was correct, as in LiC.
+        """
+        scored = [t.score for t in self.turns if t.score is not None]
+        return scored[-1] if scored else 0.0
+
+    def to_record(self) -> dict:
+        """The log line: the key, the outcome and the full trace of turns."""
+        last_shard_turn = max((k for k, t in enumerate(self.turns) if t.shard_ids), default=None)
+        first_attempt = next((k for k, t in enumerate(self.turns) if t.label == "answer_attempt"), None)
+        return {
+            "task_id": self.instance.task_id, "task": self.instance.task, "view": self.view, "run": self.run,
+            "score": self.score(), "stop_reason": self.stop_reason, "num_turns": len(self.turns),
+            "num_shards": len(self.instance.shards),
+            # Turn index (0-based) of the first answer attempt, and whether it came before the
+            # user had revealed every shard (a premature answer, the main failure in LiC).
+            "first_answer_turn": first_attempt,
+            "premature_answer": (first_attempt is not None and self.view in MULTI_TURN_VIEWS
+                                 and not self._all_revealed_by(first_attempt)),
+            # How many shards the user had revealed when the first answer attempt came (the
+            # answer-timing bins of `fic.evaluation.metrics` read it as a share of num_shards).
+            "shards_at_first_answer": (None if first_attempt is None else
+                                       len({i for t in self.turns[:first_attempt + 1] for i in t.shard_ids})),
+            "last_shard_turn": last_shard_turn,
+            "prompt_tokens": self.turns[-1].prompt_tokens if self.turns else 0,
+            "generated_tokens": sum(t.reply_tokens for t in self.turns),
+            "turns": [t.to_dict() for t in self.turns],
+        }
+
+    def _all_revealed_by(self, turn_index: int) -> bool:
+        seen = {i for t in self.turns[:turn_index + 1] for i in t.shard_ids}
+        return all(i in seen for i in self.shard_ids)
+
+
+@dataclass
+class UserTurn:
+    """What the user simulator says at one turn: the text and the one shard it reveals
+    (`NOTHING`, -1, when it reveals none)."""
+
+    text: str
+    shard_id: int
+    note: str | None = None
+
+
+def _first_user_turn(conv: Conversation) -> tuple[str, list[int]]:
+    if conv.view in SINGLE_TURN_VIEWS:
+        (text,) = user_turns(conv.instance, conv.view, seed=conv.view_seed)
+        return text, conv.shard_ids
+    return shard_turn(conv.instance, conv.shard_ids[0]), [conv.shard_ids[0]]
+
+
+def _compose(conv: Conversation, picked: UserTurn | None) -> tuple[str, list[int], str | None]:
+    """The next user message of `conv`: the simulator's shard, wrapped as the view wants."""
+    if not conv.turns:
+        text, ids = _first_user_turn(conv)
+        return text, ids, None
+    if picked is None:  # only recap's last turn comes here
+        conv.recapped = True
+        shards = conv.task.shard_contents(conv.instance)
+        return f"{RECAP_HEADER}\n{conv.task.concat_prompt(shards)}", [], None
+    if picked.shard_id == NOTHING and conv.idle_turns >= conv.max_idle_turns:
+        # The bound on turns that reveal nothing: the conversation must go on to its end.
+        shard = next(s for s in conv.instance.shards if s.shard_id == conv.unrevealed[0])
+        picked = UserTurn(shard_turn(conv.instance, shard.shard_id), shard.shard_id,
+                          note=f"revealed shard {shard.shard_id} verbatim: the user already revealed nothing "
+                          f"{conv.idle_turns} time(s) (max_idle_turns={conv.max_idle_turns})")
+    ids = [] if picked.shard_id == NOTHING else [picked.shard_id]
+    if conv.view == "snowball":
+        by_id = dict(zip(conv.shard_ids, conv.task.shard_contents(conv.instance)))
+        earlier = conv.task.concat_prompt([by_id[i] for i in conv.revealed])
+        return f"{SNOWBALL_HEADER}\n{earlier}\n\n{picked.text}", ids, picked.note
+    return picked.text, ids, picked.note
+
+
+def _generate(backend: Backend, convs: list[Conversation], params: SamplingParams) -> list[Generation]:
+    if getattr(backend, "tokenizer", None) is None:  # remote: text in, text out
+        return backend.chat([c.messages for c in convs], params)
+    return backend.generate([c.ids for c in convs], params)
+
+
+def _grow_ids(backend: Backend, conv: Conversation, message: dict) -> None:
+    """Append a user message (and the generation prompt) to the conversation's exact ids."""
+    tokenizer = getattr(backend, "tokenizer", None)
+    if tokenizer is None:
+        return
+    from fic.core.chat import continue_ids, prompt_ids
+
+    if not conv.ids:
+        conv.ids = prompt_ids(tokenizer, conv.messages + [message])
+    else:
+        conv.ids = continue_ids(tokenizer, conv.messages, conv.ids, [message])
+
+
+def play(conversations: Sequence[Conversation], assistant: Backend, user: Any, classifier: Any,
+         params: SamplingParams, *, batch_size: int = 64, stop_at_correct: bool = True, seed: int = 0,
+         max_turns: int | None = None, max_context: int | None = None,
+         on_finish: Callable[[Conversation], None] | None = None,
+         on_step: Callable[[int, int], None] | None = None) -> list[Conversation]:
+    """Play every conversation to its end in lockstep; return them (also updated in place).
+
+    `user` is a user simulator (`fic.conversation.users`), `classifier` a reply classifier
+    (`fic.conversation.classify`). `max_turns` cuts conversations after that many replies (benchmarks);
+    `max_context` ends a conversation whose next prompt plus `params.max_new_tokens` would not
+    fit the model. `on_step(step, active)` is called before each step.
+    """
+    if batch_size < 1:
+        raise FicError(f"batch_size must be at least 1, got {batch_size}", field="batch_size")
+    step = 0
+    while True:
+        active = [c for c in conversations if not c.done]
+        if not active:
+            return list(conversations)
+        if on_step is not None:
+            on_step(step, len(active))
+        # 1. The user speaks. Only later turns of multi-turn views ask the simulator.
+        asking = [c for c in active if c.needs_user_simulator()]
+        picked = dict(zip(map(id, asking), user.next_turns(asking, seed=derive_seed(seed, "user", step))
+                          if asking else []))
+        for conv in active:
+            text, shard_ids, note = _compose(conv, picked.get(id(conv)))
+            message = {"role": "user", "content": text}
+            _grow_ids(assistant, conv, message)
+            conv.messages.append(message)
+            conv.revealed.extend(shard_ids)
+            conv.turns.append(Turn(user=text, shard_ids=shard_ids, user_note=note))
+        ready = []
+        for conv in active:
+            if max_context is not None and len(conv.ids) + params.max_new_tokens > max_context:
+                conv.turns.pop()  # never answered; the trace ends with the last full exchange
+                conv.messages.pop()
+                _finish(conv, "context_full", on_finish)
+            else:
+                ready.append(conv)
+        # 2. The assistant replies, in chunks of similar prompt length (less padding).
+        ready.sort(key=lambda c: len(c.ids), reverse=True)
+        for start in range(0, len(ready), batch_size):
+            chunk = ready[start:start + batch_size]
+            call_seed = derive_seed(seed, "assistant", step, start // batch_size)
+            outputs = _generate(assistant, chunk, _with_seed(params, call_seed))
+            for conv, out in zip(chunk, outputs):
+                turn = conv.turns[-1]
+                turn.prompt_tokens = len(conv.ids) if conv.ids else 0
+                turn.reply, turn.reply_tokens = out.text, len(out.token_ids)
+                turn.finish_reason, turn.seed = out.finish_reason, call_seed
+                conv.ids = conv.ids + list(out.token_ids)
+                conv.messages.append({"role": "assistant", "content": out.text})
+        # 3. Single-turn replies are scored whatever they look like; multi-turn replies are
+        # labelled and only answer attempts are extracted and scored.
+        multi = [c for c in ready if c.view in MULTI_TURN_VIEWS]
+        labels = dict(zip(map(id, multi), classifier.classify(multi) if multi else []))
+        for conv in ready:
+            turn = conv.turns[-1]
+            turn.label, turn.label_note = labels.get(id(conv), (NOT_CLASSIFIED, None))
+            if turn.label in ("answer_attempt", NOT_CLASSIFIED):
+                turn.answer = conv.task.extract_answer(turn.reply)
+                turn.score, turn.score_note = conv.task.scored(turn.reply, conv.instance)
+            # 4. Stop at the first correct answer, or after the reply to the last user turn.
+            if stop_at_correct and turn.score is not None and turn.score >= 1.0:
+                _finish(conv, "correct", on_finish)
+            elif conv.everything_said():
+                _finish(conv, "last_turn", on_finish)
+            elif max_turns is not None and len(conv.turns) >= max_turns:
+                _finish(conv, "max_turns", on_finish)
+        step += 1
+
+
+def _finish(conv: Conversation, reason: str, on_finish: Callable[[Conversation], None] | None) -> None:
+    conv.done, conv.stop_reason = True, reason
+    if on_finish is not None:
+        on_finish(conv)
+
+
+def _with_seed(params: SamplingParams, seed: int) -> SamplingParams:
+    return SamplingParams(max_new_tokens=params.max_new_tokens, temperature=params.temperature,
+                          top_p=params.top_p, seed=seed)
+
+
+def make_conversations(instances: Sequence[Instance], views: Sequence[str], runs: int, *,
+                       view_seed: int = 0, skip: set | frozenset = frozenset(),
+                       max_idle_turns: int = DEFAULT_MAX_IDLE_TURNS) -> list[Conversation]:
+    """One conversation per (instance, view, run), except the keys in `skip` (already played).
+    Each run draws its own shuffle-concat order (LiC shuffles per conversation)."""
+    out = []
+    for instance in instances:
+        for view in views:
+            for run in range(runs):
+                if (instance.task_id, view, run) not in skip:
+                    out.append(Conversation(instance, view, run, view_seed=derive_seed(view_seed, "order", run),
+                                            max_idle_turns=max_idle_turns))
+    return out

@@ -1,0 +1,302 @@
+"""Typed configuration: dataclasses loaded from YAML and overridden on the command line.
+
+Every verb and recipe describes its settings as a dataclass whose fields are declared with
+`setting(default, help, ...)`. `load_config` reads a YAML file, applies `key=value`
+overrides (nested as `a.b=c`), and checks every value: unknown keys, wrong types and
+out-of-range values are `FicError`s that name the file, the key and what was expected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any, Sequence
+
+import yaml
+
+from fic.core.errors import FicError
+
+_MISSING = dataclasses.MISSING
+
+
+def setting(default: Any = _MISSING, help: str = "", *, choices: Sequence[Any] | None = None,
+            min: float | None = None, max: float | None = None, factory: Any = _MISSING) -> Any:
+    """Declare a config field with its help text and optional allowed values or range."""
+    metadata = {"help": help, "choices": tuple(choices) if choices else None, "min": min, "max": max}
+    if factory is not _MISSING:
+        return dataclasses.field(default_factory=factory, metadata=metadata)
+    if isinstance(default, (list, dict, set)):
+        value = default
+        return dataclasses.field(default_factory=lambda: type(value)(value), metadata=metadata)
+    if dataclasses.is_dataclass(default) and not isinstance(default, type):
+        value = default
+        return dataclasses.field(default_factory=lambda: dataclasses.replace(value), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(arg) for arg in typing.get_args(tp))
+    if origin in (list, tuple):
+        args = typing.get_args(tp)
+        return f"a list of {_type_name(args[0])}" if args else "a list"
+    if origin is dict:
+        return "a mapping"
+    if dataclasses.is_dataclass(tp):
+        return "a mapping"
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false",
+            type(None): "null"}.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+class _CliValue:
+    """A command-line value: kept raw for string fields (`name=007` stays "007"), YAML-parsed otherwise."""
+
+    def __init__(self, raw: str, parsed: Any):
+        self.raw, self.parsed = raw, parsed
+
+    def __repr__(self) -> str:
+        return repr(self.raw)
+
+
+def _accepts_str(tp: Any) -> bool:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return any(_accepts_str(arg) for arg in typing.get_args(tp))
+    return tp is str
+
+
+def _convert(value: Any, tp: Any, key: str, source: str) -> Any:
+    """Check `value` against the annotation `tp`; return the converted value or raise FicError."""
+    if isinstance(value, _CliValue):
+        value = value.raw if _accepts_str(tp) and value.parsed is not None else value.parsed
+    def bad() -> FicError:
+        return FicError(f"expected {_type_name(tp)}, got {value!r}", path=source, field=key)
+
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None:
+            if type(None) in args:
+                return None
+            raise bad()
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _convert(value, arg, key, source)
+            except FicError:
+                continue
+        raise bad()
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise bad()
+        return _build(tp, value, source, prefix=key + ".")
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise bad()
+        (item_type,) = typing.get_args(tp)[:1] or (Any,)
+        return [_convert(item, item_type, f"{key}[{i}]", source) for i, item in enumerate(value)]
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise bad()
+        return dict(value)
+    if tp is Any:
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise bad()
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise bad()
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads `1e-4` (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise bad()
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise bad()
+    raise bad()
+
+
+def _check_range(value: Any, meta: dict, key: str, source: str) -> None:
+    choices, low, high = meta.get("choices"), meta.get("min"), meta.get("max")
+    if choices is not None and value is not None and value not in choices:
+        raise FicError(f"expected one of {', '.join(map(repr, choices))}, got {value!r}",
+                       path=source, field=key)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if low is not None and value < low:
+            raise FicError(f"expected a value >= {low}, got {value!r}", path=source, field=key)
+        if high is not None and value > high:
+            raise FicError(f"expected a value <= {high}, got {value!r}", path=source, field=key)
+
+
+def _build(cls: type, data: dict, source: str, prefix: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise FicError(f"unknown key; expected one of: {', '.join(sorted(fields))}",
+                       path=source, field=prefix + unknown[0])
+    kwargs = {}
+    for name, value in data.items():
+        key = prefix + name
+        converted = _convert(value, hints[name], key, source)
+        _check_range(converted, dict(fields[name].metadata), key, source)
+        kwargs[name] = converted
+    for name, f in fields.items():
+        if name not in kwargs and f.default is _MISSING and f.default_factory is _MISSING:
+            raise FicError("missing required key", path=source, field=prefix + name)
+    config = cls(**kwargs)
+    check = getattr(config, "check", None)
+    if callable(check):
+        try:
+            check(source)
+        except FicError as err:  # a nested section's check names its field from its own root
+            if prefix and err.field is not None and not err.field.startswith(prefix):
+                err.field = prefix + err.field
+            raise
+    return config
+
+
+def _parse_override(text: str) -> tuple[list[str], Any]:
+    if "=" not in text:
+        raise FicError(f"expected key=value, got {text!r}", path="command line")
+    key, raw = text.split("=", 1)
+    if not key or any(not part for part in key.split(".")):
+        raise FicError(f"expected key=value with a dotted key, got {text!r}", path="command line")
+    try:
+        parsed = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        parsed = raw
+    return key.split("."), _CliValue(raw, parsed)
+
+
+def _set_nested(data: dict, keys: list[str], value: Any) -> None:
+    node = data
+    for part in keys[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        elif not isinstance(child, dict):
+            raise FicError("cannot set a sub-key of a value that is not a mapping",
+                           path="command line", field=".".join(keys))
+        node = child
+    node[keys[-1]] = value
+
+
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: Any, first_line: int, line: int):
+        super().__init__(f"key {key!r} is given twice (lines {first_line} and {line}); keep one")
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error: PyYAML
+    keeps the last silently, so a recipe edited by appending a line would not do what it says."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *defaults` may be overridden key by key: that is what merges are for
+            key = self.construct_object(key_node)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise _DuplicateKey(key, seen[key], line)
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_yaml(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.exists():
+        raise FicError("config file not found", path=str(path))
+    if path.is_dir():
+        raise FicError("is a folder, expected a YAML file", path=str(path))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise FicError(f"not UTF-8 text (byte {err.start}); expected a YAML file", path=str(path)) from None
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)
+    except _DuplicateKey as err:
+        raise FicError(str(err), path=str(path)) from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise FicError(f"not valid YAML{where}", path=str(path)) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise FicError(f"expected a mapping of settings at the top level, got {type(data).__name__}",
+                       path=str(path))
+    return data
+
+
+def load_config(cls: type, path: str | Path | None = None, overrides: Sequence[str] = ()) -> Any:
+    """Build `cls` from an optional YAML file and `key=value` overrides, checking every value."""
+    data = read_yaml(path) if path is not None else {}
+    source = str(path) if path is not None else "command line"
+    for text in overrides:
+        keys, value = _parse_override(text)
+        _set_nested(data, keys, value)
+    if overrides:
+        source = f"{source} (with command-line overrides)" if path is not None else source
+    return _build(cls, data, source)
+
+
+def load_cli_config(cls: type, config: str | None, overrides: Sequence[str]) -> Any:
+    """`load_config` for a verb that has no usable defaults: it needs a file or some settings."""
+    if config is None and not overrides:
+        raise FicError("give --config FILE (and/or key=value settings); --keys lists the settings",
+                       field="--config")
+    return load_config(cls, config, overrides)
+
+
+def config_to_dict(config: Any) -> dict:
+    """The plain-dict form of a config, for saving next to outputs (model cards, runs)."""
+    return dataclasses.asdict(config)
+
+
+def flatten(tree: Any, prefix: str = "") -> dict:
+    """A nested dict as one level of dotted keys (`{"a": {"b": 1}}` -> `{"a.b": 1}`), for
+    comparing two configs key by key."""
+    if not isinstance(tree, dict):
+        return {prefix.rstrip("."): tree}
+    flat: dict = {}
+    for key, value in tree.items():
+        flat.update(flatten(value, f"{prefix}{key}."))
+    return flat
+
+
+def describe(cls: type, prefix: str = "") -> str:
+    """A help listing of every key of a config class: name, type, default and help text."""
+    lines = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        key = prefix + f.name
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            lines.append(f"{key}:  {f.metadata.get('help', '')}")
+            lines.append(describe(tp, prefix=key + "."))
+            continue
+        if f.default is not _MISSING:
+            default = repr(f.default)
+        elif f.default_factory is not _MISSING:
+            default = repr(f.default_factory())
+        else:
+            default = "(required)"
+        extra = ""
+        if f.metadata.get("choices"):
+            extra = f" one of {', '.join(map(str, f.metadata['choices']))}."
+        lines.append(f"{key} ({_type_name(tp)}, default {default}): {f.metadata.get('help', '')}{extra}")
+    return "\n".join(line for line in lines if line)

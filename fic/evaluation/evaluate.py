@@ -1,0 +1,425 @@
+"""`fic eval --config YAML [key=value ...]`: play conversations in each view and report.
+
+For every instance, view and run (N runs at one temperature) a conversation is played by
+`fic.conversation.simulator` in lockstep batches; each finished conversation is appended (and fsync'd)
+to `<out>/conversations.jsonl` at once. Then `<out>/metrics.json` (`fic.evaluation.metrics`),
+`<out>/report.md` and its plots (`fic.evaluation.report`) are written atomically.
+
+Output folder `out`:
+
+- `config.yaml`: the resolved config of the latest run.
+- `fingerprint.json`: the settings that decide what a conversation is (model, data, user,
+  classifier, decoding, seed). A re-run into the same folder resumes: conversations already
+  in the log, keyed by (task_id, view, run), are skipped; adding views or runs is allowed,
+  other changes are an error naming the keys that differ (use a new `out`).
+- `conversations.jsonl`, `metrics.json`, `report.md`, `scores_by_view.png`, `answer_timing.png`.
+
+Data: `data.source` is a spec of `fic.data.sources` (`lic:PATH`, `jsonl:PATH` (e.g. the output of
+`fic shard`), `reasoning-gym:NAME`, `gsm8k[:SPLIT|:PATH]`); `data.task` is one task, a list,
+or `all` (every task of the file FiC knows; metrics per task and across tasks). Instances
+without shards are sharded on the fly with the rule sharder (those it cannot shard are
+skipped and counted), whatever the views: a run of only the full view evaluates exactly the
+instances a run with the sharded view does.
+
+Baseline: the recovery rate R = P(model; sharded) / P(baseline; full) needs the single-turn
+score of the model *before* training. `baseline` names that run's folder (or its
+`metrics.json`); it must cover the same instances (task ids, per task) with the full view
+under the same scoring settings (`SCORING_KEYS`), else the run is refused before it plays.
+Without `baseline` there is no recovery rate: the run's own P(sharded) / P(full) is reported
+as `sharded_over_full`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fic.backends import make_backend
+from fic.conversation.classify import CLASSIFIER_KINDS, make_classifier
+from fic.core.config import config_to_dict, describe, flatten, load_cli_config, setting
+from fic.core.errors import FicError
+from fic.core.files import append_jsonl, check_writable, read_log, write_json, write_text
+from fic.core.generation import BackendConfig, SamplingParams
+from fic.core.instance import Instance
+from fic.core.progress import Progress
+from fic.conversation.users import USER_KINDS, make_user
+from fic.data.views import VIEWS
+
+LOG_NAME, METRICS_NAME, REPORT_NAME = "conversations.jsonl", "metrics.json", "report.md"
+FINGERPRINT_NAME, CONFIG_NAME = "fingerprint.json", "config.yaml"
+# Settings two runs must share for one's full-view P to be the other's denominator.
+SCORING_KEYS = ("temperature", "top_p", "max_new_tokens", "stop_at_correct")
+METRICS_FORMAT = 2  # metrics.json that records its instances and scoring settings (baseline checks)
+
+
+@dataclass
+class DataConfig:
+    source: str = setting("", "Where instances come from: lic:PATH, jsonl:PATH (e.g. `fic shard` output), "
+                          "reasoning-gym:NAME or gsm8k[:SPLIT|:PATH]. Unsharded instances are sharded with "
+                          "the rule sharder.")
+    task: str | list[str] = setting("math", "Task of the instances: one name, a list (`data.task=[math,code]`), or "
+                                    "all (every task of the file that FiC knows); metrics are reported per task "
+                                    "and across tasks.")
+    limit: int | None = setting(None, "At most this many instances per task (null: all).", min=1)
+    seed: int = setting(0, "Seed of generated sources (reasoning-gym) and of on-the-fly sharding phrasing.")
+
+    def __post_init__(self) -> None:
+        if isinstance(self.task, str):  # the command line keeps string values raw: `[a, b]` arrives as text
+            text = self.task.strip()
+            if text[:1] + text[-1:] == "[]":
+                self.task = [name.strip() for name in text[1:-1].split(",") if name.strip()]
+
+    def check(self, source: str) -> None:
+        if isinstance(self.task, list) and (not self.task or len(set(self.task)) != len(self.task)):
+            raise FicError("expected a non-empty list of distinct task names", path=source, field="task")
+
+
+@dataclass
+class UserConfig:
+    kind: str = setting("verbatim", "verbatim: reveal shards in order, word for word (no model); llm: a model "
+                        "plays the user under the LiC rules.", choices=USER_KINDS)
+    backend: BackendConfig = setting(BackendConfig(), "The user model (kind llm only).")
+    temperature: float = setting(1.0, "Sampling temperature of the user model.", min=0.0)
+    max_new_tokens: int = setting(256, "Most tokens of one user-model reply.", min=1)
+    max_idle_turns: int = setting(3, "User turns per conversation that may reveal nothing (LiC's \"I don't "
+                                  "know\" to a question no shard answers); after that many the next shard is "
+                                  "revealed verbatim, so a conversation has at most shards + this many user "
+                                  "turns (kind llm; the verbatim user always reveals one).", min=0)
+
+
+@dataclass
+class ClassifierConfig:
+    kind: str = setting("rule", "rule: fast offline heuristic; llm: a model labels each reply with one of the "
+                        "7 LiC labels.", choices=CLASSIFIER_KINDS)
+    backend: BackendConfig = setting(BackendConfig(), "The classifier model (kind llm only).")
+    max_new_tokens: int = setting(64, "Most tokens of one classifier reply.", min=1)
+
+
+@dataclass
+class EvalConfig:
+    model: BackendConfig = setting(BackendConfig(), "The assistant under evaluation.")
+    data: DataConfig = setting(DataConfig(), "Instances to evaluate.")
+    user: UserConfig = setting(UserConfig(), "The user simulator.")
+    classifier: ClassifierConfig = setting(ClassifierConfig(), "The reply classifier.")
+    views: list[str] = setting(["full", "concat", "sharded"], f"Views to play, from: {', '.join(VIEWS)}.")
+    runs: int = setting(1, "N: conversations per instance and view (LiC uses 10 at temperature 1.0).", min=1)
+    temperature: float = setting(0.0, "Assistant sampling temperature (0: greedy).", min=0.0)
+    top_p: float = setting(1.0, "Assistant nucleus sampling threshold.", min=0.0, max=1.0)
+    max_new_tokens: int = setting(384, "Most tokens of one assistant reply.", min=1)
+    stop_at_correct: bool = setting(True, "Stop a conversation at its first correct answer (LiC); false plays "
+                                    "every turn and scores the last answer attempt.")
+    baseline: str = setting("", "The base model's run folder (or its metrics.json): its full-view P is the "
+                            "recovery rate's denominator. It must cover the same instances with the full view "
+                            "and the same scoring settings. Empty: no recovery rate (the run's own "
+                            "sharded/full ratio is reported as sharded_over_full).")
+    out: str = setting("runs/eval", "Output folder; re-running into it resumes.")
+    seed: int = setting(0, "Seed of sampling (per call) and of the shuffle-concat order.")
+    batch_size: int = setting(64, "Most conversations advanced by one generation call (the backend splits "
+                              "a call further into micro-batches of model.batch_size).", min=1)
+
+    def check(self, source: str) -> None:
+        if not self.model.model:
+            raise FicError("missing: the assistant model to evaluate (a checkpoint folder)", path=source,
+                           field="model.model")
+        if not self.data.source:
+            raise FicError("missing: where instances come from, e.g. lic:PATH or reasoning-gym:gsm_symbolic",
+                           path=source, field="data.source")
+        if not self.views:
+            raise FicError("expected at least one view", path=source, field="views")
+        for index, view in enumerate(self.views):
+            if view not in VIEWS:
+                raise FicError(f"expected one of {', '.join(VIEWS)}, got {view!r}", path=source,
+                               field=f"views[{index}]")
+        if len(set(self.views)) != len(self.views):
+            raise FicError("a view is listed twice", path=source, field="views")
+        if self.top_p <= 0:
+            raise FicError("expected a value in (0, 1]", path=source, field="top_p")
+        for role in ("user", "classifier"):
+            part = getattr(self, role)
+            if part.kind == "llm" and not part.backend.model:
+                raise FicError(f"{role}.kind is llm but no model is set", path=source,
+                               field=f"{role}.backend.model")
+        if not self.out:
+            raise FicError("missing: the output folder", path=source, field="out")
+
+
+# --------------------------------------------------------------------------- resume
+
+def fingerprint(cfg: EvalConfig) -> dict:
+    """What decides a conversation's content. Views and runs may grow between resumed runs."""
+    def backend(b: BackendConfig) -> dict:
+        return {"kind": b.kind, "model": b.model, "dtype": b.dtype}
+
+    parts = {
+        "model": backend(cfg.model),
+        "data": config_to_dict(cfg.data),
+        "user": {"kind": cfg.user.kind, **({"backend": backend(cfg.user.backend), "temperature":
+                                            cfg.user.temperature, "max_new_tokens": cfg.user.max_new_tokens,
+                                            "max_idle_turns": cfg.user.max_idle_turns}
+                                           if cfg.user.kind == "llm" else {})},
+        "classifier": {"kind": cfg.classifier.kind, **({"backend": backend(cfg.classifier.backend)}
+                                                       if cfg.classifier.kind == "llm" else {})},
+        "temperature": cfg.temperature, "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens,
+        "stop_at_correct": cfg.stop_at_correct, "seed": cfg.seed,
+    }
+    return parts
+
+
+def check_resume(out: Path, cfg: EvalConfig) -> None:
+    """Save the fingerprint on a fresh folder; on an existing one, refuse an incompatible config."""
+    path = out / FINGERPRINT_NAME
+    wanted = fingerprint(cfg)
+    log = out / LOG_NAME
+    if not log.exists() or log.stat().st_size == 0:
+        # Nothing played yet (e.g. the last try failed on a mistyped model path): the folder is
+        # not bound to that config.
+        write_json(path, wanted)
+        return
+    if path.exists():
+        try:
+            saved = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError:
+            raise FicError("unreadable fingerprint; delete the folder or pick another out", path=str(path)) from None
+        if saved != wanted:
+            old, new = flatten(saved), flatten(wanted)
+            diff = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+            details = "; ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff[:4])
+            raise FicError(f"this folder holds conversations from a different config ({details}); resuming "
+                           "would mix them. Use another out= or delete the folder", field="out")
+    else:
+        raise FicError(f"{LOG_NAME} exists without {FINGERPRINT_NAME}; cannot tell which config made it. "
+                       "Use another out= or delete the folder", field="out")
+
+
+# --------------------------------------------------------------------------- data and backends
+
+def load_instances(cfg: EvalConfig) -> tuple[list[Instance], dict]:
+    """The instances to play, sharded where needed; and counts of what was skipped and why.
+
+    Unsharded instances are rule-sharded whatever the views, so that a full-view run and a
+    sharded run of one source evaluate the same instances (one can be the other's baseline).
+    A full-view run keeps instances of tasks that have no rule sharder as they are."""
+    from fic import tasks
+    from fic.data.sources import load_tasks, shard_missing
+
+    try:
+        instances, unknown = load_tasks(cfg.data.source, cfg.data.task, limit=cfg.data.limit, seed=cfg.data.seed)
+    except FicError as err:
+        raise FicError(err.message, path=err.path, record=err.record,
+                       field=f"data.{err.field}" if err.field in ("source", "task") else err.field) from None
+    multi_turn = any(view != "full" for view in cfg.views)
+    as_is = [] if multi_turn else [i for i in instances if not i.is_sharded and not tasks.get(i.task).rule_sharder]
+    kept, dropped = shard_missing([i for i in instances if i not in as_is], seed=cfg.data.seed)
+    skipped = dict(Counter(reason for _, reason in dropped))
+    skipped.update({f"task {name!r} is not a FiC task": n for name, n in unknown.items()})
+    if not kept and not as_is:
+        raise FicError(f"no instance could be sharded ({skipped})", field="data.source")
+    order = {instance.task_id: n for n, instance in enumerate(instances)}
+    return sorted(kept + as_is, key=lambda i: order[i.task_id]), skipped
+
+
+def _backend_cache(cfg: EvalConfig, given: dict) -> dict:
+    """One loaded backend per distinct config: a user or classifier on the assistant's own
+    model shares its weights instead of loading them again."""
+    loaded: dict[str, Any] = {}
+
+    def get(role: str, bcfg: BackendConfig) -> Any:
+        if given.get(role) is not None:
+            return given[role]
+        key = json.dumps(config_to_dict(bcfg), sort_keys=True)
+        if key not in loaded:
+            loaded[key] = make_backend(bcfg)
+        return loaded[key]
+
+    return {"assistant": get("assistant", cfg.model),
+            "user": get("user", cfg.user.backend) if cfg.user.kind == "llm" else None,
+            "classifier": get("classifier", cfg.classifier.backend) if cfg.classifier.kind == "llm" else None}
+
+
+def read_baseline(spec: str) -> dict:
+    path = Path(spec)
+    if path.is_dir():
+        path = path / METRICS_NAME
+    if not path.exists():
+        raise FicError("baseline metrics not found (expected a run folder or its metrics.json)", path=str(path),
+                       field="baseline")
+    try:
+        metrics = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError:
+        raise FicError("baseline metrics are not valid JSON", path=str(path), field="baseline") from None
+    if not isinstance(metrics, dict) or (metrics.get("views", {}).get("full") or {}).get("P") is None:
+        raise FicError("the baseline run has no full-view score; evaluate it with the full view",
+                       path=str(path), field="baseline")
+    if metrics.get("metrics_format") != METRICS_FORMAT:
+        raise FicError("the baseline run does not record its instances and scoring settings (made by an older "
+                       "FiC, whose scorer differs); evaluate the base model again", path=str(path), field="baseline")
+    metrics["path"] = str(path)
+    return metrics
+
+
+def scoring_settings(cfg: EvalConfig) -> dict:
+    return {key: getattr(cfg, key) for key in SCORING_KEYS}
+
+
+def instance_ids(instances: list[Instance]) -> dict[str, list[str]]:
+    """The evaluated task ids per task, as metrics.json records them."""
+    ids: dict[str, list[str]] = {}
+    for instance in instances:
+        ids.setdefault(instance.task, []).append(instance.task_id)
+    return {task: sorted(names) for task, names in sorted(ids.items())}
+
+
+def check_baseline(baseline: dict, cfg: EvalConfig, instances: list[Instance]) -> None:
+    """Refuse a baseline whose full-view P is not comparable with this run: other instances,
+    no full view of a task, or other scoring settings."""
+    path = baseline["path"]
+    if "sharded" not in cfg.views and "full" not in cfg.views:
+        raise FicError("a baseline gives the denominator of the recovery rate and of retention; this run has "
+                       "neither the sharded nor the full view", field="baseline")
+    theirs, ours = baseline.get("instances") or {}, instance_ids(instances)
+    for task, ids in ours.items():
+        if ((baseline.get("tasks") or {}).get(task, {}).get("full") or {}).get("P") is None:
+            raise FicError(f"the baseline run has no full-view score for task {task!r}", path=path, field="baseline")
+        missing, extra = sorted(set(ids) - set(theirs.get(task, []))), sorted(set(theirs.get(task, [])) - set(ids))
+        if missing or extra:
+            example = (f"e.g. {missing[0]!r} is not in the baseline" if missing
+                       else f"e.g. {extra[0]!r} is only in the baseline")
+            raise FicError(f"the baseline evaluated other {task} instances ({len(missing)} here only, "
+                           f"{len(extra)} there only; {example}); evaluate both runs on the same data",
+                           path=path, field="baseline")
+    saved = (baseline.get("settings") or {}).get("scoring") or {}
+    differ = [key for key in SCORING_KEYS if saved.get(key) != getattr(cfg, key)]
+    if differ:
+        details = "; ".join(f"{key}: {saved.get(key)!r} there, {getattr(cfg, key)!r} here" for key in differ)
+        raise FicError(f"the baseline was scored under other settings ({details}); use the same ones",
+                       path=path, field="baseline")
+
+
+# --------------------------------------------------------------------------- the run
+
+def evaluate(cfg: EvalConfig, *, assistant: Any = None, user_backend: Any = None, classifier_backend: Any = None,
+             progress: bool = True) -> dict:
+    """Run (or resume) an evaluation; return the metrics. Backends may be passed in (tests, the
+    trainer's live model); else they are built from the config."""
+    from fic.evaluation.metrics import summarize
+    from fic.evaluation.report import write_report
+    from fic.conversation.simulator import make_conversations, play
+
+    out = Path(cfg.out)
+    check_writable(out, folder=True, field="out")
+    baseline = read_baseline(cfg.baseline) if cfg.baseline else None
+    instances, skipped = load_instances(cfg)
+    if baseline is not None:
+        check_baseline(baseline, cfg, instances)  # before any model loads
+    out.mkdir(parents=True, exist_ok=True)
+    check_resume(out, cfg)
+    write_text(out / CONFIG_NAME, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+
+    log_path = out / LOG_NAME
+    done = {(r["task_id"], r["view"], r["run"]): r for r in read_log(log_path)}
+    conversations = make_conversations(instances, cfg.views, cfg.runs, view_seed=cfg.seed, skip=set(done),
+                                       max_idle_turns=cfg.user.max_idle_turns)
+    total = len(instances) * len(cfg.views) * cfg.runs
+    if conversations:
+        backends = _backend_cache(cfg, {"assistant": assistant, "user": user_backend,
+                                        "classifier": classifier_backend})
+        user = make_user(cfg.user.kind, backends["user"], temperature=cfg.user.temperature,
+                         max_new_tokens=cfg.user.max_new_tokens) if cfg.user.kind == "llm" else make_user("verbatim")
+        classifier = (make_classifier("llm", backends["classifier"], max_new_tokens=cfg.classifier.max_new_tokens,
+                                      seed=cfg.seed) if cfg.classifier.kind == "llm" else make_classifier("rule"))
+        params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
+                                seed=cfg.seed)
+        bar = Progress(total, "conversations", "conv", initial=total - len(conversations), enabled=progress)
+
+        def finished(conv) -> None:
+            record = conv.to_record()
+            append_jsonl(log_path, record)  # fsync'd: an interruption after this keeps it
+            done[conv.key] = record
+            bar.update(1)
+
+        def step(number: int, active: int) -> None:
+            bar.update(0, turn=number + 1, active=active)
+
+        try:
+            play(conversations, backends["assistant"], user, classifier, params, batch_size=cfg.batch_size,
+                 stop_at_correct=cfg.stop_at_correct, seed=cfg.seed, max_context=_max_context(backends["assistant"]),
+                 on_finish=finished, on_step=step)
+        except FicError as err:  # e.g. the server went away for good: say that nothing finished is lost
+            saved = total - sum(1 for conv in conversations if not conv.done)
+            err.message += (f" ({saved} of {total} conversations are saved in {log_path}; "
+                            "run the same command again to resume)")
+            raise
+        finally:
+            bar.close()
+
+    planned = {(i.task_id, view, run) for i in instances for view in cfg.views for run in range(cfg.runs)}
+    records = [r for key, r in done.items() if key in planned]
+    metrics = summarize(records, baseline)
+    metrics["metrics_format"] = METRICS_FORMAT
+    metrics["instances"] = instance_ids(instances)
+    metrics["baseline_source"] = baseline["path"] if baseline is not None else None
+    metrics["skipped_instances"] = skipped
+    metrics["settings"] = {"model": cfg.model.model, "source": cfg.data.source, "task": cfg.data.task,
+                           "views": cfg.views, "runs": cfg.runs, "temperature": cfg.temperature,
+                           "user": cfg.user.kind, "classifier": cfg.classifier.kind,
+                           "stop_at_correct": cfg.stop_at_correct, "max_new_tokens": cfg.max_new_tokens,
+                           "scoring": scoring_settings(cfg)}
+    write_json(out / METRICS_NAME, metrics)
+    write_report(out, metrics)
+    return metrics
+
+
+def _max_context(backend: Any) -> int | None:
+    config = getattr(getattr(backend, "model", None), "config", None)
+    value = getattr(config, "max_position_embeddings", None)
+    return int(value) if isinstance(value, int) else None
+
+
+# --------------------------------------------------------------------------- CLI
+
+def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
+    parser.add_argument("--config", default=None, help="eval YAML, e.g. recipes/smollm2-135m-instruct/eval.yaml")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="override settings, e.g. out=runs/x runs=3")
+    parser.add_argument("--keys", action="store_true", help="list every config key with its help and exit")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.keys:
+        print(describe(EvalConfig))
+        return 0
+    cfg = load_cli_config(EvalConfig, args.config, args.overrides)
+    started = time.perf_counter()
+    metrics = evaluate(cfg, progress=not args.quiet)
+    elapsed = time.perf_counter() - started
+    tasks = metrics["tasks"]
+    for task, views in tasks.items():
+        for view, figures in views.items():
+            print(f"{task + ' / ' + view if len(tasks) > 1 else view:>24}: P={_fmt(figures['P'])} "
+                  f"A90={_fmt(figures['A90'])} U90_10={_fmt(figures['U90_10'])}")
+    if len(tasks) > 1:
+        for view, figures in metrics["views"].items():
+            print(f"{'all tasks / ' + view:>24}: P={_fmt(figures['P'])} A90={_fmt(figures['A90'])} "
+                  f"U90_10={_fmt(figures['U90_10'])}")
+    if metrics.get("reliability_note"):
+        print(f"A90, U90_10: n/a ({metrics['reliability_note']})")
+    if metrics["baseline_source"]:
+        print(f"recovery rate R: {_fmt(metrics['recovery_rate'], 3)}   retention: {_fmt(metrics['retention'], 3)}"
+              f"   (baseline {metrics['baseline_source']})")
+    else:
+        print(f"sharded/full of this run: {_fmt(metrics['sharded_over_full'], 3)}   (no recovery rate without "
+              "baseline=<the base model's run>)")
+    print(f"{metrics['conversations']} conversations, {elapsed:.0f} s")
+    print(f"report: {Path(cfg.out) / REPORT_NAME}")
+    return 0
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"

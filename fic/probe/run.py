@@ -1,0 +1,507 @@
+"""`fic probe --config YAML [key=value ...]`: interaction awareness, can the model write the
+user's next turn? (the probe of arXiv 2604.02315, FiC's second lens on reading a conversation)
+
+For every instance of every data source:
+
+1. The single-turn reply: the model under test answers the question (the task's system
+   prompt and full prompt, greedy), or the reply is read from `replies.path`. Its task score
+   is the accuracy reported beside the probe.
+2. The reply is shown as it is (`original`) and perturbed: `truncate` keeps the first
+   `truncate_fraction` of its tokens (the model's tokenizer; words for a remote backend),
+   `explicit_question` appends a generic question ("Does that make sense?") picked per instance.
+3. `[user question; assistant reply]` is rendered with the role switch (`switch`):
+   - `user_turn` (the paper's probe): the chat template renders the conversation and opens a
+     *user* turn (`fic.core.chat.user_turn_ids`); the model continues under the user role.
+     Needs token ids, so a local backend (hf, vllm).
+   - `swap_roles`: the history with roles swapped (the question as the assistant's message, the
+     reply as the user's) under a system message saying so; the model's reply is the user's
+     next turn. Any backend.
+   - `instruct`: one user message holding the transcript and a request to write the user's
+     next message; the model answers as the assistant. Any backend.
+4. Decoding sweep: each temperature of `temperatures`; `samples` draws per instance above 0,
+   one greedy draw at 0. Seeds come from `fic.core.seeding`: sample k at temperature t is one
+   generation call over every (source, instance, perturbation) row in data order (split into
+   chunks of `batch_size`), seeded `derive_seed(seed, "probe", t, k, chunk)`. Backends seed per
+   call (vLLM and openai give row i seed + i; hf draws the call's rows from one seeded stream),
+   so a draw is fixed by the settings and the data: two checkpoints probed with the same
+   settings draw with the same seeds on the same instances (what pairing needs); changing
+   `limit` or `data` changes the draws. One call per (instance, temperature) would make draws
+   independent of the other instances but take several times as many decoding steps.
+5. A judge (`fic.probe.judge`: `rule` offline, or `llm` through any backend) labels each
+   generated user turn with one of 8 labels; the report states which judge was used.
+6. Outputs in `out`: `replies.jsonl`, `generations.jsonl` (every user turn with its seed,
+   label and whether its text changed vs the unperturbed turn), `metrics.json`, `report.md`,
+   `followup_vs_temperature.png`, `labels.png`, `config.yaml` (see `fic.probe.report`).
+7. `baseline=RUN_DIR` (an earlier `fic probe` run with the same settings, e.g. of the base
+   checkpoint) adds a side-by-side comparison with paired differences per instance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import yaml
+
+from fic import tasks
+from fic.backends import make_backend
+from fic.core.config import config_to_dict, describe, load_cli_config, setting
+from fic.core.errors import FicError
+from fic.core.files import check_writable, read_records, write_json, write_jsonl, write_text
+from fic.core.generation import BackendConfig, Generation, SamplingParams
+from fic.core.instance import Instance
+from fic.probe.judge import JUDGE_KINDS, make_judge
+from fic.core.progress import Progress
+from fic.core.seeding import derive_seed, pick
+from fic.data.views import system_message
+
+SWITCHES = ("user_turn", "swap_roles", "instruct")
+PERTURBATIONS = ("truncate", "explicit_question")
+ORIGINAL = "original"
+REPLIES_NAME, GENERATIONS_NAME, METRICS_NAME, CONFIG_NAME = ("replies.jsonl", "generations.jsonl", "metrics.json",
+                                                             "config.yaml")
+EXPLICIT_QUESTIONS = ("Does that make sense?", "Do you have any questions?", "What do you think?",
+                      "Is there anything you would like me to explain further?")
+DEFAULT_INSTRUCTION = {
+    "swap_roles": "You are the user in this conversation, talking with an AI assistant. Here your own messages "
+                  "appear as the assistant's and the AI assistant's messages appear as the user's. Write your "
+                  "next message to the assistant.",
+    "instruct": "Write the next message the user sends to the assistant in this conversation. Reply with that "
+                "message only, as the user would type it.",
+}
+
+
+@dataclass
+class RepliesConfig:
+    path: str = setting("", "JSONL of single-turn replies, one {\"task_id\", \"reply\"} object a line (plus "
+                        "\"dataset\", the source spec, when several sources share task ids), e.g. an earlier "
+                        "probe's replies.jsonl; empty: the model under test answers each question (greedy).")
+    max_new_tokens: int = setting(320, "Most tokens of a single-turn reply the model writes.", min=1)
+
+
+@dataclass
+class JudgeConfig:
+    kind: str = setting("rule", "rule: offline heuristics (fic.probe.judge); llm: a model labels each user turn "
+                        "with one of the 8 labels as JSON, re-asked when its answer is unusable.", choices=JUDGE_KINDS)
+    backend: BackendConfig = setting(BackendConfig(), "The judge model (kind llm only).")
+    max_new_tokens: int = setting(96, "Most tokens of one judge answer.", min=1)
+    retries: int = setting(2, "Times an unusable judge answer is sent back with what was wrong; then the rule "
+                           "label is used and noted.", min=0)
+
+
+@dataclass
+class ProbeConfig:
+    """Settings of `fic probe`."""
+
+    model: BackendConfig = setting(BackendConfig(), "The model under test: it writes the single-turn replies "
+                                   "and the user turns.")
+    data: str | list[str] = setting("reasoning-gym:gsm_symbolic", "Data source(s), each reported as its own "
+                                    "dataset: lic:PATH, jsonl:PATH, reasoning-gym:NAME, gsm8k[:SPLIT|:PATH]; "
+                                    "several as a list (`data='[a, b]'` on the command line).")
+    task: str = setting("math", "Task of the instances (any registered task).")
+    limit: int | None = setting(20, "At most this many instances per source (null: all).", min=1)
+    data_seed: int = setting(0, "Seed of generated sources (reasoning-gym).")
+    replies: RepliesConfig = setting(RepliesConfig(), "Where the single-turn replies come from.")
+    switch: str = setting("user_turn", "How the model is made to speak as the user: user_turn (the chat template "
+                          "opens a user turn; local backends), swap_roles (history with roles swapped), instruct "
+                          "(asked, as the assistant, to write the user's next message).", choices=SWITCHES)
+    instruction: str = setting("", "swap_roles: its system message; instruct: the request after the transcript. "
+                               "Empty: FiC's default text for the switch.")
+    system_prompt: bool = setting(False, "Keep the task's system prompt in the probe's context (the paper shows "
+                                  "only [question; reply]). Replies are always written with it.")
+    temperatures: list[float] = setting([0.0, 1.0], "Decoding temperatures of the user turns (0: greedy).")
+    samples: int = setting(4, "User turns drawn per instance, perturbation and temperature above 0 (greedy draws "
+                           "one).", min=1)
+    top_p: float = setting(1.0, "Nucleus sampling threshold of the user turns.", min=0.0, max=1.0)
+    max_new_tokens: int = setting(96, "Most tokens of one user turn.", min=1)
+    perturbations: list[str] = setting(list(PERTURBATIONS), "Perturbed replies probed beside the original: "
+                                       f"{', '.join(PERTURBATIONS)}.")
+    truncate_fraction: float = setting(0.5, "truncate: the share of the reply's tokens kept.", min=0.01, max=0.99)
+    explicit_questions: list[str] = setting(list(EXPLICIT_QUESTIONS), "explicit_question: the generic questions "
+                                            "appended to the reply (one picked per instance).")
+    judge: JudgeConfig = setting(JudgeConfig(), "Who labels the user turns.")
+    baseline: str = setting("", "An earlier probe run folder with the same settings (e.g. of the base "
+                            "checkpoint): the report adds paired differences against it.")
+    out: str = setting("runs/probe", "Output folder (files in it are replaced).")
+    seed: int = setting(0, "Seed of the sampled user turns and of the per-instance question pick.")
+    batch_size: int = setting(64, "Most prompts per generation call for replies and greedy user turns (the "
+                              "backend splits further into model.batch_size).", min=1)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.data, str):  # the command line keeps `data=[a, b]` as text
+            text = self.data.strip()
+            self.data = [s.strip() for s in text[1:-1].split(",")] if text[:1] + text[-1:] == "[]" else [text]
+
+    def check(self, source: str) -> None:
+        def bad(message: str, field: str) -> FicError:
+            return FicError(message, path=source, field=field)
+
+        if not self.model.model:
+            raise bad("missing: the model to probe (a checkpoint folder or served model)", "model.model")
+        if not self.data or not all(spec.strip() for spec in self.data):
+            raise bad("expected at least one non-empty source spec", "data")
+        if len(set(self.data)) != len(self.data):
+            raise bad("a source is listed twice", "data")
+        try:
+            tasks.get(self.task)
+        except FicError as err:
+            raise bad(err.message, "task") from None
+        if not self.temperatures:
+            raise bad("expected at least one temperature", "temperatures")
+        for index, value in enumerate(self.temperatures):
+            if value < 0:
+                raise bad(f"expected a value >= 0, got {value}", f"temperatures[{index}]")
+        if len(set(self.temperatures)) != len(self.temperatures):
+            raise bad("a temperature is listed twice", "temperatures")
+        for index, name in enumerate(self.perturbations):
+            if name not in PERTURBATIONS:
+                raise bad(f"expected one of {', '.join(PERTURBATIONS)}, got {name!r}", f"perturbations[{index}]")
+        if len(set(self.perturbations)) != len(self.perturbations):
+            raise bad("a perturbation is listed twice", "perturbations")
+        if "explicit_question" in self.perturbations and not all(q.strip() for q in self.explicit_questions or [""]):
+            raise bad("expected at least one non-empty question", "explicit_questions")
+        if self.top_p <= 0:
+            raise bad("expected a value in (0, 1]", "top_p")
+        if self.switch == "user_turn" and self.model.kind == "openai":
+            raise bad("user_turn opens a user turn in the chat template, which needs token ids; an openai "
+                      "endpoint only answers as the assistant: use swap_roles or instruct", "switch")
+        if self.judge.kind == "llm" and not self.judge.backend.model:
+            raise bad("judge.kind is llm but no judge model is set", "judge.backend.model")
+        if not self.out.strip():
+            raise bad("missing: the output folder", "out")
+
+
+# --------------------------------------------------------------------------- perturbations
+
+def truncate(reply: str, fraction: float, tokenizer: Any = None) -> str:
+    """The first `fraction` of the reply's tokens (at least one): the model's tokens when a
+    tokenizer is given, else whitespace-separated words."""
+    if tokenizer is not None:
+        ids = tokenizer.encode(reply, add_special_tokens=False)
+        return tokenizer.decode(ids[:max(1, int(len(ids) * fraction))], skip_special_tokens=True) if ids else ""
+    words = re.findall(r"\S+\s*", reply)
+    return "".join(words[:max(1, int(len(words) * fraction))]).rstrip() if words else ""
+
+
+def explicit_question(reply: str, question: str) -> str:
+    """The reply with a generic question appended as its last paragraph."""
+    return f"{reply.rstrip()}\n\n{question}"
+
+
+def shown_replies(reply: str, cfg: ProbeConfig, dataset: str, task_id: str, tokenizer: Any = None) -> dict[str, str]:
+    """The reply under each condition: the original and each configured perturbation."""
+    shown = {ORIGINAL: reply}
+    for name in cfg.perturbations:
+        if name == "truncate":
+            shown[name] = truncate(reply, cfg.truncate_fraction, tokenizer)
+        else:
+            question = pick(cfg.explicit_questions, cfg.seed, "explicit_question", dataset, task_id)
+            shown[name] = explicit_question(reply, question)
+    return shown
+
+
+# --------------------------------------------------------------------------- the role switch
+
+def probe_messages(switch: str, query: str, reply: str, *, system: str | None = None,
+                   instruction: str = "") -> list[dict]:
+    """The chat messages of the probe for one reply. For `user_turn` they are the plain
+    conversation (the template then opens a user turn); for the others the model's next
+    assistant turn is the user's message."""
+    if switch == "user_turn":
+        head = [{"role": "system", "content": system}] if system else []
+        return head + [{"role": "user", "content": query}, {"role": "assistant", "content": reply}]
+    instruction = instruction or DEFAULT_INSTRUCTION[switch]
+    if switch == "swap_roles":
+        context = f"{instruction}\n\n{system}" if system else instruction
+        return [{"role": "system", "content": context}, {"role": "assistant", "content": query},
+                {"role": "user", "content": reply}]
+    if switch == "instruct":
+        transcript = (f"[system]\n{system}\n\n" if system else "") + f"[user]\n{query}\n\n[assistant]\n{reply}"
+        return [{"role": "user", "content": f"Here is a conversation between a user and an AI assistant.\n\n"
+                                            f"<conversation>\n{transcript}\n</conversation>\n\n{instruction}"}]
+    raise FicError(f"unknown switch {switch!r}; expected one of {', '.join(SWITCHES)}", field="switch")
+
+
+def probe_prompt_ids(tokenizer: Any, switch: str, messages: list[dict]) -> list[int]:
+    """Token ids the model continues from: a user turn opened by the template for `user_turn`,
+    the ordinary assistant generation prompt for the other switches."""
+    from fic.core.chat import prompt_ids, user_turn_ids
+
+    return user_turn_ids(tokenizer, messages) if switch == "user_turn" else prompt_ids(tokenizer, messages)
+
+
+# --------------------------------------------------------------------------- data and replies
+
+def load_datasets(cfg: ProbeConfig) -> list[tuple[str, Instance]]:
+    from fic.data.sources import load_source
+
+    pairs = []
+    for spec in cfg.data:
+        try:
+            instances = load_source(spec, cfg.task, limit=cfg.limit, seed=cfg.data_seed)
+        except FicError as err:
+            raise FicError(err.message, path=err.path, record=err.record,
+                           field="data" if err.field == "source" else err.field) from None
+        pairs += [(spec, instance) for instance in instances]
+    return pairs
+
+
+def _replies_from_file(path: str, datasets: list[tuple[str, Instance]]) -> dict:
+    found, by_id = {}, {}
+    for number, record in enumerate(read_records(path), start=1):
+        reply, task_id = record.get("reply"), record.get("task_id")
+        if not isinstance(task_id, str) or not task_id:
+            raise FicError("expected a task_id string", path=path, record=number, field="task_id")
+        if not isinstance(reply, str):
+            raise FicError(f"expected the reply as text, got {reply!r:.40}", path=path, record=number, field="reply")
+        found[(record.get("dataset"), task_id)] = record
+        by_id.setdefault(task_id, []).append(record)
+    out = {}
+    for dataset, instance in datasets:
+        # Matched by source and task id; a task id only one record has matches whatever its source says.
+        record = found.get((dataset, instance.task_id))
+        if record is None and len(by_id.get(instance.task_id, [])) == 1:
+            (record,) = by_id[instance.task_id]
+        if record is None:
+            raise FicError(f"no reply for task_id {instance.task_id!r} of {dataset}", path=path, field="task_id")
+        out[(dataset, instance.task_id)] = (record["reply"], record.get("finish_reason", "stop"))
+    return out
+
+
+def single_turn_replies(cfg: ProbeConfig, model: Any, datasets: list[tuple[str, Instance]], given: dict | None,
+                        progress: bool) -> list[dict]:
+    """Each instance's single-turn reply with its task score: `given` ones (read from
+    `replies.path`), else written by the model."""
+    if given is not None:
+        texts = [given[(d, i.task_id)] for d, i in datasets]
+    else:
+        conversations = [[system_message(i), {"role": "user", "content": tasks.get(i.task).full_prompt(i)}]
+                         for _, i in datasets]
+        params = SamplingParams(max_new_tokens=cfg.replies.max_new_tokens, temperature=0.0, seed=cfg.seed)
+        outputs: list[Generation] = []
+        bar = Progress(len(conversations), "replies", "reply", enabled=progress)
+        for start in range(0, len(conversations), cfg.batch_size):
+            outputs += model.chat(conversations[start:start + cfg.batch_size], params)
+            bar.update(len(conversations[start:start + cfg.batch_size]))
+        bar.close()
+        texts = [(out.text, out.finish_reason) for out in outputs]
+    records = []
+    for (dataset, instance), (text, finish) in zip(datasets, texts):
+        task = tasks.get(instance.task)
+        records.append({"dataset": dataset, "task_id": instance.task_id, "task": instance.task,
+                        "system": system_message(instance)["content"],  # the task's, with this instance's tools
+                        "query": task.full_prompt(instance), "reply": text, "finish_reason": finish,
+                        "score": float(task.score(text, instance)), "source": cfg.replies.path or "model"})
+    return records
+
+
+# --------------------------------------------------------------------------- user turns
+
+def _call(model: Any, keys: Sequence, messages: dict, prompts: dict, params: SamplingParams) -> list[Generation]:
+    """Token ids to a local backend (the role switch is rendered here); messages to a remote one."""
+    if model.tokenizer is None:
+        return model.chat([messages[key] for key in keys], params)
+    return model.generate([prompts[key] for key in keys], params)
+
+
+def generate_user_turns(cfg: ProbeConfig, model: Any, replies: list[dict], progress: bool) -> list[dict]:
+    """Every (instance, condition, temperature, sample) user turn, unlabelled."""
+    tokenizer = model.tokenizer
+    if cfg.switch == "user_turn" and tokenizer is None:
+        raise FicError(f"the {model.name} backend has no token ids; switch user_turn needs a local backend "
+                       "(hf, vllm): use swap_roles or instruct", field="switch")
+    conditions = [ORIGINAL, *cfg.perturbations]
+    shown_text, messages, prompts = {}, {}, {}
+    for r in replies:
+        system = r["system"] if cfg.system_prompt else None
+        shown = shown_replies(r["reply"], cfg, r["dataset"], r["task_id"], tokenizer)
+        for condition in conditions:
+            key = (r["dataset"], r["task_id"], condition)
+            shown_text[key] = shown[condition]
+            messages[key] = probe_messages(cfg.switch, r["query"], shown[condition], system=system,
+                                           instruction=cfg.instruction)
+            if tokenizer is not None:
+                prompts[key] = probe_prompt_ids(tokenizer, cfg.switch, messages[key])
+
+    # Calls hold the rows of every instance and perturbation together: a decoding step reads every
+    # weight once whatever the batch, so on a CPU 60 rows cost a few times what 4 rows cost, not 15
+    # times, and the number of steps decides the time. Sampled rows: one call per sample index, seeded by (temperature, sample,
+    # chunk); greedy rows: one pass. Sampled calls find every prompt's keys and values stored by
+    # the greedy pass (hf backend), so they read almost nothing but their own new tokens.
+    calls = []
+    keys = list(messages)  # (source, task_id, condition), in data order
+    for temperature in cfg.temperatures:
+        for sample in range(1 if temperature == 0 else cfg.samples):
+            rows = [(key, sample) for key in keys]
+            for chunk, start in enumerate(range(0, len(rows), cfg.batch_size)):
+                seed = None if temperature == 0 else derive_seed(cfg.seed, "probe", temperature, sample, chunk)
+                calls.append((temperature, seed, rows[start:start + cfg.batch_size]))
+    records = []
+    bar = Progress(sum(len(rows) for _, _, rows in calls), "user turns", "turn", enabled=progress)
+    try:
+        for temperature, seed, rows in calls:
+            params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=temperature, top_p=cfg.top_p,
+                                    seed=0 if seed is None else seed)
+            keys = [key for key, _ in rows]
+            outputs = _call(model, keys, messages, prompts, params)
+            for (key, sample), out in zip(rows, outputs):
+                dataset, task_id, condition = key
+                records.append({"dataset": dataset, "task_id": task_id, "condition": condition,
+                                "temperature": temperature, "sample": sample, "seed": seed,
+                                "reply_shown": shown_text[key], "user_turn": out.text,
+                                "finish_reason": out.finish_reason, "tokens": len(out.token_ids)})
+            bar.update(len(rows))
+    finally:
+        bar.close()
+    return records
+
+
+def _same_text(a: str, b: str) -> bool:
+    return " ".join(a.split()) == " ".join(b.split())
+
+
+def mark_changed(records: list[dict]) -> None:
+    """`changed`: whether a perturbed turn's text differs from the unperturbed one drawn with the
+    same instance, temperature and sample index (None for the unperturbed turns)."""
+    original = {(r["dataset"], r["task_id"], r["temperature"], r["sample"]): r["user_turn"]
+                for r in records if r["condition"] == ORIGINAL}
+    for r in records:
+        key = (r["dataset"], r["task_id"], r["temperature"], r["sample"])
+        r["changed"] = None if r["condition"] == ORIGINAL else not _same_text(r["user_turn"], original[key])
+
+
+# --------------------------------------------------------------------------- baseline
+
+def fingerprint(cfg: ProbeConfig) -> dict:
+    """What must agree for two runs to be paired (the model and the replies may differ)."""
+    judge = {"kind": cfg.judge.kind, **({"model": cfg.judge.backend.model} if cfg.judge.kind == "llm" else {})}
+    return {"data": list(cfg.data), "task": cfg.task, "limit": cfg.limit, "data_seed": cfg.data_seed,
+            "switch": cfg.switch, "instruction": cfg.instruction, "system_prompt": cfg.system_prompt,
+            "temperatures": list(cfg.temperatures), "samples": cfg.samples, "top_p": cfg.top_p,
+            "max_new_tokens": cfg.max_new_tokens, "perturbations": list(cfg.perturbations),
+            "truncate_fraction": cfg.truncate_fraction, "explicit_questions": list(cfg.explicit_questions),
+            "seed": cfg.seed, "judge": judge}
+
+
+def read_baseline(cfg: ProbeConfig) -> dict:
+    """The baseline run's metrics and records, refused when its settings differ."""
+    folder = Path(cfg.baseline)
+    path = folder / METRICS_NAME
+    if not path.is_file():
+        raise FicError(f"not a probe run folder (no {METRICS_NAME})", path=str(folder), field="baseline")
+    try:
+        metrics = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError:
+        raise FicError("not valid JSON", path=str(path), field="baseline") from None
+    theirs, ours = metrics.get("fingerprint"), fingerprint(cfg)
+    if theirs != ours:
+        if not isinstance(theirs, dict):
+            raise FicError("has no probe settings (fingerprint)", path=str(path), field="baseline")
+        diff = sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
+        details = "; ".join(f"{k}: {theirs.get(k)!r} there, {ours.get(k)!r} here" for k in diff[:3])
+        raise FicError(f"the baseline was probed with other settings ({details}); pairing needs the same "
+                       "instances, conditions and samples", path=str(folder), field="baseline")
+    return {"metrics": metrics, "out": str(folder),
+            "generations": read_records(folder / GENERATIONS_NAME), "replies": read_records(folder / REPLIES_NAME)}
+
+
+# --------------------------------------------------------------------------- the run
+
+def probe(cfg: ProbeConfig, *, model: Any = None, judge_backend: Any = None, progress: bool = True) -> dict:
+    """Run the probe and write its outputs; return the metrics. Backends may be passed in
+    (tests, a live model); else they are built from the config."""
+    from fic.probe.report import compare, summarize, write_report
+
+    started, cpu_started = time.perf_counter(), time.process_time()
+    out = Path(cfg.out)
+    check_writable(out, folder=True, field="out")  # before any data or model loads
+    baseline = read_baseline(cfg) if cfg.baseline else None
+    datasets = load_datasets(cfg)
+    given = _replies_from_file(cfg.replies.path, datasets) if cfg.replies.path else None
+    model = model if model is not None else make_backend(cfg.model)
+    if cfg.judge.kind == "llm":
+        same = config_to_dict(cfg.judge.backend) == config_to_dict(cfg.model)
+        judge_backend = judge_backend or (model if same else make_backend(cfg.judge.backend))
+        judge = make_judge("llm", judge_backend, model=cfg.judge.backend.model,
+                           max_new_tokens=cfg.judge.max_new_tokens, retries=cfg.judge.retries, seed=cfg.seed)
+    else:
+        judge = make_judge("rule")
+
+    phases = {"setup": time.perf_counter() - started}
+    clock = time.perf_counter()
+    replies = single_turn_replies(cfg, model, datasets, given, progress)
+    phases["replies"], clock = time.perf_counter() - clock, time.perf_counter()
+    generations = generate_user_turns(cfg, model, replies, progress)
+    phases["user_turns"], clock = time.perf_counter() - clock, time.perf_counter()
+    query = {(r["dataset"], r["task_id"]): r["query"] for r in replies}
+    labels = judge.judge([(query[(g["dataset"], g["task_id"])], g["reply_shown"], g["user_turn"])
+                          for g in generations])
+    phases["judge"] = time.perf_counter() - clock
+    for g, (label, note) in zip(generations, labels):
+        g["label"], g["judge_note"] = label, note
+    mark_changed(generations)
+
+    metrics = summarize(replies, generations)
+    metrics["judge"] = {"kind": judge.name, "description": judge.describe(), "labelled": len(generations),
+                        "fallbacks": sum(bool(g["judge_note"]) and g["judge_note"].startswith("rule label")
+                                         for g in generations)}
+    metrics["fingerprint"] = fingerprint(cfg)
+    metrics["settings"] = {
+        "model": cfg.model.model, "data": list(cfg.data), "task": cfg.task, "instances": len(replies),
+        "replies": f"from {cfg.replies.path}" if cfg.replies.path else "written by the model (greedy)",
+        "switch": cfg.switch, "temperatures": list(cfg.temperatures), "samples": cfg.samples,
+        "max_new_tokens": cfg.max_new_tokens, "perturbations": list(cfg.perturbations),
+        "truncate_fraction": cfg.truncate_fraction, "explicit_questions": list(cfg.explicit_questions),
+        "truncate_unit": "tokens" if model.tokenizer is not None else "words"}
+    if baseline is not None:
+        metrics["comparison"] = compare(baseline["generations"], generations, baseline["replies"], replies)
+        metrics["baseline"] = {"out": baseline["out"], "model": baseline["metrics"]["settings"]["model"]}
+    metrics["elapsed_s"] = time.perf_counter() - started
+    metrics["phases_s"] = phases  # where the time went: loading, replies, user turns, judging
+    # CPU seconds of this process (all its threads): on a machine shared with other jobs it says
+    # more about the work than the wall time does.
+    metrics["cpu_s"] = time.process_time() - cpu_started
+    examples = {}
+    for g in generations:
+        examples.setdefault(g["label"], g)
+
+    out.mkdir(parents=True, exist_ok=True)
+    write_text(out / CONFIG_NAME, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+    write_jsonl(out / REPLIES_NAME, replies)
+    write_jsonl(out / GENERATIONS_NAME, generations)
+    write_json(out / METRICS_NAME, metrics)
+    write_report(out, metrics, examples, baseline["metrics"] if baseline else None)
+    return metrics
+
+
+# --------------------------------------------------------------------------- CLI
+
+def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
+    parser.add_argument("--config", default=None, help="probe YAML, e.g. recipes/smollm2-135m-instruct/probe.yaml")
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="override settings, e.g. model.model=CKPT baseline=runs/probe-base out=runs/probe-sft")
+    parser.add_argument("--keys", action="store_true", help="list every config key with its help and exit")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def run(args: argparse.Namespace) -> int:
+    from fic.probe.report import REPORT_NAME, follow_up_table
+
+    if args.keys:
+        print(describe(ProbeConfig))
+        return 0
+    cfg = load_cli_config(ProbeConfig, args.config, args.overrides)
+    metrics = probe(cfg, progress=not args.quiet)
+    print("\n".join(follow_up_table(metrics)))
+    for dataset, figures in metrics["datasets"].items():
+        acc = figures["accuracy"]
+        print(f"task accuracy on {dataset}: {100 * acc['rate']:.1f}% of {acc['n']} single-turn replies")
+    phases = ", ".join(f"{name.replace('_', ' ')} {seconds:.0f} s" for name, seconds in metrics["phases_s"].items())
+    print(f"judge: {metrics['judge']['description']}; {metrics['elapsed_s']:.0f} s ({phases})")
+    print(f"report: {Path(cfg.out) / REPORT_NAME}")
+    return 0

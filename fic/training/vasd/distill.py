@@ -1,0 +1,211 @@
+"""VASD's pieces: rollouts as student rows, the single-turn teacher rows, and the loss module.
+
+Token layout (nothing is ever re-tokenised). A rollout is a `fic.conversation.simulator.Conversation`
+played on-policy: `conv.ids` are the exact ids the student saw and wrote, and turn k's reply
+occupies `[turn.prompt_tokens, turn.prompt_tokens + turn.reply_tokens)` of them. The final
+reply is the reply to the last shard. The teacher reads
+
+    teacher ids = prompt_ids(system + the single-turn view) + the student's final reply ids
+
+so answer token j sits at student position p + j and teacher position q + j, where p and q
+are the two prompt lengths: the loss at position t predicts token t + 1, and both sides are
+read at the same answer tokens, one for one.
+
+Rows of one micro-batch (right-padded, one forward of the student):
+
+- `distill_targets`: the final reply's next-token targets (rollouts); the divergence to the
+  teacher is taken there. `teacher_hidden` holds the teacher's hidden states at the same
+  answer tokens, in the same row-major order, shaped [n_answer_tokens, views, hidden].
+- `anchor_targets`/`anchor_weights`: an SFT-corpus conversation's non-final assistant turns
+  (its deferrals and asks), trained with cross-entropy to keep what SFT taught.
+- `reference_targets`/`reference_weights`: a rollout's non-final replies, pulled towards the
+  starting model (`reference_hidden`, the frozen model on the same ids).
+
+The first `first_tokens` positions of each non-final reply weigh `first_token_weight`: the
+defer-or-answer decision is made there, about one token in forty.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+from fic.training.data import IGNORE, Example
+from fic.training.losses import causal_lm, decoder_and_head, divergence_rows, softcap_of, weighted_ce_rows
+
+TEACHER_VIEWS = ("full", "concat", "both")
+
+
+@dataclass
+class Rollout:
+    """One played conversation, reduced to what the losses need."""
+
+    ids: list[int]
+    final: tuple[int, int]                  # [start, end) of the final reply in `ids`
+    earlier: list[tuple[int, int]]          # spans of the non-final replies
+    finished: bool                          # the final reply ended with its end-of-turn token
+    teacher_prompts: list[list[int]] = field(default_factory=list)  # one per teacher view
+
+    @property
+    def answer_ids(self) -> list[int]:
+        return self.ids[self.final[0]:self.final[1]]
+
+
+def rollout_from(conv: Any) -> Rollout:
+    """The token spans of a played conversation (`fic.conversation.simulator.Conversation`)."""
+    spans = [(t.prompt_tokens, t.prompt_tokens + t.reply_tokens) for t in conv.turns]
+    if not spans or conv.ids[spans[-1][0]:spans[-1][1]] == [] or spans[-1][1] != len(conv.ids):
+        raise ValueError("the conversation has no final reply at the end of its ids")
+    return Rollout(ids=list(conv.ids), final=spans[-1], earlier=spans[:-1],
+                   finished=conv.turns[-1].finish_reason == "stop")
+
+
+def teacher_prompts(tokenizer: Any, instance: Any, views: Sequence[str]) -> list[list[int]]:
+    """The teacher's prompt ids for each single-turn view: the task's system prompt, the view as
+    one user turn, and the generation prompt, rendered by the chat template."""
+    from fic.core.chat import prompt_ids
+    from fic.data.views import system_message, user_turns
+
+    return [prompt_ids(tokenizer, [system_message(instance), {"role": "user", "content": user_turns(instance, v)[0]}])
+            for v in views]
+
+
+def weighted_spans(length: int, spans: Sequence[tuple[int, int]], ids: Sequence[int], first_tokens: int,
+                   first_weight: float) -> tuple[list[int], list[float]]:
+    """Targets and weights of `length` positions that train the tokens in `spans`: position t
+    predicts ids[t + 1]; the first `first_tokens` tokens of each span weigh `first_weight`."""
+    targets, weights = [IGNORE] * length, [0.0] * length
+    for start, end in spans:
+        for k, token in enumerate(range(start, end)):
+            targets[token - 1] = ids[token]
+            weights[token - 1] = first_weight if k < first_tokens else 1.0
+    return targets, weights
+
+
+def runs_of(targets: Sequence[int]) -> list[tuple[int, int]]:
+    """Token spans (as token positions, i.e. target position + 1) of the runs of consecutive
+    trained targets: one per assistant reply in an SFT example."""
+    spans, start = [], None
+    for t, y in enumerate(list(targets) + [IGNORE]):
+        if y != IGNORE and start is None:
+            start = t
+        elif y == IGNORE and start is not None:
+            spans.append((start + 1, t + 1))
+            start = None
+    return spans
+
+
+def student_rows(rollouts: Sequence[Rollout], anchors: Sequence[Example], *, use_final: Sequence[bool],
+                 reference: bool, first_tokens: int, first_weight: float) -> list[dict]:
+    """One row per rollout then per anchor example, as lists (see the module docstring)."""
+    rows = []
+    for rollout, final in zip(rollouts, use_final):
+        n = len(rollout.ids)
+        distill, _ = weighted_spans(n, [rollout.final] if final else [], rollout.ids, 0, 1.0)
+        ref_t, ref_w = weighted_spans(n, rollout.earlier if reference else [], rollout.ids, first_tokens, first_weight)
+        rows.append({"input_ids": rollout.ids, "distill_targets": distill, "reference_targets": ref_t,
+                     "reference_weights": ref_w, "anchor_targets": [IGNORE] * n, "anchor_weights": [0.0] * n})
+    for example in anchors:
+        n = len(example.input_ids)
+        anchor_t, anchor_w = weighted_spans(n, runs_of(example.targets), example.input_ids, first_tokens, first_weight)
+        rows.append({"input_ids": example.input_ids, "distill_targets": [IGNORE] * n, "reference_targets": [IGNORE] * n,
+                     "reference_weights": [0.0] * n, "anchor_targets": anchor_t, "anchor_weights": anchor_w})
+    return rows
+
+
+def collate_rows(rows: Sequence[dict], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad the rows of `student_rows` into one batch."""
+    width = max(len(r["input_ids"]) for r in rows)
+    batch = {"input_ids": torch.full((len(rows), width), pad_id, dtype=torch.long),
+             "attention_mask": torch.zeros((len(rows), width), dtype=torch.long)}
+    for name in ("distill_targets", "reference_targets", "anchor_targets"):
+        batch[name] = torch.full((len(rows), width), IGNORE, dtype=torch.long)
+    for name in ("reference_weights", "anchor_weights"):
+        batch[name] = torch.zeros((len(rows), width), dtype=torch.float32)
+    for i, row in enumerate(rows):
+        n = len(row["input_ids"])
+        batch["attention_mask"][i, :n] = 1
+        for name, value in row.items():
+            batch[name][i, :n] = torch.tensor(value, dtype=batch[name].dtype)
+    return batch
+
+
+def batch_counts(batch: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Positions (or total weight) of each loss term in a collated micro-batch."""
+    return {"distill": float((batch["distill_targets"] != IGNORE).sum()),
+            "anchor": float(batch["anchor_weights"].sum()),
+            "reference": float(batch["reference_weights"].sum()),
+            "tokens": float(batch["attention_mask"].sum())}
+
+
+def hidden_at(net: torch.nn.Module, sequences: Sequence[list[int]], positions: Sequence[Sequence[int]],
+              pad_id: int, device: Any) -> torch.Tensor:
+    """Hidden states of `net` (no gradient) at the given positions of each sequence, rows in
+    order: sequence by sequence, positions as listed. One right-padded forward pass."""
+    if not sequences:
+        return torch.zeros((0, causal_lm(net).config.hidden_size), device=device)
+    body, _ = decoder_and_head(net)
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for i, s in enumerate(sequences):
+        ids[i, :len(s)] = torch.tensor(s)
+        mask[i, :len(s)] = 1
+    with torch.no_grad():
+        hidden = body(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False).last_hidden_state
+    rows = [hidden[i, list(p)] for i, p in enumerate(positions) if len(p)]
+    return torch.cat(rows) if rows else hidden.new_zeros((0, hidden.shape[-1]))
+
+
+class DistillLoss(torch.nn.Module):
+    """The student's forward for one micro-batch; returns the summed loss terms `distill`
+    (divergence to the teacher at answer tokens), `anchor` (cross-entropy on SFT deferral turns)
+    and `reference` (divergence to the starting model on earlier replies).
+
+    `teacher_head` and `reference_head` map hidden rows to logits with no gradient (the same
+    head for a live teacher or LoRA with adapters off, a frozen copy's head otherwise); they are
+    closures, not submodules, so DDP and DeepSpeed never see the teacher's weights.
+    """
+
+    def __init__(self, model: torch.nn.Module, teacher_head: Callable, reference_head: Callable | None, *,
+                 divergence: str, estimator: str, beta: float, temperature: float, top_k: int, chunk_tokens: int):
+        super().__init__()
+        self.model = model
+        self.teacher_head, self.reference_head = teacher_head, reference_head
+        self.kind, self.estimator, self.beta = divergence, estimator, beta
+        self.temperature, self.top_k, self.chunk_tokens = temperature, top_k, chunk_tokens
+        self.softcap = softcap_of(model)
+
+    @property
+    def config(self) -> Any:  # DeepSpeed reads hidden_size from here
+        return causal_lm(self.model).config
+
+    def _term(self, hidden: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, other: torch.Tensor,
+              head: Callable, other_head: Callable) -> torch.Tensor:
+        where = targets != IGNORE
+        return divergence_rows(head, hidden[where], other_head, other, targets[where], weights[where].float(),
+                               chunk_tokens=self.chunk_tokens, softcap=self.softcap, kind=self.kind,
+                               estimator=self.estimator, beta=self.beta, temperature=self.temperature,
+                               top_k=self.top_k)
+
+    def _anchor(self, hidden: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, head: Callable) -> torch.Tensor:
+        where = targets != IGNORE
+        return weighted_ce_rows(head, hidden[where], targets[where], weights[where], self.chunk_tokens, self.softcap)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, distill_targets: torch.Tensor,
+                teacher_hidden: torch.Tensor, anchor_targets: torch.Tensor, anchor_weights: torch.Tensor,
+                reference_targets: torch.Tensor, reference_weights: torch.Tensor,
+                reference_hidden: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        body, head = decoder_and_head(self.model)
+        hidden = body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        ones = torch.ones_like(distill_targets, dtype=torch.float32)
+        terms = {"distill": self._term(hidden, distill_targets, ones, teacher_hidden, head, self.teacher_head),
+                 "anchor": self._anchor(hidden, anchor_targets, anchor_weights, head)}
+        if reference_hidden is not None and self.reference_head is not None:
+            terms["reference"] = self._term(hidden, reference_targets, reference_weights, reference_hidden[:, None],
+                                            head, self.reference_head)
+        else:
+            terms["reference"] = hidden.new_zeros((), dtype=torch.float32) + 0.0 * hidden.sum()
+        return terms
