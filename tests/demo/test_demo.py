@@ -11,7 +11,7 @@ from fic.cli.main import main
 from fic.demo.run import STAGES, load_demo, split_overlap
 from fic.core.stats import paired_bootstrap, sign_test
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "recipes" / "smollm2-135m-instruct"
 
 

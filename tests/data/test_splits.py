@@ -18,7 +18,7 @@ from fic.corpus.build import SFTDataConfig, build_corpus, load_instances
 from fic.data.sources import load_source
 from fic.data.splits import ExcludeConfig, exclude_instances, normalise
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RECIPES = REPO / "recipes" / "smollm2-135m-instruct"
 
 

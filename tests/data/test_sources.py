@@ -9,7 +9,7 @@ from fic.core.errors import FicError
 from fic.core.instance import Instance
 from fic.data.sources import load_source
 
-LIC_SAMPLE = Path(__file__).resolve().parents[2] / "shared/data/lost_in_conversation/sample_5_per_task.json"
+LIC_SAMPLE = Path(__file__).resolve().parents[3] / "shared/data/lost_in_conversation/sample_5_per_task.json"
 needs_lic = pytest.mark.skipif(not LIC_SAMPLE.exists(), reason="../shared (LiC sample data) is not present")
 
 GOOD = {"task_id": "t1", "task": "math", "question": "Ann has 3 apples. She buys 4 more. How many now?",

@@ -31,7 +31,7 @@ from fic.training.vasd.step import ema_update, step_batches, teacher_parts
 from fic.conversation.users import VerbatimUser
 from fic.data.views import system_message
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "smollm2-135m-instruct" / "vasd.yaml"
 
 # Always opens with its own system block (as Llama 3.1 writes its knowledge-cutoff header),

@@ -14,7 +14,7 @@ import yaml
 
 from fic.cli.main import main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RECIPE = "recipes/llama-3.1-8b-instruct/sft.yaml"      # 4 x 2 per GPU: 64 conversations on 8 GPUs
 SCRIPT = "fic/train_sft.py"
 LAUNCH_CONFIGS = sorted(str(p.relative_to(REPO)) for p in (REPO / "launch").glob("*.yaml"))

@@ -9,7 +9,7 @@ import pytest
 
 from fic.cli.main import main
 
-LIC_SAMPLE = Path(__file__).resolve().parents[2] / "shared/data/lost_in_conversation/sample_5_per_task.json"
+LIC_SAMPLE = Path(__file__).resolve().parents[3] / "shared/data/lost_in_conversation/sample_5_per_task.json"
 
 
 def run_cli(*args):

@@ -16,7 +16,7 @@ from fic.evaluation.evaluate import EvalConfig, evaluate
 from fic.core.files import read_records
 from fic.tasks import Task
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 LIC_SAMPLE = REPO.parent / "shared" / "data" / "lost_in_conversation" / "sample_5_per_task.json"
 
 INSTANCES = [

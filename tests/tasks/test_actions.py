@@ -28,7 +28,7 @@ from fic.tasks.calls import find_calls, format_calls, parse_calls
 from fic.conversation.users import VerbatimUser
 from fic.data.views import VIEWS, render_view, system_message, user_turns
 
-LIC_SAMPLE = Path(__file__).resolve().parents[2] / "shared/data/lost_in_conversation/sample_5_per_task.json"
+LIC_SAMPLE = Path(__file__).resolve().parents[3] / "shared/data/lost_in_conversation/sample_5_per_task.json"
 needs_lic = pytest.mark.skipif(not LIC_SAMPLE.exists(), reason="../shared (LiC sample data) is not present")
 ACTIONS = tasks.get("actions")
 

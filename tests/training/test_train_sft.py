@@ -21,7 +21,7 @@ from fic.training.data import IGNORE, collate, render_examples, shift_targets
 from fic.training.loop import KILL_ENV
 from fic.training.losses import TargetLoss, target_counts, window_backward
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "smollm2-135m-instruct" / "sft.yaml"
 LAUNCH = sorted((ROOT / "launch").glob("*.yaml"))
 

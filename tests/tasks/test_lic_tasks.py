@@ -14,7 +14,7 @@ from fic.core.instance import Instance
 from fic.data.sources import load_source, shard_rule
 from fic.data.views import VIEWS, render_view, user_turns
 
-LIC = Path(__file__).resolve().parents[2] / "shared/data/lost_in_conversation"
+LIC = Path(__file__).resolve().parents[3] / "shared/data/lost_in_conversation"
 SAMPLE, TRANSLATION = LIC / "sample_5_per_task.json", LIC / "sharded_translation.json"
 needs_lic = pytest.mark.skipif(not SAMPLE.exists(), reason="../shared (LiC sample data) is not present")
 needs_actions = pytest.mark.skipif("actions" not in tasks.names(), reason="the actions task is not in this tree yet")
@@ -366,7 +366,7 @@ def test_transfer_recipe_and_a_mixed_file_report_per_task_metrics(tmp_path, monk
         first = next(m["content"] for m in messages if m["role"] == "user")
         return answers[first]
 
-    recipe = Path(__file__).resolve().parents[1] / "recipes/smollm2-135m-instruct/eval-transfer.yaml"
+    recipe = Path(__file__).resolve().parents[2] / "recipes/smollm2-135m-instruct/eval-transfer.yaml"
     cfg = load_config(EvalConfig, recipe, [f"data.source=lic:{mixed}", "data.task=[math, database, actions, code]",
                                            "views=[full, sharded]", "data.limit=2", f"out={tmp_path / 'run'}"])
     assert load_config(EvalConfig, recipe, []).data.task == ["database", "actions", "code"]

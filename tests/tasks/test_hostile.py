@@ -21,7 +21,7 @@ from fic import tasks
 from fic.tasks import sandbox
 from fic.tasks.sandbox import Limits, SQLLimits, run_python, run_sql
 
-LIC_SAMPLE = Path(__file__).resolve().parents[2] / "shared/data/lost_in_conversation/sample_5_per_task.json"
+LIC_SAMPLE = Path(__file__).resolve().parents[3] / "shared/data/lost_in_conversation/sample_5_per_task.json"
 needs_lic = pytest.mark.skipif(not LIC_SAMPLE.exists(), reason="../shared (LiC sample data) is not present")
 needs_actions = pytest.mark.skipif("actions" not in tasks.names(), reason="the actions task is not in this tree yet")
 ISOLATIONS = ["rlimits"] + (["bubblewrap"] if sandbox.bwrap_command() else [])
@@ -211,7 +211,7 @@ def test_python_cannot_kill_its_parent(isolation):
                  f", Limits(seconds=10), isolation={isolation!r})\n"
                  "print('evaluator alive:', r.reason)\n")
     done = subprocess.run([sys.executable, "-c", evaluator], capture_output=True, text=True, timeout=60,
-                          cwd=Path(__file__).resolve().parents[1])
+                          cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0, done.stderr
     assert "evaluator alive: refused: a signal to another process" in done.stdout
 

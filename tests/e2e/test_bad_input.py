@@ -15,12 +15,12 @@ Distinct malformed-input cases (issue 14 asks for at least 30). In this file, 50
   and in a nested mapping, plus the OS-error wording for six errnos (one case);
 - a backend that fails for good in the middle of an evaluation (1).
 
-Elsewhere: tests/test_sources.py MALFORMED (16 data-file cases), test_bad_source_specs (4) and
+Elsewhere: tests/data/test_sources.py MALFORMED (16 data-file cases), test_bad_source_specs (4) and
 the gsm8k/jsonl cases at its end (3: a default id colliding with an explicit one, a GSM8K row
-without `answer`, a broken Parquet file); tests/test_config.py
+without `answer`, a broken Parquet file); tests/core/test_config.py
 test_bad_values_name_file_key_and_expectation (12 YAML and key=value cases) and
-test_missing_file (1); tests/test_cli_data.py test_bad_input_exits_2_with_one_line (5 CLI
-arguments); tests/test_evaluate.py test_bad_config_values_are_clear_errors; tests/test_generation.py
+test_missing_file (1); tests/cli/test_cli_data.py test_bad_input_exits_2_with_one_line (5 CLI
+arguments); tests/evaluation/test_evaluate.py test_bad_config_values_are_clear_errors; tests/backends/test_generation.py
 (openai backend: a 4xx, retries given up, timeouts).
 """
 
@@ -40,7 +40,7 @@ from fic.cli.main import VERBS, main
 from fic.core.errors import FicError, one_line, os_error
 from fic.core.files import check_writable, read_records, write_jsonl
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 AS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 needs_permissions = pytest.mark.skipif(AS_ROOT, reason="root ignores file permissions")
 
@@ -125,7 +125,7 @@ def _commands() -> set[str]:
 
 def test_every_verb_is_walked():
     missing = sorted(_commands() - set(WALK))
-    assert not missing, (f"add {missing} to WALK in tests/test_bad_input.py: each verb must show that an "
+    assert not missing, (f"add {missing} to WALK in tests/e2e/test_bad_input.py: each verb must show that an "
                          "output it cannot write and an input it cannot read end in one line, exit 2")
     for command, row in WALK.items():
         assert row["out"] is not None or row.get("no_output"), command

@@ -24,7 +24,7 @@ from fic.corpus.build import (
 )
 from fic.data.views import user_turns
 
-LIC_SAMPLE = Path(__file__).resolve().parents[2] / "shared/data/lost_in_conversation/sample_5_per_task.json"
+LIC_SAMPLE = Path(__file__).resolve().parents[3] / "shared/data/lost_in_conversation/sample_5_per_task.json"
 MATH = tasks.get("math")
 
 # The test's own number reader, independent of fic.tasks.deferrals: digits and common number words.
@@ -302,7 +302,7 @@ def test_bad_inputs_are_clear_errors(tmp_path):
 
 
 def test_cli_writes_the_corpus_and_reports_bad_input(tmp_path, capsys):
-    recipe = Path(__file__).resolve().parents[1] / "recipes/smollm2-135m-instruct/sft-data.yaml"
+    recipe = Path(__file__).resolve().parents[2] / "recipes/smollm2-135m-instruct/sft-data.yaml"
     out = tmp_path / "cli.sft.jsonl"
     assert main(["sft-data", "--config", str(recipe), "limit=30", f"out={out}", "--show", "1"]) == 0
     printed = capsys.readouterr().out

@@ -13,7 +13,7 @@ from fic.cli import launch_check
 from fic.core.config import load_config
 from fic.core.errors import FicError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RECIPES = sorted((REPO / "recipes").rglob("*.yaml"))
 BUNDLED = "smollm2-135m-instruct"  # the CPU model the project ships; the others are the paper's backbones
 BACKBONES = sorted(p.name for p in (REPO / "recipes").iterdir() if p.is_dir() and p.name != BUNDLED)
