@@ -30,9 +30,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from accelerate.utils import set_seed
+
 from fic.core.config import config_to_dict, setting
 from fic.core.errors import FicError
+from fic.core.files import check_writable, file_sha256
+from fic.core.model import check_model_folder, load_template_checked_tokenizer
+from fic.training import checkpoints, loop
+from fic.training.checkpoints import model_card as card
 from fic.training.config import RunConfig
+from fic.training.data import DataOrder, collate, load_corpus
+from fic.training.losses import TargetLoss, check_target_path, target_counts, window_backward
 
 # Settings a resumed run must share with the checkpoint: anything else changes what the
 # saved optimizer state, RNG and data position mean.
@@ -72,9 +80,7 @@ def total_steps(cfg: SFTConfig, n_examples: int, world: int) -> int:
 
 def check_inputs(cfg: SFTConfig) -> None:
     """Missing files and an output folder that cannot be written fail here, in a second, before
-    torch and the model load."""
-    from fic.core.files import check_writable
-    from fic.core.model import check_model_folder
+    the model loads."""
 
     check_writable(cfg.out, folder=True, field="out")
     check_model_folder(cfg.model.path)
@@ -86,11 +92,6 @@ def train(cfg: SFTConfig) -> dict:
     """Run the recipe; return the final model folder (`model_dir`), the trained model as it is
     in memory (`model`, unwrapped; the PEFT model for LoRA), `steps` and `final_loss`."""
     check_inputs(cfg)
-    from fic.core.files import file_sha256
-    from fic.core.model import load_template_checked_tokenizer
-    from fic.training import checkpoints, loop
-    from fic.training.data import DataOrder, collate, load_corpus
-    from fic.training.losses import TargetLoss, check_target_path, target_counts, window_backward
 
     accelerator = loop.make_accelerator(cfg)
     main, world, say = accelerator.is_main_process, accelerator.num_processes, accelerator.print
@@ -99,8 +100,8 @@ def train(cfg: SFTConfig) -> dict:
     examples, corpus = load_corpus(cfg.data.path, tokenizer, cfg.data.max_seq_len, progress=main and cfg.logging.progress)
     corpus["sha256"] = file_sha256(cfg.data.path)
     if saved is not None:
-        changed = checkpoints.check_compatible(saved, cfg, MUST_MATCH, corpus["sha256"], cfg.data.path, world,
-                                               resume_from)
+        changed = checkpoints.check_compatible(saved, cfg, MUST_MATCH, corpus["sha256"],
+                                               data_name=cfg.data.path, world=world, where=resume_from)
         if changed:
             say(f"resuming with changed settings: {', '.join(changed)}")
     steps = total_steps(cfg, len(examples), world)
@@ -110,8 +111,6 @@ def train(cfg: SFTConfig) -> dict:
         "conversations")
     order = DataOrder(len(examples), cfg.train.micro_batch_size, world, accelerator.process_index,
                       cfg.data.seed, cfg.data.shuffle)
-
-    from accelerate.utils import set_seed
 
     set_seed(cfg.train.seed)
     model = loop.build_model(cfg, device=str(accelerator.device))
@@ -154,7 +153,6 @@ def train(cfg: SFTConfig) -> dict:
 
 
 def model_card(cfg: SFTConfig, corpus: dict, result: dict, kind: str) -> str:
-    from fic.training.checkpoints import model_card as card
 
     return card(cfg, title="FiC SFT warm start", tags=["fic", "sft", "multi-turn"], kind=kind,
                 summary="Fine-tuned with `fic train sft`: causal-LM loss on the assistant tokens of multi-turn "
@@ -168,9 +166,7 @@ def model_card(cfg: SFTConfig, corpus: dict, result: dict, kind: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from fic.training.loop import recipe_main
-
-    return recipe_main(SFTConfig, train, "sft", __doc__, argv)
+    return loop.recipe_main(SFTConfig, train, "sft", __doc__, argv)
 
 
 if __name__ == "__main__":

@@ -159,7 +159,7 @@ fi
 # The corpus excludes eval.yaml's generated problems only: eval-lic-protocol.yaml reads the LiC sample
 # beside a development checkout, which a GPU machine may not have.
 if attempt setup -- "$PYTHON" -m fic prepare-model &&
-   attempt setup -- "$PYTHON" -m fic sft-data --config "$RECIPES/sft-data.yaml" limit=32 \
+   attempt setup -- "$PYTHON" -m fic sft-data --config "$RECIPES/sft-data.yaml" data.limit=32 \
        "exclude.sources=[$RECIPES/eval.yaml]" out="$CORPUS"; then
   [[ $DRY == 1 ]] || report setup PASS "models/smollm2-135m-instruct, $CORPUS"
 else
@@ -175,7 +175,7 @@ SFT_SMALL=(data.path="$CORPUS" train.max_steps="$STEPS" train.micro_batch_size=4
            optim.warmup_steps=0 checkpoint.every=0 logging.wandb=false)
 # The recipe's rollout sizes (256 new tokens, 8 rollouts a step): enough for some final replies to end
 # with their end-of-turn token, which the log-prob check needs.
-VASD_SMALL=(model.path="$OUT/sft/final" data.anchor_path="$CORPUS" data.limit=32 train.max_steps="$STEPS"
+VASD_SMALL=(model.path="$OUT/sft/final" regularizer.anchor_path="$CORPUS" data.limit=32 train.max_steps="$STEPS"
             optim.warmup_steps=0 checkpoint.every=0 logging.wandb=false logging.samples_every=0
             rollout.backend="$BACKEND")
 BF16=(model.dtype=float32 train.mixed_precision=bf16)

@@ -21,7 +21,7 @@ EVAL_DATA=data/gsm_symbolic.eval.sharded.jsonl
 fic shard --source reasoning-gym:gsm_symbolic --limit "$EVAL_LIMIT" --seed 1000000 --out "$EVAL_DATA"
 fic eval --config "$RECIPES/eval.yaml" data.source="jsonl:$EVAL_DATA" data.limit="$EVAL_LIMIT" \
     "views=[full,sharded]" out="$RUN/eval-base"
-fic sft-data --config "$RECIPES/sft-data.yaml" seed=0 limit=400 out=data/gsm_symbolic.sft.jsonl \
+fic sft-data --config "$RECIPES/sft-data.yaml" seed=0 data.limit=400 out=data/gsm_symbolic.sft.jsonl \
     "exclude.sources=[jsonl:$EVAL_DATA]" exclude.on_overlap=refuse
 fic train sft --config "$RECIPES/sft.yaml" data.path=data/gsm_symbolic.sft.jsonl train.max_steps="$SFT_STEPS" \
     train.grad_accum_steps=2 checkpoint.every=20 out="$RUN/sft"

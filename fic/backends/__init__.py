@@ -10,6 +10,8 @@ Engines are imported only when chosen: `import fic.backends` stays light.
 
 from __future__ import annotations
 
+from fic.backends.openai import openai_backend_from_config
+from fic.backends.vllm import load_vllm_backend
 from fic.core.errors import FicError
 from fic.core.generation import KINDS, Backend, BackendConfig
 
@@ -22,10 +24,8 @@ def make_backend(cfg: BackendConfig) -> Backend:
     if not cfg.model:
         raise FicError("backend model is not set", field="model")
     if cfg.kind == "hf":
-        from fic.backends.hf import load_hf_backend
+        from fic.backends.hf import load_hf_backend  # lazy: engines load torch only when chosen
         return load_hf_backend(cfg)
     if cfg.kind == "vllm":
-        from fic.backends.vllm import load_vllm_backend
         return load_vllm_backend(cfg)
-    from fic.backends.openai import openai_backend_from_config
     return openai_backend_from_config(cfg)

@@ -44,6 +44,7 @@ from fic.core.generation import (
     finish,
     stop_ids,
 )
+from fic.core.model import default_device, load_model, load_tokenizer
 
 # What one extra forward pass costs, in token reads: every weight is read once whatever the
 # batch, which on the reference CPU takes about as long as computing 30-60 tokens.
@@ -121,7 +122,7 @@ class HFBackend:
             self._prefill(prompts, device)  # then every row feeds only its last prompt token
         rows = self._assemble(prompts, params.max_new_tokens, device)
         new_ids, logprobs, row_kvs = _decode(self.model, rows.cache, rows.input_ids, rows.attention_mask,
-                                             params, self.stop_ids, self.pad_id,
+                                             params, stops=self.stop_ids, pad_id=self.pad_id,
                                              keep_rows=self.kv_store is not None)
         results = [finish(self.tokenizer, ids, lps, self.stop_ids)
                    for ids, lps in zip(new_ids.cpu().tolist(), logprobs.cpu().tolist())]
@@ -239,7 +240,7 @@ def prefill_groups(lengths: list[int], pass_cost: int) -> list[list[int]]:
 
 
 def _decode(model: Any, cache: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-            params: SamplingParams, stops: frozenset[int], pad_id: int,
+            params: SamplingParams, *, stops: frozenset[int], pad_id: int,
             keep_rows: bool = False) -> tuple[torch.Tensor, torch.Tensor, list[KV] | None]:
     """Feed `input_ids` after what `cache` already holds (`attention_mask` covers both), then
     sample up to `params.max_new_tokens` tokens per row until every row has written a stop id.
@@ -410,7 +411,6 @@ def load_hf_backend(cfg: BackendConfig) -> HFBackend:
     The backend owns this model (nothing trains it), so keys and values are reused between
     calls within `cfg.kv_reuse_mb`, and on a CPU its weights are laid out for decoding with
     `column_major_linears`."""
-    from fic.core.model import default_device, load_model, load_tokenizer
 
     device = default_device() if cfg.device == "auto" else cfg.device
     tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)

@@ -23,6 +23,8 @@ sample does not depend on what else is in the batch, and repeated prompts still 
 
 from __future__ import annotations
 
+import contextlib
+import os
 from typing import Any
 
 from fic.core.errors import FicError
@@ -88,7 +90,7 @@ class VLLMBackend:
 def load_vllm_backend(cfg: BackendConfig) -> VLLMBackend:
     """Start a vLLM engine for `cfg.model` (the tokenizer is loaded the same way as for hf)."""
     vllm = import_vllm()
-    from fic.core.model import load_tokenizer, resolve_dtype
+    from fic.core.model import load_tokenizer, resolve_dtype  # lazy: the module is imported without vLLM too
 
     tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
     # Same dtype names as the hf backend (bf16, fp32, ...); "auto" stays vLLM's own choice.
@@ -114,7 +116,6 @@ def colocated_engine(policy: Any, tokenizer: Any, model_path: str, gpu_memory_ut
     (`distributed_executor_backend="external_launcher"`, vLLM's mode for engines started by
     torchrun/accelerate), sampling its own share of the rollouts.
     """
-    import os
 
     import torch
 
@@ -158,7 +159,6 @@ def sync_weights(backend: VLLMBackend, policy: Any, rollouts: list, tolerance: f
     """Load the policy's current weights into the engine, reset its prefix cache (cached keys
     and values belong to the old weights), and check on one rollout that the engine's log-probs
     now agree with the trainer's."""
-    import contextlib
 
     import torch
 

@@ -17,7 +17,14 @@ import argparse
 import copy
 import time
 
+from fic.backends import make_backend
+from fic.conversation.classify import RuleClassifier
+from fic.conversation.simulator import Conversation, play
+from fic.conversation.users import VerbatimUser
 from fic.core.errors import FicError
+from fic.core.generation import BackendConfig, SamplingParams
+from fic.data.sources import load_source, shard_rule
+from fic.tasks.sharding import ShardingError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,8 +46,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _instances(args: argparse.Namespace) -> list:
-    from fic.tasks.sharding import ShardingError
-    from fic.data.sources import load_source, shard_rule
 
     # Ask for more than needed: some generated problems cannot be sharded.
     found = []
@@ -58,11 +63,6 @@ def _instances(args: argparse.Namespace) -> list:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    from fic.backends import make_backend
-    from fic.conversation.classify import RuleClassifier
-    from fic.core.generation import BackendConfig, SamplingParams
-    from fic.conversation.simulator import Conversation, play
-    from fic.conversation.users import VerbatimUser
 
     for name in ("conversations", "turns", "max_new_tokens"):
         if getattr(args, name) < 1:

@@ -25,12 +25,17 @@ from typing import Any
 import torch
 
 from fic.core.errors import FicError
+from fic.core.model import BUNDLED_MODEL_DIR, load_model, load_tokenizer
+from fic.corpus.build import SFTDataConfig, load_instances, make_corpus
+from fic.training.config import OptimSection
+from fic.training.data import IGNORE, collate, render_examples
+from fic.training.loop import make_optimizer, optimizer_step
+from fic.training.losses import TargetLoss, target_counts, window_backward
 
 PRECISIONS = ("fp32", "bf16")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from fic.core.model import BUNDLED_MODEL_DIR
 
     parser.add_argument("--model", default=str(BUNDLED_MODEL_DIR),
                         help="model folder (default: the bundled SmolLM2-135M-Instruct)")
@@ -46,9 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def make_records(n: int, seed: int) -> list[dict]:
     """`n` SFT conversations (deferral, recovery, single-turn) from the corpus builder."""
-    from fic.corpus.build import SFTDataConfig, load_instances, make_corpus
 
-    cfg = SFTDataConfig(limit=2 * n + 8, seed=seed)  # some problems cannot be sharded
+    cfg = SFTDataConfig(seed=seed)
+    cfg.data.limit, cfg.data.seed = 2 * n + 8, seed  # some problems cannot be sharded
     instances, _ = load_instances(cfg)
     records, _ = make_corpus(instances, cfg, progress=False)
     if len(records) < n:
@@ -62,10 +67,6 @@ class _FicStepper:
     def __init__(self, model_dir: str, pad_id: int, precision: str):
         from accelerate import Accelerator
 
-        from fic.core.model import load_model
-        from fic.training.config import OptimSection
-        from fic.training.loop import make_optimizer
-        from fic.training.losses import TargetLoss
 
         self.accelerator = Accelerator(mixed_precision="bf16" if precision == "bf16" else "no")
         loss_model = TargetLoss(load_model(model_dir, dtype="float32").train())
@@ -75,9 +76,6 @@ class _FicStepper:
         self.pad_id = pad_id
 
     def step(self, examples: list) -> float:
-        from fic.training.data import collate
-        from fic.training.loop import optimizer_step
-        from fic.training.losses import target_counts, window_backward
 
         began = time.perf_counter()
         loss_model, optimizer, scheduler = self.parts
@@ -96,8 +94,6 @@ def interleaved_times(model_dir: str, batches: list[list], tokenizer: Any, preci
     from transformers import TrainerCallback
     from trl import SFTConfig, SFTTrainer
 
-    from fic.core.model import load_model
-    from fic.training.data import IGNORE
 
     fic = _FicStepper(model_dir, tokenizer.pad_token_id, precision)
     if not with_trl:
@@ -152,9 +148,6 @@ def _saved_bytes(fn, model: torch.nn.Module) -> int:
 
 def memory_figures(model_dir: str, tokens: int, chunk: int = 1024) -> dict:
     """Saved-for-backward MB of one `tokens`-long conversation (second half targets), FiC vs full logits."""
-    from fic.core.model import load_model
-    from fic.training.data import IGNORE
-    from fic.training.losses import TargetLoss
 
     model = load_model(model_dir, dtype="float32").train()
     vocab = model.get_output_embeddings().weight.shape[0]
@@ -178,8 +171,6 @@ def memory_figures(model_dir: str, tokens: int, chunk: int = 1024) -> dict:
 def measure(args: argparse.Namespace) -> dict:
     from accelerate.state import AcceleratorState
 
-    from fic.core.model import load_tokenizer
-    from fic.training.data import render_examples
 
     if args.steps < 1 or args.micro_batch_size < 1 or args.warmup < 0:
         raise FicError("--steps and --micro-batch-size must be at least 1, --warmup at least 0")

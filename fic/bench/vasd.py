@@ -36,11 +36,25 @@ from typing import Any
 
 import torch
 
+from fic.backends.hf import HFBackend
+from fic.bench.sft import make_records
+from fic.conversation.classify import make_classifier
+from fic.conversation.simulator import make_conversations, play
+from fic.conversation.users import make_user
+from fic.core.config import load_config
 from fic.core.errors import FicError
+from fic.core.generation import SamplingParams
+from fic.core.model import BUNDLED_MODEL_DIR, load_tokenizer
+from fic.training.data import IGNORE, render_examples
+from fic.training.loop import build_model, make_optimizer, optimizer_step
+from fic.training.losses import divergence, divergence_rows, window_backward
+from fic.training.vasd.config import VASDConfig
+from fic.training.vasd.distill import DistillLoss, rollout_from, teacher_prompts
+from fic.training.vasd.inputs import load_rollout_tasks
+from fic.training.vasd.step import step_batches, teacher_parts
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from fic.core.model import BUNDLED_MODEL_DIR
 
     parser.add_argument("--model", default=str(BUNDLED_MODEL_DIR), help="model folder (default: the bundled SmolLM2)")
     parser.add_argument("--rollouts", type=int, default=8, help="rollout conversations in the step")
@@ -56,12 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _recipe_chunk() -> int:
-    from pathlib import Path
 
-    from fic.core.config import load_config
-    from fic.train_vasd import VASDConfig
 
-    recipe = Path(__file__).resolve().parents[1] / "recipes" / "smollm2-135m-instruct" / "vasd.yaml"
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "smollm2-135m-instruct" / "vasd.yaml"
     return load_config(VASDConfig, recipe).train.loss_chunk_tokens if recipe.is_file() else 256
 
 
@@ -83,20 +94,6 @@ def step_figures(args: argparse.Namespace, chunk: int) -> dict:
     """Seconds per phase of one VASD step and the overhead over bare passes."""
     from accelerate import Accelerator
 
-    from fic.backends.hf import HFBackend
-    from fic.bench.sft import make_records
-    from fic.conversation.classify import make_classifier
-    from fic.core.config import load_config
-    from fic.core.generation import SamplingParams
-    from fic.core.model import load_tokenizer
-    from fic.conversation.simulator import make_conversations, play
-    from fic.train_vasd import VASDConfig, load_instances
-    from fic.training.data import render_examples
-    from fic.training.vasd.distill import DistillLoss
-    from fic.training.loop import build_model, make_optimizer, optimizer_step
-    from fic.training.losses import window_backward
-    from fic.training.vasd.step import step_batches, teacher_parts
-    from fic.conversation.users import make_user
 
     G = max(1, args.rollouts // args.micro_batch_size)
     cfg = load_config(VASDConfig, None, [
@@ -105,7 +102,7 @@ def step_figures(args: argparse.Namespace, chunk: int) -> dict:
         f"train.micro_batch_size={args.micro_batch_size}", f"train.grad_accum_steps={G}",
         f"train.loss_chunk_tokens={chunk}", f"rollout.max_new_tokens={args.max_new_tokens}"])
     tokenizer = load_tokenizer(args.model)
-    instances, _, _ = load_instances(cfg)
+    instances, _, _ = load_rollout_tasks(cfg)
     n_anchor = round(0.5 * args.rollouts)  # the recipe's regularizer.anchor_share
     anchors, _ = render_examples(make_records(4 * n_anchor + 8, args.seed), tokenizer, max_seq_len=4096,
                                  progress=False, targets="non_final")
@@ -114,7 +111,7 @@ def step_figures(args: argparse.Namespace, chunk: int) -> dict:
     accelerator = Accelerator(gradient_accumulation_steps=G)
     model = build_model(cfg, device=str(accelerator.device))
     parts = teacher_parts(cfg, model)
-    loss = DistillLoss(model, parts["head"], None, divergence=cfg.loss.divergence, estimator=cfg.loss.estimator,
+    loss = DistillLoss(model, parts.head, None, divergence=cfg.loss.divergence, estimator=cfg.loss.estimator,
                        beta=cfg.loss.beta, temperature=cfg.loss.temperature, top_k=cfg.loss.top_k, chunk_tokens=chunk)
     loss_model, optimizer = accelerator.prepare(loss, make_optimizer(loss, cfg.optim))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
@@ -134,7 +131,7 @@ def step_figures(args: argparse.Namespace, chunk: int) -> dict:
     for _ in range(args.repeats):
         began = time.perf_counter()
         model.eval()
-        batches, _ = step_batches(cfg, convs, anchors, tokenizer, parts, accelerator.device, no_autocast)
+        batches, _ = step_batches(cfg, convs, anchors, tokenizer, parts, device=accelerator.device, autocast=no_autocast)
         model.train()
         teacher.append(time.perf_counter() - began)
         began = time.perf_counter()
@@ -145,7 +142,7 @@ def step_figures(args: argparse.Namespace, chunk: int) -> dict:
         model.zero_grad(set_to_none=True)
         bare.append(_bare_passes(model, convs, anchors, batches, tokenizer, parts))
         model.zero_grad(set_to_none=True)
-    batches, _ = step_batches(cfg, convs, anchors, tokenizer, parts, accelerator.device, no_autocast)
+    batches, _ = step_batches(cfg, convs, anchors, tokenizer, parts, device=accelerator.device, autocast=no_autocast)
     window_backward(accelerator, loss_model, batches, [b.pop("counts") for b in batches], {"distill": 1.0})
     began = time.perf_counter()
     optimizer_step(accelerator, loss_model, optimizer, scheduler, 1.0)
@@ -158,12 +155,10 @@ def step_figures(args: argparse.Namespace, chunk: int) -> dict:
             "student_tokens": int(sum(c["tokens"] for c in counts))}
 
 
-def _bare_passes(model: Any, convs: list, anchors: list, batches: list[dict], tokenizer: Any, parts: dict) -> float:
+def _bare_passes(model: Any, convs: list, anchors: list, batches: list[dict], tokenizer: Any, parts: Any) -> float:
     """Seconds of the plain passes the VASD step is measured against: the model's full-logits
     forward and backward on the student batches (cross-entropy at the same loss positions), and
     its full-logits forward on the teacher's single-turn ids."""
-    from fic.training.data import IGNORE
-    from fic.training.vasd.distill import rollout_from, teacher_prompts
 
     began = time.perf_counter()
     for batch in batches:
@@ -194,9 +189,8 @@ def _memory_inputs(tokens: int, vocab: int, hidden: int) -> tuple:
     return head, student, teacher, sampled, torch.ones(tokens)
 
 
-def _divergence(way: str, head: Any, student: Any, teacher: Any, sampled: Any, weights: Any, chunk: int) -> Any:
+def _divergence(way: str, head: Any, student: Any, teacher: Any, *, sampled: Any, weights: Any, chunk: int) -> Any:
     """The divergence per answer token, as training normalises it."""
-    from fic.training.losses import divergence, divergence_rows
 
     if way == "chunked":
         total = divergence_rows(head, student, head, teacher, sampled, weights, chunk_tokens=chunk, softcap=None,
@@ -214,7 +208,8 @@ def memory_child(way: str, tokens: int, vocab: int, hidden: int, chunk: int) -> 
     large block by mmap and returns it when freed: the process's peak is then this computation's."""
     inputs = _memory_inputs(tokens, vocab, hidden)
     before = _peak_rss_kb()
-    _divergence(way, *inputs, chunk).backward()
+    head, student, teacher, sampled, weights = inputs
+    _divergence(way, head, student, teacher, sampled=sampled, weights=weights, chunk=chunk).backward()
     return {"peak_mb": (_peak_rss_kb() - before) / 1024}
 
 
@@ -247,7 +242,7 @@ def memory_figures(tokens: int, vocab: int, hidden: int, chunk: int) -> dict:
     values, grads = {}, {}
     for way in ("chunked", "naive"):
         head, student, teacher, sampled, weights = _memory_inputs(tokens, vocab, hidden)
-        loss = _divergence(way, head, student, teacher, sampled, weights, chunk)
+        loss = _divergence(way, head, student, teacher, sampled=sampled, weights=weights, chunk=chunk)
         loss.backward()
         values[way], grads[way] = loss.detach(), (student.grad, head.weight.grad)
     diff = max(float((values["chunked"] - values["naive"]).abs()),

@@ -6,7 +6,17 @@ import argparse
 from collections import Counter
 from pathlib import Path
 
+from fic.backends import make_backend
+from fic.core.chat import format_masks, render_chat
+from fic.core.config import load_config
 from fic.core.errors import FicError
+from fic.core.files import check_writable, read_records, write_jsonl
+from fic.core.generation import BackendConfig
+from fic.core.instance import Instance
+from fic.data.llm_sharder import shard_with_llm
+from fic.data.sources import load_source, read_instance, shard_missing
+from fic.data.views import VIEWS, format_view, render_view
+from fic.evaluation.shard_validation import validate_shards
 
 
 def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
@@ -60,8 +70,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def prepare_model(args: argparse.Namespace) -> int:
-    from fic.core.files import check_writable
-    from fic.core.model import BUNDLED_MODEL_DIR
+    from fic.core.model import BUNDLED_MODEL_DIR  # lazy: loads torch; shard and views need none
     from fic.core.model import prepare_model as prepare
 
     out = Path(args.out) if args.out else BUNDLED_MODEL_DIR
@@ -72,8 +81,6 @@ def prepare_model(args: argparse.Namespace) -> int:
 
 
 def shard(args: argparse.Namespace) -> int:
-    from fic.core.files import check_writable, write_jsonl
-    from fic.data.sources import load_source, shard_missing
 
     _check_shard_args(args)
     check_writable(args.out, field="--out")  # before a generator runs or a model loads
@@ -87,7 +94,6 @@ def shard(args: argparse.Namespace) -> int:
     to_shard = [i for i in instances if args.reshard or not i.is_sharded]
     kept = [i for i in instances if not (args.reshard or not i.is_sharded)]
     if args.sharder == "llm" and to_shard:
-        from fic.data.llm_sharder import shard_with_llm
 
         done, dropped = shard_with_llm(to_shard, _backend_from_yaml(args.sharder_config, "--sharder-config"),
                                        retries=args.retries, seed=args.seed)
@@ -95,7 +101,6 @@ def shard(args: argparse.Namespace) -> int:
         for instance, reason in dropped:
             reject(instance, reason, "shard")
     else:
-        from fic.core.instance import Instance
 
         # --reshard: drop the old shards so the rule sharder writes new ones.
         fresh = [Instance(i.task_id, i.task, [], dict(i.fields)) for i in to_shard]
@@ -107,7 +112,6 @@ def shard(args: argparse.Namespace) -> int:
     order = {instance.task_id: n for n, instance in enumerate(instances)}
     kept.sort(key=lambda instance: order[instance.task_id])
     if kept and args.validate:
-        from fic.data.llm_sharder import validate_shards
 
         verdicts = validate_shards(kept, _backend_from_yaml(args.validate, "--validate"), runs=args.validate_runs,
                                    temperature=args.validate_temperature, threshold=args.validate_threshold,
@@ -156,9 +160,6 @@ def _check_shard_args(args: argparse.Namespace) -> None:
 
 def _backend_from_yaml(path: str, option: str):
     """A backend from a YAML of BackendConfig keys; a file missing or wrong is a FicError naming it."""
-    from fic.backends import make_backend
-    from fic.core.config import load_config
-    from fic.core.generation import BackendConfig
 
     if not Path(path).is_file():
         raise FicError("backend config not found", path=path, field=option)
@@ -167,16 +168,12 @@ def _backend_from_yaml(path: str, option: str):
 
 def load_sharded(path: str) -> list:
     """Sharded instances of any task from a JSONL or LiC JSON file."""
-    from fic.core.files import read_records
-    from fic.data.sources import read_instance
 
     return [read_instance(record, path=path, record_no=number)
             for number, record in enumerate(read_records(path), start=1)]
 
 
 def views(args: argparse.Namespace) -> int:
-    from fic.core.files import check_writable, write_jsonl
-    from fic.data.views import VIEWS, format_view, render_view
 
     if args.view not in VIEWS:
         raise FicError(f"expected one of {', '.join(VIEWS)}, got {args.view!r}", field="--view")
@@ -194,9 +191,7 @@ def views(args: argparse.Namespace) -> int:
 
 
 def masks(args: argparse.Namespace) -> int:
-    from fic.core.chat import format_masks, render_chat
-    from fic.core.files import read_records
-    from fic.core.model import load_tokenizer
+    from fic.core.model import load_tokenizer  # lazy: loads torch and transformers
 
     tokenizer = load_tokenizer(args.model, trust_remote_code=args.trust_remote_code)
     records = read_records(args.data)

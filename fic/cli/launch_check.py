@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -224,7 +225,6 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import sys
 
     launch, accum = check(args.config_file, args.recipe, script=args.script, num_processes=args.num_processes,
                           num_machines=args.num_machines, gpus_per_node=args.gpus_per_node,

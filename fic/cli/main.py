@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
+
+from fic import __version__
+from fic.core.errors import FicError, one_line, os_error
 
 # verb -> (module, one-line help)
 VERBS: dict[str, tuple[str, str]] = {
@@ -30,7 +34,6 @@ VERBS: dict[str, tuple[str, str]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from fic import __version__
 
     parser = argparse.ArgumentParser(prog="fic", description="FiC: teach LLMs not to get lost in multi-turn "
                                      "conversation. Run `fic VERB --help` for a verb's options.")
@@ -44,9 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import logging
 
-    from fic.core.errors import FicError, one_line, os_error
 
     # fic's own progress lines (model preparation, training, evaluation) go through logging.
     logging.basicConfig(level=logging.INFO, format="%(message)s")

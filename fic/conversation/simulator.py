@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from fic import tasks
+from fic.core.chat import continue_ids, prompt_ids
 from fic.core.errors import FicError
 from fic.core.generation import Backend, Generation, SamplingParams
 from fic.core.instance import Instance
@@ -233,7 +234,6 @@ def _grow_ids(backend: Backend, conv: Conversation, message: dict) -> None:
     tokenizer = getattr(backend, "tokenizer", None)
     if tokenizer is None:
         return
-    from fic.core.chat import continue_ids, prompt_ids
 
     if not conv.ids:
         conv.ids = prompt_ids(tokenizer, conv.messages + [message])

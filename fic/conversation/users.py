@@ -23,14 +23,29 @@ the turn's `user_note` in the log says why.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Sequence
 
-from fic.core.generation import Backend, SamplingParams
-from fic.core.parsing import find_json
 from fic.conversation.simulator import NOTHING, UserTurn
+from fic.core.config import setting
+from fic.core.generation import Backend, BackendConfig, SamplingParams
+from fic.core.parsing import find_json
 from fic.data.views import shard_turn
 
 USER_KINDS = ("verbatim", "llm")
+
+
+@dataclass
+class UserSimulatorSection:
+    kind: str = setting("verbatim", "verbatim: reveal shards in order, word for word (no model); llm: a model "
+                        "plays the user under the LiC rules.", choices=USER_KINDS)
+    backend: BackendConfig = setting(BackendConfig(), "The user model (kind llm only).")
+    temperature: float = setting(1.0, "Sampling temperature of the user model.", min=0.0)
+    max_new_tokens: int = setting(256, "Most tokens of one user-model reply.", min=1)
+    max_idle_turns: int = setting(3, "User turns per conversation that may reveal nothing (LiC's \"I don't "
+                                  "know\" to a question no shard answers); after that many the next shard is "
+                                  "revealed verbatim, so a conversation has at most shards + this many user "
+                                  "turns (kind llm; the verbatim user always reveals one).", min=0)
 
 USER_RULES = """\
 You are role-playing a person who asks an AI assistant for help with a task. You know the whole \

@@ -67,10 +67,21 @@ def _accepts_str(tp: Any) -> bool:
     return tp is str
 
 
+def _accepts_list(tp: Any) -> bool:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return any(_accepts_list(arg) for arg in typing.get_args(tp))
+    return typing.get_origin(tp) in (list, tuple)
+
+
 def _convert(value: Any, tp: Any, key: str, source: str) -> Any:
     """Check `value` against the annotation `tp`; return the converted value or raise FicError."""
     if isinstance(value, _CliValue):
-        value = value.raw if _accepts_str(tp) and value.parsed is not None else value.parsed
+        # `key=[a, b]` is a list wherever a list is allowed (`data.task=[math, code]`); other text
+        # stays raw for string fields (`name=007` is "007", not 7).
+        if isinstance(value.parsed, list) and _accepts_list(tp):
+            value = value.parsed
+        else:
+            value = value.raw if _accepts_str(tp) and value.parsed is not None else value.parsed
     def bad() -> FicError:
         return FicError(f"expected {_type_name(tp)}, got {value!r}", path=source, field=key)
 
@@ -94,9 +105,11 @@ def _convert(value: Any, tp: Any, key: str, source: str) -> Any:
             raise bad()
         return _build(tp, value, source, prefix=key + ".")
     if origin in (list, tuple):
+        (item_type,) = typing.get_args(tp)[:1] or (Any,)
+        if isinstance(value, str) and item_type is str:
+            value = [value]  # one item needs no brackets: `data.source=jsonl:x`, `source: gsm8k`
         if not isinstance(value, (list, tuple)):
             raise bad()
-        (item_type,) = typing.get_args(tp)[:1] or (Any,)
         return [_convert(item, item_type, f"{key}[{i}]", source) for i, item in enumerate(value)]
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
@@ -140,6 +153,28 @@ def _check_range(value: Any, meta: dict, key: str, source: str) -> None:
             raise FicError(f"expected a value <= {high}, got {value!r}", path=source, field=key)
 
 
+def _declared(section: Any) -> dict:
+    """The keys whose value in `section` differs from its class's own defaults, nested."""
+    plain = type(section)()
+    found = {}
+    for f in dataclasses.fields(section):
+        mine, theirs = getattr(section, f.name), getattr(plain, f.name)
+        if dataclasses.is_dataclass(mine):
+            nested = _declared(mine)
+            if nested:
+                found[f.name] = nested
+        elif mine != theirs:
+            found[f.name] = mine
+    return found
+
+
+def _merge(base: dict, given: dict) -> dict:
+    merged = dict(base)
+    for key, value in given.items():
+        merged[key] = _merge(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+    return merged
+
+
 def _build(cls: type, data: dict, source: str, prefix: str = "") -> Any:
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
@@ -150,6 +185,11 @@ def _build(cls: type, data: dict, source: str, prefix: str = "") -> Any:
     kwargs = {}
     for name, value in data.items():
         key = prefix + name
+        f = fields[name]
+        if isinstance(value, dict) and dataclasses.is_dataclass(hints[name]) and f.default_factory is not _MISSING:
+            # A section's unnamed keys keep the default its parent declares (VASD's `data` source),
+            # not the section class's own: `data.limit=5` must not reset `data.source`.
+            value = _merge(_declared(f.default_factory()), value)
         converted = _convert(value, hints[name], key, source)
         _check_range(converted, dict(fields[name].metadata), key, source)
         kwargs[name] = converted
@@ -240,6 +280,12 @@ def read_yaml(path: str | Path) -> dict:
         raise FicError(f"expected a mapping of settings at the top level, got {type(data).__name__}",
                        path=str(path))
     return data
+
+
+def from_mapping(cls: type, data: dict, source: str, prefix: str = "") -> Any:
+    """Build `cls` from a mapping already read (a section of another config file), checked as
+    `load_config` checks; errors name `prefix` + the key."""
+    return _build(cls, data, source, prefix)
 
 
 def load_config(cls: type, path: str | Path | None = None, overrides: Sequence[str] = ()) -> Any:

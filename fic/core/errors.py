@@ -6,6 +6,8 @@ it on one line and exits with status 2. Everything else is a bug and keeps its t
 
 from __future__ import annotations
 
+import errno
+
 
 class FicError(Exception):
     """Bad input the user can fix. `str()` reads `path: record N: field 'x': what was expected`."""
@@ -50,7 +52,6 @@ def os_error(err: OSError) -> FicError:
     The CLI turns every `OSError` into this; the training recipes, which `accelerate launch`
     runs outside the CLI, catch `OSError` and print it the same way.
     """
-    import errno
 
     name = errno.errorcode.get(err.errno or -1, "")
     reason = _OS_REASONS.get(name) or err.strerror or str(err) or type(err).__name__

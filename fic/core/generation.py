@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
+from fic.core.chat import end_of_turn_ids, prompt_ids
 from fic.core.config import setting
 from fic.core.errors import FicError
 
@@ -158,7 +159,6 @@ def finish(tokenizer: Any, token_ids: Sequence[int], logprobs: Sequence[float],
 
 def stop_ids(tokenizer: Any, generation_config: Any = None) -> frozenset[int]:
     """The ids a local engine stops at; a tokenizer without any cannot tell where a reply ends."""
-    from fic.core.chat import end_of_turn_ids
 
     ids = frozenset(int(t) for t in end_of_turn_ids(tokenizer, generation_config))
     if not ids:
@@ -168,6 +168,5 @@ def stop_ids(tokenizer: Any, generation_config: Any = None) -> frozenset[int]:
 
 def chat_by_generate(backend: Backend, conversations: list[list[dict]], params: SamplingParams) -> list[Generation]:
     """`chat` for token-in backends: render each conversation with the chat template, then generate."""
-    from fic.core.chat import prompt_ids
 
     return backend.generate([prompt_ids(backend.tokenizer, conv) for conv in conversations], params)

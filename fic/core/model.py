@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from fic import __version__
+from fic.core.chat import check_template
 from fic.core.errors import FicError, one_line
 from fic.core.files import file_sha256, publish_folder
 
@@ -141,7 +142,6 @@ def load_tokenizer(path: str | os.PathLike, trust_remote_code: bool = False) -> 
 def load_template_checked_tokenizer(path: str | os.PathLike, trust_remote_code: bool = False) -> Any:
     """`load_tokenizer`, refusing a chat template that breaks the rules FiC's token positions rely
     on (`fic.core.chat.check_template`): training on it would put the loss on the wrong tokens."""
-    from fic.core.chat import check_template
 
     tokenizer = load_tokenizer(path, trust_remote_code=trust_remote_code)
     problems = check_template(tokenizer)

@@ -35,16 +35,19 @@ from typing import Any
 from tqdm import tqdm
 
 from fic import tasks
+from fic.backends import make_backend
 from fic.core.config import config_to_dict, describe, load_config, setting
-from fic.tasks.deferrals import MENTION, RECOVERY_ACKS
 from fic.core.errors import FicError
+from fic.core.files import check_writable, read_records, write_json, write_jsonl, write_text
 from fic.core.generation import BackendConfig, SamplingParams
 from fic.core.instance import Instance
 from fic.core.parsing import number_values
 from fic.core.progress import Progress
 from fic.core.seeding import seeded_rng
-from fic.data.splits import ExcludeConfig, build_exclusion
+from fic.data.sources import InstancesSection, load_sources, shard_missing
+from fic.data.splits import ExcludeSection, build_exclusion
 from fic.data.views import system_message, user_turns
+from fic.tasks.deferrals import MENTION, RECOVERY_ACKS
 
 KINDS = ("deferral", "recovery", "single_turn")
 REPLY_KINDS = ("defer", "ask", "premature", "answer")
@@ -65,7 +68,7 @@ REPLY_ASKS = {
 
 
 @dataclass
-class UserConfig:
+class UserRephrasingSection:
     """How user turns are worded."""
 
     kind: str = setting("verbatim", "verbatim: each user turn is its shard as written (what `fic eval` plays); "
@@ -77,7 +80,7 @@ class UserConfig:
 
 
 @dataclass
-class RepliesConfig:
+class EarlyRepliesSection:
     """Who writes the assistant turns before the last shard."""
 
     kind: str = setting("pool", "pool: brief phrasings written for FiC plus rule-made questions; llm: a model "
@@ -94,13 +97,9 @@ class RepliesConfig:
 class SFTDataConfig:
     """Settings of `fic sft-data`."""
 
-    data: str | list[str] = setting("reasoning-gym:gsm_symbolic", "Source(s) of instances, as in `fic shard "
-                                    "--source`: lic:PATH, jsonl:PATH, gsm8k[:SPLIT|:PATH], reasoning-gym:NAME, "
-                                    "actions-gen:SPLIT; several as a list (`data='[a, b]'` on the command line). "
-                                    "Instances without shards are sharded with the rule sharder.")
-    task: str = setting("math", "Task of the instances.")
-    limit: int | None = setting(1000, "At most this many instances per source (null: all).", min=1)
-    seed: int = setting(0, "Seed of generated sources, sharding phrasing, kinds and every phrasing choice.")
+    data: InstancesSection = setting(InstancesSection(source=["reasoning-gym:gsm_symbolic"], limit=1000),
+                                     "The instances the corpus is written from.")
+    seed: int = setting(0, "Seed of the conversation kinds and of every phrasing choice.")
     out: str = setting("data/gsm_symbolic.sft.jsonl", "Output JSONL; the data card goes next to it as "
                        "<stem>.card.json and <stem>.card.md.")
     conversations_per_instance: int = setting(1, "Conversations written per instance (each with its own "
@@ -114,30 +113,20 @@ class SFTDataConfig:
                                "missing detail; the others are brief deferrals.", min=0.0, max=1.0)
     recovery_ack: bool = setting(True, "Open the corrected final reply of a recovery conversation with a "
                                  "short acknowledgement (\"With all the details, here is the corrected solution:\").")
-    user: UserConfig = setting(UserConfig(), "User turns: verbatim shards or model rephrasings.")
-    replies: RepliesConfig = setting(RepliesConfig(), "Replies before the last shard: pool or model-written.")
-    exclude: ExcludeConfig = setting(ExcludeConfig(), "Evaluation data to keep out of the corpus (fic.data.splits): "
+    user: UserRephrasingSection = setting(UserRephrasingSection(), "User turns: verbatim shards or model rephrasings.")
+    replies: EarlyRepliesSection = setting(EarlyRepliesSection(), "Replies before the last shard: pool or model-written.")
+    exclude: ExcludeSection = setting(ExcludeSection(), "Evaluation data to keep out of the corpus (fic.data.splits): "
                                      "instances with the same task id or prompt are dropped and counted in the "
                                      "data card, or refused.")
 
-    def __post_init__(self) -> None:
-        if isinstance(self.data, str):  # one source or several: always a list from here on
-            text = self.data.strip()
-            # The command line keeps string values raw, so `data=[a, b]` arrives as text.
-            self.data = [s.strip() for s in text[1:-1].split(",")] if text[:1] + text[-1:] == "[]" else [text]
-
     def check(self, source: str) -> None:
-        if not self.data or not all(spec.strip() for spec in self.data):
-            raise FicError("expected at least one non-empty source spec", path=source, field="data")
+        if not self.data.source:
+            raise FicError("expected at least one source of instances", path=source, field="data.source")
         if not self.out.strip():
             raise FicError("expected an output file path", path=source, field="out")
         if self.single_turn_share + self.recovery_share > 1:
             raise FicError(f"single_turn_share + recovery_share must be at most 1, got "
                            f"{self.single_turn_share} + {self.recovery_share}", path=source, field="recovery_share")
-        try:
-            tasks.get(self.task)
-        except FicError as err:
-            raise FicError(err.message, path=source, field="task") from None
         for role in ("user", "replies"):
             part = getattr(self, role)
             if part.kind == "llm" and not part.backend.model:
@@ -151,26 +140,20 @@ def card_paths(out: str | Path) -> tuple[Path, Path]:
 
 def load_instances(cfg: SFTDataConfig) -> tuple[list[Instance], list[dict]]:
     """Instances from every source, sharded where needed; and what happened to each source."""
-    from fic.data.sources import load_source, shard_missing
-
-    task = tasks.get(cfg.task)
     exclusion = build_exclusion(cfg.exclude)
     kept, sources, seen = [], [], {}
-    for spec in cfg.data:
-        try:
-            loaded = load_source(spec, cfg.task, limit=cfg.limit, seed=cfg.seed)
-        except FicError as err:
-            raise FicError(err.message, path=err.path, record=err.record,
-                           field="data" if err.field == "source" else err.field) from None
-        sharded, unshardable = shard_missing(loaded, seed=cfg.seed)
+    for loaded in load_sources(cfg.data):
+        sharded, unshardable = shard_missing(loaded.instances, seed=cfg.data.seed)
         dropped = Counter(reason for _, reason in unshardable)
+        dropped.update({f"task {name!r} is not a FiC task": n for name, n in loaded.unknown_tasks.items()})
         sharded, overlap = exclusion.apply(sharded)
         for why, n in overlap.items():
             if n:
                 dropped[f"an evaluation problem (same {why.replace('_', ' ')})"] += n
-        sharded_here = sum(not instance.is_sharded for instance in loaded) - len(unshardable)
+        sharded_here = sum(not instance.is_sharded for instance in loaded.instances) - len(unshardable)
         count = 0
         for instance in sharded:
+            task = tasks.get(instance.task)
             if len(instance.shards) < 2:
                 dropped["a single shard: nothing to reveal over several turns"] += 1
                 continue
@@ -179,14 +162,14 @@ def load_instances(cfg: SFTDataConfig) -> tuple[list[Instance], list[dict]]:
                 continue
             if instance.task_id in seen:
                 raise FicError(f"duplicate task_id {instance.task_id!r} (also in {seen[instance.task_id]})",
-                               path=spec, field="data")
-            seen[instance.task_id] = spec
+                               path=loaded.spec, field="data.source")
+            seen[instance.task_id] = loaded.spec
             kept.append(instance)
             count += 1
-        sources.append({"spec": spec, "loaded": len(loaded), "sharded_here": sharded_here, "kept": count,
-                        "dropped": dict(dropped), "evaluation_overlap": overlap})
+        sources.append({"spec": loaded.spec, "loaded": len(loaded.instances), "sharded_here": sharded_here,
+                        "kept": count, "dropped": dict(dropped), "evaluation_overlap": overlap})
     if not kept:
-        raise FicError(f"no usable instances in {', '.join(cfg.data)} ({sources})", field="data")
+        raise FicError(f"no usable instances in {', '.join(cfg.data.source)} ({sources})", field="data.source")
     return kept, sources
 
 
@@ -297,7 +280,6 @@ def _chat(backend: Any, conversations: list[list[dict]], params: SamplingParams,
 def _backend(given: Any, cfg: BackendConfig) -> Any:
     if given is not None:
         return given
-    from fic.backends import make_backend
     return make_backend(cfg)
 
 
@@ -482,7 +464,6 @@ def card_markdown(info: dict) -> str:
 def build_corpus(cfg: SFTDataConfig, *, user_backend: Any = None, reply_backend: Any = None,
                  progress: bool = True) -> dict:
     """Load, build, and write the corpus and its data card atomically; return the card."""
-    from fic.core.files import check_writable, write_json, write_jsonl, write_text
 
     check_writable(cfg.out, field="out")  # before a source is generated or a model loads
     instances, sources = load_instances(cfg)
@@ -519,7 +500,6 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config(SFTDataConfig, args.config, args.overrides)
     info = build_corpus(cfg)
     if args.show:
-        from fic.core.files import read_records
         for record in read_records(cfg.out)[:args.show]:
             print(format_record(record) + "\n")
     kinds = ", ".join(f"{n} {k}" for k, n in info["conversations_by_kind"].items())

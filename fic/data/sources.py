@@ -13,18 +13,81 @@ A source is named by a spec string:
                         a record without `task_id` gets `<file name>:<line>` (its record number in a JSON list)
 
 Every source yields `Instance`s carrying the task's LiC keys, so they are interchangeable.
+
+`InstancesSection` is the one way a stage says which instances it reads (the `data:` section of
+`fic sft-data`, `fic eval`, `fic probe` and VASD's rollouts and held-out set): sources, task,
+limit and seed; `load_sources` reads them, one `SourceInstances` per source.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from fic import tasks
+from fic.core.config import setting
 from fic.core.errors import FicError
 from fic.core.files import read_numbered_records, read_records
 from fic.core.instance import Instance
+from fic.tasks.actions_gen import generate
+from fic.tasks.code import human_eval_instances
+from fic.tasks.sharding import ShardingError
 
 SOURCE_KINDS = ("lic", "gsm8k", "reasoning-gym", "actions-gen", "human-eval", "jsonl")
+
+
+@dataclass
+class InstancesSection:
+    """Which instances a stage reads."""
+
+    source: list[str] = setting([], "Where instances come from, one spec or a list: lic:PATH, jsonl:PATH (e.g. "
+                                "`fic shard` output), gsm8k[:SPLIT|:PATH], reasoning-gym:NAME, actions-gen:SPLIT, "
+                                "human-eval[:N]. Instances without shards are sharded by their task's rule "
+                                "sharder.")
+    task: str | list[str] = setting("math", "Task of the instances: one name, a list, or all (every task of a file "
+                                    "that FiC knows).")
+    limit: int | None = setting(None, "At most this many instances per source and task (null: all).", min=1)
+    seed: int = setting(0, "Seed of generated sources (reasoning-gym, actions-gen) and of rule-sharding phrasing. "
+                        "Keep a training stage's away from its evaluation's.")
+
+    def check(self, source: str) -> None:
+        # Whether a source is needed at all is the owning config's call (VASD's held-out set is optional).
+        if not all(s.strip() for s in self.source):
+            raise FicError("expected non-empty source specs", path=source, field="source")
+        if len(set(self.source)) != len(self.source):
+            raise FicError("a source is listed twice", path=source, field="source")
+        if isinstance(self.task, list) and (not self.task or len(set(self.task)) != len(self.task)):
+            raise FicError("expected a non-empty list of distinct task names", path=source, field="task")
+        for name in [self.task] if isinstance(self.task, str) else self.task:
+            if name != "all":
+                try:
+                    tasks.get(name)
+                except FicError as err:
+                    raise FicError(err.message, path=source, field="task") from None
+
+
+@dataclass
+class SourceInstances:
+    """What one source of an `InstancesSection` gave: its instances (as loaded, not sharded) and
+    how many records of tasks FiC does not know were left out (`task: all`)."""
+
+    spec: str
+    instances: list[Instance]
+    unknown_tasks: dict[str, int] = field(default_factory=dict)
+
+
+def load_sources(cfg: InstancesSection, *, section: str = "data") -> list[SourceInstances]:
+    """Every source of `cfg`, in order; an error names the file, the record and `section.field`."""
+    loaded = []
+    for spec in cfg.source:
+        try:
+            instances, unknown = load_tasks(spec, cfg.task, limit=cfg.limit, seed=cfg.seed)
+        except FicError as err:
+            raise FicError(err.message, path=err.path, record=err.record,
+                           field=f"{section}.{err.field}" if err.field in ("source", "task") else err.field) from None
+        loaded.append(SourceInstances(spec, instances, unknown))
+    return loaded
 
 
 def load_source(spec: str, task: str = "math", *, limit: int | None = None, seed: int = 0) -> list[Instance]:
@@ -58,8 +121,6 @@ def load_tasks(spec: str, task: str | list[str], *, limit: int | None = None,
     """Instances of one task, of several (a list of names) or of every task FiC knows ("all")
     from one source, at most `limit` per task; and, for "all", how many records of each task
     FiC does not know were left out (e.g. LiC's summary records)."""
-    from fic import tasks as registry
-
     if isinstance(task, str) and task != "all":
         return load_source(spec, task, limit=limit, seed=seed), {}
     kind, _, arg = spec.partition(":")
@@ -74,10 +135,10 @@ def load_tasks(spec: str, task: str | list[str], *, limit: int | None = None,
             raise FicError("missing; a file of several tasks needs the task name on every record", path=path,
                            record=number, field="task")
         present[name] = present.get(name, 0) + 1
-    known = set(registry.names())
+    known = set(tasks.names())
     names = [n for n in present if n in known] if task == "all" else list(task)
     for name in names:
-        registry.get(name)  # an unknown name in the list is an error naming the known tasks
+        tasks.get(name)  # an unknown name in the list is an error naming the known tasks
     if not names:
         raise FicError(f"no record of a task FiC knows ({', '.join(sorted(known))}); found "
                        f"{', '.join(sorted(present))}", path=path)
@@ -97,8 +158,6 @@ def read_instance(record: dict, *, path: str | None = None, record_no: int | Non
                   require_shards: bool = True, default_task: str | None = None) -> Instance:
     """An Instance from a LiC-schema record, its structure and its task's keys checked; errors
     name the file, the record and the field."""
-    from fic import tasks
-
     instance = Instance.from_dict(record, path=path, record_no=record_no, require_shards=require_shards,
                                   default_task=default_task)
 
@@ -218,7 +277,6 @@ def _from_reasoning_gym(name: str, task: str, size: int, seed: int) -> list[Inst
 
 
 def _from_actions_gen(split: str, task: str, size: int, seed: int) -> list[Instance]:
-    from fic.tasks.actions_gen import generate
 
     if task != "actions":
         raise FicError(f"actions-gen makes function-calling instances (--task actions); got --task {task}",
@@ -228,7 +286,6 @@ def _from_actions_gen(split: str, task: str, size: int, seed: int) -> list[Insta
 
 
 def _from_human_eval(count: str, task: str) -> list[Instance]:
-    from fic.tasks.code import human_eval_instances
 
     if task != "code":
         raise FicError(f"human-eval is a code source; got --task {task}", field="task")
@@ -246,7 +303,6 @@ def shard_missing(instances: list[Instance], *, seed: int = 0,
     and the (instance, reason) pairs that could not be sharded."""
     from tqdm import tqdm
 
-    from fic.tasks.sharding import ShardingError
 
     kept, dropped = [], []
     for instance in tqdm(instances, desc="sharding", unit="inst", disable=not progress or None):
@@ -262,6 +318,4 @@ def shard_missing(instances: list[Instance], *, seed: int = 0,
 
 def shard_rule(instance: Instance, *, seed: int = 0) -> Instance:
     """Shard with the rules of the instance's task (`Task.rule_shard`)."""
-    from fic import tasks
-
     return tasks.get(instance.task).rule_shard(instance, seed=seed)

@@ -3,7 +3,7 @@
 Generated sources overlap in ways that are easy to miss: reasoning-gym builds problem i of a
 seed from the random state `seed + i`, so two seeds give the same problems shifted by their
 difference, and a larger limit repeats a smaller one's problems. A training stage therefore
-names the evaluation data it must not see (`ExcludeConfig`, a `exclude:` section in its
+names the evaluation data it must not see (`ExcludeSection`, a `exclude:` section in its
 recipe) and drops every instance that matches it (or refuses, with `on_overlap: refuse`):
 
 - the same task id, or
@@ -28,13 +28,15 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from fic.core.config import setting
+from fic import tasks
+from fic.core.config import from_mapping, read_yaml, setting
 from fic.core.errors import FicError
 from fic.core.instance import Instance
+from fic.data.sources import InstancesSection, load_sources, load_tasks
 
 
 @dataclass
-class ExcludeConfig:
+class ExcludeSection:
     """Evaluation data a training stage must not see."""
 
     sources: list[str] = setting([], "Evaluation data to keep out of training: eval recipe/config YAML files, eval "
@@ -54,27 +56,24 @@ def normalise(text: str) -> str:
 
 
 def prompt_key(instance: Instance) -> str:
-    from fic import tasks
-
     return normalise(tasks.get(instance.task).full_prompt(instance))
 
 
 def load_excluded(spec: str) -> list[Instance]:
     """The instances one `sources` entry names (see the module docstring)."""
-    from fic.data.sources import load_tasks
-
     path = Path(spec)
     if path.is_dir():
         path = path / "config.yaml"
         if not path.is_file():
             raise FicError("an eval run folder holds config.yaml; none here", path=str(path.parent),
                            field="exclude.sources")
-    if path.suffix in (".yaml", ".yml"):
-        from fic.core.config import load_config
-        from fic.evaluation.evaluate import EvalConfig, load_instances
-
-        instances, _ = load_instances(load_config(EvalConfig, path))
-        return instances
+    if path.suffix in (".yaml", ".yml"):  # an eval recipe or run config: its `data:` section names them
+        section = read_yaml(path).get("data")
+        if not isinstance(section, dict):
+            raise FicError("expected an eval recipe or run config with a data: section", path=str(path),
+                           field="exclude.sources")
+        data = from_mapping(InstancesSection, section, str(path), prefix="data.")
+        return [instance for loaded in load_sources(data) for instance in loaded.instances]
     kind, _, _ = spec.partition(":")
     if kind in ("lic", "jsonl"):
         return load_tasks(spec, "all")[0]
@@ -89,7 +88,7 @@ def load_excluded(spec: str) -> list[Instance]:
 class Exclusion:
     """What is excluded, keyed the three ways instances are matched."""
 
-    cfg: ExcludeConfig
+    cfg: ExcludeSection
     task_ids: set[str]
     prompts: set[str]
     templates: set[str]
@@ -129,7 +128,7 @@ class Exclusion:
                 "dropped": sum(found.values())}
 
 
-def build_exclusion(cfg: ExcludeConfig) -> Exclusion:
+def build_exclusion(cfg: ExcludeSection) -> Exclusion:
     excluded = [instance for spec in cfg.sources for instance in load_excluded(spec)]
     templates = {i.fields["template"] for i in excluded if i.fields.get("template") is not None}
     if cfg.templates and excluded and not templates:
@@ -139,7 +138,7 @@ def build_exclusion(cfg: ExcludeConfig) -> Exclusion:
                      templates=templates if cfg.templates else set(), instances=len(excluded))
 
 
-def exclude_instances(instances: list[Instance], cfg: ExcludeConfig) -> tuple[list[Instance], dict]:
+def exclude_instances(instances: list[Instance], cfg: ExcludeSection) -> tuple[list[Instance], dict]:
     """`instances` without the excluded ones, and the report for a data card."""
     exclusion = build_exclusion(cfg)
     kept, found = exclusion.apply(instances)

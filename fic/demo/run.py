@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import resource
 import shutil
@@ -36,12 +37,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from fic import tasks, train_sft, train_vasd
 from fic.core.config import describe, load_config, setting
 from fic.core.errors import FicError
-from fic.evaluation.evaluate import EvalConfig
-from fic.corpus.build import SFTDataConfig
+from fic.core.files import check_writable, write_json, write_jsonl
+from fic.core.model import BUNDLED_MODEL_DIR, prepare_model
+from fic.corpus.build import SFTDataConfig, build_corpus
+from fic.data.sources import load_source
+from fic.data.splits import prompt_key
+from fic.demo.report import write_demo_report
+from fic.evaluation.evaluate import EvalConfig, evaluate
 from fic.train_sft import SFTConfig
-from fic.train_vasd import VASDConfig
+from fic.training.checkpoints import complete_checkpoints
+from fic.training.vasd.config import VASDConfig
 
 STAGES = ("data", "warmup", "eval-start", "sft", "eval-sft", "vasd", "eval-vasd", "report")
 SPLITS = ("train", "dev", "test", "test-unseen")
@@ -49,7 +57,7 @@ EVAL_SETS = ("test", "test-unseen")
 
 
 @dataclass
-class DemoData:
+class DemoDataSection:
     source: str = setting("actions-gen", "A generated source with train, dev, test and test-unseen splits "
                           "(`SOURCE:SPLIT`), e.g. actions-gen.")
     task: str = setting("actions", "Task of the source.")
@@ -69,7 +77,7 @@ class DemoConfig:
     label: str = setting("SmolLM2-135M-Instruct + single-turn warm-up", "How the starting point is named in every "
                          "output.")
     out: str = setting("runs/demo", "Output folder of every stage.")
-    data: DemoData = setting(DemoData(), "The task's splits.")
+    data: DemoDataSection = setting(DemoDataSection(), "The task's splits.")
     warmup_data: SFTDataConfig = setting(SFTDataConfig(), "The single-turn warm-up corpus (fic sft-data).")
     warmup: SFTConfig = setting(SFTConfig(), "The single-turn warm-up (fic train sft).")
     sft_data: SFTDataConfig = setting(SFTDataConfig(), "The deferral SFT corpus (fic sft-data).")
@@ -127,10 +135,6 @@ def model_of(cfg: DemoConfig, stage: str) -> Path:
 
 def stage_data(cfg: DemoConfig, progress: bool) -> dict:
     """The splits (and their overlap, which must be 0), the warm-up corpus and the SFT corpus."""
-    from fic.core.files import write_json, write_jsonl
-    from fic.core.model import BUNDLED_MODEL_DIR, prepare_model
-    from fic.corpus.build import build_corpus
-    from fic.data.sources import load_source
 
     if Path(cfg.base_model) == BUNDLED_MODEL_DIR and not (BUNDLED_MODEL_DIR / "config.json").is_file():
         prepare_model(BUNDLED_MODEL_DIR)
@@ -146,7 +150,7 @@ def stage_data(cfg: DemoConfig, progress: bool) -> dict:
     held_out = [f"jsonl:{split_file(cfg, s)}" for s in ("dev", *EVAL_SETS)]
     cards = {}
     for name, corpus in (("warmup", cfg.warmup_data), ("sft", cfg.sft_data)):
-        corpus.data, corpus.task = [f"jsonl:{split_file(cfg, 'train')}"], cfg.data.task
+        corpus.data.source, corpus.data.task = [f"jsonl:{split_file(cfg, 'train')}"], cfg.data.task
         corpus.out, corpus.exclude.sources = str(paths(cfg)["data"] / f"{name}.sft.jsonl"), held_out
         cards[name] = build_corpus(corpus, progress=progress)
     card = {"source": cfg.data.source, "task": cfg.data.task, "seed": cfg.data.seed,
@@ -161,8 +165,6 @@ def stage_data(cfg: DemoConfig, progress: bool) -> dict:
 
 def split_overlap(splits: dict[str, list]) -> dict[str, int]:
     """Shared task ids, full prompts or reference answers between every pair of splits."""
-    from fic import tasks
-    from fic.data.splits import prompt_key
 
     def keys(instances: list) -> set:
         found = set()
@@ -177,7 +179,6 @@ def split_overlap(splits: dict[str, list]) -> dict[str, int]:
 
 def _train(stage: str, cfg: Any, run: Callable[[Any], dict]) -> dict:
     """Run a training recipe into its folder: resume a killed run, start over from nothing."""
-    from fic.training.checkpoints import complete_checkpoints
 
     out = Path(cfg.out)
     cfg.save_merged = cfg.save_merged or cfg.lora.enabled  # the next stage and the evaluation load a whole model
@@ -192,7 +193,6 @@ def _train(stage: str, cfg: Any, run: Callable[[Any], dict]) -> dict:
 
 def _free_memory() -> None:
     """Stages run one after another in this process: give a stage's GPU memory back before the next."""
-    import gc
 
     import torch
 
@@ -202,42 +202,38 @@ def _free_memory() -> None:
 
 
 def stage_warmup(cfg: DemoConfig, progress: bool) -> dict:
-    from fic.train_sft import train
 
     cfg.warmup.model.path, cfg.warmup.data.path = cfg.base_model, str(paths(cfg)["data"] / "warmup.sft.jsonl")
     cfg.warmup.out, cfg.warmup.logging.progress = str(paths(cfg)["warmup"]), progress
-    return _train("warmup", cfg.warmup, train)
+    return _train("warmup", cfg.warmup, train_sft.train)
 
 
 def stage_sft(cfg: DemoConfig, progress: bool) -> dict:
-    from fic.train_sft import train
 
     cfg.sft.model.path, cfg.sft.data.path = str(model_of(cfg, "warmup")), str(paths(cfg)["data"] / "sft.sft.jsonl")
     cfg.sft.out, cfg.sft.logging.progress = str(paths(cfg)["sft"]), progress
-    return _train("sft", cfg.sft, train)
+    return _train("sft", cfg.sft, train_sft.train)
 
 
 def stage_vasd(cfg: DemoConfig, progress: bool) -> dict:
-    from fic.train_vasd import train
 
     v = cfg.vasd
     v.model.path, v.out, v.logging.progress = str(model_of(cfg, "sft")), str(paths(cfg)["vasd"]), progress
     v.data.source, v.data.task = [f"jsonl:{split_file(cfg, 'train')}"], cfg.data.task
-    v.data.anchor_path = str(paths(cfg)["data"] / "sft.sft.jsonl")
-    v.data.exclude.sources = [f"jsonl:{split_file(cfg, s)}" for s in ("dev", *EVAL_SETS)]
+    v.regularizer.anchor_path = str(paths(cfg)["data"] / "sft.sft.jsonl")
+    v.exclude.sources = [f"jsonl:{split_file(cfg, s)}" for s in ("dev", *EVAL_SETS)]
     if v.eval.every:
-        v.eval.source, v.eval.task = f"jsonl:{split_file(cfg, 'dev')}", cfg.data.task
-    return _train("vasd", v, train)
+        v.eval.data.source, v.eval.data.task = [f"jsonl:{split_file(cfg, 'dev')}"], cfg.data.task
+    return _train("vasd", v, train_vasd.train)
 
 
 def evaluate_stage(cfg: DemoConfig, stage: str, model: Path, progress: bool) -> dict:
     """Evaluate one model on the test and test-unseen splits; R against the starting point."""
-    from fic.evaluation.evaluate import evaluate
 
     figures = {}
     for split in EVAL_SETS:
         run = dataclasses.replace(cfg.eval, model=dataclasses.replace(cfg.eval.model, model=str(model)),
-                                  data=dataclasses.replace(cfg.eval.data, source=f"jsonl:{split_file(cfg, split)}",
+                                  data=dataclasses.replace(cfg.eval.data, source=[f"jsonl:{split_file(cfg, split)}"],
                                                            task=cfg.data.task, limit=None),
                                   views=["full", "concat", "sharded"] if (stage, split) == ("start", "test")
                                   else ["full", "sharded"],
@@ -271,8 +267,6 @@ def stage_outputs(cfg: DemoConfig, stage: str) -> list[Path]:
 def run_demo(cfg: DemoConfig, *, start_from: str | None = None, progress: bool = True,
              say: Callable[[str], None] = print) -> dict:
     """Run every stage not yet done (from `start_from` on: again); return the report's figures."""
-    from fic.demo.report import write_demo_report
-    from fic.core.files import check_writable, write_json
 
     check_writable(cfg.out, folder=True, field="out")
     markers = paths(cfg)["stages"]

@@ -14,9 +14,9 @@ Output folder `out`:
   other changes are an error naming the keys that differ (use a new `out`).
 - `conversations.jsonl`, `metrics.json`, `report.md`, `scores_by_view.png`, `answer_timing.png`.
 
-Data: `data.source` is a spec of `fic.data.sources` (`lic:PATH`, `jsonl:PATH` (e.g. the output of
-`fic shard`), `reasoning-gym:NAME`, `gsm8k[:SPLIT|:PATH]`); `data.task` is one task, a list,
-or `all` (every task of the file FiC knows; metrics per task and across tasks). Instances
+Data: `data` is the `InstancesSection` every stage uses (`fic.data.sources`): `data.source`
+one spec or several, `data.task` one task, a list, or `all` (every task of the file FiC knows;
+metrics per task and across tasks). Instances
 without shards are sharded on the fly with the rule sharder (those it cannot shard are
 skipped and counted), whatever the views: a run of only the full view evaluates exactly the
 instances a run with the sharded view does.
@@ -41,16 +41,21 @@ from typing import Any
 
 import yaml
 
+from fic import tasks
 from fic.backends import make_backend
-from fic.conversation.classify import CLASSIFIER_KINDS, make_classifier
+from fic.conversation.classify import ClassifierSection, make_classifier
+from fic.conversation.simulator import make_conversations, play
+from fic.conversation.users import UserSimulatorSection, make_user
 from fic.core.config import config_to_dict, describe, flatten, load_cli_config, setting
 from fic.core.errors import FicError
 from fic.core.files import append_jsonl, check_writable, read_log, write_json, write_text
 from fic.core.generation import BackendConfig, SamplingParams
 from fic.core.instance import Instance
 from fic.core.progress import Progress
-from fic.conversation.users import USER_KINDS, make_user
+from fic.data.sources import InstancesSection, load_sources, shard_missing
 from fic.data.views import VIEWS
+from fic.evaluation.metrics import summarize
+from fic.evaluation.report import write_report
 
 LOG_NAME, METRICS_NAME, REPORT_NAME = "conversations.jsonl", "metrics.json", "report.md"
 FINGERPRINT_NAME, CONFIG_NAME = "fingerprint.json", "config.yaml"
@@ -60,54 +65,13 @@ METRICS_FORMAT = 2  # metrics.json that records its instances and scoring settin
 
 
 @dataclass
-class DataConfig:
-    source: str = setting("", "Where instances come from: lic:PATH, jsonl:PATH (e.g. `fic shard` output), "
-                          "reasoning-gym:NAME or gsm8k[:SPLIT|:PATH]. Unsharded instances are sharded with "
-                          "the rule sharder.")
-    task: str | list[str] = setting("math", "Task of the instances: one name, a list (`data.task=[math,code]`), or "
-                                    "all (every task of the file that FiC knows); metrics are reported per task "
-                                    "and across tasks.")
-    limit: int | None = setting(None, "At most this many instances per task (null: all).", min=1)
-    seed: int = setting(0, "Seed of generated sources (reasoning-gym) and of on-the-fly sharding phrasing.")
-
-    def __post_init__(self) -> None:
-        if isinstance(self.task, str):  # the command line keeps string values raw: `[a, b]` arrives as text
-            text = self.task.strip()
-            if text[:1] + text[-1:] == "[]":
-                self.task = [name.strip() for name in text[1:-1].split(",") if name.strip()]
-
-    def check(self, source: str) -> None:
-        if isinstance(self.task, list) and (not self.task or len(set(self.task)) != len(self.task)):
-            raise FicError("expected a non-empty list of distinct task names", path=source, field="task")
-
-
-@dataclass
-class UserConfig:
-    kind: str = setting("verbatim", "verbatim: reveal shards in order, word for word (no model); llm: a model "
-                        "plays the user under the LiC rules.", choices=USER_KINDS)
-    backend: BackendConfig = setting(BackendConfig(), "The user model (kind llm only).")
-    temperature: float = setting(1.0, "Sampling temperature of the user model.", min=0.0)
-    max_new_tokens: int = setting(256, "Most tokens of one user-model reply.", min=1)
-    max_idle_turns: int = setting(3, "User turns per conversation that may reveal nothing (LiC's \"I don't "
-                                  "know\" to a question no shard answers); after that many the next shard is "
-                                  "revealed verbatim, so a conversation has at most shards + this many user "
-                                  "turns (kind llm; the verbatim user always reveals one).", min=0)
-
-
-@dataclass
-class ClassifierConfig:
-    kind: str = setting("rule", "rule: fast offline heuristic; llm: a model labels each reply with one of the "
-                        "7 LiC labels.", choices=CLASSIFIER_KINDS)
-    backend: BackendConfig = setting(BackendConfig(), "The classifier model (kind llm only).")
-    max_new_tokens: int = setting(64, "Most tokens of one classifier reply.", min=1)
-
-
-@dataclass
 class EvalConfig:
     model: BackendConfig = setting(BackendConfig(), "The assistant under evaluation.")
-    data: DataConfig = setting(DataConfig(), "Instances to evaluate.")
-    user: UserConfig = setting(UserConfig(), "The user simulator.")
-    classifier: ClassifierConfig = setting(ClassifierConfig(), "The reply classifier.")
+    data: InstancesSection = setting(InstancesSection(), "Instances to evaluate.")
+    user: UserSimulatorSection = setting(UserSimulatorSection(), "The user simulator.")
+    classifier: ClassifierSection = setting(ClassifierSection(), "The reply classifier.")
+    judge: BackendConfig = setting(BackendConfig(), "The LLM judge of tasks scored by one (summary); without "
+                                   "judge.model their replies score 0 with a note saying they were not judged.")
     views: list[str] = setting(["full", "concat", "sharded"], f"Views to play, from: {', '.join(VIEWS)}.")
     runs: int = setting(1, "N: conversations per instance and view (LiC uses 10 at temperature 1.0).", min=1)
     temperature: float = setting(0.0, "Assistant sampling temperature (0: greedy).", min=0.0)
@@ -166,6 +130,7 @@ def fingerprint(cfg: EvalConfig) -> dict:
                                            if cfg.user.kind == "llm" else {})},
         "classifier": {"kind": cfg.classifier.kind, **({"backend": backend(cfg.classifier.backend)}
                                                        if cfg.classifier.kind == "llm" else {})},
+        **({"judge": backend(cfg.judge)} if cfg.judge.model else {}),
         "temperature": cfg.temperature, "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens,
         "stop_at_correct": cfg.stop_at_correct, "seed": cfg.seed,
     }
@@ -206,23 +171,19 @@ def load_instances(cfg: EvalConfig) -> tuple[list[Instance], dict]:
     Unsharded instances are rule-sharded whatever the views, so that a full-view run and a
     sharded run of one source evaluate the same instances (one can be the other's baseline).
     A full-view run keeps instances of tasks that have no rule sharder as they are."""
-    from fic import tasks
-    from fic.data.sources import load_tasks, shard_missing
-
-    try:
-        instances, unknown = load_tasks(cfg.data.source, cfg.data.task, limit=cfg.data.limit, seed=cfg.data.seed)
-    except FicError as err:
-        raise FicError(err.message, path=err.path, record=err.record,
-                       field=f"data.{err.field}" if err.field in ("source", "task") else err.field) from None
     multi_turn = any(view != "full" for view in cfg.views)
-    as_is = [] if multi_turn else [i for i in instances if not i.is_sharded and not tasks.get(i.task).rule_sharder]
-    kept, dropped = shard_missing([i for i in instances if i not in as_is], seed=cfg.data.seed)
-    skipped = dict(Counter(reason for _, reason in dropped))
-    skipped.update({f"task {name!r} is not a FiC task": n for name, n in unknown.items()})
-    if not kept and not as_is:
-        raise FicError(f"no instance could be sharded ({skipped})", field="data.source")
-    order = {instance.task_id: n for n, instance in enumerate(instances)}
-    return sorted(kept + as_is, key=lambda i: order[i.task_id]), skipped
+    instances, skipped = [], Counter()
+    for loaded in load_sources(cfg.data):
+        as_is = [] if multi_turn else [i for i in loaded.instances
+                                       if not i.is_sharded and not tasks.get(i.task).rule_sharder]
+        kept, dropped = shard_missing([i for i in loaded.instances if i not in as_is], seed=cfg.data.seed)
+        order = {instance.task_id: n for n, instance in enumerate(loaded.instances)}
+        instances += sorted(kept + as_is, key=lambda i: order[i.task_id])
+        skipped.update(reason for _, reason in dropped)
+        skipped.update({f"task {name!r} is not a FiC task": n for name, n in loaded.unknown_tasks.items()})
+    if not instances:
+        raise FicError(f"no instance could be sharded ({dict(skipped)})", field="data.source")
+    return instances, dict(skipped)
 
 
 def _backend_cache(cfg: EvalConfig, given: dict) -> dict:
@@ -240,7 +201,8 @@ def _backend_cache(cfg: EvalConfig, given: dict) -> dict:
 
     return {"assistant": get("assistant", cfg.model),
             "user": get("user", cfg.user.backend) if cfg.user.kind == "llm" else None,
-            "classifier": get("classifier", cfg.classifier.backend) if cfg.classifier.kind == "llm" else None}
+            "classifier": get("classifier", cfg.classifier.backend) if cfg.classifier.kind == "llm" else None,
+            "judge": get("judge", cfg.judge) if cfg.judge.model or given.get("judge") is not None else None}
 
 
 def read_baseline(spec: str) -> dict:
@@ -305,12 +267,9 @@ def check_baseline(baseline: dict, cfg: EvalConfig, instances: list[Instance]) -
 # --------------------------------------------------------------------------- the run
 
 def evaluate(cfg: EvalConfig, *, assistant: Any = None, user_backend: Any = None, classifier_backend: Any = None,
-             progress: bool = True) -> dict:
+             judge_backend: Any = None, progress: bool = True) -> dict:
     """Run (or resume) an evaluation; return the metrics. Backends may be passed in (tests, the
     trainer's live model); else they are built from the config."""
-    from fic.evaluation.metrics import summarize
-    from fic.evaluation.report import write_report
-    from fic.conversation.simulator import make_conversations, play
 
     out = Path(cfg.out)
     check_writable(out, folder=True, field="out")
@@ -329,7 +288,7 @@ def evaluate(cfg: EvalConfig, *, assistant: Any = None, user_backend: Any = None
     total = len(instances) * len(cfg.views) * cfg.runs
     if conversations:
         backends = _backend_cache(cfg, {"assistant": assistant, "user": user_backend,
-                                        "classifier": classifier_backend})
+                                        "classifier": classifier_backend, "judge": judge_backend})
         user = make_user(cfg.user.kind, backends["user"], temperature=cfg.user.temperature,
                          max_new_tokens=cfg.user.max_new_tokens) if cfg.user.kind == "llm" else make_user("verbatim")
         classifier = (make_classifier("llm", backends["classifier"], max_new_tokens=cfg.classifier.max_new_tokens,
@@ -347,7 +306,10 @@ def evaluate(cfg: EvalConfig, *, assistant: Any = None, user_backend: Any = None
         def step(number: int, active: int) -> None:
             bar.update(0, turn=number + 1, active=active)
 
+        judged = [task for task in {tasks.get(i.task) for i in instances} if task.needs_judge]
         try:
+            for task in judged:  # the run's judge, handed to the tasks for this run only
+                task.judge = backends["judge"]
             play(conversations, backends["assistant"], user, classifier, params, batch_size=cfg.batch_size,
                  stop_at_correct=cfg.stop_at_correct, seed=cfg.seed, max_context=_max_context(backends["assistant"]),
                  on_finish=finished, on_step=step)
@@ -357,6 +319,8 @@ def evaluate(cfg: EvalConfig, *, assistant: Any = None, user_backend: Any = None
                             "run the same command again to resume)")
             raise
         finally:
+            for task in judged:
+                task.judge = None
             bar.close()
 
     planned = {(i.task_id, view, run) for i in instances for view in cfg.views for run in range(cfg.runs)}

@@ -14,8 +14,8 @@ import io
 from pathlib import Path
 
 from fic.core.files import atomic_open, write_text
-from fic.evaluation.metrics import TIMING_BINS
 from fic.data.views import SINGLE_TURN_VIEWS
+from fic.evaluation.metrics import TIMING_BINS
 
 SCORES_PNG, TIMING_PNG = "scores_by_view.png", "answer_timing.png"
 

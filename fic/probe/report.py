@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Iterable
 
 from fic.core.files import atomic_open, write_text
-from fic.probe.judge import LABELS
 from fic.core.stats import sign_test, wilson_interval
+from fic.probe.judge import LABELS
 
 FOLLOW_UP = "genuine_follow_up"
 FOLLOW_UP_PNG, LABELS_PNG, REPORT_NAME = "followup_vs_temperature.png", "labels.png", "report.md"

@@ -50,15 +50,18 @@ import yaml
 
 from fic import tasks
 from fic.backends import make_backend
+from fic.core.chat import prompt_ids, user_turn_ids
 from fic.core.config import config_to_dict, describe, load_cli_config, setting
 from fic.core.errors import FicError
 from fic.core.files import check_writable, read_records, write_json, write_jsonl, write_text
 from fic.core.generation import BackendConfig, Generation, SamplingParams
 from fic.core.instance import Instance
-from fic.probe.judge import JUDGE_KINDS, make_judge
 from fic.core.progress import Progress
 from fic.core.seeding import derive_seed, pick
+from fic.data.sources import InstancesSection, load_sources
 from fic.data.views import system_message
+from fic.probe.judge import JUDGE_KINDS, make_judge
+from fic.probe.report import REPORT_NAME, compare, follow_up_table, summarize, write_report
 
 SWITCHES = ("user_turn", "swap_roles", "instruct")
 PERTURBATIONS = ("truncate", "explicit_question")
@@ -77,7 +80,7 @@ DEFAULT_INSTRUCTION = {
 
 
 @dataclass
-class RepliesConfig:
+class SingleTurnRepliesSection:
     path: str = setting("", "JSONL of single-turn replies, one {\"task_id\", \"reply\"} object a line (plus "
                         "\"dataset\", the source spec, when several sources share task ids), e.g. an earlier "
                         "probe's replies.jsonl; empty: the model under test answers each question (greedy).")
@@ -85,7 +88,7 @@ class RepliesConfig:
 
 
 @dataclass
-class JudgeConfig:
+class JudgeSection:
     kind: str = setting("rule", "rule: offline heuristics (fic.probe.judge); llm: a model labels each user turn "
                         "with one of the 8 labels as JSON, re-asked when its answer is unusable.", choices=JUDGE_KINDS)
     backend: BackendConfig = setting(BackendConfig(), "The judge model (kind llm only).")
@@ -100,13 +103,9 @@ class ProbeConfig:
 
     model: BackendConfig = setting(BackendConfig(), "The model under test: it writes the single-turn replies "
                                    "and the user turns.")
-    data: str | list[str] = setting("reasoning-gym:gsm_symbolic", "Data source(s), each reported as its own "
-                                    "dataset: lic:PATH, jsonl:PATH, reasoning-gym:NAME, gsm8k[:SPLIT|:PATH]; "
-                                    "several as a list (`data='[a, b]'` on the command line).")
-    task: str = setting("math", "Task of the instances (any registered task).")
-    limit: int | None = setting(20, "At most this many instances per source (null: all).", min=1)
-    data_seed: int = setting(0, "Seed of generated sources (reasoning-gym).")
-    replies: RepliesConfig = setting(RepliesConfig(), "Where the single-turn replies come from.")
+    data: InstancesSection = setting(InstancesSection(source=["reasoning-gym:gsm_symbolic"], limit=20),
+                                     "The instances; each source is reported as its own dataset.")
+    replies: SingleTurnRepliesSection = setting(SingleTurnRepliesSection(), "Where the single-turn replies come from.")
     switch: str = setting("user_turn", "How the model is made to speak as the user: user_turn (the chat template "
                           "opens a user turn; local backends), swap_roles (history with roles swapped), instruct "
                           "(asked, as the assistant, to write the user's next message).", choices=SWITCHES)
@@ -124,7 +123,7 @@ class ProbeConfig:
     truncate_fraction: float = setting(0.5, "truncate: the share of the reply's tokens kept.", min=0.01, max=0.99)
     explicit_questions: list[str] = setting(list(EXPLICIT_QUESTIONS), "explicit_question: the generic questions "
                                             "appended to the reply (one picked per instance).")
-    judge: JudgeConfig = setting(JudgeConfig(), "Who labels the user turns.")
+    judge: JudgeSection = setting(JudgeSection(), "Who labels the user turns.")
     baseline: str = setting("", "An earlier probe run folder with the same settings (e.g. of the base "
                             "checkpoint): the report adds paired differences against it.")
     out: str = setting("runs/probe", "Output folder (files in it are replaced).")
@@ -132,25 +131,14 @@ class ProbeConfig:
     batch_size: int = setting(64, "Most prompts per generation call for replies and greedy user turns (the "
                               "backend splits further into model.batch_size).", min=1)
 
-    def __post_init__(self) -> None:
-        if isinstance(self.data, str):  # the command line keeps `data=[a, b]` as text
-            text = self.data.strip()
-            self.data = [s.strip() for s in text[1:-1].split(",")] if text[:1] + text[-1:] == "[]" else [text]
-
     def check(self, source: str) -> None:
         def bad(message: str, field: str) -> FicError:
             return FicError(message, path=source, field=field)
 
         if not self.model.model:
             raise bad("missing: the model to probe (a checkpoint folder or served model)", "model.model")
-        if not self.data or not all(spec.strip() for spec in self.data):
-            raise bad("expected at least one non-empty source spec", "data")
-        if len(set(self.data)) != len(self.data):
-            raise bad("a source is listed twice", "data")
-        try:
-            tasks.get(self.task)
-        except FicError as err:
-            raise bad(err.message, "task") from None
+        if not self.data.source:
+            raise bad("expected at least one source of instances", "data.source")
         if not self.temperatures:
             raise bad("expected at least one temperature", "temperatures")
         for index, value in enumerate(self.temperatures):
@@ -230,7 +218,6 @@ def probe_messages(switch: str, query: str, reply: str, *, system: str | None = 
 def probe_prompt_ids(tokenizer: Any, switch: str, messages: list[dict]) -> list[int]:
     """Token ids the model continues from: a user turn opened by the template for `user_turn`,
     the ordinary assistant generation prompt for the other switches."""
-    from fic.core.chat import prompt_ids, user_turn_ids
 
     return user_turn_ids(tokenizer, messages) if switch == "user_turn" else prompt_ids(tokenizer, messages)
 
@@ -238,17 +225,8 @@ def probe_prompt_ids(tokenizer: Any, switch: str, messages: list[dict]) -> list[
 # --------------------------------------------------------------------------- data and replies
 
 def load_datasets(cfg: ProbeConfig) -> list[tuple[str, Instance]]:
-    from fic.data.sources import load_source
-
-    pairs = []
-    for spec in cfg.data:
-        try:
-            instances = load_source(spec, cfg.task, limit=cfg.limit, seed=cfg.data_seed)
-        except FicError as err:
-            raise FicError(err.message, path=err.path, record=err.record,
-                           field="data" if err.field == "source" else err.field) from None
-        pairs += [(spec, instance) for instance in instances]
-    return pairs
+    """(source spec, instance) pairs: the probe reports each source as its own dataset."""
+    return [(loaded.spec, instance) for loaded in load_sources(cfg.data) for instance in loaded.instances]
 
 
 def _replies_from_file(path: str, datasets: list[tuple[str, Instance]]) -> dict:
@@ -380,7 +358,7 @@ def mark_changed(records: list[dict]) -> None:
 def fingerprint(cfg: ProbeConfig) -> dict:
     """What must agree for two runs to be paired (the model and the replies may differ)."""
     judge = {"kind": cfg.judge.kind, **({"model": cfg.judge.backend.model} if cfg.judge.kind == "llm" else {})}
-    return {"data": list(cfg.data), "task": cfg.task, "limit": cfg.limit, "data_seed": cfg.data_seed,
+    return {"data": config_to_dict(cfg.data),
             "switch": cfg.switch, "instruction": cfg.instruction, "system_prompt": cfg.system_prompt,
             "temperatures": list(cfg.temperatures), "samples": cfg.samples, "top_p": cfg.top_p,
             "max_new_tokens": cfg.max_new_tokens, "perturbations": list(cfg.perturbations),
@@ -415,7 +393,6 @@ def read_baseline(cfg: ProbeConfig) -> dict:
 def probe(cfg: ProbeConfig, *, model: Any = None, judge_backend: Any = None, progress: bool = True) -> dict:
     """Run the probe and write its outputs; return the metrics. Backends may be passed in
     (tests, a live model); else they are built from the config."""
-    from fic.probe.report import compare, summarize, write_report
 
     started, cpu_started = time.perf_counter(), time.process_time()
     out = Path(cfg.out)
@@ -452,7 +429,7 @@ def probe(cfg: ProbeConfig, *, model: Any = None, judge_backend: Any = None, pro
                                          for g in generations)}
     metrics["fingerprint"] = fingerprint(cfg)
     metrics["settings"] = {
-        "model": cfg.model.model, "data": list(cfg.data), "task": cfg.task, "instances": len(replies),
+        "model": cfg.model.model, "data": list(cfg.data.source), "task": cfg.data.task, "instances": len(replies),
         "replies": f"from {cfg.replies.path}" if cfg.replies.path else "written by the model (greedy)",
         "switch": cfg.switch, "temperatures": list(cfg.temperatures), "samples": cfg.samples,
         "max_new_tokens": cfg.max_new_tokens, "perturbations": list(cfg.perturbations),
@@ -490,7 +467,6 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fic.probe.report import REPORT_NAME, follow_up_table
 
     if args.keys:
         print(describe(ProbeConfig))

@@ -28,7 +28,7 @@ from typing import Any
 
 from fic.core.instance import Instance
 from fic.core.parsing import NUMBER, number_values
-from fic.tasks.base import ErrorFactory, Task, label_reply
+from fic.tasks.base import ErrorFactory, Task
 from fic.tasks.calls import (
     Call,
     check_calls,
@@ -36,6 +36,7 @@ from fic.tasks.calls import (
     format_calls,
     reference_calls,
 )
+from fic.tasks.labels import label_reply
 
 SYSTEM_PROMPT = (
     "You are an assistant that calls functions. Given a request and the functions below, reply with "

@@ -27,6 +27,9 @@ from typing import Any, Callable
 from fic.core.errors import FicError
 from fic.core.instance import Instance, as_instance
 from fic.core.parsing import NUMBER, number_values
+from fic.tasks.deferrals import DEFERRALS
+from fic.tasks.labels import rule_label
+from fic.tasks.sharding import ShardingError
 
 ErrorFactory = Callable[..., FicError]  # error(message, field) -> FicError naming file and record
 
@@ -40,24 +43,6 @@ GENERIC_ASKS = (
 )
 
 
-def label_reply(reply: str, has_answer: bool) -> str:
-    """The rule label for tasks whose answer is structured (a query, code, a call): an answer
-    attempt when `has_answer` (the task found its answer in the reply), else what the reply
-    does instead: nothing, a refusal, one question, several, or talk."""
-    from fic.conversation.classify import REFUSAL, _sentences
-
-    text = (reply or "").strip()
-    if not text:
-        return "missing"
-    if has_answer:
-        return "answer_attempt"
-    if REFUSAL.search(text[:300]):
-        return "refuse"
-    questions = [s for s in _sentences(text) if s.endswith("?")]
-    if len(questions) >= 2:
-        return "interrogation"
-    return "clarification" if questions else "discussion"
-
 
 class Task:
     name: str = ""
@@ -69,6 +54,8 @@ class Task:
     # answer attempt: the user asks for an updated answer at each turn.
     fixed_turns: bool = False
     replies_are_answers: bool = False
+    # Tasks scored by an LLM judge (summary) get it from the evaluator as `judge`.
+    needs_judge: bool = False
 
     def validate_fields(self, fields: dict[str, Any], error: ErrorFactory) -> None:
         """Raise `error(message, field)` for a missing or malformed task key."""
@@ -163,10 +150,8 @@ class Task:
     # ------------------------------------------------------------------ classifying replies
 
     def rule_label(self, reply: str, user_texts: list[str]) -> str:
-        """The offline rule classifier's label (one of `fic.conversation.classify.LABELS`) for a reply."""
-        from fic.conversation.classify import (
-            rule_label,  # the generic heuristic; tasks may refine it
-        )
+        """The offline rule classifier's label (one of `fic.tasks.labels.LABELS`) for a reply:
+        the generic heuristic, which tasks may refine."""
 
         if self.replies_are_answers:
             return "answer_attempt" if (reply or "").strip() else "missing"
@@ -177,7 +162,6 @@ class Task:
     @property
     def deferrals(self) -> tuple[str, ...]:
         """Brief acknowledge-and-wait replies the SFT corpus says while details are missing."""
-        from fic.tasks.deferrals import DEFERRALS
 
         return DEFERRALS
 
@@ -200,7 +184,6 @@ class Task:
     def rule_shard(self, instance: Instance, seed: int = 0) -> Instance:
         """A copy of `instance` with shards made by rules; `fic.tasks.sharding.ShardingError` when the task
         has no rule sharder or this instance cannot be split (the LLM sharder then does it)."""
-        from fic.tasks.sharding import ShardingError
 
         raise ShardingError(f"the {self.name} task has no rule sharder; shard its instances with --sharder llm",
                             record=instance.task_id)

@@ -28,8 +28,11 @@ from typing import Any
 from fic.core.errors import FicError
 from fic.core.instance import Instance, Shard
 from fic.core.parsing import number_values
+from fic.core.seeding import pick
+from fic.tasks.base import ErrorFactory, Task
+from fic.tasks.labels import label_reply
 from fic.tasks.sandbox import Limits, run_python
-from fic.tasks.base import ErrorFactory, Task, label_reply
+from fic.tasks.sharding import ShardingError, split_sentences
 
 CODE_BLOCK = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
 PYTHON_TAGS = ("", "python", "py", "python3")
@@ -289,8 +292,6 @@ CODE_INTENTS = (
 def shard_docstring(instance: Instance, *, seed: int = 0) -> Instance:
     """Shards from a HumanEval docstring: shard 1 names the function and states its first
     sentence; each later sentence and each example is one shard. Moved, never rewritten."""
-    from fic.core.seeding import pick
-    from fic.tasks.sharding import ShardingError, split_sentences
 
     func_name = instance.fields["metadata"]["func_name"]
     node = _docstring_function(instance.fields.get("prompt") or "", func_name)

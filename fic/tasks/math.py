@@ -25,6 +25,14 @@ from typing import Any
 from fic.core.instance import Instance
 from fic.core.parsing import NUMBER, as_fraction, clean_number, last_number, number_values
 from fic.tasks.base import ErrorFactory, Task
+from fic.tasks.deferrals import (
+    GENERIC_ASKS,
+    MENTION,  # also blanks number words ("four"), not only digits
+    as_value,
+    ask_for,
+    premature_answer,
+)
+from fic.tasks.sharding import shard_math  # the question sentence first, then one fact per shard
 
 CALCULATOR = re.compile(r"<<[^<>]*>>")  # GSM8K's calculator annotations, e.g. <<40*4=160>>
 BOXED = "\\boxed{"
@@ -145,23 +153,19 @@ class MathTask(Task):
 
     @property
     def generic_asks(self) -> tuple[str, ...]:  # type: ignore[override]
-        from fic.tasks.deferrals import GENERIC_ASKS
 
         return GENERIC_ASKS
 
     def mask_values(self, text: str, revealed: set, instance: Instance | None = None) -> str:
-        from fic.tasks.deferrals import MENTION  # also blanks number words ("four"), not only digits
 
         return MENTION.sub(lambda m: m.group(0) if set(self.values_in(m.group(0))) <= revealed else "___", text)
 
     def ask_for(self, shard: str, revealed: set, rng: random.Random,
                 instance: Instance | None = None) -> str | None:
-        from fic.tasks.deferrals import ask_for
 
         return ask_for(shard, revealed, rng)
 
     def premature_reply(self, revealed_texts: list[str], instance: Instance, rng: random.Random) -> str:
-        from fic.tasks.deferrals import as_value, premature_answer
 
         in_order = [value for text in revealed_texts for value in number_values(text, words=False)]
         return premature_answer(in_order, as_value(self.reference_answer(instance)), rng)
@@ -169,7 +173,6 @@ class MathTask(Task):
     rule_sharder = True
 
     def rule_shard(self, instance: Instance, seed: int = 0) -> Instance:
-        from fic.tasks.sharding import shard_math  # the question sentence first, then one fact per shard
 
         return shard_math(instance, seed=seed)
 

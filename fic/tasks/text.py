@@ -15,24 +15,24 @@ written (never rephrased by the user simulator) and counts every reply as an ans
   empty) and turn k brings them. Scoring needs an LLM judge (SummHay's joint score: for each
   reference insight the judge says whether a bullet of the summary covers it fully (1), partly
   (0.5) or not; that coverage times the F1 of the bullet's citations `[i, j]` against the
-  insight's documents, averaged over insights). The judge is any backend:
-  `fic.tasks.get("summary").judge = backend`, or a backend YAML (the keys of `model:` in an eval
-  recipe) named by `FIC_SUMMARY_JUDGE`. Without a judge a summary scores 0 with a note saying so.
+  insight's documents, averaged over insights). The judge is any backend, handed in by the
+  evaluator (`fic eval`'s `judge:` section sets `task.judge` for the run); the task never builds
+  one. Without a judge a summary scores 0 with a note saying so.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 from typing import Any
 
 from fic.core.errors import FicError
+from fic.core.generation import SamplingParams
 from fic.core.instance import Instance
+from fic.core.parsing import find_json
 from fic.tasks.base import ErrorFactory, Task
 
-JUDGE_VARIABLE = "FIC_SUMMARY_JUDGE"
 TEXT_ASKS = (
     "Noted. Please send the rest.",
     "Got it. What else is there?",
@@ -148,7 +148,8 @@ class SummaryTask(_TextTask):
     name = "summary"
     system_prompt = "You are a helpful assistant that writes summaries with citations."
     required_fields = ("topic", "query")
-    judge: Any = None  # a backend (anything with `chat`); else FIC_SUMMARY_JUDGE names a backend YAML
+    needs_judge = True
+    judge: Any = None  # a backend (anything with `chat`), set by the evaluator for its run
     INSTRUCTION = (
         "Here are documents about: {topic}\n\n{documents}"
         "Write a summary of what these documents say about this question: {query}\n"
@@ -208,21 +209,11 @@ class SummaryTask(_TextTask):
 
     # ------------------------------------------------------------------ judging
 
-    def _judge(self) -> Any:
-        if self.judge is None and os.environ.get(JUDGE_VARIABLE):
-            from fic.backends import make_backend
-            from fic.core.config import load_config
-            from fic.core.generation import BackendConfig
-
-            self.judge = make_backend(load_config(BackendConfig, os.environ[JUDGE_VARIABLE], []))
-        return self.judge
-
     def scored(self, text: str, instance: Instance | dict) -> tuple[float, str | None]:
         instance = self._instance(instance)
-        judge = self._judge()
+        judge = self.judge
         if judge is None:
-            return 0.0, f"not judged: summary scoring needs an LLM judge (set {JUDGE_VARIABLE} to a backend YAML)"
-        from fic.core.generation import SamplingParams
+            return 0.0, "not judged: summary scoring needs an LLM judge (set judge.model in the eval config)"
 
         bullets = summary_bullets(text)
         listing = json.dumps([{"bullet_id": k, "text": b} for k, b in enumerate(bullets, start=1)], indent=1)
@@ -287,7 +278,6 @@ def citations(bullet: str) -> list[int]:
 
 
 def _verdict(text: str, bullets: int) -> tuple[float, int | None] | None:
-    from fic.core.parsing import find_json
 
     obj = find_json(text or "")
     if not isinstance(obj, dict):

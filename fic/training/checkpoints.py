@@ -19,6 +19,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from fic import __version__
 from fic.core.config import config_to_dict, flatten
 from fic.core.errors import FicError
 from fic.core.files import publish_folder, write_json, write_text
@@ -71,7 +72,7 @@ def lora_state_hooks(accelerator: Any, trainable: set[str]) -> None:
     accelerator.register_load_state_pre_hook(load_hook)
 
 
-def save_checkpoint(accelerator: Any, out: Path, step: int, state: dict, keep_last: int, lora: bool,
+def save_checkpoint(accelerator: Any, out: Path, step: int, state: dict, *, keep_last: int, lora: bool,
                     extra: Callable[[Path], None] | None = None) -> Path:
     """Write `out/checkpoints/step-N` atomically (temp folder, `complete` marker, rename) and
     delete all but the newest `keep_last` complete checkpoints. Every rank must call it.
@@ -123,7 +124,7 @@ def find_resume(out: Path) -> tuple[Path, dict, list[str]]:
     return path, state, skipped
 
 
-def check_compatible(saved: dict, cfg: Any, must_match: Sequence[str], data_sha: str, data_name: str, world: int,
+def check_compatible(saved: dict, cfg: Any, must_match: Sequence[str], data_sha: str, *, data_name: str, world: int,
                      where: Path) -> list[str]:
     """FicError when a setting that must match the checkpoint differs; the names of other changed settings."""
     now = config_to_dict(cfg)
@@ -185,7 +186,7 @@ def save_final(accelerator: Any, loss_model: Any, cfg: Any, out: Path, card: Cal
         if cfg.save_merged:
             from peft import PeftModel
 
-            from fic.core.model import load_model
+            from fic.core.model import load_model  # lazy, as peft: only a LoRA run merges
 
             base = load_model(cfg.model.path, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
             merged = PeftModel.from_pretrained(base, final).merge_and_unload()
@@ -203,7 +204,6 @@ def model_card(cfg: Any, *, title: str, tags: Sequence[str], summary: str, facts
     """A model card (`README.md` of a saved model): what trained it, on what, with which config."""
     import yaml
 
-    from fic import __version__
 
     config_yaml = yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
     method = (f"LoRA r={cfg.lora.r} alpha={cfg.lora.alpha} on {', '.join(cfg.lora.target_modules)}"

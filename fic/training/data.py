@@ -15,6 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from fic.core.chat import render_chat
 from fic.core.errors import FicError
 from fic.core.files import read_records
 
@@ -47,7 +48,6 @@ def render_examples(records: Sequence[dict], tokenizer: Any, max_seq_len: int, s
     """
     from tqdm import tqdm
 
-    from fic.core.chat import render_chat
 
     if targets not in TARGET_KINDS:
         raise ValueError(f"targets must be one of {TARGET_KINDS}, got {targets!r}")

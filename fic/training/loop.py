@@ -20,6 +20,7 @@ so that each recipe owns what differs (its data, its loss terms, rollouts) and n
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import logging
@@ -33,9 +34,11 @@ from typing import Any, Callable
 
 import torch
 
-from fic.core.config import config_to_dict
-from fic.core.errors import FicError
+from fic.core.config import config_to_dict, describe, load_config
+from fic.core.errors import FicError, one_line, os_error
 from fic.core.files import append_jsonl, write_text
+from fic.core.model import load_model
+from fic.core.progress import Progress
 from fic.training.checkpoints import (
     complete_checkpoints,
     find_resume,
@@ -96,7 +99,6 @@ def resume_point(cfg: RunConfig, say: Callable[[str], None]) -> tuple[Path | Non
 
 
 def build_model(cfg: RunConfig, device: str) -> torch.nn.Module:
-    from fic.core.model import load_model
 
     model = load_model(cfg.model.path, dtype=cfg.model.dtype, device=device,
                        trust_remote_code=cfg.model.trust_remote_code)
@@ -212,8 +214,8 @@ def maybe_checkpoint(accelerator: Any, cfg: RunConfig, step: int, steps: int, st
     """A checkpoint every `checkpoint.every` steps and at the last one; then the test hook that
     kills the process after a chosen step (to check that a resume repeats nothing)."""
     if cfg.checkpoint.every and (step % cfg.checkpoint.every == 0 or step == steps):
-        save_checkpoint(accelerator, Path(cfg.out), step, {"step": step, **state}, cfg.checkpoint.keep_last,
-                        cfg.lora.enabled, extra)
+        save_checkpoint(accelerator, Path(cfg.out), step, {"step": step, **state},
+                        keep_last=cfg.checkpoint.keep_last, lora=cfg.lora.enabled, extra=extra)
     if step == int(os.environ.get(KILL_ENV, "0") or 0):
         os.kill(os.getpid(), signal.SIGKILL)
 
@@ -224,9 +226,8 @@ class RunLog:
     line every `logging.print_every_s` seconds with steps done, rate and time left (a log file or
     batch job would otherwise show nothing for an hour)."""
 
-    def __init__(self, cfg: RunConfig, accelerator: Any, steps: int, start: int, run_id: str, desc: str,
+    def __init__(self, cfg: RunConfig, accelerator: Any, steps: int, start: int, run_id: str, *, desc: str,
                  postfix: Callable[[dict], dict] | None = None):
-        from fic.core.progress import Progress
 
         self.cfg, self.steps = cfg, steps
         self.main = accelerator.is_main_process
@@ -269,17 +270,16 @@ def recipe_main(config_class: type, train: Callable[[Any], Any], method: str, do
     `--config` anywhere among the key=value overrides, `--help` listing every key, and bad input
     or an operating-system refusal as one line with exit 2 (`accelerate launch` runs the script
     directly, past the fic CLI's handler)."""
-    import argparse
-
-    from fic.core.config import describe, load_config
-    from fic.core.errors import one_line, os_error
-
     parser = argparse.ArgumentParser(prog=f"train_{method}.py", description=doc.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="settings (key=value):\n" + describe(config_class))
     parser.add_argument("--config", default=None, help=f"recipe YAML, e.g. recipes/smollm2-135m-instruct/{method}.yaml")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="override recipe settings")
+    parser.add_argument("--keys", action="store_true", help="list every key with its help and exit")
     args = parser.parse_intermixed_args(sys.argv[1:] if argv is None else argv)
+    if args.keys:
+        print(describe(config_class))
+        return 0
     try:
         train(load_config(config_class, args.config, args.overrides))
     except FicError as err:

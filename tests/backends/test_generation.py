@@ -4,15 +4,13 @@ vllm only where it can run (a GPU with vllm installed)."""
 from __future__ import annotations
 
 import importlib.util
-import json
 import socket
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import torch
 from scripted import FunctionBackend, end_of_turn_id
+from servers import ChatServer, chat_reply
 
 from fic.backends import make_backend
 from fic.core.config import load_config
@@ -412,67 +410,12 @@ def test_function_backend_scripts_chat_and_token_replies(tiny):
 
 # --------------------------------------------------------------------------- openai backend
 
-class _Server:
-    """A real HTTP server on 127.0.0.1 that answers /v1/chat/completions with `respond`.
-
-    `respond(body, n)` gets the request body and the request's number (1-based) and returns
-    (status, payload, headers, delay_s). The server counts requests in flight at once.
-    """
-
-    def __init__(self, respond):
-        self.respond, self.bodies, self.headers = respond, [], []
-        self.lock, self.in_flight, self.max_in_flight = threading.Lock(), 0, 0
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                length = int(self.headers.get("Content-Length", 0))
-                body = json.loads(self.rfile.read(length))
-                with server.lock:
-                    server.bodies.append(body)
-                    server.headers.append(dict(self.headers))
-                    number = len(server.bodies)
-                    server.in_flight += 1
-                    server.max_in_flight = max(server.max_in_flight, server.in_flight)
-                try:
-                    if self.path != "/v1/chat/completions":
-                        status, payload, headers, delay = 404, {"error": {"message": "no such path"}}, {}, 0
-                    else:
-                        status, payload, headers, delay = server.respond(body, number)
-                    time.sleep(delay)
-                    data = json.dumps(payload).encode()
-                    self.send_response(status)
-                    for key, value in {"Content-Type": "application/json", **headers}.items():
-                        self.send_header(key, value)
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client gave up (timeout test)
-                finally:
-                    with server.lock:
-                        server.in_flight -= 1
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.httpd.block_on_close = False
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 @pytest.fixture
 def serve():
     servers = []
 
     def start(respond):
-        servers.append(_Server(respond))
+        servers.append(ChatServer(respond))
         return servers[-1]
 
     yield start
@@ -480,15 +423,8 @@ def serve():
         server.close()
 
 
-def _reply(text, finish="stop", logprobs=None):
-    choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
-    if logprobs is not None:
-        choice["logprobs"] = {"content": [{"token": "x", "logprob": lp, "top_logprobs": []} for lp in logprobs]}
-    return {"id": "c1", "object": "chat.completion", "choices": [choice]}
-
-
 def _echo(body, number):
-    return 200, _reply("echo: " + body["messages"][-1]["content"]), {}, 0
+    return 200, chat_reply("echo: " + body["messages"][-1]["content"]), {}, 0
 
 
 def _openai(server, **kwargs):
@@ -503,7 +439,7 @@ def _conv(text):
 
 
 def test_openai_normal_reply_and_request_fields(serve):
-    server = serve(lambda body, n: (200, _reply("Sure.", "length", [-0.1, -0.2]), {}, 0))
+    server = serve(lambda body, n: (200, chat_reply("Sure.", "length", [-0.1, -0.2]), {}, 0))
     backend = _openai(server, api_key="sk-test", request_logprobs=True)
     params = SamplingParams(max_new_tokens=33, temperature=0.5, top_p=0.9, seed=7)
     gens = backend.chat([_conv("a"), _conv("b")], params)
@@ -550,7 +486,7 @@ def test_openai_client_error_is_clear_and_not_retried(serve):
 
 
 def test_openai_timeout_is_retried_then_reported(serve):
-    server = serve(lambda body, n: (200, _reply("late"), {}, 1.0))
+    server = serve(lambda body, n: (200, chat_reply("late"), {}, 1.0))
     start = time.monotonic()
     with pytest.raises(FicError, match="gave up after 2 attempt"):
         _openai(server, timeout_s=0.2, max_retries=1).chat([_conv("x")], GREEDY)
@@ -570,7 +506,7 @@ def test_openai_connection_refused_is_reported(serve):
 
 
 def test_openai_concurrency_limit_and_order(serve):
-    server = serve(lambda body, n: (200, _reply("echo: " + body["messages"][-1]["content"]), {}, 0.3))
+    server = serve(lambda body, n: (200, chat_reply("echo: " + body["messages"][-1]["content"]), {}, 0.3))
     start = time.monotonic()
     gens = _openai(server, concurrency=4).chat([_conv(str(i)) for i in range(8)], GREEDY)
     elapsed = time.monotonic() - start

@@ -86,3 +86,11 @@ def test_atomic_write_leaves_old_file_when_interrupted(tmp_path):
         write_jsonl(path, records())
     assert path.read_text() == "old\n"
     assert [p.name for p in tmp_path.iterdir()] == ["out.jsonl"]
+
+
+@pytest.mark.parametrize("verb", [["eval"], ["probe"], ["sft-data"], ["demo"], ["train", "sft"], ["train", "vasd"]])
+def test_every_config_verb_lists_its_keys_with_their_help(verb, capsys):
+    assert main([*verb, "--keys"]) == 0
+    listing = capsys.readouterr().out
+    key = {"sft": "data.path", "vasd": "regularizer.anchor_path"}.get(verb[-1], "data.source" if verb != ["demo"] else "sft.data.path")
+    assert f"{key} (" in listing and "default" in listing

@@ -403,11 +403,11 @@ def recipe_and_overrides(argv: list[str]) -> tuple[str, list[str]]:
 
 @pytest.mark.parametrize("tools", ["vllm+deepspeed", "neither"])
 def test_gpu_check_dry_run_prints_every_command(tmp_path, tools):
-    from fic.core.config import load_config
     from fic.cli.launch_check import check as launch_check
+    from fic.core.config import load_config
     from fic.corpus.build import SFTDataConfig
     from fic.train_sft import SFTConfig
-    from fic.train_vasd import VASDConfig
+    from fic.training.vasd.config import VASDConfig
 
     both = tools == "vllm+deepspeed"
     done = gpu_check(tmp_path, VLLM="1" if both else "0", DEEPSPEED="1" if both else "0")
@@ -421,7 +421,7 @@ def test_gpu_check_dry_run_prints_every_command(tmp_path, tools):
     assert commands[0][1][:2] == [python, "-c"] and "torch.cuda" in commands[0][1][2]
     assert commands[1][1] == [python, "-m", "fic", "prepare-model"]
     corpus = load_config(SFTDataConfig, *recipe_and_overrides(commands[2][1]))
-    assert corpus.out == f"{out}/sft.jsonl" and corpus.limit == 32
+    assert corpus.out == f"{out}/sft.jsonl" and corpus.data.limit == 32
 
     # Every training command's settings load with the trainer's own config class.
     configs = {}
@@ -445,7 +445,7 @@ def test_gpu_check_dry_run_prints_every_command(tmp_path, tools):
         assert (config.model.dtype, config.train.mixed_precision) == ("float32", "bf16")
         assert config.train.max_steps == 3 and not config.logging.wandb
     assert sft.data.path == corpus.out and sft.out == f"{out}/sft"
-    assert vasd.model.path == f"{out}/sft/final" and vasd.data.anchor_path == corpus.out
+    assert vasd.model.path == f"{out}/sft/final" and vasd.regularizer.anchor_path == corpus.out
     assert vasd.rollout.backend == ("vllm" if both else "hf")
     if both:
         assert configs["zero2-sft"].train.mixed_precision == "auto"  # bf16 from the launch file

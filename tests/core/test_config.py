@@ -100,3 +100,29 @@ class Outer:
 def test_nested_check_errors_name_the_full_key():
     with pytest.raises(FicError, match="field 'inner.name': must not be empty"):
         load_config(Outer, None, ["inner.name="])
+
+
+@dataclass
+class _Picks:
+    names: list[str] = setting([], "Names.")
+    task: str | list[str] = setting("math", "One name or several.")
+    size: int = setting(1, "A size.")
+
+
+@dataclass
+class _Holder:
+    picks: _Picks = setting(_Picks(names=["declared"], size=7), "A section whose parent declares its defaults.")
+
+
+def test_a_section_override_keeps_the_defaults_its_parent_declares():
+    """`picks.task=code` must not reset `picks.names` to the class's own default."""
+    cfg = load_config(_Holder, None, ["picks.task=code"])
+    assert cfg.picks.names == ["declared"] and cfg.picks.size == 7 and cfg.picks.task == "code"
+    assert load_config(_Holder, None, ["picks.size=3"]).picks.names == ["declared"]
+    assert load_config(_Holder, None, ["picks.names=[a, b]"]).picks.names == ["a", "b"]
+
+
+def test_brackets_make_a_list_wherever_a_list_is_allowed_and_one_item_needs_none():
+    cfg = load_config(_Picks, None, ["task=[math, code]", "names=jsonl:x.jsonl"])
+    assert cfg.task == ["math", "code"] and cfg.names == ["jsonl:x.jsonl"]
+    assert load_config(_Picks, None, ["task=007"]).task == "007"  # text stays text

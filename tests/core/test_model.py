@@ -168,9 +168,9 @@ def test_resolve_dtype():
 def test_hub_ids_reach_transformers_and_fail_with_one_clear_line(monkeypatch, tmp_path):
     """`org/name` is a hub model on a user's machine; offline (as here) loading it is one clear
     error naming it. A local folder of the same shape still wins."""
-    from fic.core.model import is_hub_id, load_tokenizer
-
     import huggingface_hub.constants
+
+    from fic.core.model import is_hub_id, load_tokenizer
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     # The library reads the variable once, at import: without this it tries the network (46 s of retries).

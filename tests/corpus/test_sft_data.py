@@ -12,7 +12,6 @@ from scripted import FunctionBackend
 from fic import tasks
 from fic.cli.main import main
 from fic.core.config import load_config
-from fic.tasks.deferrals import ACKS, DEFERRALS, GENERIC_ASKS, RECOVERY_ACKS, ask_for
 from fic.core.errors import FicError
 from fic.core.instance import Instance
 from fic.corpus.build import (
@@ -23,6 +22,7 @@ from fic.corpus.build import (
     make_corpus,
 )
 from fic.data.views import user_turns
+from fic.tasks.deferrals import ACKS, DEFERRALS, GENERIC_ASKS, RECOVERY_ACKS, ask_for
 
 LIC_SAMPLE = Path(__file__).resolve().parents[3] / "shared/data/lost_in_conversation/sample_5_per_task.json"
 MATH = tasks.get("math")
@@ -41,7 +41,7 @@ def values(text):
 
 def config(*overrides, out=None):
     extra = [f"out={out}"] if out else []
-    return load_config(SFTDataConfig, None, ["data=reasoning-gym:gsm_symbolic", "limit=250", *extra, *overrides])
+    return load_config(SFTDataConfig, None, ["data.source=reasoning-gym:gsm_symbolic", "data.limit=250", *extra, *overrides])
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +145,7 @@ def test_no_reply_leaks_the_answer_or_an_unrevealed_number(corpus):
 def test_no_leak_on_the_lic_math_sample():
     if not LIC_SAMPLE.exists():
         pytest.skip(f"LiC sample not found at {LIC_SAMPLE}")
-    cfg = load_config(SFTDataConfig, None, [f"data=lic:{LIC_SAMPLE}", "ask_share=1.0", "recovery_share=0.5",
+    cfg = load_config(SFTDataConfig, None, [f"data.source=lic:{LIC_SAMPLE}", "ask_share=1.0", "recovery_share=0.5",
                                             "single_turn_share=0", "conversations_per_instance=40"])
     instances, _ = load_instances(cfg)
     records, stats = make_corpus(instances, cfg, progress=False)
@@ -166,14 +166,14 @@ def test_shares_follow_the_config(gym):
 
 def test_the_corpus_is_deterministic_for_a_seed(tmp_path):
     for name, seed in (("a", 0), ("b", 0), ("c", 1)):
-        build_corpus(config("limit=60", f"seed={seed}", out=tmp_path / f"{name}.jsonl"), progress=False)
+        build_corpus(config("data.limit=60", f"seed={seed}", out=tmp_path / f"{name}.jsonl"), progress=False)
     a, b, c = ((tmp_path / f"{n}.jsonl").read_bytes() for n in "abc")
     assert a == b and a != c
 
 
 def test_data_card_and_files(tmp_path):
     out = tmp_path / "corpus.sft.jsonl"
-    info = build_corpus(config("limit=80", "seed=3", out=out), progress=False)
+    info = build_corpus(config("data.limit=80", "seed=3", out=out), progress=False)
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     card_json, card_md = card_paths(out)
     assert card_json.name == "corpus.sft.card.json" and json.loads(card_json.read_text()) == info
@@ -196,7 +196,7 @@ def test_the_file_loads_with_datasets(tmp_path):
     import datasets
 
     out = tmp_path / "c.jsonl"
-    info = build_corpus(config("limit=40", out=out), progress=False)
+    info = build_corpus(config("data.limit=40", out=out), progress=False)
     ds = datasets.load_dataset("json", data_files=str(out), split="train")
     assert len(ds) == info["conversations"] > 30 and set(ds.column_names) == {"id", "task_id", "task", "kind", "messages", "reply_kinds"}
     messages = ds.features["messages"]
@@ -283,7 +283,7 @@ def test_rewrites_that_change_or_drop_information_are_refused():
     ("ask_share=1.5", "ask_share"),
     ("user.kind=llm", "user.backend.model"),
     ("replies.kind=robot", "replies.kind"),
-    ("task=poetry", "task"),
+    ("data.task=poetry", "data.task"),
 ])
 def test_bad_config_is_a_clear_error(override, field):
     with pytest.raises(FicError) as err:
@@ -293,18 +293,18 @@ def test_bad_config_is_a_clear_error(override, field):
 
 def test_bad_inputs_are_clear_errors(tmp_path):
     with pytest.raises(FicError, match="unknown source"):
-        build_corpus(config("data=nowhere:x", out=tmp_path / "x.jsonl"), progress=False)
+        build_corpus(config("data.source=nowhere:x", out=tmp_path / "x.jsonl"), progress=False)
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"task_id": "a", "task": "math", "question": "q", "answer": "no number"}\n')
     with pytest.raises(FicError, match="answer"):
-        build_corpus(config(f"data=jsonl:{bad}", out=tmp_path / "x.jsonl"), progress=False)
+        build_corpus(config(f"data.source=jsonl:{bad}", out=tmp_path / "x.jsonl"), progress=False)
     assert not (tmp_path / "x.jsonl").exists()
 
 
 def test_cli_writes_the_corpus_and_reports_bad_input(tmp_path, capsys):
     recipe = Path(__file__).resolve().parents[2] / "recipes/smollm2-135m-instruct/sft-data.yaml"
     out = tmp_path / "cli.sft.jsonl"
-    assert main(["sft-data", "--config", str(recipe), "limit=30", f"out={out}", "--show", "1"]) == 0
+    assert main(["sft-data", "--config", str(recipe), "data.limit=30", f"out={out}", "--show", "1"]) == 0
     printed = capsys.readouterr().out
     assert "wrote 30 conversations" in printed and "[system]" in printed
     assert out.exists() and card_paths(out)[0].exists() and card_paths(out)[1].exists()

@@ -10,8 +10,9 @@ from scripted import FunctionBackend
 
 from fic.cli.main import main
 from fic.core.instance import Instance, Shard
-from fic.data.llm_sharder import parse_shards, shard_with_llm, validate_shards
 from fic.core.parsing import number_values
+from fic.data.llm_sharder import parse_shards, shard_with_llm
+from fic.evaluation.shard_validation import validate_shards
 
 QUESTION = ("Ara joined the team four years ago. She plays 40 games every year. She scores 21 points a game. "
             "How many points has she scored?")

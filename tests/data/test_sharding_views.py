@@ -7,9 +7,9 @@ import pytest
 
 from fic.core.errors import FicError
 from fic.core.instance import Instance
-from fic.tasks.sharding import ShardingError, shard_math, split_clauses, split_sentences
 from fic.data.sources import load_source, shard_missing
 from fic.data.views import RECAP_HEADER, SNOWBALL_HEADER, VIEWS, render_view, user_turns
+from fic.tasks.sharding import ShardingError, shard_math, split_clauses, split_sentences
 
 NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
 

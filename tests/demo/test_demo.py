@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from fic.cli.main import main
-from fic.demo.run import STAGES, load_demo, split_overlap
 from fic.core.stats import paired_bootstrap, sign_test
+from fic.demo.run import STAGES, load_demo, split_overlap
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "recipes" / "smollm2-135m-instruct"

@@ -80,11 +80,11 @@ WALK = {
         "out": ["--quiet", "model.model={missing}", "data.source=jsonl:{missing}", "out={out}/run"],
         "input": ["--quiet", "--config", "{bad}", "out={tmp}/run"], "input_kind": "file"},
     "probe": {
-        "out": ["--quiet", "model.model={missing}", "data=jsonl:{missing}", "out={out}/run"],
-        "input": ["--quiet", "model.model={missing}", "data=jsonl:{good}", "replies.path={bad}", "out={tmp}/run"],
+        "out": ["--quiet", "model.model={missing}", "data.source=jsonl:{missing}", "out={out}/run"],
+        "input": ["--quiet", "model.model={missing}", "data.source=jsonl:{good}", "replies.path={bad}", "out={tmp}/run"],
         "input_kind": "file"},
     "sft-data": {
-        "out": ["data=jsonl:{missing}", "out={out}/x.jsonl"],
+        "out": ["data.source=jsonl:{missing}", "out={out}/x.jsonl"],
         "input": ["--config", "{bad}", "out={tmp}/o.jsonl"], "input_kind": "file"},
     "demo": {
         "out": ["--recipes", str(REPO / "recipes/smollm2-135m-instruct"), "out={out}/run", "--quiet"],
@@ -95,7 +95,7 @@ WALK = {
                 "train.max_steps=1", "logging.wandb=false", "logging.progress=false"],
         "input": ["--config", "{bad}"], "input_kind": "file"},
     "train vasd": {
-        "out": ["--config", "{vasd_yaml}", "model.path={model}", "data.anchor_path={corpus}", "out={out}/run",
+        "out": ["--config", "{vasd_yaml}", "model.path={model}", "regularizer.anchor_path={corpus}", "out={out}/run",
                 "train.max_steps=1", "logging.wandb=false", "logging.progress=false"],
         "input": ["--config", "{bad}"], "input_kind": "file"},
     "bench rollout": {
@@ -351,7 +351,7 @@ def test_a_yaml_byte_order_mark_and_non_utf8_bytes(tmp_path):
 
 
 def test_an_evaluation_whose_server_goes_away_stops_in_one_line_and_resumes(tmp_path, capsys):
-    from test_generation import _reply, _Server
+    from servers import ChatServer, chat_reply
 
     good = tmp_path / "good.jsonl"
     good.write_text("".join(json.dumps({**SHARDED, "task_id": f"t{i}"}) + "\n" for i in range(2)))
@@ -361,13 +361,13 @@ def test_an_evaluation_whose_server_goes_away_stops_in_one_line_and_resumes(tmp_
 
     def then_gone(body, number):
         if number <= first_turns:
-            return 200, _reply("Could you tell me more about the apples?"), {}, 0
+            return 200, chat_reply("Could you tell me more about the apples?"), {}, 0
         if not closing.is_set():  # the server goes away: later requests find no one listening
             closing.set()
             threading.Thread(target=first.close, daemon=True).start()
         return 503, {"error": {"message": "shutting down"}}, {}, 0
 
-    first = _Server(then_gone)
+    first = ChatServer(then_gone)
     args = ["eval", "--quiet", "model.kind=openai", "model.model=test-model", "model.max_retries=1",
             f"data.source=jsonl:{good}", "views=[full,sharded]", f"out={out}"]
     code, line, lines = _run_captured(capsys, args + [f"model.base_url={first.url}"])
@@ -377,7 +377,7 @@ def test_an_evaluation_whose_server_goes_away_stops_in_one_line_and_resumes(tmp_
     assert sorted((r["task_id"], r["view"]) for r in kept) == [("t0", "full"), ("t1", "full")]
     assert not (out / "metrics.json").exists()
 
-    second = _Server(lambda body, number: (200, _reply("Could you tell me more about the apples?"), {}, 0))
+    second = ChatServer(lambda body, number: (200, chat_reply("Could you tell me more about the apples?"), {}, 0))
     try:
         code, _, _ = _run_captured(capsys, args + [f"model.base_url={second.url}"])
     finally:

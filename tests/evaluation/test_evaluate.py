@@ -12,8 +12,8 @@ from scripted import FunctionBackend
 from fic.cli.main import main
 from fic.core.config import load_config
 from fic.core.errors import FicError
-from fic.evaluation.evaluate import EvalConfig, evaluate
 from fic.core.files import read_records
+from fic.evaluation.evaluate import EvalConfig, evaluate
 from fic.tasks import Task
 
 REPO = Path(__file__).resolve().parents[2]
@@ -347,7 +347,7 @@ def test_the_shipped_eval_recipe_runs_on_a_fresh_clone(tiny_model_dir, tiny_back
     monkeypatch.chdir(REPO)
     cfg = load_config(EvalConfig, REPO / "recipes/smollm2-135m-instruct/eval.yaml",
                       [f"model.model={tiny_model_dir}", f"out={tmp_path / 'o'}", "data.limit=2", "max_new_tokens=4"])
-    assert cfg.data.source.startswith("reasoning-gym:")
+    assert cfg.data.source[0].startswith("reasoning-gym:")
     metrics = evaluate(cfg, assistant=tiny_backend, progress=False)
     assert metrics["conversations"] == 2 * 3 and metrics["reliability_note"]  # greedy, N = 1: P only
     protocol = load_config(EvalConfig, REPO / "recipes/smollm2-135m-instruct/eval-lic-protocol.yaml")

@@ -9,12 +9,16 @@ from pathlib import Path
 
 import pytest
 from scripted import FunctionBackend
-from test_chat import LLAMA3, QWEN25
+from templates import LLAMA3, QWEN25
 
 from fic import tasks
 from fic.core.chat import TemplateError, render_chat
 from fic.core.config import load_config
 from fic.core.errors import FicError
+from fic.core.seeding import derive_seed
+from fic.core.stats import sign_test, wilson_interval
+from fic.probe.judge import LABELS, LLMJudge, parse_judgement, rule_judge
+from fic.probe.report import clustered_rate
 from fic.probe.run import (
     ORIGINAL,
     ProbeConfig,
@@ -26,10 +30,6 @@ from fic.probe.run import (
     shown_replies,
     truncate,
 )
-from fic.probe.judge import LABELS, LLMJudge, parse_judgement, rule_judge
-from fic.probe.report import clustered_rate
-from fic.core.seeding import derive_seed
-from fic.core.stats import sign_test, wilson_interval
 
 QUERY = ("Ara plays basketball for 4 years. Each year she plays 40 games and scores 21 points per game. "
          "What is her total score over the four years?")
@@ -128,7 +128,7 @@ def test_user_turn_switch_on_an_openai_model_is_a_config_error():
     with pytest.raises(FicError, match="switch.*swap_roles or instruct"):
         load_config(ProbeConfig, overrides=["model.kind=openai", "model.model=gpt-x", "switch=user_turn"])
     cfg = load_config(ProbeConfig, overrides=["model.kind=openai", "model.model=gpt-x", "switch=swap_roles"])
-    assert cfg.switch == "swap_roles" and cfg.data == ["reasoning-gym:gsm_symbolic"]
+    assert cfg.switch == "swap_roles" and cfg.data.source == ["reasoning-gym:gsm_symbolic"]
 
 
 @pytest.mark.parametrize("override, field", [
@@ -355,7 +355,7 @@ def tiny_probe_config(folder: Path, model_dir: Path, *extra: str) -> ProbeConfig
     data = folder / "questions.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in INSTANCES))
     return load_config(ProbeConfig, overrides=[
-        f"model.model={model_dir}", "model.device=cpu", "model.kv_reuse_mb=0", f"data=jsonl:{data}",
+        f"model.model={model_dir}", "model.device=cpu", "model.kv_reuse_mb=0", f"data.source=jsonl:{data}",
         "temperatures=[0.0,1.0]", "samples=2", "max_new_tokens=8", "replies.max_new_tokens=12",
         f"out={folder / 'probe'}", *extra])
 
@@ -395,11 +395,11 @@ def test_miniature_probe_writes_its_report(first_run, smollm2_tokenizer):
             assert g["reply_shown"].split("\n\n")[-1] in cfg.explicit_questions
         else:
             assert g["reply_shown"] == shown[g["condition"]]
-    cells = metrics["datasets"][cfg.data[0]]["cells"]
+    cells = metrics["datasets"][cfg.data.source[0]]["cells"]
     assert {(c["condition"], c["temperature"]) for c in cells} == {
         (c, t) for c in (ORIGINAL, "truncate", "explicit_question") for t in (0.0, 1.0)}
     assert all(c["follow_up"]["n"] == (2 if c["temperature"] == 0 else 4) for c in cells)
-    assert metrics["datasets"][cfg.data[0]]["accuracy"]["n"] == 2
+    assert metrics["datasets"][cfg.data.source[0]]["accuracy"]["n"] == 2
     assert json.loads((out / "metrics.json").read_text())["judge"]["kind"] == "rule"
     report = (out / "report.md").read_text()
     assert "judge: rule (offline heuristics" in report and "Wilson" in report
@@ -450,7 +450,7 @@ def test_cli_runs_the_probe(tmp_path, tiny_model_dir, capsys):
     from fic.cli.main import main
 
     cfg = tiny_probe_config(tmp_path, tiny_model_dir)
-    code = main(["probe", f"model.model={tiny_model_dir}", "model.device=cpu", f"data={cfg.data[0]}", "limit=1",
+    code = main(["probe", f"model.model={tiny_model_dir}", "model.device=cpu", f"data.source={cfg.data.source[0]}", "data.limit=1",
                  "temperatures=[0.0]", "max_new_tokens=4", "replies.max_new_tokens=4", f"out={cfg.out}", "--quiet"])
     assert code == 0
     printed = capsys.readouterr().out
@@ -460,7 +460,7 @@ def test_cli_runs_the_probe(tmp_path, tiny_model_dir, capsys):
 
 def test_llm_judge_run_states_the_judge_and_its_fallbacks(tmp_path, tiny_model_dir):
     # The tiny random model as judge never answers with a label, so every label falls back.
-    cfg = tiny_probe_config(tmp_path, tiny_model_dir, "limit=1", "temperatures=[1.0]", "samples=1", "judge.kind=llm",
+    cfg = tiny_probe_config(tmp_path, tiny_model_dir, "data.limit=1", "temperatures=[1.0]", "samples=1", "judge.kind=llm",
                             f"judge.backend.model={tiny_model_dir}", "judge.backend.device=cpu",
                             "judge.backend.kv_reuse_mb=0", "judge.retries=1", "judge.max_new_tokens=4")
     metrics = probe(cfg, progress=False)
@@ -476,7 +476,7 @@ def test_each_source_is_its_own_dataset_even_with_shared_task_ids(tmp_path, tiny
     for name in ("a", "b"):
         (tmp_path / f"{name}.jsonl").write_text(json.dumps(INSTANCES[0]) + "\n")
     sources = [f"jsonl:{tmp_path / 'a.jsonl'}", f"jsonl:{tmp_path / 'b.jsonl'}"]
-    cfg = tiny_probe_config(tmp_path, tiny_model_dir, f"data=[{sources[0]}, {sources[1]}]", "temperatures=[0.0]",
+    cfg = tiny_probe_config(tmp_path, tiny_model_dir, f"data.source=[{sources[0]}, {sources[1]}]", "temperatures=[0.0]",
                             "perturbations=[truncate]", "max_new_tokens=4", "replies.max_new_tokens=4")
     metrics = probe(cfg, progress=False)
     assert list(metrics["datasets"]) == sources
@@ -510,8 +510,8 @@ def test_replies_file_matches_by_source_then_by_a_unique_task_id(tmp_path):
 def test_single_turn_replies_see_the_instances_own_system_prompt():
     """An actions instance's tools live in its system prompt: without them the demo's model scored
     0 of 20 in the probe against 65% in `fic eval`."""
-    from fic.probe.run import single_turn_replies
     from fic.data.sources import read_instance
+    from fic.probe.run import single_turn_replies
     from fic.tasks.actions_gen import generate
 
     instance = read_instance(generate("test", 1, seed=0)[0])
@@ -521,7 +521,7 @@ def test_single_turn_replies_see_the_instances_own_system_prompt():
         seen.append(messages[0]["content"])
         return tasks.get("actions").reference_answer(instance)
 
-    cfg = load_config(ProbeConfig, None, ["task=actions", "model.model=scripted"])
+    cfg = load_config(ProbeConfig, None, ["data.task=actions", "model.model=scripted"])
     (record,) = single_turn_replies(cfg, FunctionBackend(model), [("gen", instance)], None, progress=False)
     tool = instance.fields["function"][0]["name"]
     assert tool in seen[0] and tool in record["system"]

@@ -72,6 +72,12 @@ def source_path(spec: str) -> str | None:
     return None
 
 
+def sources_of(section: dict | None) -> list[str]:
+    """The source specs of a `data:` section (one spec or a list)."""
+    sources = (section or {}).get("source") or []
+    return [sources] if isinstance(sources, str) else list(sources)
+
+
 def path_values(path: Path) -> list[tuple[str, str]]:
     """(key, path) for every setting of a recipe that names a file or folder it reads."""
     data = yaml.safe_load(path.read_text())
@@ -87,15 +93,10 @@ def path_values(path: Path) -> list[tuple[str, str]]:
             backend(f"{role}.backend.model", section.get("backend"))
     stem = path.stem
     if stem.startswith("sft-data"):
-        sources = data.get("data", [])
-        for spec in [sources] if isinstance(sources, str) else sources:
-            if source_path(spec):
-                found.append(("data", source_path(spec)))
+        found += [("data.source", source_path(spec)) for spec in sources_of(data.get("data")) if source_path(spec)]
     elif stem.startswith("eval"):
         backend("model.model", data.get("model"))
-        spec = (data.get("data") or {}).get("source", "")
-        if source_path(spec):
-            found.append(("data.source", source_path(spec)))
+        found += [("data.source", source_path(spec)) for spec in sources_of(data.get("data")) if source_path(spec)]
         if data.get("baseline"):
             found.append(("baseline", data["baseline"]))
     elif stem == "sft":
@@ -103,13 +104,12 @@ def path_values(path: Path) -> list[tuple[str, str]]:
             if "path" in (data.get(section) or {}):
                 found.append((f"{section}.path", data[section]["path"]))
     elif stem == "vasd":
-        section = data.get("data") or {}
         if (data.get("model") or {}).get("path"):
             found.append(("model.path", data["model"]["path"]))
-        if section.get("anchor_path"):
-            found.append(("data.anchor_path", section["anchor_path"]))
-        for spec in (section.get("exclude") or {}).get("sources") or []:
-            found.append(("data.exclude.sources", source_path(spec) or spec))
+        if (data.get("regularizer") or {}).get("anchor_path"):
+            found.append(("regularizer.anchor_path", data["regularizer"]["anchor_path"]))
+        for spec in (data.get("exclude") or {}).get("sources") or []:
+            found.append(("exclude.sources", source_path(spec) or spec))
     elif stem == "demo":  # every other path of a demo is under its own `out`, wired by fic/demo/run.py
         found.append(("base_model", data["base_model"]))
     return found
@@ -197,9 +197,9 @@ def test_stages_of_a_backbone_chain(folder):
         assert not lora_sft or sft.get("save_merged"), "a LoRA SFT must save_merged for VASD to start from"
         wanted = f"{sft['out'].rstrip('/')}/{'final-merged' if lora_sft else 'final'}"
         assert vasd["model"]["path"] == wanted, f"vasd.yaml does not start from what sft.yaml saves ({wanted})"
-        assert vasd["data"]["anchor_path"] == load("sft-data.yaml")["out"], \
+        assert vasd["regularizer"]["anchor_path"] == load("sft-data.yaml")["out"], \
             "vasd.yaml's anchor is not the SFT corpus sft-data.yaml writes"
-        excluded = (vasd["data"].get("exclude") or {}).get("sources") or []
+        excluded = (vasd.get("exclude") or {}).get("sources") or []
         assert f"recipes/{folder.name}/eval.yaml" in excluded, "vasd.yaml does not keep eval.yaml's data out"
 
 

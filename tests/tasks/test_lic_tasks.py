@@ -243,7 +243,6 @@ def test_summary_is_scored_by_a_judge_backend_or_says_it_was_not(monkeypatch):
 
     summary = tasks.get("summary")
     instance = lic("summary")[0]
-    monkeypatch.delenv("FIC_SUMMARY_JUDGE", raising=False)
     monkeypatch.setattr(summary, "judge", None)
     score, note = summary.scored(summary.gold_reply(instance), instance)
     assert score == 0.0 and "judge" in note
@@ -317,9 +316,9 @@ def test_fixed_turn_tasks_never_ask_the_user_or_classifier_models():
     from scripted import FunctionBackend
 
     from fic.conversation.classify import LLMClassifier
-    from fic.core.generation import SamplingParams
     from fic.conversation.simulator import Conversation, play
     from fic.conversation.users import LLMUser
+    from fic.core.generation import SamplingParams
 
     def refuse(messages):
         raise AssertionError("no model call expected")
@@ -375,3 +374,32 @@ def test_transfer_recipe_and_a_mixed_file_report_per_task_metrics(tmp_path, monk
     for task_name, views in metrics["tasks"].items():
         assert views["full"]["P"] == 100.0 and views["full"]["instances"] == 2, task_name
     assert metrics["views"]["full"]["P"] == 100.0 and metrics["views"]["full"]["tasks"] == 4
+
+
+@needs_lic
+def test_fic_eval_hands_its_judge_to_the_summary_task_for_the_run_only(tmp_path):
+    from scripted import FunctionBackend
+
+    from fic.core.generation import BackendConfig
+    from fic.evaluation.evaluate import EvalConfig, evaluate
+
+    summary = tasks.get("summary")
+    asked = []
+
+    def judge(messages):
+        asked.append(messages)
+        return json.dumps({"coverage": "FULL", "bullet_id": 1})
+
+    instance = lic("summary")[0]
+    gold = summary.gold_reply(instance)
+    cfg = EvalConfig(model=BackendConfig(model="scripted"), views=["full"], out=str(tmp_path / "run"))
+    cfg.data.source, cfg.data.task, cfg.data.limit = [f"lic:{SAMPLE}"], "summary", 1
+    metrics = evaluate(cfg, assistant=FunctionBackend(lambda messages: gold), judge_backend=FunctionBackend(judge),
+                       progress=False)
+    assert asked and metrics["views"]["full"]["P"] > 0
+    assert summary.judge is None  # nothing of the run is left on the shared task object
+
+    unjudged = evaluate(EvalConfig(model=cfg.model, data=cfg.data, views=["full"], out=str(tmp_path / "bare")),
+                        assistant=FunctionBackend(lambda messages: gold), progress=False)
+    record = json.loads((tmp_path / "bare" / "conversations.jsonl").read_text().splitlines()[0])
+    assert unjudged["views"]["full"]["P"] == 0 and "not judged" in record["turns"][0]["score_note"]

@@ -13,23 +13,24 @@ from pathlib import Path
 import pytest
 import torch
 from scripted import FunctionBackend
-from test_chat import LLAMA3, QWEN25
+from templates import LLAMA3, QWEN25
 
-from fic.core.chat import end_of_turn_ids, prompt_ids
 from fic.conversation.classify import RuleClassifier
+from fic.conversation.simulator import make_conversations, play
+from fic.conversation.users import VerbatimUser
+from fic.core.chat import end_of_turn_ids, prompt_ids
 from fic.core.config import load_config
 from fic.core.errors import FicError
 from fic.core.generation import SamplingParams
 from fic.core.instance import Instance, Shard
-from fic.conversation.simulator import make_conversations, play
-from fic.train_vasd import VASDConfig, train
+from fic.data.views import system_message
+from fic.train_vasd import train
 from fic.training.data import IGNORE, render_examples
-from fic.training.vasd.distill import DistillLoss, collate_rows, rollout_from, runs_of, student_rows, teacher_prompts
 from fic.training.loop import KILL_ENV
 from fic.training.losses import divergence
+from fic.training.vasd.config import VASDConfig
+from fic.training.vasd.distill import DistillLoss, collate_rows, rollout_from, runs_of, student_rows, teacher_prompts
 from fic.training.vasd.step import ema_update, step_batches, teacher_parts
-from fic.conversation.users import VerbatimUser
-from fic.data.views import system_message
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "smollm2-135m-instruct" / "vasd.yaml"
@@ -198,25 +199,25 @@ def test_loss_is_zero_when_the_teacher_reads_the_students_own_context(tiny_model
     """With the teacher's prompt replaced by the student's own conversation, both sides read the
     same positions of the same ids with the same weights: the divergence must vanish. Any
     off-by-one between the two layouts would make it positive."""
-    import fic.training.vasd.distill as distill
+    import fic.training.vasd.step as step
     from fic.core.model import load_model
 
     model = load_model(tiny_model_dir, dtype="float32").eval()
     conv = played(smollm2_tokenizer)
     rollout = rollout_from(conv)
-    monkeypatch.setattr(distill, "teacher_prompts", lambda tok, inst, views: [rollout.ids[:rollout.final[0]]])
+    monkeypatch.setattr(step, "teacher_prompts", lambda tok, inst, views: [rollout.ids[:rollout.final[0]]])
     cfg = load_config(VASDConfig, None, ["regularizer.kind=none", "teacher.mode=live", "train.max_steps=1",
                                          "train.micro_batch_size=1"])
     parts = teacher_parts(cfg, model)
-    (batch,), left_out = step_batches(cfg, [conv], [], smollm2_tokenizer, parts, "cpu", no_autocast)
+    (batch,), left_out = step_batches(cfg, [conv], [], smollm2_tokenizer, parts, device="cpu", autocast=no_autocast)
     batch.pop("counts")
-    loss = DistillLoss(model, parts["head"], None, divergence="forward_kl", estimator="full", beta=0.5,
+    loss = DistillLoss(model, parts.head, None, divergence="forward_kl", estimator="full", beta=0.5,
                        temperature=1.0, top_k=8, chunk_tokens=4)
     terms = loss(**batch)
     assert int((batch["distill_targets"] != IGNORE).sum()) == len(rollout.answer_ids) > 5
     assert abs(terms["distill"].item()) < 1e-5
     monkeypatch.undo()  # the real single-turn view differs from the conversation: a positive divergence
-    (batch,), _ = step_batches(cfg, [conv], [], smollm2_tokenizer, parts, "cpu", no_autocast)
+    (batch,), _ = step_batches(cfg, [conv], [], smollm2_tokenizer, parts, device="cpu", autocast=no_autocast)
     batch.pop("counts")
     assert loss(**batch)["distill"].item() > 1e-3
     assert not left_out
@@ -229,12 +230,12 @@ def test_truncated_and_unfinished_rollouts_are_counted_not_distilled(tiny_model_
     conv = played(smollm2_tokenizer, final="a long final reply " * 20, max_new_tokens=8)
     assert conv.turns[-1].finish_reason == "length"
     cfg = load_config(VASDConfig, None, ["regularizer.kind=none", "train.max_steps=1", "train.micro_batch_size=1"])
-    (batch,), left_out = step_batches(cfg, [conv], [], smollm2_tokenizer, teacher_parts(cfg, model), "cpu",
-                                      no_autocast)
+    (batch,), left_out = step_batches(cfg, [conv], [], smollm2_tokenizer, teacher_parts(cfg, model), device="cpu",
+                                      autocast=no_autocast)
     assert left_out["truncated_final"] == 1 and int((batch["distill_targets"] != IGNORE).sum()) == 0
     assert batch["teacher_hidden"].shape[0] == 0
     cfg.loss.keep_truncated = True
-    (batch,), _ = step_batches(cfg, [conv], [], smollm2_tokenizer, teacher_parts(cfg, model), "cpu", no_autocast)
+    (batch,), _ = step_batches(cfg, [conv], [], smollm2_tokenizer, teacher_parts(cfg, model), device="cpu", autocast=no_autocast)
     assert int((batch["distill_targets"] != IGNORE).sum()) == 8 == batch["teacher_hidden"].shape[0]
 
 
@@ -308,17 +309,17 @@ def test_frozen_lora_teacher_runs_with_adapters_off_and_gets_no_gradient(tiny_mo
     cfg = load_config(VASDConfig, None, ["lora.enabled=true", "teacher.mode=frozen", "regularizer.kind=reference",
                                          "train.max_steps=1"])
     parts = teacher_parts(cfg, model)
-    assert parts["copy"] is None  # no second copy of the weights
+    assert parts.copy is None  # no second copy of the weights
     ids = [smollm2_tokenizer.encode("Ara played for 4 years and scored a lot.")]
     pos = [range(3, 8)]
-    with parts["context"]():
-        frozen = hidden_at(parts["net"], ids, pos, 0, "cpu")
+    with parts.context():
+        frozen = hidden_at(parts.net, ids, pos, 0, "cpu")
     adapted = hidden_at(model, ids, pos, 0, "cpu")
     plain = hidden_at(base, ids, pos, 0, "cpu")
     assert torch.allclose(frozen, plain, atol=1e-6) and not torch.allclose(adapted, plain, atol=1e-3)
     assert not frozen.requires_grad
-    with parts["ref_context"]():
-        assert torch.allclose(hidden_at(parts["ref_net"], ids, pos, 0, "cpu"), plain, atol=1e-6)
+    with parts.ref_context():
+        assert torch.allclose(hidden_at(parts.ref_net, ids, pos, 0, "cpu"), plain, atol=1e-6)
     assert torch.allclose(hidden_at(model, ids, pos, 0, "cpu"), adapted)  # adapters are back on
 
 
@@ -331,20 +332,20 @@ def test_live_and_ema_teachers_get_no_gradient(tiny_model_dir, smollm2_tokenizer
                                          "train.micro_batch_size=1"])
     parts = teacher_parts(cfg, model)
     conv = played(smollm2_tokenizer)
-    (batch,), _ = step_batches(cfg, [conv], [], smollm2_tokenizer, parts, "cpu", no_autocast)
+    (batch,), _ = step_batches(cfg, [conv], [], smollm2_tokenizer, parts, device="cpu", autocast=no_autocast)
     batch.pop("counts")
     assert not batch["teacher_hidden"].requires_grad
-    loss = DistillLoss(model, parts["head"], None, divergence="forward_kl", estimator="full", beta=0.5,
+    loss = DistillLoss(model, parts.head, None, divergence="forward_kl", estimator="full", beta=0.5,
                        temperature=1.0, top_k=8, chunk_tokens=4)
     loss(**batch)["distill"].backward()
     if mode == "ema":
-        assert all(p.grad is None for p in parts["copy"].parameters())
-        assert all(not p.requires_grad for p in parts["copy"].parameters())
+        assert all(p.grad is None for p in parts.copy.parameters())
+        assert all(not p.requires_grad for p in parts.copy.parameters())
     # Same gradient as with the teacher's log-probs fed in as constants.
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
     with torch.no_grad():
-        constant = parts["head"](batch["teacher_hidden"][:, 0]).detach()
+        constant = parts.head(batch["teacher_hidden"][:, 0]).detach()
     loss_const = DistillLoss(model, lambda h, c=constant: c[:h.shape[0]] if h.shape[0] == c.shape[0] else c, None,
                              divergence="forward_kl", estimator="full", beta=0.5, temperature=1.0, top_k=8,
                              chunk_tokens=10_000)
@@ -373,14 +374,14 @@ def anchor_corpus(tmp_path_factory) -> Path:
     from fic.corpus.build import SFTDataConfig, build_corpus
 
     out = tmp_path_factory.mktemp("anchor") / "anchor.sft.jsonl"
-    build_corpus(load_config(SFTDataConfig, None, ["data=reasoning-gym:gsm_symbolic", "limit=24", "seed=5",
+    build_corpus(load_config(SFTDataConfig, None, ["data.source=reasoning-gym:gsm_symbolic", "data.limit=24", "seed=5",
                                                    f"out={out}"]), progress=False)
     return out
 
 
 def settings(model_dir, anchor, out, *extra) -> list[str]:
     return [f"model.path={model_dir}", "data.source=reasoning-gym:gsm_symbolic", "data.limit=16", "data.seed=9",
-            f"data.anchor_path={anchor}", f"out={out}", "train.micro_batch_size=2", "train.grad_accum_steps=2",
+            f"regularizer.anchor_path={anchor}", f"out={out}", "train.micro_batch_size=2", "train.grad_accum_steps=2",
             "rollout.max_new_tokens=6", "loss.keep_truncated=true", "optim.lr=1e-3", "logging.wandb=false",
             "logging.progress=false", "logging.samples_every=0", *extra]
 
@@ -439,9 +440,9 @@ def test_fic_train_vasd_runs_the_shipped_recipe(tiny_model_dir, anchor_corpus, t
 
     out = tmp_path / "run"
     assert main(["train", "vasd", "--config", str(RECIPE), f"model.path={tiny_model_dir}",
-                 f"data.anchor_path={anchor_corpus}", f"out={out}", "train.max_steps=1", "train.micro_batch_size=2",
+                 f"regularizer.anchor_path={anchor_corpus}", f"out={out}", "train.max_steps=1", "train.micro_batch_size=2",
                  "train.grad_accum_steps=1", "rollout.max_new_tokens=6", "logging.wandb=false",
-                 "data.limit=8", "eval.every=1", "eval.source=reasoning-gym:gsm_symbolic", "eval.limit=2",
+                 "data.limit=8", "eval.every=1", "eval.data.source=reasoning-gym:gsm_symbolic", "eval.data.limit=2",
                  "eval.views=[]", "loss.keep_truncated=true"]) == 0
     assert (out / "final" / "config.json").exists()
     before, figures = metrics(out)  # step 0: the held-out figures training is compared with
@@ -456,7 +457,7 @@ def test_fic_train_vasd_runs_the_shipped_recipe(tiny_model_dir, anchor_corpus, t
     ("loss.divergence=hellinger", "loss.divergence"),
     ("loss.estimator=sampled", "reverse_kl only"),
     ("teacher.view=snowball", "teacher.view"),
-    ("regularizer.kind=anchor data.anchor_path=", "data.anchor_path"),
+    ("regularizer.kind=anchor regularizer.anchor_path=", "regularizer.anchor_path"),
     ("model.path=/nonexistent/sft/final", "not found"),
 ])
 def test_bad_settings_exit_2_with_one_line_before_any_model_loads(override, message, capsys, monkeypatch):
@@ -548,7 +549,7 @@ def test_weight_sync_hands_the_engine_merged_lora_weights_under_its_own_names(ti
 
 
 def test_rollout_tasks_never_include_the_evaluation_instances(tmp_path):
-    from fic.train_vasd import load_instances
+    from fic.training.vasd.inputs import load_rollout_tasks as load_instances
 
     held_out = tmp_path / "eval.jsonl"
     settings = ["data.source=reasoning-gym:gsm_symbolic", "data.limit=12", "data.seed=9", "regularizer.kind=none",
@@ -557,10 +558,10 @@ def test_rollout_tasks_never_include_the_evaluation_instances(tmp_path):
     assert none_dropped["dropped"] == 0
     picked = everything[3:7]
     held_out.write_text("".join(json.dumps(i.to_dict()) + "\n" for i in picked))
-    cfg = load_config(VASDConfig, None, [*settings, f"data.exclude.sources=[jsonl:{held_out}]"])
+    cfg = load_config(VASDConfig, None, [*settings, f"exclude.sources=[jsonl:{held_out}]"])
     instances, _, overlap = load_instances(cfg)
     assert overlap["dropped"] == 4 and not {i.task_id for i in instances} & {i.task_id for i in picked}
-    cfg.data.exclude.on_overlap = "refuse"
+    cfg.exclude.on_overlap = "refuse"
     with pytest.raises(FicError, match="overlap|evaluation"):
         load_instances(cfg)
 

@@ -32,10 +32,10 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from fic.core.chat import prompt_ids
+from fic.data.views import system_message, user_turns
 from fic.training.data import IGNORE, Example
 from fic.training.losses import causal_lm, decoder_and_head, divergence_rows, softcap_of, weighted_ce_rows
-
-TEACHER_VIEWS = ("full", "concat", "both")
 
 
 @dataclass
@@ -65,8 +65,6 @@ def rollout_from(conv: Any) -> Rollout:
 def teacher_prompts(tokenizer: Any, instance: Any, views: Sequence[str]) -> list[list[int]]:
     """The teacher's prompt ids for each single-turn view: the task's system prompt, the view as
     one user turn, and the generation prompt, rendered by the chat template."""
-    from fic.core.chat import prompt_ids
-    from fic.data.views import system_message, user_turns
 
     return [prompt_ids(tokenizer, [system_message(instance), {"role": "user", "content": user_turns(instance, v)[0]}])
             for v in views]
@@ -194,7 +192,7 @@ class DistillLoss(torch.nn.Module):
         where = targets != IGNORE
         return weighted_ce_rows(head, hidden[where], targets[where], weights[where], self.chunk_tokens, self.softcap)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, distill_targets: torch.Tensor,
+    def forward(self, *, input_ids: torch.Tensor, attention_mask: torch.Tensor, distill_targets: torch.Tensor,
                 teacher_hidden: torch.Tensor, anchor_targets: torch.Tensor, anchor_weights: torch.Tensor,
                 reference_targets: torch.Tensor, reference_weights: torch.Tensor,
                 reference_hidden: torch.Tensor | None = None) -> dict[str, torch.Tensor]:

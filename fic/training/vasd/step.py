@@ -1,6 +1,6 @@
-"""The parts of a VASD step that read the recipe's settings (`fic/train_vasd.py`'s `VASDConfig`):
-who plays teacher and reference, the rollout engine, one step's micro-batches, and the figures
-logged about the rollouts. The token layout and the loss module are in `fic.training.vasd.distill`.
+"""The parts of a VASD step that read the recipe's settings (`VASDConfig`): who plays teacher and
+reference, the rollout engine, one step's micro-batches, and the figures logged about the
+rollouts. The token layout and the loss module are in `fic.training.vasd.distill`.
 """
 
 from __future__ import annotations
@@ -8,22 +8,54 @@ from __future__ import annotations
 import copy
 from collections import Counter
 from contextlib import nullcontext
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from fic.backends.hf import HFBackend
+from fic.backends.vllm import colocated_engine, sync_weights
+from fic.conversation.classify import make_classifier
+from fic.conversation.simulator import make_conversations, play
+from fic.conversation.users import make_user
+from fic.core.generation import SamplingParams
+from fic.training.losses import decoder_and_head
+from fic.training.vasd.config import VASDConfig
+from fic.training.vasd.distill import (
+    batch_counts,
+    collate_rows,
+    hidden_at,
+    rollout_from,
+    student_rows,
+    teacher_prompts,
+)
 
 
-def teacher_views(cfg: Any) -> list[str]:
+def teacher_views(cfg: VASDConfig) -> list[str]:
     """The single-turn views the teacher reads (`teacher.view: both` reads two)."""
     return ["full", "concat"] if cfg.teacher.view == "both" else [cfg.teacher.view]
 
 
-def teacher_parts(cfg: Any, model: Any) -> dict:
+@dataclass
+class TeacherParts:
     """The networks and heads that play teacher and reference, without a gradient.
 
     `net`/`ref_net` run the decoder over teacher (or student) ids; `context`/`ref_context` switch
     LoRA adapters off around it when that network is the adapter-free model; `copy` is a frozen
-    or moving-average copy (full fine-tuning's frozen teacher, or any EMA teacher)."""
-    from fic.training.losses import decoder_and_head
+    or moving-average copy (full fine-tuning's frozen teacher, or any EMA teacher); `head` and
+    `ref_head` map hidden rows to logits. No reference term: `ref_net` and `ref_head` are None."""
 
+    net: Any
+    context: Callable[[], Any]
+    head: Callable
+    copy: Any = None
+    ref_net: Any = None
+    ref_context: Callable[[], Any] = nullcontext
+    ref_head: Callable | None = None
+
+
+def teacher_parts(cfg: VASDConfig, model: Any) -> TeacherParts:
+    """Who plays teacher and reference for `cfg` (see `TeacherParts`)."""
     lora = cfg.lora.enabled
     needs_reference = cfg.regularizer.kind in ("reference", "both")
     copy_model = None
@@ -50,17 +82,15 @@ def teacher_parts(cfg: Any, model: Any) -> dict:
         net, context = copy_model, nullcontext
     else:
         net, context = frozen_net, frozen_context
-    parts = {"net": net, "context": context, "head": head_of(net, context), "copy": copy_model,
-             "ref_net": None, "ref_context": nullcontext, "ref_head": None}
+    parts = TeacherParts(net=net, context=context, head=head_of(net, context), copy=copy_model)
     if needs_reference:
-        parts.update(ref_net=frozen_net, ref_context=frozen_context, ref_head=head_of(frozen_net, frozen_context))
+        parts.ref_net, parts.ref_context = frozen_net, frozen_context
+        parts.ref_head = head_of(frozen_net, frozen_context)
     return parts
 
 
 def ema_update(copy_model: Any, model: Any, rate: float) -> None:
     """Move the copy's trained weights towards the model's: copy = rate * copy + (1 - rate) * model."""
-    import torch
-
     trained = {n: p for n, p in model.named_parameters() if p.requires_grad}
     with torch.no_grad():
         for name, param in copy_model.named_parameters():
@@ -73,13 +103,10 @@ def ema_state(copy_model: Any, model: Any) -> dict:
     return {n: p.detach().cpu().contiguous() for n, p in copy_model.named_parameters() if n in trained}
 
 
-
-def step_batches(cfg: Any, convs: list, anchors: list, tokenizer: Any, parts: dict, device: Any,
+def step_batches(cfg: VASDConfig, convs: list, anchors: list, tokenizer: Any, parts: TeacherParts, *, device: Any,
                  autocast: Any) -> tuple[list[dict], Counter]:
     """The G micro-batches of one step: student rows with teacher (and reference) hidden states,
     and counts of what was left out of the distillation and why."""
-    from fic.training.vasd.distill import batch_counts, collate_rows, hidden_at, rollout_from, student_rows, teacher_prompts
-
     G, mbs = cfg.train.grad_accum_steps, cfg.train.micro_batch_size
     counts: Counter = Counter()
     rollouts, use = [], []
@@ -105,23 +132,23 @@ def step_batches(cfg: Any, convs: list, anchors: list, tokenizer: Any, parts: di
         mine = [a for k, a in enumerate(anchors) if k % G == g]
         if not part and not mine:
             continue
-        reference = parts["ref_head"] is not None
+        reference = parts.ref_head is not None
         rows = student_rows([r for r, _ in part], mine, use_final=[u for _, u in part], reference=reference,
                             first_tokens=cfg.regularizer.first_tokens, first_weight=cfg.regularizer.first_token_weight)
         batch = collate_rows(rows, tokenizer.pad_token_id)
         distilled = [r for r, u in part if u]
         views = []
-        with parts["context"](), autocast():
+        with parts.context(), autocast():
             for v in range(len(teacher_views(cfg))):
                 sequences = [r.teacher_prompts[v] + r.answer_ids for r in distilled]
                 positions = [range(len(r.teacher_prompts[v]) - 1, len(r.teacher_prompts[v]) - 1 + len(r.answer_ids))
                              for r in distilled]
-                views.append(hidden_at(parts["net"], sequences, positions, tokenizer.pad_token_id, device))
+                views.append(hidden_at(parts.net, sequences, positions, tokenizer.pad_token_id, device))
         batch["teacher_hidden"] = _stack_views(views)
         if reference:
-            with parts["ref_context"](), autocast():
+            with parts.ref_context(), autocast():
                 positions = [[t - 1 for s, e in r.earlier for t in range(s, e)] for r, _ in part]
-                batch["reference_hidden"] = hidden_at(parts["ref_net"], [r.ids for r, _ in part], positions,
+                batch["reference_hidden"] = hidden_at(parts.ref_net, [r.ids for r, _ in part], positions,
                                                       tokenizer.pad_token_id, device)
         batch["counts"] = batch_counts(batch)
         batches.append(batch)
@@ -129,8 +156,6 @@ def step_batches(cfg: Any, convs: list, anchors: list, tokenizer: Any, parts: di
 
 
 def _stack_views(views: list) -> Any:
-    import torch
-
     return torch.stack(views, dim=1)  # [answer tokens, views, hidden]
 
 
@@ -158,43 +183,29 @@ def sample_rows(convs: list, limit: int = 4) -> list[list]:
     return rows
 
 
-
-def make_rollout_backend(cfg: Any, policy: Any, tokenizer: Any) -> Any:
+def make_rollout_backend(cfg: VASDConfig, policy: Any, tokenizer: Any) -> Any:
     """The engine that plays the rollouts with the current weights."""
     if cfg.rollout.backend == "vllm":
-        from fic.backends.vllm import colocated_engine
-
         return colocated_engine(policy, tokenizer, cfg.model.path, cfg.rollout.gpu_memory_utilization,
                                 cfg.rollout.max_conversation_tokens)
-    from fic.backends.hf import HFBackend
-
     # Its key/value store notices every optimizer step (parameter version counters) and forgets.
     return HFBackend(policy, tokenizer, batch_size=cfg.rollout.batch_size, kv_reuse_mb=cfg.rollout.kv_reuse_mb)
 
 
-def sync_rollout_backend(generator: Any, policy: Any, cfg: Any, convs: list, say: Any) -> None:
+def sync_rollout_backend(generator: Any, policy: Any, cfg: VASDConfig, convs: list, say: Any) -> None:
     """After an optimizer step: the hf backend (which shares the weights) forgets the keys and
     values it computed with the old ones; a vLLM engine gets the new weights."""
     if cfg.rollout.backend == "hf":
         generator.weights_changed()
     else:
-        from fic.backends.vllm import sync_weights
-
         sync_weights(generator, policy, convs, cfg.rollout.logprob_check_tolerance, say)
 
 
-def held_out_divergence(cfg: Any, instances: list, generator: Any, tokenizer: Any, parts: dict, loss: Any,
-                        device: Any, autocast: Any) -> float | None:
+def held_out_divergence(cfg: VASDConfig, instances: list, generator: Any, tokenizer: Any, parts: TeacherParts,
+                        loss: Any, *, device: Any, autocast: Any) -> float | None:
     """The distillation term per answer token on held-out tasks, without a gradient: the live
     model plays them greedily (sharded, every shard) and the teacher reads their single-turn
     views, as in training. Lower means the student's final replies moved towards the teacher's."""
-    import torch
-
-    from fic.conversation.classify import make_classifier
-    from fic.core.generation import SamplingParams
-    from fic.conversation.simulator import make_conversations, play
-    from fic.conversation.users import make_user
-
     convs = make_conversations(instances, ["sharded"], 1)
     play(convs, generator, make_user("verbatim"), make_classifier("rule"),
          SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=0.0), batch_size=len(convs),
@@ -206,7 +217,8 @@ def held_out_divergence(cfg: Any, instances: list, generator: Any, tokenizer: An
     try:
         with torch.no_grad():
             for start in range(0, len(convs), per_step):
-                batches, _ = step_batches(cfg, convs[start:start + per_step], [], tokenizer, parts, device, autocast)
+                batches, _ = step_batches(cfg, convs[start:start + per_step], [], tokenizer, parts, device=device,
+                                          autocast=autocast)
                 for batch in batches:
                     count += batch.pop("counts")["distill"]
                     total += float(loss(**{k: v.to(device) for k, v in batch.items()})["distill"])

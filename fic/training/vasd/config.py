@@ -1,0 +1,146 @@
+"""The settings of the VASD recipe (`fic/train_vasd.py`, `fic train vasd --keys`): one section
+per part of a step, each field documented by its help text."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fic.conversation.users import UserSimulatorSection
+from fic.core.config import setting
+from fic.core.errors import FicError
+from fic.data.sources import InstancesSection
+from fic.data.splits import ExcludeSection
+from fic.training.config import LoggingSection, RunConfig
+from fic.training.data import TARGET_KINDS
+from fic.training.losses import DIVERGENCES, ESTIMATORS
+
+MUST_MATCH = ("model.path", "model.dtype", "lora", "data", "exclude", "rollout", "teacher.mode", "teacher.view",
+              "train.micro_batch_size", "train.grad_accum_steps", "train.seed", "train.loss_chunk_tokens",
+              "regularizer.kind", "regularizer.anchor_share",
+              "regularizer.anchor_targets", "regularizer.anchor_path", "regularizer.anchor_max_seq_len")
+REGULARIZERS = ("anchor", "reference", "both", "none")
+TEACHER_VIEWS = ("full", "concat", "both")
+
+
+@dataclass
+class RolloutSection:
+    shuffle: bool = setting(True, "Visit the rollout tasks in a seeded random order (data.seed), a new permutation "
+                            "each epoch.")
+    backend: str = setting("hf", "hf: this process's live model generates (CPU or GPU); vllm: a colocated vLLM "
+                           "engine whose weights are synced after every optimizer step (GPU).", choices=("hf", "vllm"))
+    temperature: float = setting(1.0, "Sampling temperature of every assistant reply. Greedy rollouts give too few "
+                                 "wrong final replies to learn from.", min=0.0)
+    top_p: float = setting(1.0, "Nucleus sampling threshold.", min=0.0, max=1.0)
+    max_new_tokens: int = setting(256, "Most tokens of one reply; a final reply cut here is counted as truncated.",
+                                  min=1)
+    max_conversation_tokens: int = setting(4096, "Most tokens of a whole rollout (prompts and replies); a "
+                                           "conversation that would grow past it ends early and is left out.", min=16)
+    batch_size: int = setting(16, "Most conversations per generation forward pass (hf).", min=1)
+    kv_reuse_mb: float = setting(1024, "hf: memory for keys and values kept between turns of a rollout (0: off); "
+                                 "cleared after every optimizer step.", min=0)
+    user: UserSimulatorSection = setting(UserSimulatorSection(), "The simulated user: verbatim shards (default) or an LLM user.")
+    gpu_memory_utilization: float = setting(0.3, "vllm: share of GPU memory for the engine; the trainer keeps the "
+                                            "rest.", min=0.01, max=1.0)
+    logprob_check_tolerance: float = setting(0.05, "vllm: warn when the engine's mean log-prob of a rollout differs "
+                                             "from the trainer's by more than this after a weight sync.", min=0.0)
+
+
+@dataclass
+class TeacherSection:
+    mode: str = setting("frozen", "frozen: the starting weights (LoRA: adapters off, no copy); live: the current "
+                        "weights under no-grad; ema: a moving average of the weights.", choices=("frozen", "live", "ema"))
+    view: str = setting("full", "The teacher's single-turn view: full (the original instruction), concat (the shards "
+                        "as one list) or both (their next-token distributions averaged).", choices=TEACHER_VIEWS)
+    ema_rate: float = setting(0.99, "ema: weight of the old average at each step.", min=0.0, max=1.0)
+    max_prompt_tokens: int = setting(4096, "The teacher's own context budget for its prompt (never cut to the "
+                                     "student's); a rollout whose teacher prompt is longer is left out.", min=8)
+
+
+@dataclass
+class LossSection:
+    divergence: str = setting("forward_kl", "forward_kl: KL(teacher || student); reverse_kl: KL(student || teacher); "
+                              "jsd: generalised Jensen-Shannon with loss.beta.", choices=DIVERGENCES)
+    beta: float = setting(0.5, "jsd: weight of the teacher in the mixture (0.5: symmetric JSD).", min=0.0, max=1.0)
+    estimator: str = setting("full", "full: the whole vocabulary (fp32, in chunks); topk: the student's top-k tokens "
+                             "plus a tail bucket; sampled: the sampled token only (reverse_kl).", choices=ESTIMATORS)
+    top_k: int = setting(64, "topk: tokens kept per position.", min=1)
+    temperature: float = setting(1.0, "Applied to both sides' logits before the divergence (not rescaled by T^2).",
+                                 min=0.01)
+    keep_truncated: bool = setting(False, "Distill final replies cut by rollout.max_new_tokens too (they are counted "
+                                   "either way).")
+
+
+@dataclass
+class RegularizerSection:
+    kind: str = setting("anchor", "anchor: cross-entropy on the non-final turns of SFT-corpus conversations mixed "
+                        "into each batch; reference: divergence to the starting model on the rollouts' earlier "
+                        "replies; both; none.", choices=REGULARIZERS)
+    anchor_share: float = setting(0.5, "Anchor conversations per rollout conversation.", min=0.0)
+    anchor_weight: float = setting(1.0, "Weight of the anchor term next to the distillation term.", min=0.0)
+    anchor_targets: str = setting("assistant", "Which SFT-corpus turns the anchor trains: assistant (every trained "
+                                  "turn: deferrals, asks and the final answers, so both decisions are kept) or "
+                                  "non_final (deferrals and asks only; on its own it can teach the model to defer "
+                                  "even when the request is complete).", choices=TARGET_KINDS)
+    anchor_path: str = setting("", "SFT corpus (JSONL from `fic sft-data`) the anchor trains on; needed when kind is "
+                               "anchor or both.")
+    anchor_max_seq_len: int = setting(2048, "Anchor conversations longer than this many tokens are skipped.", min=8)
+    reference_weight: float = setting(1.0, "Weight of the reference term next to the distillation term.", min=0.0)
+    first_tokens: int = setting(4, "The first this many tokens of each non-final reply weigh first_token_weight.",
+                                min=0)
+    first_token_weight: float = setting(4.0, "Weight of those first tokens (the defer-or-answer decision).", min=0.0)
+
+
+@dataclass
+class EvalSection:
+    every: int = setting(0, "Evaluate the live model before training, every this many steps and at the end (0: "
+                         "never): the divergence per answer token on the held-out tasks' greedy rollouts, and "
+                         "`fic eval` of eval.views.", min=0)
+    data: InstancesSection = setting(InstancesSection(limit=32), "Held-out instances, with their own seed; they "
+                                     "must not overlap the rollout tasks (checked).")
+    views: list[str] = setting(["full", "sharded"], "Views `fic eval` plays (empty: the divergence only).")
+    max_new_tokens: int = setting(256, "Most tokens of one evaluation reply.", min=1)
+
+
+@dataclass
+class VASDLoggingSection(LoggingSection):
+    samples_every: int = setting(10, "Write sample conversations (samples.jsonl, wandb table) every this many "
+                                 "steps (0: never).", min=0)
+
+
+@dataclass
+class VASDConfig(RunConfig):
+    """Settings of the VASD recipe (`fic/train_vasd.py`, `fic train vasd`)."""
+
+    data: InstancesSection = setting(InstancesSection(source=["reasoning-gym:gsm_symbolic"], limit=1000, seed=1),
+                                     "The rollout tasks; instances with fewer than 2 shards are left out.")
+    exclude: ExcludeSection = setting(ExcludeSection(), "Evaluation data the rollouts must not see "
+                                      "(fic.data.splits); the overlap found is logged and written to "
+                                      "out/data_overlap.json.")
+    rollout: RolloutSection = setting(RolloutSection(), "On-policy rollouts of the sharded view.")
+    teacher: TeacherSection = setting(TeacherSection(), "The single-turn teacher.")
+    loss: LossSection = setting(LossSection(), "The divergence on final-answer tokens.")
+    regularizer: RegularizerSection = setting(RegularizerSection(), "What keeps the deferral SFT taught.")
+    eval: EvalSection = setting(EvalSection(), "Held-out evaluation during training.")
+    logging: VASDLoggingSection = setting(VASDLoggingSection(), "wandb, metrics, progress and samples.")
+    out: str = setting("runs/vasd", "Output folder: config, metrics, samples, checkpoints, final model.")
+
+    def check(self, source: str) -> None:
+        super().check(source)
+        if self.train.max_steps is None:
+            raise FicError("VASD runs a set number of steps: set train.max_steps", path=source, field="train.max_steps")
+        if self.loss.estimator == "sampled" and self.loss.divergence != "reverse_kl":
+            raise FicError("the sampled-token estimator estimates reverse_kl only; set loss.divergence=reverse_kl or "
+                           "another estimator", path=source, field="loss.estimator")
+        if self.loss.estimator == "sampled" and self.loss.temperature != self.rollout.temperature:
+            raise FicError("the sampled-token estimator needs loss.temperature equal to rollout.temperature (tokens "
+                           "must be sampled from the distribution the loss reads)", path=source, field="loss.temperature")
+        if self.loss.divergence == "jsd" and not 0 < self.loss.beta < 1:
+            raise FicError("jsd needs 0 < loss.beta < 1 (0 and 1 are forward_kl and reverse_kl)", path=source,
+                           field="loss.beta")
+        if not self.data.source:
+            raise FicError("expected at least one source of rollout tasks", path=source, field="data.source")
+        if self.regularizer.kind in ("anchor", "both") and not self.regularizer.anchor_path:
+            raise FicError(f"regularizer.kind={self.regularizer.kind} needs the SFT corpus whose deferrals it keeps",
+                           path=source, field="regularizer.anchor_path")
+        if self.eval.every and not self.eval.data.source:
+            raise FicError("eval.every is set but eval.data.source is empty", path=source, field="eval.data.source")
