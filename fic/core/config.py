@@ -300,6 +300,21 @@ def load_config(cls: type, path: str | Path | None = None, overrides: Sequence[s
     return _build(cls, data, source)
 
 
+def add_config_arguments(parser: Any, *, example: str, overrides_help: str) -> None:
+    """A config verb's arguments: `--config FILE`, `key=value` overrides and `--keys`."""
+    parser.add_argument("--config", default=None, help=f"recipe YAML, e.g. {example}")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help=overrides_help)
+    parser.add_argument("--keys", action="store_true", help="list every config key with its help and exit")
+
+
+def print_keys(args: Any, cls: type) -> bool:
+    """With `--keys`, print every key of `cls` with its help and say so (the verb stops there)."""
+    if getattr(args, "keys", False):
+        print(describe(cls))
+        return True
+    return False
+
+
 def load_cli_config(cls: type, config: str | None, overrides: Sequence[str]) -> Any:
     """`load_config` for a verb that has no usable defaults: it needs a file or some settings."""
     if config is None and not overrides:

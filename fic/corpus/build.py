@@ -36,7 +36,7 @@ from tqdm import tqdm
 
 from fic import tasks
 from fic.backends import make_backend
-from fic.core.config import config_to_dict, describe, load_config, setting
+from fic.core.config import add_config_arguments, config_to_dict, load_config, print_keys, setting
 from fic.core.errors import FicError
 from fic.core.files import check_writable, read_records, write_json, write_jsonl, write_text
 from fic.core.generation import BackendConfig, SamplingParams
@@ -486,16 +486,13 @@ def format_record(record: dict) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
-    parser.add_argument("--config", default=None, help="recipe YAML (e.g. recipes/smollm2-135m-instruct/sft-data.yaml)")
-    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="override config keys, e.g. seed=1 "
-                        "recovery_share=0.3 user.kind=llm")
+    add_config_arguments(parser, example="recipes/smollm2-135m-instruct/sft-data.yaml",
+                         overrides_help="override settings, e.g. seed=1 recovery_share=0.3 user.kind=llm")
     parser.add_argument("--show", type=int, default=0, metavar="N", help="print the first N conversations")
-    parser.add_argument("--keys", action="store_true", help="list every config key with its help, and exit")
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.keys:
-        print(describe(SFTDataConfig))
+    if print_keys(args, SFTDataConfig):
         return 0
     cfg = load_config(SFTDataConfig, args.config, args.overrides)
     info = build_corpus(cfg)

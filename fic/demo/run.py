@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from fic import tasks, train_sft, train_vasd
-from fic.core.config import describe, load_config, setting
+from fic.core.config import load_config, print_keys, setting
 from fic.core.errors import FicError
 from fic.core.files import check_writable, write_json, write_jsonl
 from fic.core.model import BUNDLED_MODEL_DIR, prepare_model
@@ -310,8 +310,7 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.keys:
-        print(describe(DemoConfig))
+    if print_keys(args, DemoConfig):
         return 0
     cfg = load_demo(args.recipes, args.overrides)
     report = run_demo(cfg, start_from=args.start_from, progress=not args.quiet)

@@ -46,7 +46,14 @@ from fic.backends import make_backend
 from fic.conversation.classify import ClassifierSection, make_classifier
 from fic.conversation.simulator import make_conversations, play
 from fic.conversation.users import UserSimulatorSection, make_user
-from fic.core.config import config_to_dict, describe, flatten, load_cli_config, setting
+from fic.core.config import (
+    add_config_arguments,
+    config_to_dict,
+    flatten,
+    load_cli_config,
+    print_keys,
+    setting,
+)
 from fic.core.errors import FicError
 from fic.core.files import append_jsonl, check_writable, read_log, write_json, write_text
 from fic.core.generation import BackendConfig, SamplingParams
@@ -349,15 +356,13 @@ def _max_context(backend: Any) -> int | None:
 # --------------------------------------------------------------------------- CLI
 
 def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
-    parser.add_argument("--config", default=None, help="eval YAML, e.g. recipes/smollm2-135m-instruct/eval.yaml")
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="override settings, e.g. out=runs/x runs=3")
-    parser.add_argument("--keys", action="store_true", help="list every config key with its help and exit")
+    add_config_arguments(parser, example="recipes/smollm2-135m-instruct/eval.yaml",
+                         overrides_help="override settings, e.g. out=runs/x runs=3")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.keys:
-        print(describe(EvalConfig))
+    if print_keys(args, EvalConfig):
         return 0
     cfg = load_cli_config(EvalConfig, args.config, args.overrides)
     started = time.perf_counter()

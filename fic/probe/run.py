@@ -51,7 +51,7 @@ import yaml
 from fic import tasks
 from fic.backends import make_backend
 from fic.core.chat import prompt_ids, user_turn_ids
-from fic.core.config import config_to_dict, describe, load_cli_config, setting
+from fic.core.config import add_config_arguments, config_to_dict, load_cli_config, print_keys, setting
 from fic.core.errors import FicError
 from fic.core.files import check_writable, read_records, write_json, write_jsonl, write_text
 from fic.core.generation import BackendConfig, Generation, SamplingParams
@@ -459,17 +459,14 @@ def probe(cfg: ProbeConfig, *, model: Any = None, judge_backend: Any = None, pro
 # --------------------------------------------------------------------------- CLI
 
 def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
-    parser.add_argument("--config", default=None, help="probe YAML, e.g. recipes/smollm2-135m-instruct/probe.yaml")
-    parser.add_argument("overrides", nargs="*", metavar="key=value",
-                        help="override settings, e.g. model.model=CKPT baseline=runs/probe-base out=runs/probe-sft")
-    parser.add_argument("--keys", action="store_true", help="list every config key with its help and exit")
+    add_config_arguments(parser, example="recipes/smollm2-135m-instruct/probe.yaml",
+                         overrides_help="override settings, e.g. model.model=CKPT baseline=runs/probe-base "
+                         "out=runs/probe-sft")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
 def run(args: argparse.Namespace) -> int:
-
-    if args.keys:
-        print(describe(ProbeConfig))
+    if print_keys(args, ProbeConfig):
         return 0
     cfg = load_cli_config(ProbeConfig, args.config, args.overrides)
     metrics = probe(cfg, progress=not args.quiet)
