@@ -84,7 +84,7 @@ def write_demo_report(cfg: Any, runs: dict[str, dict[str, Path]], stages: dict[s
                 rows[stage] = figures
         summary["sets"][split] = {"rows": rows, "vasd_vs_sft": _paired(rows)}
     summary["seconds"] = {s: info.get("seconds") for s, info in stages.items() if "seconds" in info}
-    summary["peak_rss_mb"] = max((info.get("peak_rss_mb_so_far", 0) for info in stages.values()), default=None)
+    summary["peak_rss_mb"] = max((info.get("peak_rss_mb", 0) for info in stages.values()), default=None)
     summary["disk_mb"] = round(_disk_mb(Path(cfg.out)))
     table = render_table(summary, "test")
     write_text(report, render_markdown(cfg, summary, stages))

@@ -32,6 +32,8 @@ import gc
 import json
 import resource
 import shutil
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,8 +41,8 @@ from typing import Any, Callable
 
 from fic import tasks, train_sft, train_vasd
 from fic.core.config import load_config, print_keys, setting
-from fic.core.errors import FicError
-from fic.core.files import check_writable, write_json, write_jsonl
+from fic.core.errors import FicError, one_line, os_error
+from fic.core.files import check_writable, write_json, write_jsonl, write_text
 from fic.core.model import BUNDLED_MODEL_DIR, prepare_model
 from fic.corpus.build import SFTDataConfig, build_corpus
 from fic.data.sources import load_source
@@ -86,6 +88,9 @@ class DemoConfig:
     eval: EvalConfig = setting(EvalConfig(), "Evaluation of every stage (fic eval); views, model, data, out and "
                                "baseline are set per run by the demo.")
     bootstrap: int = setting(2000, "Paired bootstrap resamples for the 95% intervals of R and retention.", min=100)
+    stage_processes: bool = setting(True, "Run each stage in a process of its own, so that what a stage held in "
+                                    "memory is given back before the next one (the demo's peak is its largest "
+                                    "stage's); false runs them all in this process.")
 
 
 def expand(config: Any, values: dict[str, str]) -> None:
@@ -264,9 +269,34 @@ def stage_outputs(cfg: DemoConfig, stage: str) -> list[Path]:
     return [paths(cfg)[stage]] if stage in ("warmup", "sft", "vasd") else []
 
 
+def run_stage(cfg: DemoConfig, stage: str, progress: bool) -> None:
+    """Run one stage in this process and write its marker: time, this process's peak memory, figures."""
+    began = time.perf_counter()
+    info = STAGE_RUNNERS[stage](cfg, progress)
+    seconds = time.perf_counter() - began
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    write_json(paths(cfg)["stages"] / f"{stage}.json",
+               {"stage": stage, "seconds": round(seconds, 1), "peak_rss_mb": round(peak), "figures": info})
+
+
+def run_stage_process(stage: str, recipes: str, overrides: list[str], progress: bool, errors: Path) -> None:
+    """Run one stage in a child process (`fic demo --stage STAGE` with the same settings); a stage
+    that fails stops the demo with the child's own one-line error."""
+    errors.unlink(missing_ok=True)
+    command = [sys.executable, "-m", "fic", "demo", "--recipes", recipes, *overrides, "--stage", stage,
+               *([] if progress else ["--quiet"])]
+    code = subprocess.run(command).returncode
+    if code != 0:
+        message = errors.read_text(encoding="utf-8").strip() if errors.is_file() else \
+            f"the stage's process ended with exit code {code}"
+        raise FicError(f"stage {stage} failed: {message}", field="--from")
+
+
 def run_demo(cfg: DemoConfig, *, start_from: str | None = None, progress: bool = True,
-             say: Callable[[str], None] = print) -> dict:
-    """Run every stage not yet done (from `start_from` on: again); return the report's figures."""
+             say: Callable[[str], None] = print, launch: tuple[str, list[str]] | None = None) -> dict:
+    """Run every stage not yet done (from `start_from` on: again); return the report's figures.
+    With `launch` (the recipes folder and overrides) and `stage_processes`, each stage runs in a
+    process of its own."""
 
     check_writable(cfg.out, folder=True, field="out")
     markers = paths(cfg)["stages"]
@@ -284,12 +314,11 @@ def run_demo(cfg: DemoConfig, *, start_from: str | None = None, progress: bool =
             continue
         say(f"[{stage}] running")
         began = time.perf_counter()
-        info = STAGE_RUNNERS[stage](cfg, progress)
-        seconds = time.perf_counter() - began
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        write_json(marker, {"stage": stage, "seconds": round(seconds, 1), "peak_rss_mb_so_far": round(peak),
-                            "figures": info})
-        say(f"[{stage}] finished in {seconds / 60:.1f} min")
+        if cfg.stage_processes and launch is not None:
+            run_stage_process(stage, *launch, progress, markers / f"{stage}.error")
+        else:
+            run_stage(cfg, stage, progress)
+        say(f"[{stage}] finished in {(time.perf_counter() - began) / 60:.1f} min")
     runs = {split: {stage: eval_dir(cfg, stage, split) for stage in ("start", "sft", "vasd")} for split in EVAL_SETS}
     report = write_demo_report(cfg, runs, stage_summaries(cfg), paths(cfg)["report"])
     write_json(markers / "report.json", {"stage": "report", "figures": report["summary"]})
@@ -307,13 +336,22 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
                         "data.test=64 vasd.train.max_steps=4")
     parser.add_argument("--keys", action="store_true", help="list every key of demo.yaml with its help and exit")
     parser.add_argument("--quiet", action="store_true", help="no progress bars or lines")
+    parser.add_argument("--stage", default=None, choices=STAGES[:-1], help=argparse.SUPPRESS)  # one stage's process
 
 
 def run(args: argparse.Namespace) -> int:
     if print_keys(args, DemoConfig):
         return 0
     cfg = load_demo(args.recipes, args.overrides)
-    report = run_demo(cfg, start_from=args.start_from, progress=not args.quiet)
+    if args.stage is not None:  # a stage's own process: its error goes to the demo that started it
+        errors = paths(cfg)["stages"] / f"{args.stage}.error"
+        try:
+            run_stage(cfg, args.stage, progress=not args.quiet)
+        except (FicError, OSError) as err:
+            write_text(errors, one_line(os_error(err) if isinstance(err, OSError) else err))
+            return 2
+        return 0
+    report = run_demo(cfg, start_from=args.start_from, progress=not args.quiet, launch=(args.recipes, args.overrides))
     print(report["table"])
     print(f"report: {paths(cfg)['report']}")
     return 0

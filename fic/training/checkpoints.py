@@ -188,7 +188,7 @@ def save_final(accelerator: Any, loss_model: Any, cfg: Any, out: Path, card: Cal
 
             from fic.core.model import load_model  # lazy, as peft: only a LoRA run merges
 
-            base = load_model(cfg.model.path, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
+            base = load_model(cfg.model.path, dtype=cfg.model.weights_dtype, trust_remote_code=cfg.model.trust_remote_code)
             merged = PeftModel.from_pretrained(base, final).merge_and_unload()
             tmp = out / ".final-merged.tmp"
             shutil.rmtree(tmp, ignore_errors=True)

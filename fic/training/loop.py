@@ -37,7 +37,7 @@ import torch
 from fic.core.config import config_to_dict, describe, load_config
 from fic.core.errors import FicError, one_line, os_error
 from fic.core.files import append_jsonl, write_text
-from fic.core.model import load_model
+from fic.core.model import default_device, fast_bf16, load_model
 from fic.core.progress import Progress
 from fic.training.checkpoints import (
     complete_checkpoints,
@@ -51,6 +51,23 @@ from fic.training.config import OptimSection, RunConfig
 KILL_ENV = "FIC_DEBUG_KILL_AFTER_STEP"  # tests: SIGKILL this process after the given step
 
 
+def training_precision(cfg: RunConfig) -> tuple[str | None, str]:
+    """The Accelerator's mixed precision for `cfg` (None: what a launch config says, or none) and a
+    line saying what the run computes in and why."""
+    wanted = cfg.train.mixed_precision
+    if wanted != "auto":
+        return wanted, f"precision: {cfg.model.dtype} weights, mixed_precision={wanted} (set by the recipe)"
+    launched = os.environ.get("ACCELERATE_MIXED_PRECISION")
+    if launched:
+        return None, f"precision: {cfg.model.dtype} weights, mixed_precision={launched} (from the launch config)"
+    if cfg.model.dtype != "auto":
+        return None, f"precision: {cfg.model.dtype} weights and compute (model.dtype={cfg.model.dtype})"
+    reason = fast_bf16(default_device())
+    if reason:
+        return "bf16", f"precision: float32 master weights, bfloat16 autocast ({reason}: bf16 is fast here)"
+    return None, "precision: float32 (no fast bfloat16 on this machine)"
+
+
 def make_accelerator(cfg: RunConfig) -> Any:
     from accelerate import Accelerator
 
@@ -59,11 +76,12 @@ def make_accelerator(cfg: RunConfig) -> Any:
     logging.getLogger("accelerate.checkpointing").setLevel(logging.WARNING)
     logging.getLogger("accelerate.accelerator").setLevel(logging.WARNING)
     logging.getLogger("accelerate.utils.other").setLevel(logging.ERROR)
+    mixed, said = training_precision(cfg)
     accelerator = Accelerator(
-        gradient_accumulation_steps=cfg.train.grad_accum_steps,
-        mixed_precision=None if cfg.train.mixed_precision == "auto" else cfg.train.mixed_precision,
+        gradient_accumulation_steps=cfg.train.grad_accum_steps, mixed_precision=mixed,
         step_scheduler_with_optimizer=False)  # the schedule counts optimizer steps, not steps x processes
     check_accumulation(accelerator, cfg.train.grad_accum_steps)
+    accelerator.print(said)
     return accelerator
 
 
@@ -100,7 +118,8 @@ def resume_point(cfg: RunConfig, say: Callable[[str], None]) -> tuple[Path | Non
 
 def build_model(cfg: RunConfig, device: str) -> torch.nn.Module:
 
-    model = load_model(cfg.model.path, dtype=cfg.model.dtype, device=device,
+    # The compute precision is the Accelerator's (training_precision).
+    model = load_model(cfg.model.path, dtype=cfg.model.weights_dtype, device=device,
                        trust_remote_code=cfg.model.trust_remote_code)
     model.config.use_cache = False
     if cfg.model.gradient_checkpointing:

@@ -87,3 +87,23 @@ def test_paired_statistics():
     result = sign_test([1] * 9 + [-1] + [0] * 5)
     assert (result["better"], result["worse"], result["tied"]) == (9, 1, 5)
     assert result["p_value"] == pytest.approx(22 / 1024)  # 2 * P(X <= 1), X ~ Bin(10, 1/2)
+
+
+def test_stage_processes_hand_on_their_outputs_and_a_failed_stage_stops_the_demo(tiny_model_dir, tmp_path, capsys):
+    """Each stage in a process of its own (the default): the stages after the first read what the
+    earlier processes wrote, and a stage that fails ends the demo with that stage's one-line error."""
+    out = tmp_path / "demo"
+    settings = small(tiny_model_dir, out)
+    assert main(["demo", "--recipes", str(RECIPES), "stage_processes=false", *settings]) == 0  # quick, in-process
+    capsys.readouterr()
+    marker = json.loads((out / "stages" / "eval-vasd.json").read_text())
+    assert main(["demo", "--recipes", str(RECIPES), "--from", "eval-vasd", *settings]) == 0
+    redone = json.loads((out / "stages" / "eval-vasd.json").read_text())
+    assert redone["figures"] == marker["figures"]  # the child read the VASD model the earlier process saved
+    assert redone["peak_rss_mb"] > 0 and (out / "eval-vasd" / "test" / "metrics.json").is_file()
+
+    (out / "vasd" / "final" / "config.json").write_text("{ not json")
+    assert main(["demo", "--recipes", str(RECIPES), "--from", "eval-vasd", *settings]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "stage eval-vasd failed" in err[0] and "vasd/final" in err[0]
+    assert not (out / "stages" / "eval-vasd.json").exists() and not (out / "stages" / "report.json").exists()

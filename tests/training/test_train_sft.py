@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -425,3 +426,20 @@ def test_bench_sft_times_fic_and_trl_on_the_same_batches(tiny_model_dir):
     assert figures["memory_targets"] == 32
     assert figures["fic_largest_logits_mb"] * 2 == pytest.approx(figures["full_largest_logits_mb"])
     assert figures["fic_saved_mb"] < figures["full_logits_saved_mb"]
+
+
+def test_auto_precision_trains_in_bf16_autocast_over_float32_weights_where_bf16_is_fast(
+        tiny_model_dir, corpus, tmp_path, monkeypatch, capsys):
+    from safetensors.torch import load_file
+
+    from fic.cli.main import main
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    monkeypatch.setenv("FIC_CPU_FLAGS", "avx512_bf16")
+    out = tmp_path / "bf16"
+    assert main(["train", "sft", "--config", str(RECIPE), f"model.path={tiny_model_dir}", f"data.path={corpus}",
+                 f"out={out}", "train.max_steps=2", "train.micro_batch_size=2", "logging.progress=false"]) == 0
+    assert "float32 master weights, bfloat16 autocast (a CPU with avx512_bf16" in capsys.readouterr().out
+    assert all(math.isfinite(v) for v in losses(out).values())
+    weights = load_file(str(out / "final" / "model.safetensors"))
+    assert {t.dtype for t in weights.values()} == {torch.float32}  # master weights saved as they train
