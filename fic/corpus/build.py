@@ -11,6 +11,10 @@ conversation per line, in three kinds:
   the loss) and the final turn gives the corrected solution, so the model learns to recover
   from its own premature answers instead of anchoring on them.
 - `single_turn`: the full prompt in one turn and the gold reply, so single-turn skill is kept.
+- `partial`: a single-turn request that is not complete yet (the first k shards in the task's
+  concat rendering, k < N) and a reply that asks for or waits for what is missing. VASD's
+  per-turn teacher (`loss.turns: all`) reads exactly such requests, so stage 1 must teach the
+  model what to do with them; the reply obeys the same no-leak check as every early reply.
 
 Record: `{"id", "task_id", "task", "kind", "messages": [{"role", "content", "train"}],
 "reply_kinds": [one of defer|ask|premature|answer per assistant turn]}`. Every message carries
@@ -46,10 +50,10 @@ from fic.core.progress import Progress
 from fic.core.seeding import seeded_rng
 from fic.data.sources import InstancesSection, load_sources, shard_missing
 from fic.data.splits import ExcludeSection, build_exclusion
-from fic.data.views import system_message, user_turns
-from fic.tasks.deferrals import MENTION, RECOVERY_ACKS
+from fic.data.views import partial_instance, system_message, user_turns
+from fic.tasks.deferrals import MENTION, RECOVERY_ACKS, choose_fresh
 
-KINDS = ("deferral", "recovery", "single_turn")
+KINDS = ("deferral", "recovery", "single_turn", "partial")
 REPLY_KINDS = ("defer", "ask", "premature", "answer")
 LLM_BATCH = 64
 
@@ -109,6 +113,9 @@ class SFTDataConfig:
     recovery_share: float = setting(0.3, "Share of conversations that are recovery conversations (an early "
                                     "wrong answer kept out of the loss, the corrected solution at the end).",
                                     min=0.0, max=1.0)
+    partial_share: float = setting(0.0, "Share of conversations that are partial single-turn requests (the "
+                                   "first shards as one request) answered by asking for or waiting for what is "
+                                   "missing: what VASD's per-turn teacher reads.", min=0.0, max=1.0)
     ask_share: float = setting(0.3, "Share of assistant turns before the last shard that ask for the next "
                                "missing detail; the others are brief deferrals.", min=0.0, max=1.0)
     recovery_ack: bool = setting(True, "Open the corrected final reply of a recovery conversation with a "
@@ -124,9 +131,10 @@ class SFTDataConfig:
             raise FicError("expected at least one source of instances", path=source, field="data.source")
         if not self.out.strip():
             raise FicError("expected an output file path", path=source, field="out")
-        if self.single_turn_share + self.recovery_share > 1:
-            raise FicError(f"single_turn_share + recovery_share must be at most 1, got "
-                           f"{self.single_turn_share} + {self.recovery_share}", path=source, field="recovery_share")
+        shares = self.single_turn_share + self.recovery_share + self.partial_share
+        if shares > 1:
+            raise FicError(f"single_turn_share + recovery_share + partial_share must be at most 1, got {shares:g}",
+                           path=source, field="recovery_share")
         for role in ("user", "replies"):
             part = getattr(self, role)
             if part.kind == "llm" and not part.backend.model:
@@ -177,12 +185,18 @@ def _message(role: str, content: str, train: bool = False) -> dict:
     return {"role": role, "content": content, "train": train}
 
 
-def _choose(rng: random.Random, pool: tuple[str, ...], avoid: set[str]) -> str:
-    """A pool phrasing not yet used in this conversation (repeats only once the pool is spent)."""
-    fresh = [p for p in pool if p not in avoid] or list(pool)
-    choice = fresh[rng.randrange(len(fresh))]
-    avoid.add(choice)
-    return choice
+def partial_conversation(instance: Instance, rng: random.Random, cfg: SFTDataConfig) -> tuple[list[dict], str]:
+    """A partial single-turn request (the first k < N shards, concat view) and its reply: an ask
+    for the next shard's detail or a deferral, naming no value not given yet."""
+    task = tasks.get(instance.task)
+    k = rng.randrange(1, len(instance.shards))
+    partial = partial_instance(instance, [s.shard_id for s in instance.shards[:k]])
+    sent = user_turns(instance, "sharded")
+    revealed = {value for turn in sent[:k] for value in task.values_in(turn, instance)}
+    kind = "ask" if rng.random() < cfg.ask_share else "defer"
+    text, _ = task.early_reply(sent[k], revealed, rng, instance, ask=kind == "ask", used=set())
+    return ([{**system_message(instance), "train": False}, _message("user", user_turns(partial, "concat")[0]),
+             _message("assistant", text, True)], kind)
 
 
 def conversation(instance: Instance, kind: str, slot: int, cfg: SFTDataConfig) -> tuple[dict, list[dict]]:
@@ -194,6 +208,9 @@ def conversation(instance: Instance, kind: str, slot: int, cfg: SFTDataConfig) -
     if kind == "single_turn":
         messages += [_message("user", user_turns(instance, "full")[0]), _message("assistant", gold, True)]
         return _record(instance, kind, slot, messages, ["answer"]), []
+    if kind == "partial":
+        messages, reply_kind = partial_conversation(instance, rng, cfg)
+        return _record(instance, kind, slot, messages, [reply_kind]), []
     turns = user_turns(instance, "sharded")
     premature_at = rng.randrange(len(turns) - 1) if kind == "recovery" else None
     revealed, used, reply_kinds, editable = set(), set(), [], []
@@ -201,7 +218,7 @@ def conversation(instance: Instance, kind: str, slot: int, cfg: SFTDataConfig) -
         messages.append(_message("user", turn))
         revealed |= set(task.values_in(turn, instance))
         if i == len(turns) - 1:
-            ack = _choose(rng, RECOVERY_ACKS, used) + "\n" if kind == "recovery" and cfg.recovery_ack else ""
+            ack = choose_fresh(rng, RECOVERY_ACKS, used) + "\n" if kind == "recovery" and cfg.recovery_ack else ""
             messages.append(_message("assistant", ack + gold, True))
             reply_kinds.append("answer")
         elif i == premature_at:
@@ -212,15 +229,7 @@ def conversation(instance: Instance, kind: str, slot: int, cfg: SFTDataConfig) -
             reply_kinds.append("premature")
         else:
             reply_kind = "ask" if rng.random() < cfg.ask_share else "defer"
-            text = task.ask_for(turns[i + 1], revealed, rng, instance) if reply_kind == "ask" else None
-            if text is not None and task.leak(text, revealed, instance):
-                text = None  # e.g. a revealed number equal to the answer: ask generically instead
-            specific = text is not None
-            if text is None:
-                text = _choose(rng, task.generic_asks if reply_kind == "ask" else task.deferrals, used)
-            reason = task.leak(text, revealed, instance)
-            if reason:  # pool phrasings hold no values; reaching this is a bug, never a silent leak
-                raise AssertionError(f"pool reply {text!r} {reason}")
+            text, specific = task.early_reply(turns[i + 1], revealed, rng, instance, ask=reply_kind == "ask", used=used)
             messages.append(_message("assistant", text, True))
             reply_kinds.append(reply_kind)
             editable.append({"message": len(messages) - 1, "kind": reply_kind, "specific": specific,
@@ -238,7 +247,9 @@ def assign_kinds(count: int, cfg: SFTDataConfig) -> list[str]:
     """Exactly the configured shares (rounded), in a seeded random order."""
     singles = round(count * cfg.single_turn_share)
     recoveries = min(round(count * cfg.recovery_share), count - singles)
-    kinds = ["single_turn"] * singles + ["recovery"] * recoveries + ["deferral"] * (count - singles - recoveries)
+    partials = min(round(count * cfg.partial_share), count - singles - recoveries)
+    kinds = (["single_turn"] * singles + ["recovery"] * recoveries + ["partial"] * partials
+             + ["deferral"] * (count - singles - recoveries - partials))
     seeded_rng(cfg.seed, "kinds").shuffle(kinds)
     return kinds
 

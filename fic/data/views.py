@@ -14,6 +14,8 @@ between them are produced at simulation time (or written by the SFT corpus build
 
 from __future__ import annotations
 
+import dataclasses
+
 from fic import tasks
 from fic.core.errors import FicError
 from fic.core.instance import Instance
@@ -63,6 +65,14 @@ def user_turns(instance: Instance, view: str, *, seed: int = 0) -> list[str]:
     for k in range(1, len(shards)):
         turns.append(f"{SNOWBALL_HEADER}\n{task.concat_prompt(shards[:k])}\n\n{sent[k]}")
     return turns
+
+
+def partial_instance(instance: Instance, shard_ids: list[int]) -> Instance:
+    """`instance` reduced to the shards named (in the instance's order): what the user has said by
+    some turn, as a request of its own. Its concat view is that partial request in one turn (the
+    SFT corpus's partial examples and VASD's per-turn teacher read it)."""
+    keep = set(shard_ids)
+    return dataclasses.replace(instance, shards=[s for s in instance.shards if s.shard_id in keep])
 
 
 def system_message(instance: Instance) -> dict:

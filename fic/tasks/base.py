@@ -27,7 +27,7 @@ from typing import Any, Callable
 from fic.core.errors import FicError
 from fic.core.instance import Instance, as_instance
 from fic.core.parsing import NUMBER, number_values
-from fic.tasks.deferrals import DEFERRALS
+from fic.tasks.deferrals import DEFERRALS, choose_fresh
 from fic.tasks.labels import rule_label
 from fic.tasks.sharding import ShardingError
 
@@ -171,6 +171,24 @@ class Task:
         when no honest question can be made (the corpus then uses `generic_asks`). `instance`
         is there for tasks whose details are named by a schema (function parameters)."""
         return None
+
+    def early_reply(self, next_turn: str, revealed: set, rng: random.Random, instance: Instance, *, ask: bool,
+                    used: set[str]) -> tuple[str, bool]:
+        """What the assistant says while information is missing: with `ask`, a question for what
+        `next_turn` tells (`ask_for`), else or when no honest question can be made a pool phrasing
+        (`generic_asks` or `deferrals`, one not yet in `used`); and whether it names the detail.
+        It never holds a value the user has not given (`leak`): a pool phrasing that did would be
+        a bug, raised, never a silent leak."""
+        text = self.ask_for(next_turn, revealed, rng, instance) if ask else None
+        if text is not None and self.leak(text, revealed, instance):
+            text = None  # e.g. a revealed number equal to the answer: ask generically instead
+        specific = text is not None
+        if text is None:
+            text = choose_fresh(rng, self.generic_asks if ask else self.deferrals, used)
+        reason = self.leak(text, revealed, instance)
+        if reason:
+            raise AssertionError(f"pool reply {text!r} {reason}")
+        return text, specific
 
     def premature_reply(self, revealed_texts: list[str], instance: Instance, rng: random.Random) -> str:
         """A plausible wrong answer given too early, from what was revealed so far; it must not
