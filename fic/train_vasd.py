@@ -184,7 +184,8 @@ def train(cfg: VASDConfig) -> dict:
         last = {"loss": window["loss"], "divergence_per_token": window.get("distill"),
                 "anchor_ce": window.get("anchor"), "reference_divergence": window.get("reference"),
                 "answer_tokens": int(window.get("n_distill", 0)), **figures, **rollout_figures(convs),
-                **{f"left_out_{k}": v for k, v in left_out.items()}, **seconds}
+                **{f"left_out_{k}": v for k, v in left_out.items() if k != "empty_micro_batches"},
+                "empty_micro_batches": left_out["empty_micro_batches"], **seconds}
         tables = None
         if cfg.logging.samples_every and step % cfg.logging.samples_every == 0:
             rows = sample_rows(convs)

@@ -220,7 +220,7 @@ def test_loss_is_zero_when_the_teacher_reads_the_students_own_context(tiny_model
     (batch,), _ = step_batches(cfg, [conv], [], smollm2_tokenizer, parts, device="cpu", autocast=no_autocast)
     batch.pop("counts")
     assert loss(**batch)["distill"].item() > 1e-3
-    assert not left_out
+    assert left_out["rollouts"] == 0
 
 
 def test_truncated_and_unfinished_rollouts_are_counted_not_distilled(tiny_model_dir, smollm2_tokenizer):
@@ -233,10 +233,51 @@ def test_truncated_and_unfinished_rollouts_are_counted_not_distilled(tiny_model_
     (batch,), left_out = step_batches(cfg, [conv], [], smollm2_tokenizer, teacher_parts(cfg, model), device="cpu",
                                       autocast=no_autocast)
     assert left_out["truncated_final"] == 1 and int((batch["distill_targets"] != IGNORE).sum()) == 0
+    assert left_out["rollouts"] == 1
     assert batch["teacher_hidden"].shape[0] == 0
     cfg.loss.keep_truncated = True
-    (batch,), _ = step_batches(cfg, [conv], [], smollm2_tokenizer, teacher_parts(cfg, model), device="cpu", autocast=no_autocast)
+    (batch,), left_out = step_batches(cfg, [conv], [], smollm2_tokenizer, teacher_parts(cfg, model), device="cpu",
+                                      autocast=no_autocast)
     assert int((batch["distill_targets"] != IGNORE).sum()) == 8 == batch["teacher_hidden"].shape[0]
+    assert left_out["truncated_final"] == 0 == left_out["rollouts"]  # distilled, so not left out
+
+
+@pytest.mark.filterwarnings("ignore:Model has `tie_word_embeddings=True`")
+def test_a_micro_batch_with_no_usable_rollout_still_runs_and_contributes_zero(tiny_model_dir, smollm2_tokenizer):
+    """A rollout cut by rollout.max_conversation_tokens in a micro-batch without an anchor used to
+    drop that micro-batch, so the window had fewer than grad_accum_steps passes and the run died
+    (and died again on resume, rollouts being seeded by step). Now the micro-batch runs as one
+    untrained token: G batches always, its terms zero, with gradients (bf16, LoRA on the head:
+    the chunked path, whose empty teacher rows must share the weights' dtype)."""
+    from peft import LoraConfig, get_peft_model
+
+    from fic.core.model import load_model
+
+    model = get_peft_model(load_model(tiny_model_dir, dtype="bfloat16"),
+                           LoraConfig(r=4, target_modules=["q_proj", "lm_head"], lora_dropout=0.0))
+    backend = FunctionBackend(lambda prompt: "Got it, go on.", smollm2_tokenizer)
+    (cut,) = make_conversations([ara("cut")], ["sharded"], 1)
+    play([cut], backend, VerbatimUser(), RuleClassifier(), SamplingParams(max_new_tokens=8), stop_at_correct=False,
+         max_context=len(played(smollm2_tokenizer).ids) - 20)
+    assert cut.stop_reason == "context_full"
+    kept = played(smollm2_tokenizer)
+    cfg = load_config(VASDConfig, None, ["regularizer.kind=reference", "lora.enabled=true", "train.max_steps=1",
+                                         "train.micro_batch_size=1", "train.grad_accum_steps=2"])
+    parts = teacher_parts(cfg, model)
+    batches, left_out = step_batches(cfg, [cut, kept], [], smollm2_tokenizer, parts, device="cpu",
+                                     autocast=no_autocast)
+    assert len(batches) == 2
+    assert left_out["cut_before_last_shard"] == 1 == left_out["rollouts"] == left_out["empty_micro_batches"]
+    empty = batches[0]
+    assert empty.pop("counts") == {"distill": 0.0, "anchor": 0.0, "reference": 0.0, "tokens": 0.0}
+    assert empty["input_ids"].shape == (1, 1) and empty["teacher_hidden"].dtype == torch.bfloat16
+    loss = DistillLoss(model, parts.head, parts.ref_head, divergence="forward_kl", estimator="full", beta=0.5,
+                       temperature=1.0, top_k=8, chunk_tokens=4)
+    terms = loss(**empty)
+    assert all(float(t.detach()) == 0.0 for t in terms.values())
+    sum(terms.values()).backward()
+    trained = [p for p in model.parameters() if p.requires_grad]
+    assert all(p.grad is not None and not p.grad.any() for p in trained)  # every rank's same backward, adding 0
 
 
 # --------------------------------------------------------------------------- regulariser
@@ -411,6 +452,22 @@ def test_kill_then_resume_gives_the_uninterrupted_losses(tiny_model_dir, anchor_
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-6) and a["rollout_tokens"] == b["rollout_tokens"]
     card = (killed / "final" / "README.md").read_text()
     assert "FiC VASD" in card and f"Started from: `{tiny_model_dir}`" in card
+
+
+def test_a_step_with_an_over_long_rollout_trains_on(tiny_model_dir, anchor_corpus, tmp_path):
+    """The issue's reproduction: micro_batch_size=1, grad_accum_steps=4, a conversation cap that
+    cuts one rollout of step 3 (no anchor: regulariser none) ended the run there, on resume too."""
+    out = tmp_path / "run"
+    result = train(load_config(VASDConfig, None, settings(
+        tiny_model_dir, anchor_corpus, out, "train.micro_batch_size=1", "train.grad_accum_steps=4",
+        "rollout.max_conversation_tokens=260", "regularizer.kind=none", "train.max_steps=3", "checkpoint.every=0")))
+    assert result["steps"] == 3
+    got = metrics(out)
+    assert [m["step"] for m in got] == [1, 2, 3]
+    assert got[2]["left_out_cut_before_last_shard"] >= 1 and got[2]["empty_micro_batches"] >= 1
+    assert all(m["left_out_rollouts"] == m["left_out_cut_before_last_shard"] + m["left_out_teacher_prompt_too_long"]
+               + m["left_out_truncated_final"] for m in got)
+    assert got[2]["answer_tokens"] > 0 and got[2]["loss"] == got[2]["loss"]  # trained, not NaN
 
 
 def test_two_processes_train_like_one_with_the_same_global_batch(tiny_model_dir, anchor_corpus, tmp_path):

@@ -142,8 +142,9 @@ def hidden_at(net: torch.nn.Module, sequences: Sequence[list[int]], positions: S
               pad_id: int, device: Any) -> torch.Tensor:
     """Hidden states of `net` (no gradient) at the given positions of each sequence, rows in
     order: sequence by sequence, positions as listed. One right-padded forward pass."""
-    if not sequences:
-        return torch.zeros((0, causal_lm(net).config.hidden_size), device=device)
+    if not sequences:  # in the weights' dtype, as the rows of a forward pass would be
+        dtype = next(net.parameters()).dtype
+        return torch.zeros((0, causal_lm(net).config.hidden_size), device=device, dtype=dtype)
     body, _ = decoder_and_head(net)
     width = max(len(s) for s in sequences)
     ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)

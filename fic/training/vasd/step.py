@@ -19,6 +19,7 @@ from fic.conversation.classify import make_classifier
 from fic.conversation.simulator import make_conversations, play
 from fic.conversation.users import make_user
 from fic.core.generation import SamplingParams
+from fic.training.data import IGNORE
 from fic.training.losses import decoder_and_head
 from fic.training.vasd.config import VASDConfig
 from fic.training.vasd.distill import (
@@ -29,6 +30,13 @@ from fic.training.vasd.distill import (
     student_rows,
     teacher_prompts,
 )
+
+
+# Why a rollout is left out of the distillation: it ended before the last shard (the
+# conversation outgrew rollout.max_conversation_tokens), the teacher's prompt is over
+# teacher.max_prompt_tokens, or its final reply was cut by rollout.max_new_tokens (unless
+# loss.keep_truncated).
+LEFT_OUT = ("cut_before_last_shard", "teacher_prompt_too_long", "truncated_final")
 
 
 def teacher_views(cfg: VASDConfig) -> list[str]:
@@ -105,10 +113,12 @@ def ema_state(copy_model: Any, model: Any) -> dict:
 
 def step_batches(cfg: VASDConfig, convs: list, anchors: list, tokenizer: Any, parts: TeacherParts, *, device: Any,
                  autocast: Any) -> tuple[list[dict], Counter]:
-    """The G micro-batches of one step: student rows with teacher (and reference) hidden states,
-    and counts of what was left out of the distillation and why."""
+    """The G micro-batches of one step, always G of them: student rows with teacher (and
+    reference) hidden states; and counts of the rollouts left out of the distillation, once each
+    under the first reason that applies (`LEFT_OUT`), their total (`rollouts`) and the
+    micro-batches that had nothing to train (`empty_micro_batches`)."""
     G, mbs = cfg.train.grad_accum_steps, cfg.train.micro_batch_size
-    counts: Counter = Counter()
+    counts: Counter = Counter({name: 0 for name in (*LEFT_OUT, "empty_micro_batches")})
     rollouts, use = [], []
     for conv in convs:
         if conv.stop_reason != "last_turn":
@@ -118,23 +128,30 @@ def step_batches(cfg: VASDConfig, convs: list, anchors: list, tokenizer: Any, pa
             continue
         rollout = rollout_from(conv)
         rollout.teacher_prompts = teacher_prompts(tokenizer, conv.instance, teacher_views(cfg))
-        keep = rollout.finished or cfg.loss.keep_truncated
-        if not rollout.finished:
-            counts["truncated_final"] += 1
+        keep = True
         if max(len(p) for p in rollout.teacher_prompts) > cfg.teacher.max_prompt_tokens:
             counts["teacher_prompt_too_long"] += 1
             keep = False
+        elif not rollout.finished and not cfg.loss.keep_truncated:
+            counts["truncated_final"] += 1  # distilled anyway under keep_truncated: not left out
+            keep = False
         rollouts.append(rollout)
         use.append(keep)
+    counts["rollouts"] = sum(counts[reason] for reason in LEFT_OUT)
     batches = []
     for g in range(G):
         part = [(r, u) for r, u in zip(rollouts[g * mbs:(g + 1) * mbs], use[g * mbs:(g + 1) * mbs]) if r is not None]
         mine = [a for k, a in enumerate(anchors) if k % G == g]
-        if not part and not mine:
-            continue
         reference = parts.ref_head is not None
         rows = student_rows([r for r, _ in part], mine, use_final=[u for _, u in part], reference=reference,
                             first_tokens=cfg.regularizer.first_tokens, first_weight=cfg.regularizer.first_token_weight)
+        if not rows:
+            # Every rollout of this micro-batch was left out and no anchor landed here. It still
+            # runs (one token, no target: every term a zero with a gradient graph), so each rank
+            # does the same G forward and backward passes with the same collective calls, and
+            # the accumulation window stays in step with accelerate's gradient sync.
+            counts["empty_micro_batches"] += 1
+            rows = [empty_row(tokenizer.pad_token_id)]
         batch = collate_rows(rows, tokenizer.pad_token_id)
         distilled = [r for r, u in part if u]
         views = []
@@ -151,8 +168,17 @@ def step_batches(cfg: VASDConfig, convs: list, anchors: list, tokenizer: Any, pa
                 batch["reference_hidden"] = hidden_at(parts.ref_net, [r.ids for r, _ in part], positions,
                                                       tokenizer.pad_token_id, device)
         batch["counts"] = batch_counts(batch)
+        if not part and not mine:
+            batch["counts"]["tokens"] = 0.0
         batches.append(batch)
     return batches, counts
+
+
+def empty_row(pad_id: int) -> dict:
+    """A one-token student row that trains nothing (the stand-in for an empty micro-batch); the
+    token is attended, so no attention row is fully masked."""
+    return {"input_ids": [pad_id], "distill_targets": [IGNORE], "reference_targets": [IGNORE],
+            "reference_weights": [0.0], "anchor_targets": [IGNORE], "anchor_weights": [0.0]}
 
 
 def _stack_views(views: list) -> Any:
