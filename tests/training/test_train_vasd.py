@@ -30,7 +30,7 @@ from fic.training.loop import KILL_ENV
 from fic.training.losses import divergence
 from fic.training.vasd.config import VASDConfig
 from fic.training.vasd.distill import DistillLoss, collate_rows, rollout_from, runs_of, student_rows, teacher_prompts
-from fic.training.vasd.step import ema_update, step_batches, teacher_parts
+from fic.training.vasd.step import EmaTeacher, step_batches, teacher_parts
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "smollm2-135m-instruct" / "vasd.yaml"
@@ -399,13 +399,81 @@ def test_ema_moves_the_copy_towards_the_model(tiny_model_dir):
     from fic.core.model import load_model
     model = load_model(tiny_model_dir, dtype="float32")
     shadow = copy.deepcopy(model)
+    ema = EmaTeacher(shadow, model)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(1.0)
     before = [p.clone() for p in shadow.parameters()]
-    ema_update(shadow, model, rate=0.75)
+    ema.update(model, rate=0.75)
     for old, new, cur in zip(before, shadow.parameters(), model.parameters()):
         assert torch.allclose(new, 0.75 * old + 0.25 * cur)
+
+
+def test_ema_of_bf16_weights_accumulates_in_float32(tiny_model_dir):
+    """In bf16, rate * avg + (1 - rate) * x rounds most of each step away (here 90% of the entries
+    ended more than one rounding off the exact average). The float32 average, cast once, is
+    within one bf16 rounding of it; its state is float32 and a resume restores it bit for bit."""
+    from fic.core.model import load_model
+
+    model = load_model(tiny_model_dir, dtype="bfloat16")
+    shadow = copy.deepcopy(model)
+    start = {n: p.detach().float().clone() for n, p in shadow.named_parameters()}
+    ema = EmaTeacher(shadow, model)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # the trained model moved by about a tenth of a weight's size
+        for p in model.parameters():
+            p.add_(0.1 * p.abs().mean() * torch.randn(p.shape, generator=g).to(p.dtype))
+    for _ in range(50):
+        ema.update(model, rate=0.99)
+    kept, current = 0.99 ** 50, dict(model.named_parameters())
+    moved, total = 0, 0
+    with torch.no_grad():
+        for name, p in shadow.named_parameters():
+            x = current[name].float()
+            exact = kept * start[name] + (1 - kept) * x
+            # one bf16 rounding of the exact average (plus float32 noise where it nearly cancels)
+            tolerance = exact.abs() * 2 ** -8 + 2 ** -20 * (start[name].abs() + x.abs())
+            assert p.dtype == torch.bfloat16
+            assert torch.all((p.float() - exact).abs() <= tolerance), name
+            moved, total = moved + int((p.float() != start[name]).sum()), total + p.numel()
+    assert moved / total > 0.8  # the bf16 update moved 30% of them here, 90% more than one rounding off
+    state = ema.state()
+    assert all(t.dtype == torch.float32 for t in state.values())
+    fresh_copy = copy.deepcopy(model)
+    EmaTeacher(fresh_copy, model).load(state)
+    for a, b in zip(fresh_copy.parameters(), shadow.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_ema_teacher_with_a_reference_term_in_full_fine_tuning_is_refused(tiny_model_dir):
+    """The reference term reads the starting weights; in full fine-tuning with an EMA teacher the
+    only copy is the moving average, so it read that. A third copy is refused, in one line."""
+    for kind in ("reference", "both"):
+        with pytest.raises(FicError, match="third copy") as err:
+            load_config(VASDConfig, None, ["teacher.mode=ema", f"regularizer.kind={kind}", "train.max_steps=1",
+                                           "regularizer.anchor_path=sft.jsonl"])
+        assert "\n" not in str(err.value) and err.value.field == "teacher.mode"
+    # With LoRA the reference is the adapter-free model, whatever the EMA copy has become.
+    from peft import LoraConfig, get_peft_model
+
+    from fic.core.model import load_model
+    from fic.training.vasd.distill import hidden_at
+
+    base = load_model(tiny_model_dir, dtype="float32").eval()
+    model = get_peft_model(copy.deepcopy(base), LoraConfig(r=4, target_modules=["q_proj", "v_proj"], lora_dropout=0.0))
+    cfg = load_config(VASDConfig, None, ["lora.enabled=true", "teacher.mode=ema", "regularizer.kind=reference",
+                                         "train.max_steps=1"])
+    parts = teacher_parts(cfg, model)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    parts.ema.update(model, rate=0.5)
+    ids, pos = [list(range(5, 17))], [range(2, 9)]
+    with parts.ref_context():
+        reference = hidden_at(parts.ref_net, ids, pos, 0, "cpu")
+    assert torch.allclose(reference, hidden_at(base, ids, pos, 0, "cpu"), atol=1e-6)
+    assert not torch.allclose(hidden_at(parts.net, ids, pos, 0, "cpu"), reference, atol=1e-3)  # the EMA moved
 
 
 # --------------------------------------------------------------------------- the recipe end to end
@@ -432,7 +500,7 @@ def metrics(out: Path) -> list[dict]:
 
 
 def test_kill_then_resume_gives_the_uninterrupted_losses(tiny_model_dir, anchor_corpus, tmp_path):
-    common = ("train.max_steps=4", "checkpoint.every=2", "teacher.mode=ema", "regularizer.kind=both")
+    common = ("train.max_steps=4", "checkpoint.every=2", "teacher.mode=ema", "regularizer.kind=anchor")
     whole = tmp_path / "whole"
     result = train(load_config(VASDConfig, None, settings(tiny_model_dir, anchor_corpus, whole, *common)))
     expected = metrics(whole)
@@ -516,6 +584,7 @@ def test_fic_train_vasd_runs_the_shipped_recipe(tiny_model_dir, anchor_corpus, t
     ("teacher.view=snowball", "teacher.view"),
     ("regularizer.kind=anchor regularizer.anchor_path=", "regularizer.anchor_path"),
     ("model.path=/nonexistent/sft/final", "not found"),
+    ("lora.enabled=false teacher.mode=ema regularizer.kind=both", "third copy"),
 ])
 def test_bad_settings_exit_2_with_one_line_before_any_model_loads(override, message, capsys, monkeypatch):
     import fic.training.loop as loop

@@ -18,10 +18,11 @@ from fic.backends.vllm import colocated_engine, sync_weights
 from fic.conversation.classify import make_classifier
 from fic.conversation.simulator import make_conversations, play
 from fic.conversation.users import make_user
+from fic.core.errors import FicError
 from fic.core.generation import SamplingParams
 from fic.training.data import IGNORE
 from fic.training.losses import decoder_and_head
-from fic.training.vasd.config import VASDConfig
+from fic.training.vasd.config import EMA_WITH_REFERENCE, VASDConfig
 from fic.training.vasd.distill import (
     batch_counts,
     collate_rows,
@@ -60,12 +61,17 @@ class TeacherParts:
     ref_net: Any = None
     ref_context: Callable[[], Any] = nullcontext
     ref_head: Callable | None = None
+    ema: EmaTeacher | None = None  # teacher.mode=ema: the float32 average written into `copy`
 
 
 def teacher_parts(cfg: VASDConfig, model: Any) -> TeacherParts:
-    """Who plays teacher and reference for `cfg` (see `TeacherParts`)."""
+    """Who plays teacher and reference for `cfg` (see `TeacherParts`). The reference always reads
+    the starting weights: with LoRA the adapter-free model, in full fine-tuning a frozen copy,
+    which is never the moving average (that would take a third copy: refused)."""
     lora = cfg.lora.enabled
     needs_reference = cfg.regularizer.kind in ("reference", "both")
+    if needs_reference and not lora and cfg.teacher.mode == "ema":
+        raise FicError(EMA_WITH_REFERENCE, field="teacher.mode")
     copy_model = None
     if cfg.teacher.mode == "ema" or (not lora and (cfg.teacher.mode == "frozen" or needs_reference)):
         copy_model = copy.deepcopy(model).eval()
@@ -90,25 +96,56 @@ def teacher_parts(cfg: VASDConfig, model: Any) -> TeacherParts:
         net, context = copy_model, nullcontext
     else:
         net, context = frozen_net, frozen_context
-    parts = TeacherParts(net=net, context=context, head=head_of(net, context), copy=copy_model)
+    parts = TeacherParts(net=net, context=context, head=head_of(net, context), copy=copy_model,
+                         ema=EmaTeacher(copy_model, model) if cfg.teacher.mode == "ema" else None)
     if needs_reference:
         parts.ref_net, parts.ref_context = frozen_net, frozen_context
         parts.ref_head = head_of(frozen_net, frozen_context)
     return parts
 
 
-def ema_update(copy_model: Any, model: Any, rate: float) -> None:
-    """Move the copy's trained weights towards the model's: copy = rate * copy + (1 - rate) * model."""
-    trained = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    with torch.no_grad():
-        for name, param in copy_model.named_parameters():
-            if name in trained:
-                param.mul_(rate).add_(trained[name].detach(), alpha=1 - rate)
+class EmaTeacher:
+    """The moving average of the trained weights, accumulated in float32.
 
+    `update` sets average = rate * average + (1 - rate) * model for every trained weight and
+    writes it into the copy the teacher runs (cast to the copy's dtype). In bf16 the step
+    (1 - rate) * (model - average) is mostly under half a unit in the last place and rounds away
+    (after 50 updates at 0.99, 2.5% of the entries had moved, against 39% in float32), so weights
+    below float32 get a float32 master (4 bytes per trained weight: the adapter with LoRA); float32
+    weights are their own master. `state` (the masters, saved as `ema.safetensors`) and `load`
+    make a resume exact."""
 
-def ema_state(copy_model: Any, model: Any) -> dict:
-    trained = {n for n, p in model.named_parameters() if p.requires_grad}
-    return {n: p.detach().cpu().contiguous() for n, p in copy_model.named_parameters() if n in trained}
+    def __init__(self, copy_model: Any, model: Any):
+        trained = [n for n, p in model.named_parameters() if p.requires_grad]
+        weights = dict(copy_model.named_parameters())
+        self.weights = {n: weights[n] for n in trained}
+        self.master = {n: p.data if p.dtype == torch.float32 else p.detach().float().clone()
+                       for n, p in self.weights.items()}
+
+    def update(self, model: Any, rate: float) -> None:
+        current = dict(model.named_parameters())
+        with torch.no_grad():
+            for name, master in self.master.items():
+                master.mul_(rate).add_(current[name].detach().float(), alpha=1 - rate)
+                self._write(name)
+
+    def state(self) -> dict:
+        return {n: m.detach().cpu().contiguous() for n, m in self.master.items()}
+
+    def load(self, state: dict) -> None:
+        missing = sorted(set(self.master) - set(state))
+        if missing:
+            raise FicError(f"the EMA teacher's saved weights lack {len(missing)} trained weight(s), e.g. {missing[0]}",
+                           field="resume")
+        with torch.no_grad():
+            for name, master in self.master.items():
+                master.copy_(state[name].to(master.device, torch.float32))
+                self._write(name)
+
+    def _write(self, name: str) -> None:
+        weight, master = self.weights[name], self.master[name]
+        if weight.data_ptr() != master.data_ptr():
+            weight.data.copy_(master)
 
 
 def step_batches(cfg: VASDConfig, convs: list, anchors: list, tokenizer: Any, parts: TeacherParts, *, device: Any,
