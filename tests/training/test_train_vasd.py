@@ -395,6 +395,29 @@ def test_live_and_ema_teachers_get_no_gradient(tiny_model_dir, smollm2_tokenizer
         assert torch.allclose(p.grad, grads[n], atol=1e-6, rtol=1e-4), n
 
 
+@pytest.mark.parametrize("mode, regularizer", [("frozen", "reference"), ("live", "reference"), ("ema", "anchor")])
+def test_teacher_and_reference_heads_stay_out_of_the_state_dict_and_optimizer(tiny_model_dir, mode, regularizer):
+    """A frozen or EMA copy's head handed to DistillLoss as a module was registered as a submodule:
+    it went into every checkpoint and into the DDP/DeepSpeed module."""
+    from fic.core.model import load_model
+    from fic.training.loop import make_optimizer
+
+    model = load_model(tiny_model_dir, dtype="float32").train()
+    cfg = load_config(VASDConfig, None, [f"teacher.mode={mode}", f"regularizer.kind={regularizer}",
+                                         "regularizer.anchor_path=sft.jsonl", "train.max_steps=1"])
+    parts = teacher_parts(cfg, model)
+    loss = DistillLoss(model, parts.head, parts.ref_head, divergence="forward_kl", estimator="full", beta=0.5,
+                       temperature=1.0, top_k=8, chunk_tokens=4)
+    assert loss.teacher_head is parts.head and loss.reference_head is parts.ref_head
+    assert all(key.startswith("model.") for key in loss.state_dict())
+    assert [id(p) for p in loss.parameters()] == [id(p) for p in model.parameters()]
+    optimizer = make_optimizer(loss, cfg.optim)
+    optimized = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    assert optimized == {id(p) for p in model.parameters() if p.requires_grad}
+    if parts.copy is not None:
+        assert not {id(p) for p in parts.copy.parameters()} & {id(p) for p in loss.parameters()}
+
+
 def test_ema_moves_the_copy_towards_the_model(tiny_model_dir):
     from fic.core.model import load_model
     model = load_model(tiny_model_dir, dtype="float32")
@@ -518,6 +541,10 @@ def test_kill_then_resume_gives_the_uninterrupted_losses(tiny_model_dir, anchor_
     assert [m["step"] for m in got] == [1, 2, 3, 4]
     for a, b in zip(got, expected):
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-6) and a["rollout_tokens"] == b["rollout_tokens"]
+    from safetensors.torch import load_file
+
+    saved = load_file(str(killed / "checkpoints" / "step-4" / "model.safetensors"))
+    assert saved and all(key.startswith("model.") for key in saved)  # no teacher head: the student only
     card = (killed / "final" / "README.md").read_text()
     assert "FiC VASD" in card and f"Started from: `{tiny_model_dir}`" in card
 
