@@ -719,6 +719,26 @@ def test_rollout_tasks_never_include_the_evaluation_instances(tmp_path):
         load_instances(cfg)
 
 
+def test_held_out_tasks_are_drawn_with_the_evals_own_seed_and_an_overlap_is_refused():
+    """The in-training held-out set used to be drawn with the training seed: from a generated
+    source, every held-out instance was a rollout task. eval.data has its own seed; an overlap
+    with the rollout tasks is refused in one line, before any model loads."""
+    from fic.training.vasd.inputs import load_held_out, load_rollout_tasks
+
+    common = ["data.source=reasoning-gym:gsm_symbolic", "data.limit=16", "data.seed=9", "regularizer.kind=none",
+              "train.max_steps=1", "eval.every=1", "eval.data.source=reasoning-gym:gsm_symbolic", "eval.data.limit=8"]
+    cfg = load_config(VASDConfig, None, [*common, "eval.data.seed=3"])
+    rollout_tasks, _, _ = load_rollout_tasks(cfg)
+    held_out = load_held_out(cfg, rollout_tasks)
+    assert len(held_out) == 8
+    assert not {i.task_id for i in held_out} & {i.task_id for i in rollout_tasks}
+    assert not {i.fields["question"] for i in held_out} & {i.fields["question"] for i in rollout_tasks}
+    same_seed = load_config(VASDConfig, None, [*common, "eval.data.seed=9"])
+    with pytest.raises(FicError, match=r"(\d+) of \1 held-out instances are rollout tasks too") as err:
+        load_held_out(same_seed, load_rollout_tasks(same_seed)[0])
+    assert "\n" not in str(err.value) and err.value.field == "eval.data"
+
+
 def test_bench_memory_figure_is_the_childs_own_peak_even_under_a_large_parent():
     """Linux carries ru_maxrss across exec: a child of a process that had grown past the
     computation's peak (the bench after its timed step) reported 0 MB for both ways."""
