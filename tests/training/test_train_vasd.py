@@ -664,10 +664,8 @@ def test_rollout_keys_and_values_are_forgotten_after_a_fused_optimizer_step(tiny
 
 def test_weight_sync_hands_the_engine_merged_lora_weights_under_its_own_names(tiny_model_dir):
     """vLLM is GPU-only; a stand-in engine with vLLM's attribute path and `load_weights` checks
-    the part FiC owns: names without PEFT's prefixes, adapters merged for the sync and taken out
-    after, the prefix cache reset."""
-    from types import SimpleNamespace
-
+    the part FiC owns: names without PEFT's prefixes, adapters merged into what the engine gets
+    (not into the trainer's weights), the prefix cache reset."""
     from peft import LoraConfig, get_peft_model
 
     from fic.backends.vllm import sync_weights
@@ -681,24 +679,77 @@ def test_weight_sync_hands_the_engine_merged_lora_weights_under_its_own_names(ti
                 p.normal_(0, 0.5)
     engine_model = load_model(tiny_model_dir, dtype="float32")
 
-    class Engine(torch.nn.Module):
-        def load_weights(self, weights):
-            state = dict(weights)
-            assert set(state) == set(engine_model.state_dict())
-            engine_model.load_state_dict(state, strict=False)
+    def load_weights(weights):
+        state = dict(weights)
+        assert set(state) == set(engine_model.state_dict())
+        engine_model.load_state_dict(state, strict=False)
 
     resets = []
-    llm = SimpleNamespace(reset_prefix_cache=lambda: resets.append(1), llm_engine=SimpleNamespace(
-        model_executor=SimpleNamespace(driver_worker=SimpleNamespace(worker=SimpleNamespace(
-            model_runner=SimpleNamespace(model=Engine()))))))
+    backend = stand_in_engine(load_weights, lambda: resets.append(1))
     ids = torch.tensor([[5, 9, 200, 31, 7]])
     with torch.no_grad():
         adapted = policy(input_ids=ids).logits
-    sync_weights(SimpleNamespace(llm=llm), policy, [], 0.0, print)
+    sync_weights(backend, policy, [], 0.0, print)
     with torch.no_grad():
         assert torch.allclose(engine_model(input_ids=ids).logits, adapted, atol=1e-5)
-        assert torch.allclose(policy(input_ids=ids).logits, adapted, atol=1e-6)  # unmerged again
+        assert torch.allclose(policy(input_ids=ids).logits, adapted, atol=1e-6)  # the trainer's model as it was
     assert resets == [1]
+
+
+def stand_in_engine(load_weights, reset=lambda: None):
+    """An object with vLLM's attribute path down to the engine's model (`load_weights`)."""
+    from types import SimpleNamespace
+
+    model = SimpleNamespace(load_weights=load_weights)
+    return SimpleNamespace(llm=SimpleNamespace(reset_prefix_cache=reset, llm_engine=SimpleNamespace(
+        model_executor=SimpleNamespace(driver_worker=SimpleNamespace(worker=SimpleNamespace(
+            model_runner=SimpleNamespace(model=model)))))))
+
+
+def test_weight_sync_never_moves_the_trainers_bf16_base(tiny_model_dir):
+    """merge_adapter() then unmerge_adapter() on a bf16 base is W + d - d, not exact: the frozen
+    teacher (adapters off), the student's base and final-merged drifted a little at every sync.
+    The synced weights are merged out of place: after 100 syncs the base is bit-identical, and
+    each synced weight is base + scale * B @ A in float32 cast once, i.e. merge_and_unload's
+    within one bf16 rounding."""
+    from peft import LoraConfig, get_peft_model
+
+    from fic.backends.vllm import sync_weights
+    from fic.core.model import load_model
+
+    policy = get_peft_model(load_model(tiny_model_dir, dtype="bfloat16"),
+                            LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"],
+                                       lora_dropout=0.0))
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.copy_(0.05 * torch.randn(p.shape, generator=g))
+    base = {n: p.detach().clone() for n, p in policy.named_parameters() if "lora_" not in n}
+    received = []
+    backend = stand_in_engine(lambda weights: received.append(dict(weights)))
+    for _ in range(100):
+        sync_weights(backend, policy, [], 0.0, print)
+    synced = received[-1]
+    for name, p in policy.named_parameters():
+        if "lora_" not in name:
+            assert torch.equal(p, base[name]), name
+    merged = copy.deepcopy(policy).merge_and_unload().state_dict()
+    assert set(synced) == set(merged)
+    lora_weights = 0
+    for module_name, module in policy.named_modules():
+        if hasattr(module, "base_layer") and hasattr(module, "lora_A"):
+            key = f"{module_name}.base_layer.weight".removeprefix("base_model.model.").replace(".base_layer", "")
+            w = module.base_layer.weight
+            exact = w.float() + module.get_delta_weight("default").float()
+            assert synced[key].dtype == torch.bfloat16 and torch.equal(synced[key], exact.to(torch.bfloat16)), key
+            ulp = torch.finfo(torch.bfloat16).eps * merged[key].float().abs()
+            assert torch.all((synced[key].float() - merged[key].float()).abs() <= ulp), key
+            assert not torch.equal(synced[key], w)  # the adapter is in it
+            lora_weights += 1
+    assert lora_weights == 3 * 2  # q_proj, v_proj and down_proj of both layers
+    for key in set(synced) - {k for k in synced if any(t in k for t in ("q_proj.w", "v_proj.w", "down_proj.w"))}:
+        assert torch.equal(synced[key], merged[key]), key
 
 
 def test_rollout_tasks_never_include_the_evaluation_instances(tmp_path):
