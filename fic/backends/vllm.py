@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from fic.core.errors import FicError
 from fic.core.generation import (

@@ -32,7 +32,6 @@ from fic.training.vasd.distill import (
     teacher_prompts,
 )
 
-
 # Why a rollout is left out of the distillation: it ended before the last shard (the
 # conversation outgrew rollout.max_conversation_tokens), the teacher's prompt is over
 # teacher.max_prompt_tokens, or its final reply was cut by rollout.max_new_tokens (unless
