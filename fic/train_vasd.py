@@ -64,8 +64,6 @@ from fic.training.vasd.distill import DistillLoss
 from fic.training.vasd.inputs import check_against_tokenizer, check_inputs, load_held_out, load_rollout_tasks
 from fic.training.vasd.step import (
     TeacherParts,
-    ema_state,
-    ema_update,
     held_out_divergence,
     make_rollout_backend,
     rollout_figures,
@@ -127,8 +125,8 @@ def train(cfg: VASDConfig) -> dict:
     start, run_id = loop.restore(accelerator, cfg, resume_from, saved)
     if main:
         write_json(Path(cfg.out) / "data_overlap.json", overlap)
-    if resume_from is not None and parts.copy is not None and cfg.teacher.mode == "ema":
-        parts.copy.load_state_dict(load_file(str(resume_from / "ema.safetensors")), strict=False)
+    if resume_from is not None and parts.ema is not None:
+        parts.ema.load(load_file(str(resume_from / "ema.safetensors")))
     policy = accelerator.unwrap_model(loss_model).model
     generator = make_rollout_backend(cfg, policy, tokenizer)
     user = (make_user("llm", make_backend(cfg.rollout.user.backend), temperature=cfg.rollout.user.temperature,
@@ -177,14 +175,15 @@ def train(cfg: VASDConfig) -> dict:
         seconds["student_s"] = time.perf_counter() - began
         began = time.perf_counter()
         figures = loop.optimizer_step(accelerator, loss_model, optimizer, scheduler, cfg.optim.max_grad_norm)
-        if cfg.teacher.mode == "ema":
-            ema_update(parts.copy, accelerator.unwrap_model(loss_model).model, cfg.teacher.ema_rate)
+        if parts.ema is not None:
+            parts.ema.update(accelerator.unwrap_model(loss_model).model, cfg.teacher.ema_rate)
         sync_rollout_backend(generator, policy, cfg, convs, say)
         seconds["optimizer_s"] = time.perf_counter() - began
         last = {"loss": window["loss"], "divergence_per_token": window.get("distill"),
                 "anchor_ce": window.get("anchor"), "reference_divergence": window.get("reference"),
                 "answer_tokens": int(window.get("n_distill", 0)), **figures, **rollout_figures(convs),
-                **{f"left_out_{k}": v for k, v in left_out.items()}, **seconds}
+                **{f"left_out_{k}": v for k, v in left_out.items() if k != "empty_micro_batches"},
+                "empty_micro_batches": left_out["empty_micro_batches"], **seconds}
         tables = None
         if cfg.logging.samples_every and step % cfg.logging.samples_every == 0:
             rows = sample_rows(convs)
@@ -199,9 +198,9 @@ def train(cfg: VASDConfig) -> dict:
         state = {"world_size": world, "data_sha256": data_sha, "config": config_to_dict(cfg), "wandb_id": run_id,
                  "loss": last["loss"]}
         extra = None
-        if cfg.teacher.mode == "ema":
+        if parts.ema is not None:
             def extra(folder: Path) -> None:
-                save_file(ema_state(parts.copy, policy), str(folder / "ema.safetensors"))
+                save_file(parts.ema.state(), str(folder / "ema.safetensors"))
         loop.maybe_checkpoint(accelerator, cfg, step, steps, state, extra)
     log.close({"final_loss": last.get("loss"), "steps": steps})
 

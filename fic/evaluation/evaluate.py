@@ -313,12 +313,13 @@ def evaluate(cfg: EvalConfig, *, assistant: Any = None, user_backend: Any = None
         def step(number: int, active: int) -> None:
             bar.update(0, turn=number + 1, active=active)
 
+        max_context = _max_context(backends["assistant"])
         judged = [task for task in {tasks.get(i.task) for i in instances} if task.needs_judge]
         try:
             for task in judged:  # the run's judge, handed to the tasks for this run only
                 task.judge = backends["judge"]
             play(conversations, backends["assistant"], user, classifier, params, batch_size=cfg.batch_size,
-                 stop_at_correct=cfg.stop_at_correct, seed=cfg.seed, max_context=_max_context(backends["assistant"]),
+                 stop_at_correct=cfg.stop_at_correct, seed=cfg.seed, max_context=max_context,
                  on_finish=finished, on_step=step)
         except FicError as err:  # e.g. the server went away for good: say that nothing finished is lost
             saved = total - sum(1 for conv in conversations if not conv.done)
@@ -337,6 +338,8 @@ def evaluate(cfg: EvalConfig, *, assistant: Any = None, user_backend: Any = None
     metrics["instances"] = instance_ids(instances)
     metrics["baseline_source"] = baseline["path"] if baseline is not None else None
     metrics["skipped_instances"] = skipped
+    # Conversations that ended because the next prompt plus a reply would not fit the engine.
+    metrics["context_full"] = sum(1 for r in records if r.get("stop_reason") == "context_full")
     metrics["settings"] = {"model": cfg.model.model, "source": cfg.data.source, "task": cfg.data.task,
                            "views": cfg.views, "runs": cfg.runs, "temperature": cfg.temperature,
                            "user": cfg.user.kind, "classifier": cfg.classifier.kind,
@@ -348,9 +351,18 @@ def evaluate(cfg: EvalConfig, *, assistant: Any = None, user_backend: Any = None
 
 
 def _max_context(backend: Any) -> int | None:
-    config = getattr(getattr(backend, "model", None), "config", None)
-    value = getattr(config, "max_position_embeddings", None)
-    return int(value) if isinstance(value, int) else None
+    """The most tokens (prompt and reply) the assistant's engine takes, for every backend: a vLLM
+    engine's `max_model_len` (the one it was started with, else the model's own), a
+    transformers model's `max_position_embeddings`, None where it is unknown (an HTTP endpoint).
+    A conversation whose next prompt plus `max_new_tokens` would not fit ends as context-full
+    (LiC) instead of aborting the run (vLLM refuses a prompt over its limit)."""
+    engine = getattr(getattr(backend, "llm", None), "llm_engine", None)
+    limits = (getattr(getattr(engine, "model_config", None), "max_model_len", None),
+              getattr(getattr(getattr(backend, "model", None), "config", None), "max_position_embeddings", None))
+    for value in limits:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
 
 
 # --------------------------------------------------------------------------- CLI
@@ -385,6 +397,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"sharded/full of this run: {_fmt(metrics['sharded_over_full'], 3)}   (no recovery rate without "
               "baseline=<the base model's run>)")
+    if metrics["context_full"]:
+        print(f"{metrics['context_full']} conversation(s) ended with a full context (the model's context length "
+              "could not take the next prompt and a reply; stop_reason context_full in conversations.jsonl)")
     print(f"{metrics['conversations']} conversations, {elapsed:.0f} s")
     print(f"report: {Path(cfg.out) / REPORT_NAME}")
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from scripted import FunctionBackend
@@ -308,6 +309,54 @@ def test_unsharded_sources_are_sharded_on_the_fly(tmp_path, tiny_model_dir, tiny
     assert sum(metrics["skipped_instances"].values()) == 1
     (record,) = [r for r in log(tmp_path / "o") if r["view"] == "sharded"]
     assert record["num_shards"] == 3
+
+
+class VLLMLike(FunctionBackend):
+    """A scripted stand-in for fic.backends.vllm.VLLMBackend (no vLLM here): the engine's limit
+    where vLLM keeps it (`llm.llm_engine.model_config.max_model_len`), no `model.config`, and
+    vLLM's refusal of a prompt over that limit."""
+
+    def __init__(self, fn, tokenizer, max_model_len):
+        super().__init__(fn, tokenizer, name="vllm")
+        self.max_model_len = max_model_len
+        self.llm = SimpleNamespace(llm_engine=SimpleNamespace(
+            model_config=SimpleNamespace(max_model_len=max_model_len)))
+
+    def generate(self, prompts, params):
+        for prompt in prompts:
+            if len(prompt) + params.max_new_tokens > self.max_model_len:
+                raise ValueError(f"The decoder prompt (length {len(prompt)}) is longer than the maximum model "
+                                 f"length of {self.max_model_len}")
+        return super().generate(prompts, params)
+
+
+def test_a_vllm_engine_s_context_limit_ends_conversations_as_context_full(lic_file, tmp_path, tiny_model_dir,
+                                                                         smollm2_tokenizer, capsys, monkeypatch):
+    """With the vLLM backend there is no model.config, so there was no context guard: the first
+    prompt over max_model_len aborted the evaluation, and resume met it again. The engine's limit
+    is read, such conversations end as context-full, and their count is reported."""
+    from fic.evaluation import evaluate as evaluate_module
+
+    def reply(prompt):
+        return "Go on, tell me more."
+
+    settings = ("views=[full,sharded]", "runs=1", "stop_at_correct=false")
+    evaluate(config(lic_file, tmp_path / "roomy", tiny_model_dir, *settings),
+             assistant=VLLMLike(reply, smollm2_tokenizer, max_model_len=100_000), progress=False)
+    # Room for the single-turn prompt and a reply (6 tokens), not for the sharded view's later turns.
+    limit = max(r["prompt_tokens"] for r in log(tmp_path / "roomy") if r["view"] == "full") + 6
+    backend = VLLMLike(reply, smollm2_tokenizer, max_model_len=limit)
+    metrics = evaluate(config(lic_file, tmp_path / "run", tiny_model_dir, *settings), assistant=backend,
+                       progress=False)
+    records = log(tmp_path / "run")
+    assert len(records) == 6 and metrics["conversations"] == 6
+    cut = [r for r in records if r["stop_reason"] == "context_full"]
+    assert cut and all(r["view"] == "sharded" for r in cut) and metrics["context_full"] == len(cut)
+    assert all(r["stop_reason"] == "last_turn" for r in records if r["view"] == "full")
+    monkeypatch.setattr(evaluate_module, "make_backend", lambda cfg: backend)
+    assert main(["eval", f"model.model={tiny_model_dir}", f"data.source=lic:{lic_file}", f"out={tmp_path / 'cli'}",
+                 "max_new_tokens=6", "views=[full,sharded]", "stop_at_correct=false", "--quiet"]) == 0
+    assert f"{len(cut)} conversation(s) ended with a full context" in capsys.readouterr().out
 
 
 @pytest.mark.slow

@@ -19,6 +19,9 @@ MUST_MATCH = ("model.path", "model.dtype", "lora", "data", "exclude", "rollout",
               "regularizer.kind", "regularizer.anchor_share",
               "regularizer.anchor_targets", "regularizer.anchor_path", "regularizer.anchor_max_seq_len")
 REGULARIZERS = ("anchor", "reference", "both", "none")
+EMA_WITH_REFERENCE = ("in full fine-tuning teacher.mode=ema with a reference term would need a third copy of the model "
+                      "(the average, and the starting weights the reference reads): use LoRA, teacher.mode=frozen "
+                      "or live, or regularizer.kind=anchor")
 TEACHER_VIEWS = ("full", "concat", "both")
 
 
@@ -48,7 +51,8 @@ class RolloutSection:
 @dataclass
 class TeacherSection:
     mode: str = setting("frozen", "frozen: the starting weights (LoRA: adapters off, no copy); live: the current "
-                        "weights under no-grad; ema: a moving average of the weights.", choices=("frozen", "live", "ema"))
+                        "weights under no-grad; ema: a moving average of the weights (accumulated in float32).",
+                        choices=("frozen", "live", "ema"))
     view: str = setting("full", "The teacher's single-turn view: full (the original instruction), concat (the shards "
                         "as one list) or both (their next-token distributions averaged).", choices=TEACHER_VIEWS)
     ema_rate: float = setting(0.99, "ema: weight of the old average at each step.", min=0.0, max=1.0)
@@ -142,5 +146,7 @@ class VASDConfig(RunConfig):
         if self.regularizer.kind in ("anchor", "both") and not self.regularizer.anchor_path:
             raise FicError(f"regularizer.kind={self.regularizer.kind} needs the SFT corpus whose deferrals it keeps",
                            path=source, field="regularizer.anchor_path")
+        if self.teacher.mode == "ema" and not self.lora.enabled and self.regularizer.kind in ("reference", "both"):
+            raise FicError(EMA_WITH_REFERENCE, path=source, field="teacher.mode")
         if self.eval.every and not self.eval.data.source:
             raise FicError("eval.every is set but eval.data.source is empty", path=source, field="eval.data.source")

@@ -142,8 +142,9 @@ def hidden_at(net: torch.nn.Module, sequences: Sequence[list[int]], positions: S
               pad_id: int, device: Any) -> torch.Tensor:
     """Hidden states of `net` (no gradient) at the given positions of each sequence, rows in
     order: sequence by sequence, positions as listed. One right-padded forward pass."""
-    if not sequences:
-        return torch.zeros((0, causal_lm(net).config.hidden_size), device=device)
+    if not sequences:  # in the weights' dtype, as the rows of a forward pass would be
+        dtype = next(net.parameters()).dtype
+        return torch.zeros((0, causal_lm(net).config.hidden_size), device=device, dtype=dtype)
     body, _ = decoder_and_head(net)
     width = max(len(s) for s in sequences)
     ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
@@ -163,18 +164,28 @@ class DistillLoss(torch.nn.Module):
     and `reference` (divergence to the starting model on earlier replies).
 
     `teacher_head` and `reference_head` map hidden rows to logits with no gradient (the same
-    head for a live teacher or LoRA with adapters off, a frozen copy's head otherwise); they are
-    closures, not submodules, so DDP and DeepSpeed never see the teacher's weights.
+    head for a live teacher or LoRA with adapters off, a frozen copy's head otherwise). They are
+    kept out of the module tree (a module assigned as an attribute would be registered as a
+    submodule): the state dict, the checkpoints, the optimizer and the DDP/DeepSpeed wrapper see
+    the student's weights only, never a frozen or moving-average copy's head.
     """
 
     def __init__(self, model: torch.nn.Module, teacher_head: Callable, reference_head: Callable | None, *,
                  divergence: str, estimator: str, beta: float, temperature: float, top_k: int, chunk_tokens: int):
         super().__init__()
         self.model = model
-        self.teacher_head, self.reference_head = teacher_head, reference_head
+        self._heads = (teacher_head, reference_head)  # a tuple: nn.Module does not register what it holds
         self.kind, self.estimator, self.beta = divergence, estimator, beta
         self.temperature, self.top_k, self.chunk_tokens = temperature, top_k, chunk_tokens
         self.softcap = softcap_of(model)
+
+    @property
+    def teacher_head(self) -> Callable:
+        return self._heads[0]
+
+    @property
+    def reference_head(self) -> Callable | None:
+        return self._heads[1]
 
     @property
     def config(self) -> Any:  # DeepSpeed reads hidden_size from here

@@ -18,9 +18,11 @@ from fic.backends.vllm import colocated_engine, sync_weights
 from fic.conversation.classify import make_classifier
 from fic.conversation.simulator import make_conversations, play
 from fic.conversation.users import make_user
+from fic.core.errors import FicError
 from fic.core.generation import SamplingParams
+from fic.training.data import IGNORE
 from fic.training.losses import decoder_and_head
-from fic.training.vasd.config import VASDConfig
+from fic.training.vasd.config import EMA_WITH_REFERENCE, VASDConfig
 from fic.training.vasd.distill import (
     batch_counts,
     collate_rows,
@@ -29,6 +31,12 @@ from fic.training.vasd.distill import (
     student_rows,
     teacher_prompts,
 )
+
+# Why a rollout is left out of the distillation: it ended before the last shard (the
+# conversation outgrew rollout.max_conversation_tokens), the teacher's prompt is over
+# teacher.max_prompt_tokens, or its final reply was cut by rollout.max_new_tokens (unless
+# loss.keep_truncated).
+LEFT_OUT = ("cut_before_last_shard", "teacher_prompt_too_long", "truncated_final")
 
 
 def teacher_views(cfg: VASDConfig) -> list[str]:
@@ -52,12 +60,17 @@ class TeacherParts:
     ref_net: Any = None
     ref_context: Callable[[], Any] = nullcontext
     ref_head: Callable | None = None
+    ema: EmaTeacher | None = None  # teacher.mode=ema: the float32 average written into `copy`
 
 
 def teacher_parts(cfg: VASDConfig, model: Any) -> TeacherParts:
-    """Who plays teacher and reference for `cfg` (see `TeacherParts`)."""
+    """Who plays teacher and reference for `cfg` (see `TeacherParts`). The reference always reads
+    the starting weights: with LoRA the adapter-free model, in full fine-tuning a frozen copy,
+    which is never the moving average (that would take a third copy: refused)."""
     lora = cfg.lora.enabled
     needs_reference = cfg.regularizer.kind in ("reference", "both")
+    if needs_reference and not lora and cfg.teacher.mode == "ema":
+        raise FicError(EMA_WITH_REFERENCE, field="teacher.mode")
     copy_model = None
     if cfg.teacher.mode == "ema" or (not lora and (cfg.teacher.mode == "frozen" or needs_reference)):
         copy_model = copy.deepcopy(model).eval()
@@ -82,33 +95,66 @@ def teacher_parts(cfg: VASDConfig, model: Any) -> TeacherParts:
         net, context = copy_model, nullcontext
     else:
         net, context = frozen_net, frozen_context
-    parts = TeacherParts(net=net, context=context, head=head_of(net, context), copy=copy_model)
+    parts = TeacherParts(net=net, context=context, head=head_of(net, context), copy=copy_model,
+                         ema=EmaTeacher(copy_model, model) if cfg.teacher.mode == "ema" else None)
     if needs_reference:
         parts.ref_net, parts.ref_context = frozen_net, frozen_context
         parts.ref_head = head_of(frozen_net, frozen_context)
     return parts
 
 
-def ema_update(copy_model: Any, model: Any, rate: float) -> None:
-    """Move the copy's trained weights towards the model's: copy = rate * copy + (1 - rate) * model."""
-    trained = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    with torch.no_grad():
-        for name, param in copy_model.named_parameters():
-            if name in trained:
-                param.mul_(rate).add_(trained[name].detach(), alpha=1 - rate)
+class EmaTeacher:
+    """The moving average of the trained weights, accumulated in float32.
 
+    `update` sets average = rate * average + (1 - rate) * model for every trained weight and
+    writes it into the copy the teacher runs (cast to the copy's dtype). In bf16 the step
+    (1 - rate) * (model - average) is mostly under half a unit in the last place and rounds away
+    (after 50 updates at 0.99, 2.5% of the entries had moved, against 39% in float32), so weights
+    below float32 get a float32 master (4 bytes per trained weight: the adapter with LoRA); float32
+    weights are their own master. `state` (the masters, saved as `ema.safetensors`) and `load`
+    make a resume exact."""
 
-def ema_state(copy_model: Any, model: Any) -> dict:
-    trained = {n for n, p in model.named_parameters() if p.requires_grad}
-    return {n: p.detach().cpu().contiguous() for n, p in copy_model.named_parameters() if n in trained}
+    def __init__(self, copy_model: Any, model: Any):
+        trained = [n for n, p in model.named_parameters() if p.requires_grad]
+        weights = dict(copy_model.named_parameters())
+        self.weights = {n: weights[n] for n in trained}
+        self.master = {n: p.data if p.dtype == torch.float32 else p.detach().float().clone()
+                       for n, p in self.weights.items()}
+
+    def update(self, model: Any, rate: float) -> None:
+        current = dict(model.named_parameters())
+        with torch.no_grad():
+            for name, master in self.master.items():
+                master.mul_(rate).add_(current[name].detach().float(), alpha=1 - rate)
+                self._write(name)
+
+    def state(self) -> dict:
+        return {n: m.detach().cpu().contiguous() for n, m in self.master.items()}
+
+    def load(self, state: dict) -> None:
+        missing = sorted(set(self.master) - set(state))
+        if missing:
+            raise FicError(f"the EMA teacher's saved weights lack {len(missing)} trained weight(s), e.g. {missing[0]}",
+                           field="resume")
+        with torch.no_grad():
+            for name, master in self.master.items():
+                master.copy_(state[name].to(master.device, torch.float32))
+                self._write(name)
+
+    def _write(self, name: str) -> None:
+        weight, master = self.weights[name], self.master[name]
+        if weight.data_ptr() != master.data_ptr():
+            weight.data.copy_(master)
 
 
 def step_batches(cfg: VASDConfig, convs: list, anchors: list, tokenizer: Any, parts: TeacherParts, *, device: Any,
                  autocast: Any) -> tuple[list[dict], Counter]:
-    """The G micro-batches of one step: student rows with teacher (and reference) hidden states,
-    and counts of what was left out of the distillation and why."""
+    """The G micro-batches of one step, always G of them: student rows with teacher (and
+    reference) hidden states; and counts of the rollouts left out of the distillation, once each
+    under the first reason that applies (`LEFT_OUT`), their total (`rollouts`) and the
+    micro-batches that had nothing to train (`empty_micro_batches`)."""
     G, mbs = cfg.train.grad_accum_steps, cfg.train.micro_batch_size
-    counts: Counter = Counter()
+    counts: Counter = Counter({name: 0 for name in (*LEFT_OUT, "empty_micro_batches")})
     rollouts, use = [], []
     for conv in convs:
         if conv.stop_reason != "last_turn":
@@ -118,23 +164,30 @@ def step_batches(cfg: VASDConfig, convs: list, anchors: list, tokenizer: Any, pa
             continue
         rollout = rollout_from(conv)
         rollout.teacher_prompts = teacher_prompts(tokenizer, conv.instance, teacher_views(cfg))
-        keep = rollout.finished or cfg.loss.keep_truncated
-        if not rollout.finished:
-            counts["truncated_final"] += 1
+        keep = True
         if max(len(p) for p in rollout.teacher_prompts) > cfg.teacher.max_prompt_tokens:
             counts["teacher_prompt_too_long"] += 1
             keep = False
+        elif not rollout.finished and not cfg.loss.keep_truncated:
+            counts["truncated_final"] += 1  # distilled anyway under keep_truncated: not left out
+            keep = False
         rollouts.append(rollout)
         use.append(keep)
+    counts["rollouts"] = sum(counts[reason] for reason in LEFT_OUT)
     batches = []
     for g in range(G):
         part = [(r, u) for r, u in zip(rollouts[g * mbs:(g + 1) * mbs], use[g * mbs:(g + 1) * mbs]) if r is not None]
         mine = [a for k, a in enumerate(anchors) if k % G == g]
-        if not part and not mine:
-            continue
         reference = parts.ref_head is not None
         rows = student_rows([r for r, _ in part], mine, use_final=[u for _, u in part], reference=reference,
                             first_tokens=cfg.regularizer.first_tokens, first_weight=cfg.regularizer.first_token_weight)
+        if not rows:
+            # Every rollout of this micro-batch was left out and no anchor landed here. It still
+            # runs (one token, no target: every term a zero with a gradient graph), so each rank
+            # does the same G forward and backward passes with the same collective calls, and
+            # the accumulation window stays in step with accelerate's gradient sync.
+            counts["empty_micro_batches"] += 1
+            rows = [empty_row(tokenizer.pad_token_id)]
         batch = collate_rows(rows, tokenizer.pad_token_id)
         distilled = [r for r, u in part if u]
         views = []
@@ -151,8 +204,17 @@ def step_batches(cfg: VASDConfig, convs: list, anchors: list, tokenizer: Any, pa
                 batch["reference_hidden"] = hidden_at(parts.ref_net, [r.ids for r, _ in part], positions,
                                                       tokenizer.pad_token_id, device)
         batch["counts"] = batch_counts(batch)
+        if not part and not mine:
+            batch["counts"]["tokens"] = 0.0
         batches.append(batch)
     return batches, counts
+
+
+def empty_row(pad_id: int) -> dict:
+    """A one-token student row that trains nothing (the stand-in for an empty micro-batch); the
+    token is attended, so no attention row is fully masked."""
+    return {"input_ids": [pad_id], "distill_targets": [IGNORE], "reference_targets": [IGNORE],
+            "reference_weights": [0.0], "anchor_targets": [IGNORE], "anchor_weights": [0.0]}
 
 
 def _stack_views(views: list) -> Any:
