@@ -4,6 +4,7 @@ regulariser's positions, teacher modes, resume after SIGKILL, 2 processes vs 1, 
 from __future__ import annotations
 
 import copy
+import math
 import json
 import os
 import subprocess
@@ -155,7 +156,7 @@ def test_distill_loss_in_chunks_equals_one_full_logits_computation(tiny_model_di
     conv = played(smollm2_tokenizer)
     rollout = rollout_from(conv)
     rollout.teacher_prompts = teacher_prompts(smollm2_tokenizer, conv.instance, ["full"])
-    batch = collate_rows(student_rows([rollout], [], use_final=[True], reference=False, first_tokens=0,
+    batch = collate_rows(student_rows([final_only(rollout)], [], reference=False, first_tokens=0,
                                       first_weight=1.0), smollm2_tokenizer.pad_token_id)
     teacher_ids = torch.tensor([rollout.teacher_prompts[0] + rollout.answer_ids])
     q, r = len(rollout.teacher_prompts[0]), len(rollout.answer_ids)
@@ -176,6 +177,12 @@ def test_distill_loss_in_chunks_equals_one_full_logits_computation(tiny_model_di
         assert torch.allclose(a.grad, b.grad, atol=1e-12, rtol=1e-7), name
 
 
+def final_only(rollout):
+    """The paper's VASD: only the final reply is distilled, with weight 1."""
+    rollout.distilled = [(rollout.final, 1.0)]
+    return rollout
+
+
 # --------------------------------------------------------------------------- token layout
 
 @pytest.mark.parametrize("template", [None, LLAMA3, SELF_SYSTEM], ids=["chatml", "llama3", "adds-own-system"])
@@ -185,7 +192,7 @@ def test_student_and_teacher_answer_tokens_line_up(smollm2_tokenizer, template):
     rollout = rollout_from(conv)
     (prompt,) = teacher_prompts(tok, conv.instance, ["full"])
     teacher = prompt + rollout.answer_ids
-    (row,) = student_rows([rollout], [], use_final=[True], reference=False, first_tokens=0, first_weight=1.0)
+    (row,) = student_rows([final_only(rollout)], [], reference=False, first_tokens=0, first_weight=1.0)
     positions = [t for t, y in enumerate(row["distill_targets"]) if y != IGNORE]
     # Student position t predicts ids[t + 1]; teacher position q - 1 + j predicts its answer token j.
     assert [rollout.ids[t + 1] for t in positions] == rollout.answer_ids == teacher[len(prompt):]
@@ -269,7 +276,7 @@ def test_a_micro_batch_with_no_usable_rollout_still_runs_and_contributes_zero(ti
     assert len(batches) == 2
     assert left_out["cut_before_last_shard"] == 1 == left_out["rollouts"] == left_out["empty_micro_batches"]
     empty = batches[0]
-    assert empty.pop("counts") == {"distill": 0.0, "anchor": 0.0, "reference": 0.0, "tokens": 0.0}
+    assert empty.pop("counts") == {"distill": 0.0, "anchor": 0.0, "labels": 0.0, "reference": 0.0, "tokens": 0.0}
     assert empty["input_ids"].shape == (1, 1) and empty["teacher_hidden"].dtype == torch.bfloat16
     loss = DistillLoss(model, parts.head, parts.ref_head, divergence="forward_kl", estimator="full", beta=0.5,
                        temperature=1.0, top_k=8, chunk_tokens=4)
@@ -295,7 +302,7 @@ def test_regulariser_covers_exactly_the_non_final_assistant_tokens(smollm2_token
     (anchor,), _ = render_examples([record], tok, max_seq_len=4096, progress=False, targets="non_final")
     conv = played(tok)
     rollout = rollout_from(conv)
-    rows = student_rows([rollout], [anchor], use_final=[True], reference=True, first_tokens=2, first_weight=5.0)
+    rows = student_rows([final_only(rollout)], [anchor], reference=True, first_tokens=2, first_weight=5.0)
     roll_row, anchor_row = rows
     trained = [y for y in anchor_row["anchor_targets"] if y != IGNORE]
     assert tok.decode(trained, skip_special_tokens=False) == "Got it. What else?<|im_end|>Noted. How many points a game?<|im_end|>"
@@ -324,7 +331,7 @@ def test_default_anchor_keeps_the_final_answers_too(smollm2_tokenizer):
         {"role": "assistant", "content": "[book(place=\"Nopa\")]", "train": True}]}
     (anchor,), _ = render_examples([record], tok, max_seq_len=4096, progress=False,
                                    targets=VASDConfig().regularizer.anchor_targets)
-    rows = student_rows([], [anchor], use_final=[], reference=False, first_tokens=1, first_weight=3.0)
+    rows = student_rows([], [anchor], reference=False, first_tokens=1, first_weight=3.0)
     trained = [y for y in rows[0]["anchor_targets"] if y != IGNORE]
     assert tok.decode(trained, skip_special_tokens=False) == 'Which restaurant?<|im_end|>[book(place="Nopa")]<|im_end|>'
     weights = [w for w in rows[0]["anchor_weights"] if w]
@@ -800,3 +807,102 @@ def test_bench_memory_figure_is_the_childs_own_peak_even_under_a_large_parent():
     assert ballast[-1] == 1
     assert 0 < figures["chunked_peak_mb"] < figures["naive_peak_mb"]
     assert figures["memory_ratio"] < 0.6 and figures["max_abs_diff"] < 1e-4
+
+
+# --------------------------------------------------------------------------- per-turn views and labels
+
+def test_per_turn_teacher_prompts_hold_exactly_the_shards_revealed_by_each_turn(smollm2_tokenizer):
+    from fic.core.chat import prompt_ids
+    from fic.data.views import system_message
+    from fic.training.vasd.distill import partial_prompts
+
+    conv = played(smollm2_tokenizer)
+    prompts = partial_prompts(smollm2_tokenizer, conv)
+    shards = [s.shard for s in conv.instance.shards]
+    assert len(prompts) == len(conv.turns) - 1 == 3
+    for k, prompt in enumerate(prompts):  # turn k has revealed shards 1..k+1, as one concat request
+        concat = "\n".join(f"- {s}" for s in shards[:k + 1])
+        text = smollm2_tokenizer.decode(prompt)
+        assert all(s in text for s in shards[:k + 1]) and not any(s in text for s in shards[k + 1:])
+        assert prompt == prompt_ids(smollm2_tokenizer, [system_message(conv.instance),
+                                                        {"role": "user", "content": text.split("user\n", 1)[1]
+                                                         .split("<|im_end|>")[0]}])
+        assert concat.split("\n")[-1][2:] in text
+    cfg = load_config(VASDConfig, None, ["regularizer.kind=none", "loss.turns=all", "loss.nonfinal_weight=0.5",
+                                         "train.max_steps=1", "train.micro_batch_size=1"])
+    rollout = rollout_from(conv)
+    rollout.teacher_prompts, rollout.partial_prompts = teacher_prompts(smollm2_tokenizer, conv.instance, ["full"]), \
+        prompts
+    rollout.distilled = [(span, 0.5) for span in rollout.earlier] + [(rollout.final, 1.0)]
+    (row,) = student_rows([rollout], [], reference=False, first_tokens=0, first_weight=1.0)
+    student = [rollout.ids[t + 1] for t, y in enumerate(row["distill_targets"]) if y != IGNORE]
+    teacher = [token for prompt, reply in rollout.teacher_rows(0) for token in reply]
+    assert student == teacher  # the student's own reply ids, turn by turn, never re-tokenised
+    for (prompt, reply), (start, end) in zip(rollout.teacher_rows(0), rollout.earlier + [rollout.final]):
+        assert reply == rollout.ids[start:end]
+    weights = [w for w in row["distill_weights"] if w]
+    assert weights == [0.5] * sum(e - s for s, e in rollout.earlier) + [1.0] * len(rollout.answer_ids)
+
+
+def test_at_the_last_turn_the_per_turn_loss_is_todays_final_turn_loss(tiny_model_dir, smollm2_tokenizer):
+    """turns=all adds the earlier replies' terms; the final reply's term is exactly turns=final's."""
+    from fic.core.model import load_model
+
+    model = load_model(tiny_model_dir, dtype="float32").eval()
+    conv = played(smollm2_tokenizer)
+    terms = {}
+    for turns, weight in (("final", 1.0), ("all", 0.0), ("all", 1.0)):
+        cfg = load_config(VASDConfig, None, ["regularizer.kind=none", f"loss.turns={turns}",
+                                             f"loss.nonfinal_weight={weight}", "teacher.mode=live",
+                                             "train.max_steps=1", "train.micro_batch_size=1"])
+        parts = teacher_parts(cfg, model)
+        (batch,), _ = step_batches(cfg, [conv], [], smollm2_tokenizer, parts, device="cpu", autocast=no_autocast)
+        counts = batch.pop("counts")
+        loss = DistillLoss(model, parts.head, None, divergence="forward_kl", estimator="full", beta=0.5,
+                           temperature=1.0, top_k=8, chunk_tokens=4)
+        with torch.no_grad():
+            terms[(turns, weight)] = (loss(**batch)["distill"].item(), counts["distill"])
+    final, zero_weight, every = terms[("final", 1.0)], terms[("all", 0.0)], terms[("all", 1.0)]
+    # Equal but for float32 rounding: the teacher's forward batches the earlier turns' rows beside it.
+    assert zero_weight[0] == pytest.approx(final[0], rel=1e-4) and zero_weight[1] == final[1]
+    assert every[0] > final[0] and every[1] > final[1]  # the earlier turns add their own terms
+
+
+def test_deferral_labels_train_only_the_students_earlier_turns_on_a_gold_early_reply(smollm2_tokenizer):
+    from fic.core.chat import reply_ids
+    from fic.training.vasd.step import label_rows
+
+    backend = FunctionBackend(lambda p: "So 4 * 40 * 21 = 3360.\n#### 3360" if "40 games" in p else "Go on.",
+                              smollm2_tokenizer)  # answers (prematurely) from turn 3 on
+    (conv,) = make_conversations([ara()], ["sharded"], 1)
+    play([conv], backend, VerbatimUser(), RuleClassifier(), SamplingParams(max_new_tokens=64), stop_at_correct=False)
+    assert [t.label for t in conv.turns] == ["discussion", "discussion", "answer_attempt", "answer_attempt"]
+    cfg = load_config(VASDConfig, None, ["regularizer.kind=none", "labels.weight=1.0", "labels.max_turns=2",
+                                         "train.max_steps=1", "train.micro_batch_size=1"])
+    rows = label_rows(cfg, conv, smollm2_tokenizer)
+    assert len(rows) == 2
+    contexts = [len(r.context) for r in rows]
+    assert contexts[-1] == conv.turns[2].prompt_tokens  # the premature answer's state comes first
+    for row in rows:
+        assert row.context == conv.ids[:len(row.context)]  # the student's own ids, as it saw them
+        assert any(row.context == conv.ids[:t.prompt_tokens] for t in conv.turns[:-1])  # never the last turn
+        text = smollm2_tokenizer.decode(row.reply, skip_special_tokens=True)
+        assert row.reply == reply_ids(smollm2_tokenizer, text) and "####" not in text and "3360" not in text
+    (label_row,) = student_rows([], [], rows[:1], reference=False, first_tokens=0, first_weight=1.0)
+    trained = [y for y in label_row["label_targets"] if y != IGNORE]
+    assert trained == rows[0].reply and all(y == IGNORE for y in label_row["distill_targets"])
+    assert label_rows(load_config(VASDConfig, None, ["regularizer.kind=none", "train.max_steps=1"]), conv,
+                      smollm2_tokenizer) == []  # off by default
+
+
+def test_the_recipe_trains_with_per_turn_views_and_deferral_labels(tiny_model_dir, anchor_corpus, tmp_path):
+    from fic.cli.main import main
+
+    out = tmp_path / "run"
+    assert main(["train", "vasd", "--config", str(RECIPE), f"model.path={tiny_model_dir}",
+                 f"regularizer.anchor_path={anchor_corpus}", f"out={out}", "train.max_steps=2",
+                 "train.micro_batch_size=2", "rollout.max_new_tokens=6", "logging.wandb=false", "data.limit=8",
+                 "loss.keep_truncated=true", "loss.turns=all", "loss.decision_tokens=2", "loss.decision_weight=3",
+                 "labels.weight=1.0", "logging.progress=false"]) == 0
+    _, last = metrics(out)
+    assert last["labels_ce"] > 0 and math.isfinite(last["loss"]) and last["divergence_per_token"] > 0

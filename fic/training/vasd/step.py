@@ -13,20 +13,24 @@ from typing import Any, Callable
 
 import torch
 
+from fic import tasks
 from fic.backends.hf import HFBackend
 from fic.backends.vllm import colocated_engine, sync_weights
 from fic.conversation.classify import make_classifier
 from fic.conversation.simulator import make_conversations, play
 from fic.conversation.users import make_user
 from fic.core.errors import FicError
+from fic.core.chat import reply_ids
 from fic.core.generation import SamplingParams
-from fic.training.data import IGNORE
+from fic.core.seeding import seeded_rng
 from fic.training.losses import decoder_and_head
 from fic.training.vasd.config import EMA_WITH_REFERENCE, VASDConfig
 from fic.training.vasd.distill import (
+    LabelRow,
     batch_counts,
     collate_rows,
     hidden_at,
+    partial_prompts,
     rollout_from,
     student_rows,
     teacher_prompts,
@@ -164,13 +168,18 @@ def step_batches(cfg: VASDConfig, convs: list, anchors: list, tokenizer: Any, pa
             continue
         rollout = rollout_from(conv)
         rollout.teacher_prompts = teacher_prompts(tokenizer, conv.instance, teacher_views(cfg))
+        if cfg.loss.turns == "all":
+            rollout.partial_prompts = partial_prompts(tokenizer, conv)
         keep = True
-        if max(len(p) for p in rollout.teacher_prompts) > cfg.teacher.max_prompt_tokens:
+        if max(len(p) for p in rollout.teacher_prompts + rollout.partial_prompts) > cfg.teacher.max_prompt_tokens:
             counts["teacher_prompt_too_long"] += 1
             keep = False
         elif not rollout.finished and not cfg.loss.keep_truncated:
             counts["truncated_final"] += 1  # distilled anyway under keep_truncated: not left out
             keep = False
+        if keep:
+            earlier = rollout.earlier if cfg.loss.turns == "all" else []
+            rollout.distilled = [(span, cfg.loss.nonfinal_weight) for span in earlier] + [(rollout.final, 1.0)]
         rollouts.append(rollout)
         use.append(keep)
     counts["rollouts"] = sum(counts[reason] for reason in LEFT_OUT)
@@ -178,9 +187,11 @@ def step_batches(cfg: VASDConfig, convs: list, anchors: list, tokenizer: Any, pa
     for g in range(G):
         part = [(r, u) for r, u in zip(rollouts[g * mbs:(g + 1) * mbs], use[g * mbs:(g + 1) * mbs]) if r is not None]
         mine = [a for k, a in enumerate(anchors) if k % G == g]
+        labels = [row for conv in convs[g * mbs:(g + 1) * mbs] for row in label_rows(cfg, conv, tokenizer)]
         reference = parts.ref_head is not None
-        rows = student_rows([r for r, _ in part], mine, use_final=[u for _, u in part], reference=reference,
-                            first_tokens=cfg.regularizer.first_tokens, first_weight=cfg.regularizer.first_token_weight)
+        rows = student_rows([r for r, _ in part], mine, labels, reference=reference,
+                            first_tokens=cfg.regularizer.first_tokens, first_weight=cfg.regularizer.first_token_weight,
+                            decision_tokens=cfg.loss.decision_tokens, decision_weight=cfg.loss.decision_weight)
         if not rows:
             # Every rollout of this micro-batch was left out and no anchor landed here. It still
             # runs (one token, no target: every term a zero with a gradient graph), so each rank
@@ -189,13 +200,12 @@ def step_batches(cfg: VASDConfig, convs: list, anchors: list, tokenizer: Any, pa
             counts["empty_micro_batches"] += 1
             rows = [empty_row(tokenizer.pad_token_id)]
         batch = collate_rows(rows, tokenizer.pad_token_id)
-        distilled = [r for r, u in part if u]
         views = []
         with parts.context(), autocast():
             for v in range(len(teacher_views(cfg))):
-                sequences = [r.teacher_prompts[v] + r.answer_ids for r in distilled]
-                positions = [range(len(r.teacher_prompts[v]) - 1, len(r.teacher_prompts[v]) - 1 + len(r.answer_ids))
-                             for r in distilled]
+                pairs = [pair for r, _ in part for pair in r.teacher_rows(v)]
+                sequences = [prompt + reply for prompt, reply in pairs]
+                positions = [range(len(prompt) - 1, len(prompt) - 1 + len(reply)) for prompt, reply in pairs]
                 views.append(hidden_at(parts.net, sequences, positions, tokenizer.pad_token_id, device))
         batch["teacher_hidden"] = _stack_views(views)
         if reference:
@@ -204,7 +214,7 @@ def step_batches(cfg: VASDConfig, convs: list, anchors: list, tokenizer: Any, pa
                 batch["reference_hidden"] = hidden_at(parts.ref_net, [r.ids for r, _ in part], positions,
                                                       tokenizer.pad_token_id, device)
         batch["counts"] = batch_counts(batch)
-        if not part and not mine:
+        if not part and not mine and not labels:
             batch["counts"]["tokens"] = 0.0
         batches.append(batch)
     return batches, counts
@@ -213,8 +223,27 @@ def step_batches(cfg: VASDConfig, convs: list, anchors: list, tokenizer: Any, pa
 def empty_row(pad_id: int) -> dict:
     """A one-token student row that trains nothing (the stand-in for an empty micro-batch); the
     token is attended, so no attention row is fully masked."""
-    return {"input_ids": [pad_id], "distill_targets": [IGNORE], "reference_targets": [IGNORE],
-            "reference_weights": [0.0], "anchor_targets": [IGNORE], "anchor_weights": [0.0]}
+    return student_rows([], [], [LabelRow([pad_id], [])], reference=False, first_tokens=0, first_weight=1.0)[0]
+
+
+def label_rows(cfg: VASDConfig, conv: Any, tokenizer: Any) -> list[LabelRow]:
+    """On-policy deferral labels (`labels.weight`): at up to `labels.max_turns` of the student's
+    earlier turns, its own ids up to that turn's generation prompt and the gold reply for that
+    state, an ask for the next shard's detail or a deferral (`Task.early_reply`, no value not
+    given yet). Its earliest premature answers are labelled first: those are the states to fix."""
+    if not cfg.labels.weight or len(conv.turns) < 2 or conv.stop_reason != "last_turn":
+        return []
+    task = tasks.get(conv.instance.task)
+    earlier = list(range(len(conv.turns) - 1))
+    chosen = sorted(earlier, key=lambda k: (conv.turns[k].label != "answer_attempt", k))[:cfg.labels.max_turns]
+    rows = []
+    for k in sorted(chosen):
+        rng = seeded_rng(cfg.train.seed, "labels", conv.instance.task_id, conv.run, k)
+        revealed = {v for turn in conv.turns[:k + 1] for v in task.values_in(turn.user, conv.instance)}
+        text, _ = task.early_reply(conv.turns[k + 1].user, revealed, rng, conv.instance,
+                                   ask=rng.random() < cfg.labels.ask_share, used=set())
+        rows.append(LabelRow(list(conv.ids[:conv.turns[k].prompt_tokens]), reply_ids(tokenizer, text)))
+    return rows
 
 
 def _stack_views(views: list) -> Any:
