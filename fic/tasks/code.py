@@ -30,7 +30,7 @@ from fic.core.instance import Instance, Shard
 from fic.core.parsing import number_values
 from fic.core.seeding import pick
 from fic.tasks.base import ErrorFactory, Task
-from fic.tasks.labels import label_reply
+from fic.tasks.labels import framed_as_template, label_reply
 from fic.tasks.sandbox import Limits, run_python
 from fic.tasks.sharding import ShardingError, split_sentences
 
@@ -110,6 +110,28 @@ def _top_level_functions(code: str) -> list[str] | None:
         return None
     return [node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
             or (isinstance(node, ast.ClassDef) and node.name == "Solution")]
+
+
+def _only_stubs(code: str) -> bool:
+    """Whether every top-level function of `code` has an empty body: only a docstring, `pass`,
+    `...` or `raise NotImplementedError` (a template, not a solution)."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return False
+
+    def empty(statement: ast.stmt) -> bool:
+        if isinstance(statement, ast.Pass):
+            return True
+        if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant):
+            return statement.value.value is Ellipsis or isinstance(statement.value.value, str)
+        if isinstance(statement, ast.Raise) and statement.exc is not None:
+            exc = statement.exc.func if isinstance(statement.exc, ast.Call) else statement.exc
+            return isinstance(exc, ast.Name) and exc.id == "NotImplementedError"
+        return False
+
+    functions = [node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    return bool(functions) and all(all(empty(statement) for statement in f.body) for f in functions)
 
 
 def extract_code(text: str) -> str | None:
@@ -250,7 +272,14 @@ class CodeTask(Task):
         return shard_docstring(instance, seed=seed)  # HumanEval docstrings: the signature, then one sentence a shard
 
     def rule_label(self, reply: str, user_texts: list[str]) -> str:
-        return label_reply(reply, extract_code(reply or "") is not None)
+        """An answer attempt when the reply holds a function the scorer would run, unless every
+        top-level function is a stub (`pass`, `...`, `raise NotImplementedError`: a signature
+        to agree on, not a solution) or the words before the code present it as an example or
+        as what the code will be once the user says more."""
+        text = reply or ""
+        code = extract_code(text)
+        committed = code is not None and not _only_stubs(code) and not framed_as_template(text, max(text.find(code), 0))
+        return label_reply(text, committed)
 
     @property
     def generic_asks(self) -> tuple[str, ...]:  # type: ignore[override]

@@ -36,7 +36,7 @@ from fic.core.instance import Instance
 from fic.core.parsing import number_values
 from fic.tasks.base import ErrorFactory, Task
 from fic.tasks.code import code_blocks
-from fic.tasks.labels import label_reply
+from fic.tasks.labels import framed_as_template, is_placeholder, label_reply
 from fic.tasks.sandbox import SQLLimits, run_sql
 
 DB_DIR_VARIABLE = "FIC_SPIDER_DBS"
@@ -128,6 +128,28 @@ def _mappings(options: list[list[int]], chosen: list[int]) -> Iterator[list[int]
     for j in options[len(chosen)]:
         if j not in chosen:
             yield from _mappings(options, chosen + [j])
+
+
+QUOTED = re.compile(r"'(?:[^']|'')*'|\"[^\"]*\"")
+PROSE = re.compile(r"(?-i:\bI\b)|\b(?:you|your|we|me|my|please)\b", re.IGNORECASE)
+SLOTS = re.compile(r"\?|(?<![\w:]):[A-Za-z_]\w*|<[A-Za-z_][\w ]*>|\.\.\.|…|\{\w*\}|"
+                   r"\b(?:table_name|column_name|column_\d|col\d|some_\w+|your_\w+)\b|\bfrom\s+table\b",
+                   re.IGNORECASE)
+
+
+def _reads_as_sql(query: str) -> bool:
+    """Whether a statement that starts with SELECT/WITH is SQL and not a sentence: no pronouns
+    outside its quotes, and a FROM clause unless it is a short `SELECT <expression>`."""
+    bare = QUOTED.sub("''", query)
+    if PROSE.search(bare.replace("'", " ")):
+        return False
+    return re.search(r"\bfrom\b", bare, re.IGNORECASE) is not None or len(bare.split()) <= 4
+
+
+def _has_slots(query: str) -> bool:
+    """Placeholders in a query: `?`, `:name`, `<country>`, `...`, `table_name`, or a quoted slot."""
+    literals = [m.group(0)[1:-1] for m in QUOTED.finditer(query)]
+    return SLOTS.search(QUOTED.sub("''", query)) is not None or any(is_placeholder(v) for v in literals)
 
 
 _built: dict[str, Path] = {}
@@ -234,7 +256,15 @@ class DatabaseTask(Task):
     # ------------------------------------------------------------------ classifying and SFT replies
 
     def rule_label(self, reply: str, user_texts: list[str]) -> str:
-        return label_reply(reply, extract_sql(reply or "") is not None)
+        """An answer attempt when the reply holds a query the scorer would run, unless it is
+        prose that starts like one ("Select the columns you need and I'll write it."), has
+        slots to fill (`?`, `:name`, `<country>`, `...`, `table_name`), or the words before it
+        present it as an example or as what the query will be once the user says more."""
+        text = reply or ""
+        query = extract_sql(text)
+        committed = query is not None and _reads_as_sql(query) and not _has_slots(query) \
+            and not framed_as_template(text, max(text.find(query[:40]), 0))
+        return label_reply(text, committed)
 
     @property
     def generic_asks(self) -> tuple[str, ...]:  # type: ignore[override]
