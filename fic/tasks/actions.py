@@ -28,6 +28,7 @@ from typing import Any
 
 from fic.core.instance import Instance
 from fic.core.parsing import NUMBER, number_values
+from fic.tasks import lic_prompts
 from fic.tasks.base import ErrorFactory, Task
 from fic.tasks.calls import (
     Call,
@@ -176,8 +177,10 @@ class ActionsTask(Task):
             if not isinstance(params, dict) or not all(isinstance(v, list) and v for v in params.values()):
                 raise error("expected each parameter to map to a non-empty list of accepted values", where)
 
-    def system_prompt_for(self, instance: Instance | dict) -> str:
+    def system_prompt_for(self, instance: Instance | dict, prompts: str = "fic") -> str:
         fields = self._instance(instance).fields
+        if prompts == "lic":  # LiC formats the tool list as Python prints it (`"{}".format(...)`)
+            return lic_prompts.fill(lic_prompts.ACTIONS_SYSTEM, FUNCTIONS=str(fields["function"]))
         # The tools are most of the prompt, and every turn carries them: compact JSON, one tool a
         # line (LiC's data), or Python-style signatures at about 40% of the tokens where the
         # instance asks for them (`tool_format: signature`, FiC's generated data).
@@ -185,8 +188,10 @@ class ActionsTask(Task):
             (lambda f: json.dumps(f, ensure_ascii=False, separators=(",", ":")))
         return SYSTEM_PROMPT + "\n".join(show(f) for f in fields["function"])
 
-    def full_prompt(self, instance: Instance | dict) -> str:
+    def full_prompt(self, instance: Instance | dict, prompts: str = "fic") -> str:
         first_turn = self._instance(instance).fields["fully_specified_question"][0]
+        if prompts == "lic":  # LiC takes the first message of BFCL's first turn
+            return lic_prompts.fill(lic_prompts.ACTIONS_FULL, QUESTION=first_turn[0]["content"])
         return next(m["content"] for m in reversed(first_turn) if isinstance(m, dict) and m.get("role") == "user")
 
     # ------------------------------------------------------------------ answers

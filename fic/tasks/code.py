@@ -29,6 +29,7 @@ from fic.core.errors import FicError
 from fic.core.instance import Instance, Shard
 from fic.core.parsing import number_values
 from fic.core.seeding import pick
+from fic.tasks import lic_prompts
 from fic.tasks.base import ErrorFactory, Task
 from fic.tasks.labels import framed_as_template, label_reply
 from fic.tasks.sandbox import Limits, run_python
@@ -155,6 +156,23 @@ def extract_code(text: str) -> str | None:
     return None
 
 
+def _humaneval(fields: dict) -> bool:
+    """Whether an instance is HumanEval-derived (LiC: `source` humaneval; FiC: it has a `prompt`),
+    not LiveCodeBench's."""
+    source = fields.get("source")
+    if source in ("lcb_easy", "lcb_medium", "humaneval"):
+        return source == "humaneval"
+    return isinstance(fields.get("prompt"), str) and bool(fields["prompt"].strip())
+
+
+def _lcb_prompt(fields: dict, question: str) -> str:
+    """LiC's LiveCodeBench prompt: the question, the starter code (or a placeholder) to complete."""
+    starter = fields.get("starter_code") or lic_prompts.LCB_NO_STARTER
+    return lic_prompts.fill(lic_prompts.LCB_FULL, QUESTION=question,
+                            FORMATTING_PREAMBLE=lic_prompts.LCB_FORMATTING_PREAMBLE,
+                            FORMATTING=f"```python\n{starter}\n```")
+
+
 def _prelude(prompt: str, func_name: str) -> str:
     """A HumanEval prompt's imports and helper definitions: everything but the function to write."""
     try:
@@ -204,16 +222,29 @@ class CodeTask(Task):
 
     # ------------------------------------------------------------------ prompts
 
-    def full_prompt(self, instance: Instance | dict) -> str:
+    def system_prompt_for(self, instance: Instance | dict, prompts: str = "fic") -> str:
+        return lic_prompts.CODE_SYSTEM if prompts == "lic" else self.system_prompt  # LiC: LCB's for all
+
+    def full_prompt(self, instance: Instance | dict, prompts: str = "fic") -> str:
         fields = self._instance(instance).fields
+        if prompts == "lic":
+            if _humaneval(fields):
+                return lic_prompts.fill(lic_prompts.HUMANEVAL_FULL, INSTRUCTION=lic_prompts.fill(
+                    lic_prompts.HUMANEVAL_INSTRUCTION, PROMPT=fields["prompt"]))
+            return _lcb_prompt(fields, fields["question_content"])
         if isinstance(fields.get("prompt"), str) and fields["prompt"].strip():
             return f"Complete the following function:\n```python\n{fields['prompt'].strip()}\n```"
         starter = (fields.get("starter_code") or "").strip()
         tail = f"\n\nStart from this code:\n```python\n{starter}\n```" if starter else ""
         return fields["question_content"].strip() + tail
 
-    def concat_turn(self, instance: Instance, contents: list[str]) -> str:
+    def concat_turn(self, instance: Instance, contents: list[str], prompts: str = "fic") -> str:
         first, *rest = contents
+        if prompts == "lic":  # shard 1 as the instruction, then the others as bullets
+            query = first + "\n" + "".join(f"- {text}\n" for text in rest)
+            if _humaneval(instance.fields):
+                return lic_prompts.fill(lic_prompts.HUMANEVAL_FULL, INSTRUCTION=query)
+            return _lcb_prompt(instance.fields, query)
         return first + ("\n" + self.concat_prompt(rest) if rest else "")
 
     # ------------------------------------------------------------------ answers

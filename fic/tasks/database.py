@@ -34,6 +34,7 @@ from typing import Any, Iterator
 from fic.core.errors import FicError
 from fic.core.instance import Instance
 from fic.core.parsing import number_values
+from fic.tasks import lic_prompts
 from fic.tasks.base import ErrorFactory, Task
 from fic.tasks.code import code_blocks
 from fic.tasks.labels import framed_as_template, is_placeholder, label_reply
@@ -209,15 +210,38 @@ class DatabaseTask(Task):
                            field="db_id")
         return paths, False
 
+    def scoring_caveats(self, judged: bool = False) -> list[str]:
+        if self.folder() is not None:
+            return []
+        return [f"no Spider databases ({DB_DIR_VARIABLE} unset): each database is built from schema_sql with no "
+                "rows, so any query that runs and returns the reference's number of columns scores 1; P measures "
+                "runnable SQL, not correct SQL"]
+
     # ------------------------------------------------------------------ prompts
 
-    def system_prompt_for(self, instance: Instance | dict) -> str:
-        schema = self._instance(instance).fields["schema_sql"].strip()
+    def system_prompt_for(self, instance: Instance | dict, prompts: str = "fic") -> str:
+        fields = self._instance(instance).fields
+        if prompts == "lic":
+            return lic_prompts.fill(lic_prompts.DATABASE_SYSTEM, SCHEMA=fields["schema_sql"])
+        schema = fields["schema_sql"].strip()
         return (f"{self.system_prompt} The database has this schema:\n\n{schema}\n\n"
                 "When you answer, give one SQL query in a ```sql code block.")
 
-    def full_prompt(self, instance: Instance | dict) -> str:
-        return self._instance(instance).fields["fully_specified_question"]
+    def full_prompt(self, instance: Instance | dict, prompts: str = "fic") -> str:
+        fields = self._instance(instance).fields
+        if prompts == "lic":  # LiC's full and concat views repeat the schema in the user turn
+            return self._lic_query(fields, fields["fully_specified_question"])
+        return fields["fully_specified_question"]
+
+    def concat_turn(self, instance: Instance, contents: list[str], prompts: str = "fic") -> str:
+        bullets = super().concat_turn(instance, contents, prompts)
+        if prompts == "lic":
+            return self._lic_query(instance.fields, lic_prompts.DATABASE_CONCAT_HEADER + bullets)
+        return bullets
+
+    @staticmethod
+    def _lic_query(fields: dict, query: str) -> str:
+        return lic_prompts.fill(lic_prompts.DATABASE_FULL, DATABASE_SCHEMA=fields["schema_sql"], USER_QUERY=query)
 
     # ------------------------------------------------------------------ answers
 
