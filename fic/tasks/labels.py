@@ -33,9 +33,11 @@ me ...", "before I can compute ...") or ends by asking -> answer_attempt only wh
 statement of its own comes before a single closing courtesy question; else interrogation
 (asks twice or more), clarification (one specific ask in under 100 words) or discussion (a
 vague ask, or a long reply); a closing sentence that states a number -> answer_attempt, unless
-it is a recap: its numbers are all the user's and its other words mostly the user's, read
-across everything the user said so far, not one message at a time ("Got it: 4 years and 40
-games per year." after "Ara played for 4 years." and "She played 40 games every year.");
+it is a recap, read against everything the user said so far, not one message at a time: it
+computes nothing, its numbers are all the user's, and it restates several of them ("Got it: 4
+years and 40 games per year." after "Ara played for 4 years." and "She played 40 games every
+year."), or its words are mostly the user's, or it is closer to the message its number came from
+than to the user's question ("Okay, Mia starts with 12 apples." after "Mia had 12 apples.");
 otherwise discussion. An intermediate result followed by a request for more ("So 4 * 40 = 160
 games. What else?", "... so 160 games in total. How many points per game?") is therefore no
 answer attempt: the conversation could not end there.
@@ -186,9 +188,9 @@ def is_courtesy(question: str) -> bool:
 
 
 def asking_label(text: str, sentences: Sequence[str] | None = None) -> str:
-    """The label of a reply that gives no answer, by how it asks: several asks -> interrogation;
-    one specific ask in under 100 words -> clarification; else (a vague ask, a long reply, no
-    ask) -> discussion."""
+    """The label of a reply that gives no answer, by how it asks: several questions ->
+    interrogation; one specific ask (a question, else a request) in under 100 words ->
+    clarification; else (a vague ask, a long reply, no ask) -> discussion."""
     sentences = reply_sentences(text) if sentences is None else sentences
     questions = [s for s in sentences if s.endswith("?")]
     if len(questions) >= 2:
