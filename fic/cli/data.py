@@ -17,6 +17,7 @@ from fic.data.llm_sharder import shard_with_llm
 from fic.data.sources import load_source, read_instance, shard_missing
 from fic.data.views import VIEWS, format_view, render_view
 from fic.evaluation.shard_validation import validate_shards
+from fic.tasks.base import PROMPT_STYLES
 
 
 def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
@@ -57,6 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
         parser.add_argument("--out", default=None, help="output JSONL file of rendered views")
         parser.add_argument("--show", type=int, default=0, metavar="N", help="print the first N rendered views")
         parser.add_argument("--seed", type=int, default=0, help="seed of the shuffle-concat order")
+        parser.add_argument("--prompts", default="fic", choices=PROMPT_STYLES,
+                            help="wording: fic (FiC's own, default) or lic (Lost in Conversation's verbatim)")
     elif verb == "masks":
         parser.add_argument("--model", required=True, help="model or tokenizer folder whose chat template is used")
         parser.add_argument("--data", required=True,
@@ -179,7 +182,8 @@ def views(args: argparse.Namespace) -> int:
         raise FicError(f"expected one of {', '.join(VIEWS)}, got {args.view!r}", field="--view")
     if args.out:
         check_writable(args.out, field="--out")
-    records = [render_view(instance, args.view, seed=args.seed) for instance in load_sharded(args.data)]
+    records = [render_view(instance, args.view, seed=args.seed, prompts=args.prompts)
+               for instance in load_sharded(args.data)]
     for record in records[: args.show]:
         print(format_view(record) + "\n")
     if args.out:

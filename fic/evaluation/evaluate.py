@@ -61,13 +61,16 @@ from fic.core.instance import Instance
 from fic.core.progress import Progress
 from fic.data.sources import InstancesSection, load_sources, shard_missing
 from fic.data.views import VIEWS
+from fic.tasks.base import PROMPT_STYLES
 from fic.evaluation.metrics import summarize
 from fic.evaluation.report import write_report
 
 LOG_NAME, METRICS_NAME, REPORT_NAME = "conversations.jsonl", "metrics.json", "report.md"
 FINGERPRINT_NAME, CONFIG_NAME = "fingerprint.json", "config.yaml"
 # Settings two runs must share for one's full-view P to be the other's denominator.
-SCORING_KEYS = ("temperature", "top_p", "max_new_tokens", "stop_at_correct")
+SCORING_KEYS = ("temperature", "top_p", "max_new_tokens", "stop_at_correct", "prompts")
+# A baseline's value for a scoring key it does not record (written before the key existed).
+SCORING_DEFAULTS = {"prompts": "fic"}
 METRICS_FORMAT = 2  # metrics.json that records its instances and scoring settings (baseline checks)
 
 
@@ -80,6 +83,10 @@ class EvalConfig:
     judge: BackendConfig = setting(BackendConfig(), "The LLM judge of tasks scored by one (summary); without "
                                    "judge.model their replies score 0 with a note saying they were not judged.")
     views: list[str] = setting(["full", "concat", "sharded"], f"Views to play, from: {', '.join(VIEWS)}.")
+    prompts: str = setting("fic", "The wording of system prompts and user turns (and of the llm user's and llm "
+                           "classifier's prompts): fic, FiC's own; lic, Lost in Conversation's verbatim (its "
+                           "system prompts, Q:/A: and schema frames, shuffle-concat shuffling every shard). What "
+                           "still differs under lic: docs/evaluation.md.", choices=PROMPT_STYLES)
     runs: int = setting(1, "N: conversations per instance and view (LiC uses 10 at temperature 1.0).", min=1)
     temperature: float = setting(0.0, "Assistant sampling temperature (0: greedy).", min=0.0)
     top_p: float = setting(1.0, "Assistant nucleus sampling threshold.", min=0.0, max=1.0)
@@ -139,9 +146,13 @@ def fingerprint(cfg: EvalConfig) -> dict:
                                                        if cfg.classifier.kind == "llm" else {})},
         **({"judge": backend(cfg.judge)} if cfg.judge.model else {}),
         "temperature": cfg.temperature, "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens,
-        "stop_at_correct": cfg.stop_at_correct, "seed": cfg.seed,
+        "stop_at_correct": cfg.stop_at_correct, "seed": cfg.seed, "prompts": cfg.prompts,
     }
     return parts
+
+
+# What a fingerprint saved before a key existed meant by it (a folder made then still resumes).
+FINGERPRINT_DEFAULTS = {"prompts": "fic"}
 
 
 def check_resume(out: Path, cfg: EvalConfig) -> None:
@@ -159,6 +170,7 @@ def check_resume(out: Path, cfg: EvalConfig) -> None:
             saved = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError:
             raise FicError("unreadable fingerprint; delete the folder or pick another out", path=str(path)) from None
+        saved = {**FINGERPRINT_DEFAULTS, **saved}
         if saved != wanted:
             old, new = flatten(saved), flatten(wanted)
             diff = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
@@ -264,9 +276,12 @@ def check_baseline(baseline: dict, cfg: EvalConfig, instances: list[Instance]) -
                            f"{len(extra)} there only; {example}); evaluate both runs on the same data",
                            path=path, field="baseline")
     saved = (baseline.get("settings") or {}).get("scoring") or {}
-    differ = [key for key in SCORING_KEYS if saved.get(key) != getattr(cfg, key)]
+    def theirs_of(key: str) -> Any:
+        return saved.get(key, SCORING_DEFAULTS.get(key))
+
+    differ = [key for key in SCORING_KEYS if theirs_of(key) != getattr(cfg, key)]
     if differ:
-        details = "; ".join(f"{key}: {saved.get(key)!r} there, {getattr(cfg, key)!r} here" for key in differ)
+        details = "; ".join(f"{key}: {theirs_of(key)!r} there, {getattr(cfg, key)!r} here" for key in differ)
         raise FicError(f"the baseline was scored under other settings ({details}); use the same ones",
                        path=path, field="baseline")
 
@@ -291,7 +306,7 @@ def evaluate(cfg: EvalConfig, *, assistant: Any = None, user_backend: Any = None
     log_path = out / LOG_NAME
     done = {(r["task_id"], r["view"], r["run"]): r for r in read_log(log_path)}
     conversations = make_conversations(instances, cfg.views, cfg.runs, view_seed=cfg.seed, skip=set(done),
-                                       max_idle_turns=cfg.user.max_idle_turns)
+                                       max_idle_turns=cfg.user.max_idle_turns, prompts=cfg.prompts)
     total = len(instances) * len(cfg.views) * cfg.runs
     if conversations:
         backends = _backend_cache(cfg, {"assistant": assistant, "user": user_backend,
@@ -340,8 +355,13 @@ def evaluate(cfg: EvalConfig, *, assistant: Any = None, user_backend: Any = None
     metrics["skipped_instances"] = skipped
     # Conversations that ended because the next prompt plus a reply would not fit the engine.
     metrics["context_full"] = sum(1 for r in records if r.get("stop_reason") == "context_full")
+    # What a task's score does not measure in this run (database without Spider databases).
+    judged = bool(cfg.judge.model) or judge_backend is not None
+    metrics["scoring_caveats"] = {task: caveats for task in sorted({i.task for i in instances})
+                                  if (caveats := tasks.get(task).scoring_caveats(judged))}
     metrics["settings"] = {"model": cfg.model.model, "source": cfg.data.source, "task": cfg.data.task,
                            "views": cfg.views, "runs": cfg.runs, "temperature": cfg.temperature,
+                           "prompts": cfg.prompts,
                            "user": cfg.user.kind, "classifier": cfg.classifier.kind,
                            "stop_at_correct": cfg.stop_at_correct, "max_new_tokens": cfg.max_new_tokens,
                            "scoring": scoring_settings(cfg)}

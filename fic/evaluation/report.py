@@ -18,6 +18,7 @@ from fic.data.views import SINGLE_TURN_VIEWS
 from fic.evaluation.metrics import TIMING_BINS
 
 SCORES_PNG, TIMING_PNG = "scores_by_view.png", "answer_timing.png"
+PROMPT_WORDS = {"fic": "FiC's wording", "lic": "Lost in Conversation's prompts, verbatim"}
 
 
 def _fmt(value: float | None, digits: int = 1, percent: bool = False) -> str:
@@ -104,7 +105,10 @@ def render_markdown(metrics: dict) -> str:
         f"- runs per instance: {s.get('runs', '?')} at temperature {s.get('temperature', '?')}, "
         f"max {s.get('max_new_tokens', '?')} new tokens; user `{s.get('user', '?')}`, "
         f"classifier `{s.get('classifier', '?')}`, stop at first correct answer: {s.get('stop_at_correct', '?')}",
+        f"- prompts: `{s.get('prompts', 'fic')}` ({PROMPT_WORDS.get(s.get('prompts', 'fic'), '?')})",
         f"- conversations: {metrics['conversations']}",
+        *[f"- **Scoring caveat, {task}**: {caveat}." for task, caveats in (metrics.get("scoring_caveats") or {}).items()
+          for caveat in caveats],
         "",
         "## Headline", "",
         *_headline(metrics),

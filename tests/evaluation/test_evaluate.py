@@ -402,3 +402,63 @@ def test_the_shipped_eval_recipe_runs_on_a_fresh_clone(tiny_model_dir, tiny_back
     protocol = load_config(EvalConfig, REPO / "recipes/smollm2-135m-instruct/eval-lic-protocol.yaml")
     assert (protocol.runs, protocol.temperature) == (10, 1.0)
     assert (protocol.data.source, protocol.data.seed) == (cfg.data.source, cfg.data.seed)
+    assert (protocol.prompts, cfg.prompts) == ("lic", "fic")  # LiC's protocol with LiC's prompts
+
+
+def test_prompts_lic_reaches_the_assistant_and_binds_the_run(lic_file, tmp_path, smollm2_dir, smollm2_tokenizer):
+    seen = []
+
+    def reply(prompt):
+        seen.append(prompt)
+        return solver(smollm2_tokenizer).fn(prompt)
+
+    scripted = FunctionBackend(reply, smollm2_tokenizer)
+    common = [f"model.model={smollm2_dir}", f"data.source=lic:{lic_file}", "max_new_tokens=16", "views=[full,sharded]"]
+
+    def run(out, *extra):
+        return evaluate(load_config(EvalConfig, None, [*common, f"out={tmp_path / out}", *extra]),
+                        assistant=scripted, progress=False)
+
+    metrics = run("lic", "prompts=lic")
+    assert metrics["settings"]["prompts"] == "lic" and metrics["views"]["sharded"]["P"] == 100.0
+    assert metrics["scoring_caveats"] == {}  # math scores what it says
+    assert all("As an expert problem solver solve step by step" in prompt for prompt in seen)
+    full = next(r for r in log(tmp_path / "lic") if r["view"] == "full")
+    assert full["turns"][0]["user"] == f"Q: {INSTANCES[0]['question']}\nA:"
+    assert "prompts: `lic`" in (tmp_path / "lic" / "report.md").read_text()
+    assert json.loads((tmp_path / "lic" / "fingerprint.json").read_text())["prompts"] == "lic"
+    with pytest.raises(FicError, match="prompts: 'lic' -> 'fic'"):  # resuming under other prompts
+        run("lic")
+    # A baseline scored under other prompts is refused; one made before the setting existed reads as fic.
+    run("base-fic", "views=[full]")
+    with pytest.raises(FicError, match="prompts: 'fic' there, 'lic' here"):
+        run("x", "prompts=lic", f"baseline={tmp_path / 'base-fic'}")
+    old = json.loads((tmp_path / "base-fic" / "metrics.json").read_text())
+    del old["settings"]["scoring"]["prompts"]
+    (tmp_path / "base-fic" / "metrics.json").write_text(json.dumps(old))
+    assert run("trained", f"baseline={tmp_path / 'base-fic'}")["recovery_rate"] == pytest.approx(1.0)
+    # A folder whose fingerprint predates the setting resumes as fic.
+    fingerprint = json.loads((tmp_path / "trained" / "fingerprint.json").read_text())
+    del fingerprint["prompts"]
+    (tmp_path / "trained" / "fingerprint.json").write_text(json.dumps(fingerprint))
+    assert run("trained", f"baseline={tmp_path / 'base-fic'}")["conversations"] == 6
+
+
+def test_database_without_spider_databases_says_so_in_metrics_and_the_report(tmp_path, smollm2_dir,
+                                                                            smollm2_tokenizer, monkeypatch):
+    monkeypatch.delenv("FIC_SPIDER_DBS", raising=False)
+    data = tmp_path / "db.json"
+    data.write_text(json.dumps([{
+        "task_id": "d1", "task": "database", "db_id": "singers", "schema_sql": "CREATE TABLE singer (name text, age int);",
+        "fully_specified_question": "Names of singers?", "reference_sql": "SELECT name FROM singer",
+        "shards": [{"shard_id": 1, "shard": "I need singer names."}, {"shard_id": 2, "shard": "All of them."}]}]))
+    scripted = FunctionBackend(lambda prompt: "```sql\nSELECT age FROM singer\n```", smollm2_tokenizer)
+    metrics = evaluate(load_config(EvalConfig, None, [f"model.model={smollm2_dir}", f"data.source=lic:{data}",
+                                                      "data.task=database", f"out={tmp_path / 'o'}",
+                                                      "views=[full]"]),
+                       assistant=scripted, progress=False)
+    assert metrics["tasks"]["database"]["full"]["P"] == 100.0  # a wrong column, but the right number of them
+    (caveat,) = metrics["scoring_caveats"]["database"]
+    assert "no Spider databases" in caveat and "any query that runs" in caveat
+    assert json.loads((tmp_path / "o" / "metrics.json").read_text())["scoring_caveats"] == metrics["scoring_caveats"]
+    assert "**Scoring caveat, database**: no Spider databases" in (tmp_path / "o" / "report.md").read_text()
