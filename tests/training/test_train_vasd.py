@@ -828,8 +828,6 @@ def test_per_turn_teacher_prompts_hold_exactly_the_shards_revealed_by_each_turn(
                                                         {"role": "user", "content": text.split("user\n", 1)[1]
                                                          .split("<|im_end|>")[0]}])
         assert concat.split("\n")[-1][2:] in text
-    cfg = load_config(VASDConfig, None, ["regularizer.kind=none", "loss.turns=all", "loss.nonfinal_weight=0.5",
-                                         "train.max_steps=1", "train.micro_batch_size=1"])
     rollout = rollout_from(conv)
     rollout.teacher_prompts, rollout.partial_prompts = teacher_prompts(smollm2_tokenizer, conv.instance, ["full"]), \
         prompts
