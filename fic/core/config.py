@@ -315,6 +315,15 @@ def print_keys(args: Any, cls: type) -> bool:
     return False
 
 
+def with_overrides(config: Any, overrides: Sequence[str], source: str) -> Any:
+    """A copy of `config` with `key=value` overrides applied and every value checked again."""
+    data = config_to_dict(config)
+    for text in overrides:
+        keys, value = _parse_override(text)
+        _set_nested(data, keys, value)
+    return _build(type(config), data, source)
+
+
 def load_cli_config(cls: type, config: str | None, overrides: Sequence[str]) -> Any:
     """`load_config` for a verb that has no usable defaults: it needs a file or some settings."""
     if config is None and not overrides:

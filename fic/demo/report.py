@@ -1,12 +1,14 @@
 """The demo's table, `report.md` and plots, from the evaluation runs of each stage.
 
-Per stage (starting point, SFT, VASD) and evaluation set (test, test-unseen): P in each view,
-the premature-answer rate and the rate of sharded conversations whose reply to the last shard
-is no answer attempt (over-deferral), generated tokens per sharded conversation, and against
-the starting point's single-turn score the recovery rate R = P(stage; sharded) / P(start; full)
-and retention = P(stage; full) / P(start; full), with 95% paired-bootstrap intervals over the
-same instances. VASD against SFT alone: an exact paired sign test on the per-instance sharded
-scores (wins, losses, p-value), stated as not shown when p >= 0.05.
+Per stage (starting point, SFT, VASD, and the equal-compute control: more SFT for VASD's wall
+time) and evaluation set (test, test-unseen): P in each view, first-answer accuracy (the
+score of a sharded conversation's first answer attempt), the premature-answer rate and the
+rate of sharded conversations whose reply to the last shard is no answer attempt
+(over-deferral), generated tokens per sharded conversation, and against the starting point's
+single-turn score the recovery rate R = P(stage; sharded) / P(start; full) and retention =
+P(stage; full) / P(start; full), with 95% paired-bootstrap intervals over the same instances.
+VASD against SFT alone and against the control: exact paired sign tests on the per-instance
+sharded scores (wins, losses, p-value), stated as not shown when p >= 0.05.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from typing import Any
 from fic.core.files import atomic_open, read_log, write_text
 from fic.core.stats import paired_bootstrap, sign_test
 
-STAGE_NAMES = {"start": "starting point", "sft": "FiC stage 1 (SFT)", "vasd": "FiC stage 1+2 (SFT + VASD)"}
+STAGE_NAMES = {"start": "starting point", "sft": "FiC stage 1 (SFT)", "vasd": "FiC stage 1+2 (SFT + VASD)",
+               "control": "control: more SFT for VASD's time"}
+COMPARISONS = (("vasd", "sft", "VASD vs SFT alone"), ("vasd", "control", "VASD vs the equal-compute SFT control"))
 PLOT = "demo_scores.png"
 
 
@@ -50,6 +54,7 @@ def stage_figures(cfg: Any, run: Path, start: dict) -> dict | None:
     ids = sorted(base)
     out = {"P": {v: views[v]["P"] for v in views}, "scores": scores, "instances": len(scores.get("full", {})),
            "premature_answer_rate": (views.get("sharded") or {}).get("premature_answer_rate"),
+           "first_answer_accuracy": (views.get("sharded") or {}).get("first_answer_accuracy"),
            "final_not_answer_rate": _final_not_answer(run),
            "tokens_per_sharded_conversation": (views.get("sharded") or {}).get("generated_tokens_per_conversation")}
     for name, view in (("recovery_rate", "sharded"), ("retention", "full")):
@@ -82,7 +87,7 @@ def write_demo_report(cfg: Any, runs: dict[str, dict[str, Path]], stages: dict[s
             figures = stage_figures(cfg, by_stage[stage], start)
             if figures is not None:
                 rows[stage] = figures
-        summary["sets"][split] = {"rows": rows, "vasd_vs_sft": _paired(rows)}
+        summary["sets"][split] = {"rows": rows, **{f"{a}_vs_{b}": _paired(rows, a, b) for a, b, _ in COMPARISONS}}
     summary["seconds"] = {s: info.get("seconds") for s, info in stages.items() if "seconds" in info}
     summary["peak_rss_mb"] = max((info.get("peak_rss_mb", 0) for info in stages.values()), default=None)
     summary["disk_mb"] = round(_disk_mb(Path(cfg.out)))
@@ -92,12 +97,13 @@ def write_demo_report(cfg: Any, runs: dict[str, dict[str, Path]], stages: dict[s
     return {"table": table, "summary": _without_scores(summary)}
 
 
-def _paired(rows: dict) -> dict | None:
-    if "vasd" not in rows or "sft" not in rows:
+def _paired(rows: dict, stage: str, other: str) -> dict | None:
+    """`stage` against `other` on the same instances' sharded scores: an exact sign test."""
+    if stage not in rows or other not in rows:
         return None
-    vasd, sft = rows["vasd"]["scores"].get("sharded", {}), rows["sft"]["scores"].get("sharded", {})
-    ids = sorted(set(vasd) & set(sft))
-    result = sign_test(vasd[i] - sft[i] for i in ids)
+    mine, theirs = rows[stage]["scores"].get("sharded", {}), rows[other]["scores"].get("sharded", {})
+    ids = sorted(set(mine) & set(theirs))
+    result = sign_test(mine[i] - theirs[i] for i in ids)
     result["instances"] = len(ids)
     result["shown"] = result["p_value"] < 0.05 and result["better"] > result["worse"]
     return result
@@ -135,20 +141,22 @@ def render_table(summary: dict, split: str) -> str:
     rows = summary["sets"][split]["rows"]
     n = next((r["instances"] for r in rows.values()), 0)
     lines = [f"{summary['label']}: {split} set, N = {n} instances (P in %, greedy, LiC's rules)",
-             "| stage | P(full) | P(concat) | P(sharded) | premature answers | final reply no answer | "
-             "R [95% CI] | retention [95% CI] | tokens / sharded conv. |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| stage | P(full) | P(concat) | P(sharded) | first-answer accuracy | premature answers | "
+             "final reply no answer | R [95% CI] | retention [95% CI] | tokens / sharded conv. |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for stage, row in rows.items():
         lines.append(f"| {STAGE_NAMES[stage]} | {_p(row['P'].get('full'))} | {_p(row['P'].get('concat'))} | "
-                     f"{_p(row['P'].get('sharded'))} | {_pct(row['premature_answer_rate'])} | "
+                     f"{_p(row['P'].get('sharded'))} | {_p(row.get('first_answer_accuracy'))} | "
+                     f"{_pct(row['premature_answer_rate'])} | "
                      f"{_pct(row['final_not_answer_rate'])} | {_interval(row.get('recovery_rate'))} | "
                      f"{_interval(row.get('retention'))} | {_p(row['tokens_per_sharded_conversation'])} |")
-    paired = summary["sets"][split]["vasd_vs_sft"]
-    if paired is not None:
-        verdict = "shown" if paired["shown"] else "NOT shown (p >= 0.05 or no more wins than losses)"
-        lines.append(f"VASD vs SFT alone on the same {paired['instances']} instances (sharded): {paired['better']} wins, "
-                     f"{paired['worse']} losses, {paired['tied']} ties, exact sign test p = {paired['p_value']:.3g}: "
-                     f"gain {verdict}")
+    for stage, other, name in COMPARISONS:
+        paired = summary["sets"][split][f"{stage}_vs_{other}"]
+        if paired is not None:
+            verdict = "shown" if paired["shown"] else "NOT shown (p >= 0.05 or no more wins than losses)"
+            lines.append(f"{name} on the same {paired['instances']} instances (sharded): {paired['better']} wins, "
+                         f"{paired['worse']} losses, {paired['tied']} ties, exact sign test p = "
+                         f"{paired['p_value']:.3g}: gain {verdict}")
     return "\n".join(lines)
 
 

@@ -61,9 +61,9 @@ from fic.core.instance import Instance
 from fic.core.progress import Progress
 from fic.data.sources import InstancesSection, load_sources, shard_missing
 from fic.data.views import VIEWS
-from fic.tasks.base import PROMPT_STYLES
 from fic.evaluation.metrics import summarize
 from fic.evaluation.report import write_report
+from fic.tasks.base import PROMPT_STYLES
 
 LOG_NAME, METRICS_NAME, REPORT_NAME = "conversations.jsonl", "metrics.json", "report.md"
 FINGERPRINT_NAME, CONFIG_NAME = "fingerprint.json", "config.yaml"

@@ -19,8 +19,8 @@ from fic.backends.vllm import colocated_engine, sync_weights
 from fic.conversation.classify import make_classifier
 from fic.conversation.simulator import make_conversations, play
 from fic.conversation.users import make_user
-from fic.core.errors import FicError
 from fic.core.chat import reply_ids
+from fic.core.errors import FicError
 from fic.core.generation import SamplingParams
 from fic.core.seeding import seeded_rng
 from fic.training.losses import decoder_and_head
