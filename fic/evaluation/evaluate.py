@@ -173,13 +173,20 @@ def check_resume(out: Path, cfg: EvalConfig) -> None:
 # --------------------------------------------------------------------------- data and backends
 
 def load_instances(cfg: EvalConfig) -> tuple[list[Instance], dict]:
-    """The instances to play, sharded where needed; and counts of what was skipped and why.
+    """The instances to play, sharded where needed; and counts of what was skipped and why."""
+    instances, skipped, _ = load_instances_and_origins(cfg)
+    return instances, skipped
+
+
+def load_instances_and_origins(cfg: EvalConfig) -> tuple[list[Instance], dict, list[dict]]:
+    """`load_instances`, and where each hf: source's instances came from (repository, revision,
+    split, mapping) for metrics.json.
 
     Unsharded instances are rule-sharded whatever the views, so that a full-view run and a
     sharded run of one source evaluate the same instances (one can be the other's baseline).
     A full-view run keeps instances of tasks that have no rule sharder as they are."""
     multi_turn = any(view != "full" for view in cfg.views)
-    instances, skipped = [], Counter()
+    instances, skipped, origins = [], Counter(), []
     for loaded in load_sources(cfg.data):
         as_is = [] if multi_turn else [i for i in loaded.instances
                                        if not i.is_sharded and not tasks.get(i.task).rule_sharder]
@@ -188,9 +195,12 @@ def load_instances(cfg: EvalConfig) -> tuple[list[Instance], dict]:
         instances += sorted(kept + as_is, key=lambda i: order[i.task_id])
         skipped.update(reason for _, reason in dropped)
         skipped.update({f"task {name!r} is not a FiC task": n for name, n in loaded.unknown_tasks.items()})
+        skipped.update(loaded.skipped)
+        if loaded.origin is not None:
+            origins.append(loaded.origin)
     if not instances:
         raise FicError(f"no instance could be sharded ({dict(skipped)})", field="data.source")
-    return instances, dict(skipped)
+    return instances, dict(skipped), origins
 
 
 def _backend_cache(cfg: EvalConfig, given: dict) -> dict:
@@ -281,7 +291,7 @@ def evaluate(cfg: EvalConfig, *, assistant: Any = None, user_backend: Any = None
     out = Path(cfg.out)
     check_writable(out, folder=True, field="out")
     baseline = read_baseline(cfg.baseline) if cfg.baseline else None
-    instances, skipped = load_instances(cfg)
+    instances, skipped, origins = load_instances_and_origins(cfg)
     if baseline is not None:
         check_baseline(baseline, cfg, instances)  # before any model loads
     out.mkdir(parents=True, exist_ok=True)
@@ -337,6 +347,8 @@ def evaluate(cfg: EvalConfig, *, assistant: Any = None, user_backend: Any = None
     metrics["instances"] = instance_ids(instances)
     metrics["baseline_source"] = baseline["path"] if baseline is not None else None
     metrics["skipped_instances"] = skipped
+    if origins:
+        metrics["data_origins"] = origins
     metrics["settings"] = {"model": cfg.model.model, "source": cfg.data.source, "task": cfg.data.task,
                            "views": cfg.views, "runs": cfg.runs, "temperature": cfg.temperature,
                            "user": cfg.user.kind, "classifier": cfg.classifier.kind,
