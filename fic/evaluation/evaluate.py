@@ -12,7 +12,8 @@ Output folder `out`:
   classifier, decoding, seed). A re-run into the same folder resumes: conversations already
   in the log, keyed by (task_id, view, run), are skipped; adding views or runs is allowed,
   other changes are an error naming the keys that differ (use a new `out`).
-- `conversations.jsonl`, `metrics.json`, `report.md`, `scores_by_view.png`, `answer_timing.png`.
+- `conversations.jsonl`, `metrics.json`, `report.md`, `scores_by_view.png`, `answer_timing.png`,
+  `tokens_per_conversation.png`.
 
 Data: `data` is the `InstancesSection` every stage uses (`fic.data.sources`): `data.source`
 one spec or several, `data.task` one task, a list, or `all` (every task of the file FiC knows;
@@ -355,7 +356,7 @@ def evaluate(cfg: EvalConfig, *, assistant: Any = None, user_backend: Any = None
                            "stop_at_correct": cfg.stop_at_correct, "max_new_tokens": cfg.max_new_tokens,
                            "scoring": scoring_settings(cfg)}
     write_json(out / METRICS_NAME, metrics)
-    write_report(out, metrics)
+    write_report(out, metrics, records)
     return metrics
 
 
