@@ -131,7 +131,7 @@ def fingerprint(cfg: EvalConfig) -> dict:
 
     parts = {
         "model": backend(cfg.model),
-        "data": config_to_dict(cfg.data),
+        "data": _data_fingerprint(cfg.data),
         "user": {"kind": cfg.user.kind, **({"backend": backend(cfg.user.backend), "temperature":
                                             cfg.user.temperature, "max_new_tokens": cfg.user.max_new_tokens,
                                             "max_idle_turns": cfg.user.max_idle_turns}
@@ -142,6 +142,17 @@ def fingerprint(cfg: EvalConfig) -> dict:
         "temperature": cfg.temperature, "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens,
         "stop_at_correct": cfg.stop_at_correct, "seed": cfg.seed,
     }
+    return parts
+
+
+def _data_fingerprint(data: InstancesSection) -> dict:
+    """The data section, without the hf: mapping keys when they are unset: folders written before
+    FiC had them resume as they did."""
+    parts = config_to_dict(data)
+    defaults = config_to_dict(InstancesSection())
+    for key in ("fields", "answer_from"):
+        if parts[key] == defaults[key]:
+            del parts[key]
     return parts
 
 

@@ -109,3 +109,17 @@ def test_the_demo_figure_has_both_sets_intervals_rates_and_a_legend_over_no_bar(
     for ax in axes:
         legend = ax.get_legend().get_window_extent(renderer)
         assert not any(legend.overlaps(bar) for bar in bars), ax.get_title()
+
+
+def test_fic_report_draws_an_evaluation_still_playing(demo, tmp_path, capsys):
+    import shutil
+
+    playing = tmp_path / "playing"
+    playing.mkdir()
+    lines = (demo / "eval-start" / "test" / "conversations.jsonl").read_text().splitlines()
+    (playing / "conversations.jsonl").write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:20])  # one being written
+    assert main(["report", str(playing)]) == 0
+    assert all((playing / name).read_bytes()[:8] == PNG for name in EVAL_PNGS)
+    assert "# FiC evaluation report" in (playing / "report.md").read_text()
+    assert (playing / "conversations.jsonl").read_text().endswith(lines[-1][:20])  # read, never repaired
+    shutil.rmtree(playing)
