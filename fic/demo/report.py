@@ -185,6 +185,13 @@ def _percent(value: float | None) -> float | None:
     return 100 * value if value <= 1 else value
 
 
+def _whiskers(value: float | None, interval: list | None) -> tuple[float, float]:
+    """Error-bar lengths below and above `value` for its [low, high] interval (0 when unknown)."""
+    if value is None or not interval or None in interval:
+        return 0.0, 0.0
+    return max(0.0, value - interval[0]), max(0.0, interval[1] - value)
+
+
 def demo_figure(summary: dict) -> Any:
     """One row per evaluation set (test, test-unseen): every stage's P(full) and P(sharded)
     with their 95% intervals; beside them the premature-answer rate and, where the metrics
@@ -203,11 +210,9 @@ def demo_figure(summary: dict) -> Any:
             xs = [i + 0.38 * (k - 0.5) for i in x]
             bars = scores.bar(xs, [h or 0 for h in heights], width=0.36, label=f"P({view})")
             scores.bar_label(bars, labels=[_p(h) for h in heights], fontsize=7, padding=2)
-            low = [(h or 0) - ((r.get("P_interval") or {}).get(view) or [h or 0])[0] for h, r in zip(heights, rows.values())]
-            high = [((r.get("P_interval") or {}).get(view) or [0, h or 0])[1] - (h or 0)
-                    for h, r in zip(heights, rows.values())]
-            scores.errorbar(xs, [h or 0 for h in heights], yerr=[low, high], fmt="none", ecolor="0.2", capsize=3,
-                            linewidth=1, label="95% interval" if k else None)
+            errors = [_whiskers(h, (r.get("P_interval") or {}).get(view)) for h, r in zip(heights, rows.values())]
+            scores.errorbar(xs, [h or 0 for h in heights], yerr=list(zip(*errors)), fmt="none", ecolor="0.2",
+                            capsize=3, linewidth=1, label="95% interval" if k else None)
         scores.set_xticks(x, names, fontsize=8)
         scores.set_ylim(0, 110)
         scores.set_ylabel("P (0-100)")
