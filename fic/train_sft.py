@@ -24,6 +24,7 @@ LoRA) plus `final-merged/` for LoRA with `save_merged=true`, each with a model c
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import time
@@ -120,7 +121,7 @@ def train(cfg: SFTConfig) -> dict:
     loss_model, optimizer, scheduler = loop.prepare(accelerator, TargetLoss(model, cfg.train.loss_chunk_tokens),
                                                     cfg, steps)
     start, run_id = loop.restore(accelerator, cfg, resume_from, saved)
-    log = loop.RunLog(cfg, accelerator, steps, start, run_id, desc="sft",
+    log = loop.RunLog(cfg, accelerator, steps, start, run_id, desc="sft", data_card=data_card(cfg, corpus),
                       postfix=lambda f: {"loss": f"{f['loss']:.4f}", "tok_s": f"{f['target_tokens_per_s']:.0f}"})
 
     last = {"loss": float("nan")}
@@ -150,6 +151,18 @@ def train(cfg: SFTConfig) -> dict:
     say(f"saved {final}" + (f" and {Path(cfg.out) / 'final-merged'}" if cfg.save_merged else ""))
     accelerator.end_training()
     return {"model_dir": final, "model": accelerator.unwrap_model(loss_model).model, **result}
+
+
+def data_card(cfg: SFTConfig, corpus: dict) -> dict:
+    """What wandb and TensorBoard show of the data: the corpus file, its counts, and the card
+    `fic sft-data` wrote beside it (sources, hf: repository, revision and mapping, kinds)."""
+    card_file = Path(cfg.data.path).with_suffix(".card.json")
+    try:
+        written = json.loads(card_file.read_text(encoding="utf-8")) if card_file.is_file() else None
+    except (OSError, json.JSONDecodeError):
+        written = None
+    return {"path": cfg.data.path, **{k: v for k, v in corpus.items() if isinstance(v, (int, float, str))},
+            "card": written}
 
 
 def model_card(cfg: SFTConfig, corpus: dict, result: dict, kind: str) -> str:

@@ -141,7 +141,9 @@ def train(cfg: VASDConfig) -> dict:
                "reference": cfg.regularizer.reference_weight if parts.ref_head is not None else 0.0,
                "labels": cfg.labels.weight}
     weights = {k: v for k, v in weights.items() if v > 0}
-    log = loop.RunLog(cfg, accelerator, steps, start, run_id, desc="vasd", postfix=lambda f: {
+    data_card = {"rollout_tasks": len(instances), "data": config_to_dict(cfg.data), "held_out": len(held_out),
+                 "evaluation_overlap": overlap, "anchor_conversations": anchor_stats.get("used", 0)}
+    log = loop.RunLog(cfg, accelerator, steps, start, run_id, desc="vasd", data_card=data_card, postfix=lambda f: {
         "loss": f"{f['loss']:.4f}", "acc": f"{f['rollout_accuracy']:.2f}", "early": f"{f['premature_answer_rate']:.2f}"})
     out = Path(cfg.out)
 

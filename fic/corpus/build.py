@@ -154,6 +154,7 @@ def load_instances(cfg: SFTDataConfig) -> tuple[list[Instance], list[dict]]:
         sharded, unshardable = shard_missing(loaded.instances, seed=cfg.data.seed)
         dropped = Counter(reason for _, reason in unshardable)
         dropped.update({f"task {name!r} is not a FiC task": n for name, n in loaded.unknown_tasks.items()})
+        dropped.update(loaded.skipped)
         sharded, overlap = exclusion.apply(sharded)
         for why, n in overlap.items():
             if n:
@@ -175,7 +176,8 @@ def load_instances(cfg: SFTDataConfig) -> tuple[list[Instance], list[dict]]:
             kept.append(instance)
             count += 1
         sources.append({"spec": loaded.spec, "loaded": len(loaded.instances), "sharded_here": sharded_here,
-                        "kept": count, "dropped": dict(dropped), "evaluation_overlap": overlap})
+                        "kept": count, "dropped": dict(dropped), "evaluation_overlap": overlap,
+                        **({"origin": loaded.origin} if loaded.origin is not None else {})})
     if not kept:
         raise FicError(f"no usable instances in {', '.join(cfg.data.source)} ({sources})", field="data.source")
     return kept, sources
@@ -456,6 +458,12 @@ def card_markdown(info: dict) -> str:
     for s in info["sources"]:
         dropped = "; ".join(f"{n} x {why}" for why, n in s["dropped"].items()) or "-"
         lines.append(f"| `{s['spec']}` | {s['loaded']} | {s['sharded_here']} | {s['kept']} | {dropped} |")
+    for s in info["sources"]:
+        if s.get("origin"):
+            o = s["origin"]
+            lines.append(f"\n`{s['spec']}`: {o['repository'] or o['path']}, revision {o.get('commit') or o.get('revision') or 'not pinned'}, "
+                         f"config {o.get('config') or '-'}, split {o.get('split') or '-'}, {o['rows']} rows; fields "
+                         + ", ".join(f"`{k}` <- `{c}`" for k, c in o["fields"].items()) + ".")
     excluded = info["evaluation_excluded"]
     named = ", ".join(f"`{spec}`" for spec in excluded["sources"]) or "none named (`exclude.sources`)"
     lines += ["", f"Evaluation data kept out: {named}{' and their templates' if excluded['templates'] else ''}; "

@@ -12,7 +12,8 @@ Output folder `out`:
   classifier, decoding, seed). A re-run into the same folder resumes: conversations already
   in the log, keyed by (task_id, view, run), are skipped; adding views or runs is allowed,
   other changes are an error naming the keys that differ (use a new `out`).
-- `conversations.jsonl`, `metrics.json`, `report.md`, `scores_by_view.png`, `answer_timing.png`.
+- `conversations.jsonl`, `metrics.json`, `report.md`, `scores_by_view.png`, `answer_timing.png`,
+  `tokens_per_conversation.png`.
 
 Data: `data` is the `InstancesSection` every stage uses (`fic.data.sources`): `data.source`
 one spec or several, `data.task` one task, a list, or `all` (every task of the file FiC knows;
@@ -137,7 +138,7 @@ def fingerprint(cfg: EvalConfig) -> dict:
 
     parts = {
         "model": backend(cfg.model),
-        "data": config_to_dict(cfg.data),
+        "data": _data_fingerprint(cfg.data),
         "user": {"kind": cfg.user.kind, **({"backend": backend(cfg.user.backend), "temperature":
                                             cfg.user.temperature, "max_new_tokens": cfg.user.max_new_tokens,
                                             "max_idle_turns": cfg.user.max_idle_turns}
@@ -153,6 +154,15 @@ def fingerprint(cfg: EvalConfig) -> dict:
 
 # What a fingerprint saved before a key existed meant by it (a folder made then still resumes).
 FINGERPRINT_DEFAULTS = {"prompts": "fic"}
+def _data_fingerprint(data: InstancesSection) -> dict:
+    """The data section, without the hf: mapping keys when they are unset: folders written before
+    FiC had them resume as they did."""
+    parts = config_to_dict(data)
+    defaults = config_to_dict(InstancesSection())
+    for key in ("fields", "answer_from"):
+        if parts[key] == defaults[key]:
+            del parts[key]
+    return parts
 
 
 def check_resume(out: Path, cfg: EvalConfig) -> None:
@@ -185,13 +195,20 @@ def check_resume(out: Path, cfg: EvalConfig) -> None:
 # --------------------------------------------------------------------------- data and backends
 
 def load_instances(cfg: EvalConfig) -> tuple[list[Instance], dict]:
-    """The instances to play, sharded where needed; and counts of what was skipped and why.
+    """The instances to play, sharded where needed; and counts of what was skipped and why."""
+    instances, skipped, _ = load_instances_and_origins(cfg)
+    return instances, skipped
+
+
+def load_instances_and_origins(cfg: EvalConfig) -> tuple[list[Instance], dict, list[dict]]:
+    """`load_instances`, and where each hf: source's instances came from (repository, revision,
+    split, mapping) for metrics.json.
 
     Unsharded instances are rule-sharded whatever the views, so that a full-view run and a
     sharded run of one source evaluate the same instances (one can be the other's baseline).
     A full-view run keeps instances of tasks that have no rule sharder as they are."""
     multi_turn = any(view != "full" for view in cfg.views)
-    instances, skipped = [], Counter()
+    instances, skipped, origins = [], Counter(), []
     for loaded in load_sources(cfg.data):
         as_is = [] if multi_turn else [i for i in loaded.instances
                                        if not i.is_sharded and not tasks.get(i.task).rule_sharder]
@@ -200,9 +217,12 @@ def load_instances(cfg: EvalConfig) -> tuple[list[Instance], dict]:
         instances += sorted(kept + as_is, key=lambda i: order[i.task_id])
         skipped.update(reason for _, reason in dropped)
         skipped.update({f"task {name!r} is not a FiC task": n for name, n in loaded.unknown_tasks.items()})
+        skipped.update(loaded.skipped)
+        if loaded.origin is not None:
+            origins.append(loaded.origin)
     if not instances:
         raise FicError(f"no instance could be sharded ({dict(skipped)})", field="data.source")
-    return instances, dict(skipped)
+    return instances, dict(skipped), origins
 
 
 def _backend_cache(cfg: EvalConfig, given: dict) -> dict:
@@ -296,7 +316,7 @@ def evaluate(cfg: EvalConfig, *, assistant: Any = None, user_backend: Any = None
     out = Path(cfg.out)
     check_writable(out, folder=True, field="out")
     baseline = read_baseline(cfg.baseline) if cfg.baseline else None
-    instances, skipped = load_instances(cfg)
+    instances, skipped, origins = load_instances_and_origins(cfg)
     if baseline is not None:
         check_baseline(baseline, cfg, instances)  # before any model loads
     out.mkdir(parents=True, exist_ok=True)
@@ -359,6 +379,8 @@ def evaluate(cfg: EvalConfig, *, assistant: Any = None, user_backend: Any = None
     judged = bool(cfg.judge.model) or judge_backend is not None
     metrics["scoring_caveats"] = {task: caveats for task in sorted({i.task for i in instances})
                                   if (caveats := tasks.get(task).scoring_caveats(judged))}
+    if origins:
+        metrics["data_origins"] = origins
     metrics["settings"] = {"model": cfg.model.model, "source": cfg.data.source, "task": cfg.data.task,
                            "views": cfg.views, "runs": cfg.runs, "temperature": cfg.temperature,
                            "prompts": cfg.prompts,
@@ -366,7 +388,7 @@ def evaluate(cfg: EvalConfig, *, assistant: Any = None, user_backend: Any = None
                            "stop_at_correct": cfg.stop_at_correct, "max_new_tokens": cfg.max_new_tokens,
                            "scoring": scoring_settings(cfg)}
     write_json(out / METRICS_NAME, metrics)
-    write_report(out, metrics)
+    write_report(out, metrics, records)
     return metrics
 
 

@@ -129,6 +129,9 @@ def check_compatible(saved: dict, cfg: Any, must_match: Sequence[str], data_sha:
     """FicError when a setting that must match the checkpoint differs; the names of other changed settings."""
     now = config_to_dict(cfg)
     flat_saved, flat_now = flatten(saved["config"]), flatten(now)
+    # A setting newer than the checkpoint, left at its default, changes nothing that was trained.
+    defaults = flatten(config_to_dict(type(cfg)()))
+    flat_now = {k: v for k, v in flat_now.items() if k in flat_saved or k not in defaults or defaults[k] != v}
 
     def get(flat: dict, key: str) -> Any:  # a key names a leaf or a whole section
         return {k: v for k, v in flat.items() if k == key or k.startswith(key + ".")}

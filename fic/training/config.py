@@ -10,6 +10,7 @@ recipe lists every key and a YAML with an unknown key is an error.
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 
 from fic.core.config import setting
@@ -93,6 +94,16 @@ class LoggingSection:
                              "print a progress line every logging.print_every_s seconds.")
     print_every_s: float = setting(60.0, "Seconds between progress lines when the output is not a terminal.",
                                    min=1.0)
+    tensorboard: bool = setting(False, "Also write TensorBoard event files to out/tensorboard: the scalars, the "
+                                "curves, the config and the data card (`tensorboard --logdir out`; needs "
+                                "pip install tensorboard).")
+    curves_every_s: float = setting(300.0, "Redraw out/curves.png (and send it to wandb and TensorBoard) at most "
+                                    "this often, and at the end; `fic report out` redraws it at any time.", min=0.0)
+
+    def check(self, source: str) -> None:
+        if self.tensorboard and importlib.util.find_spec("tensorboard") is None:
+            raise FicError("logging.tensorboard=true needs the tensorboard package: pip install tensorboard",
+                           path=source, field="tensorboard")
 
 
 @dataclass
@@ -104,7 +115,7 @@ class RunConfig:
     optim: OptimSection = setting(OptimSection(), "Optimizer and learning-rate schedule.")
     train: TrainSection = setting(TrainSection(), "Steps, batch sizes, precision.")
     checkpoint: CheckpointSection = setting(CheckpointSection(), "Resumable checkpoints.")
-    logging: LoggingSection = setting(LoggingSection(), "wandb, metrics and progress.")
+    logging: LoggingSection = setting(LoggingSection(), "wandb, TensorBoard, curves and progress.")
     out: str = setting("runs/train", "Output folder: config, metrics, checkpoints, final model.")
     resume: bool = setting(False, "Continue from the newest complete checkpoint in out/checkpoints.")
     save_merged: bool = setting(False, "LoRA: also save the base model with the adapter merged in (out/final-merged).")
