@@ -225,7 +225,10 @@ def _backend_from_yaml(path: str, option: str):
 
     if not Path(path).is_file():
         raise FicError("backend config not found", path=path, field=option)
-    return make_backend(load_config(BackendConfig, path))
+    cfg = load_config(BackendConfig, path)
+    if not cfg.model:  # nested backends are checked by their owner, which knows whether one is used
+        raise FicError("missing the model to load or call", path=path, field="model")
+    return make_backend(cfg)
 
 
 def load_sharded(path: str) -> list:

@@ -80,6 +80,8 @@ def test_eval_writes_every_output_and_runs_are_independent_samples(lic_file, tmp
     metrics = evaluate(config(lic_file, out, tiny_model_dir), assistant=Counting(tiny_backend), progress=False)
     for name in ("conversations.jsonl", "metrics.json", "report.md", "config.yaml", "fingerprint.json"):
         assert (out / name).is_file(), name
+    # The resolved config loads back as it is: `fic eval --config out/config.yaml` reruns the run.
+    assert load_config(EvalConfig, out / "config.yaml") == config(lic_file, out, tiny_model_dir)
     for name in ("scores_by_view.png", "answer_timing.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     records = log(out)
