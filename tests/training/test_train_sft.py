@@ -428,6 +428,25 @@ def test_bench_sft_times_fic_and_trl_on_the_same_batches(tiny_model_dir):
     assert figures["fic_saved_mb"] < figures["full_logits_saved_mb"]
 
 
+def test_bench_sft_json_is_one_object_on_stdout_with_the_roofline(tiny_model_dir, capsys):
+    from fic.cli.main import main
+
+    assert main(["bench", "sft", "--json", "--model", str(tiny_model_dir), "--steps", "1", "--warmup", "0",
+                 "--micro-batch-size", "2", "--memory-tokens", "0"]) == 0
+    figures = json.loads(capsys.readouterr().out)  # TRL's own {'train_runtime': ...} line goes to stderr
+    assert figures["precision"] == "fp32"  # the tests' CPU has no fast bf16 (FIC_CPU_FLAGS)
+    assert figures["bf16_matmul_2048_tflops"] > 0 and 0 < figures["fic_roofline_share"]
+    assert figures["fic_tflops"] == pytest.approx(figures["fic_roofline_share"] * figures["bf16_matmul_2048_tflops"])
+
+
+def test_roofline_counts_the_body_attention_and_the_head_on_target_rows_only():
+    from fic.bench.roofline import forward_flops, train_flops
+
+    dims = {"body_params": 1000, "layers": 2, "hidden": 8, "vocab": 50}
+    assert forward_flops(dims, [3, 5], head_rows=4) == 2 * 1000 * 8 + 2 * 2 * 8 * (9 + 25) + 2 * 8 * 50 * 4
+    assert train_flops(dims, [3, 5], 4) == 3 * forward_flops(dims, [3, 5], 4)
+
+
 def test_auto_precision_trains_in_bf16_autocast_over_float32_weights_where_bf16_is_fast(
         tiny_model_dir, corpus, tmp_path, monkeypatch, capsys):
     from safetensors.torch import load_file

@@ -904,3 +904,18 @@ def test_the_recipe_trains_with_per_turn_views_and_deferral_labels(tiny_model_di
                  "labels.weight=1.0", "logging.progress=false"]) == 0
     _, last = metrics(out)
     assert last["labels_ce"] > 0 and math.isfinite(last["loss"]) and last["divergence_per_token"] > 0
+
+
+def test_bench_vasd_times_each_phase_and_reports_the_roofline(tiny_model_dir):
+    import argparse
+
+    from fic.bench import vasd as bench_vasd
+
+    parser = argparse.ArgumentParser()
+    bench_vasd.add_arguments(parser)
+    args = parser.parse_args(["--model", str(tiny_model_dir), "--rollouts", "2", "--micro-batch-size", "1",
+                              "--max-new-tokens", "4", "--repeats", "1", "--memory-tokens", "0"])
+    figures = bench_vasd.step_figures(args, chunk=16)
+    assert figures["step_s"] == pytest.approx(figures["rollout_s"] + figures["teacher_s"] + figures["student_s"]
+                                              + figures["optimizer_s"])
+    assert figures["bf16_matmul_2048_tflops"] > 0 and figures["passes_roofline_share"] > 0
