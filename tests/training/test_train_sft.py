@@ -9,8 +9,10 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -462,3 +464,45 @@ def test_auto_precision_trains_in_bf16_autocast_over_float32_weights_where_bf16_
     assert all(math.isfinite(v) for v in losses(out).values())
     weights = load_file(str(out / "final" / "model.safetensors"))
     assert {t.dtype for t in weights.values()} == {torch.float32}  # master weights saved as they train
+
+
+def test_length_buckets_read_every_record_once_an_epoch_with_less_padding():
+    from fic.training.data import DataOrder
+
+    lengths = [int(x) for x in np.random.default_rng(0).integers(20, 400, size=96)]
+
+    def padding(order):
+        batches = [order.micro_batch(k) for k in range(12)]
+        return sum(max(lengths[i] for i in b) * len(b) - sum(lengths[i] for i in b) for b in batches), batches
+
+    plain, plain_batches = padding(DataOrder(96, 8, 1, 0, seed=3, shuffle=True))
+    bucketed, batches = padding(DataOrder(96, 8, 1, 0, seed=3, shuffle=True, lengths=lengths, bucket=4))
+    assert sorted(i for b in batches for i in b) == list(range(96))  # one epoch: every record once
+    assert bucketed < plain / 3
+    again = DataOrder(96, 8, 1, 0, seed=3, shuffle=True, lengths=lengths, bucket=4)
+    assert [again.micro_batch(k) for k in range(12)] == batches  # a function of the seed: resumable
+
+
+def test_padding_changes_neither_the_loss_nor_the_gradients(tiny_model_dir, smollm2_tokenizer):
+    """What bucketing relies on: a conversation padded to a longer one's length trains exactly as
+    it does alone (the attention mask and the target-only loss ignore padding)."""
+    from fic.core.model import load_model
+    from fic.training.data import collate, render_examples
+    from fic.training.losses import TargetLoss
+
+    records = [json.loads(line) for line in write_corpus(Path(tempfile.mkdtemp()) / "c.jsonl").read_text()
+               .splitlines()[:2]]
+    examples, _ = render_examples(records, smollm2_tokenizer, max_seq_len=4096, progress=False)
+    assert len(examples[0].input_ids) != len(examples[1].input_ids)
+    model = load_model(tiny_model_dir, dtype="float32").double()
+    loss = TargetLoss(model, 7)
+
+    def run(groups):
+        model.zero_grad()
+        total = sum(loss(**collate(g, smollm2_tokenizer.pad_token_id))["ce"] for g in groups)
+        total.backward()
+        return total.item(), [p.grad.clone() for p in model.parameters()]
+
+    together, alone = run([examples[:2]]), run([examples[:1], examples[1:2]])
+    assert together[0] == pytest.approx(alone[0], rel=1e-10)
+    assert all(torch.allclose(a, b, rtol=1e-8, atol=1e-12) for a, b in zip(together[1], alone[1]))
