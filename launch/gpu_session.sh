@@ -117,10 +117,12 @@ DS_DEPS=(hjson:hjson einops:einops cpuinfo:py-cpuinfo msgpack:msgpack ninja:ninj
          pydantic_core:pydantic-core annotated_types:annotated-types typing_inspection:typing-inspection
          typing_extensions:typing-extensions)
 export PYTHONPATH="$SCRATCH/site:$PYTHONPATH"
+# ds_version: the version of deepspeed that imports (its import logs a line of its own first).
+ds_version() { "$PYTHON" -c 'import deepspeed; print(deepspeed.__version__)' 2>/dev/null | tail -n 1; }
 if phase_on install; then
   began=$SECONDS
   if [[ $DRY != 1 ]] && "$PYTHON" -c "import deepspeed" >/dev/null 2>&1; then
-    line install SKIP 0 "deepspeed $("$PYTHON" -c 'import deepspeed; print(deepspeed.__version__)' 2>/dev/null) already imports"
+    line install SKIP 0 "deepspeed $(ds_version) already imports"
   else
     wanted=(deepspeed)
     for pair in "${DS_DEPS[@]}"; do
@@ -135,7 +137,7 @@ if phase_on install; then
     elif [[ ! -d $CARRY/wheels ]]; then
       line install FAIL 0 "no $CARRY/wheels: build the carry folder with launch/gpu_carry.sh and carry it"
     elif "${cmd[@]}" >"$OUT/install.log" 2>&1 && "$PYTHON" -c "import deepspeed" >>"$OUT/install.log" 2>&1; then
-      line install PASS $((SECONDS - began)) "deepspeed $("$PYTHON" -c 'import deepspeed; print(deepspeed.__version__)' 2>/dev/null), ${#wanted[@]} wheel(s) into $SCRATCH/site"
+      line install PASS $((SECONDS - began)) "deepspeed $(ds_version), ${#wanted[@]} wheel(s) into $SCRATCH/site"
     else
       line install FAIL $((SECONDS - began)) "$(grep -v '^\s*$' "$OUT/install.log" | tail -n 1 | cut -c1-200) (log $OUT/install.log)"
     fi
@@ -243,22 +245,25 @@ import json, sys
 try:
     f = json.load(open(sys.argv[1]))
 except ValueError:
-    sys.exit("no figures (see the log)")
-parts = []
+    sys.exit("FAIL no figures (see the log)")
+parts, ok = [], not f.get("error") and bool(f.get("stages"))
 for stage, s in f.get("stages", {}).items():
     if not s.get("ok"):
+        ok = False
         parts.append(f"{stage} FAILED: {s.get('error', '?')[:150]}")
         continue
     mfu = f"{100 * s['mfu']:.1f}%" if s.get("mfu") is not None else "-"
     mem = f"{s['peak_memory_gib']:.1f} GiB" if s.get("peak_memory_gib") else "-"
     hours = s.get("recomputed_compute_hours")
-    parts.append(f"{stage} {s['layers']}/{f['full_layers']} layers MFU {mfu} peak {mem} "
-                 f"h {s['recipe']['compute_hours']:.2f}->{hours:.2f}" if hours is not None else
-                 f"{stage} {s['layers']}/{f['full_layers']} layers MFU {mfu} peak {mem}")
-print("; ".join(parts) or f.get("error", "nothing ran"))
+    parts.append(f"{stage} {s['layers']}/{f['full_layers']} layers MFU {mfu} peak {mem}"
+                 + (f" h {s['recipe']['compute_hours']:.2f}->{hours:.2f}" if hours is not None else ""))
+print(("PASS " if ok else "FAIL ") + ("; ".join(parts) or f.get("error", "nothing ran")))
 PY
     )
-    status=$( ((rc == 0)) && [[ $summary != *FAILED* && $summary != "no figures"* ]] && echo PASS || echo FAIL)
+    status=${summary%% *}
+    [[ $status == PASS || $status == FAIL ]] || status=FAIL
+    (( rc == 0 )) || status=FAIL
+    summary=${summary#* }
     line "shape:$backbone" "$status" $((SECONDS - began)) "$summary"
   done
 fi

@@ -119,6 +119,21 @@ def copy_tokenizer(src: str | os.PathLike, dst: str | os.PathLike) -> list[str]:
     return [p.name for p in files]
 
 
+def load_tokenizer_files(folder: str | os.PathLike) -> Any:
+    """The tokenizer of a folder that may hold its files only (no config.json, no weights), with a
+    pad token (the eos token where it has none), as `fic.core.model.load_tokenizer` gives it."""
+    from transformers import AutoTokenizer
+
+    folder = Path(folder)
+    if not (folder / "tokenizer.json").is_file():
+        raise FicError("no tokenizer.json here: point to the prepared SmolLM2 folder (`fic prepare-model`) or to the "
+                       "tokenizer files it holds", path=str(folder), field="--tokenizer")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
 def build_random_model(backbone: str, out: str | os.PathLike, tokenizer_dir: str | os.PathLike, *,
                        layers: int | None = None, sets: dict | None = None, device: str = "cpu",
                        dtype: str = "bfloat16", seed: int = 0) -> dict:
@@ -126,10 +141,10 @@ def build_random_model(backbone: str, out: str | os.PathLike, tokenizer_dir: str
     of `tokenizer_dir`; return what `fic_random.json` records."""
     from transformers import AutoModelForCausalLM, GenerationConfig
 
-    from fic.core.model import load_tokenizer, resolve_dtype
+    from fic.core.model import resolve_dtype
 
     shape = load_shape(backbone)
-    tokenizer = load_tokenizer(tokenizer_dir)
+    tokenizer = load_tokenizer_files(tokenizer_dir)
     full_layers = int({**shape["config"], **(sets or {})}["num_hidden_layers"])
     config = make_config(shape, layers, sets, tokenizer)
     torch_dtype = resolve_dtype(dtype, device)

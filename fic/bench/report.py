@@ -18,6 +18,11 @@ from typing import Any
 from fic.bench.shapes import BACKBONES
 
 DIFFERS = 0.25  # a recipe's hours are to be corrected where the measurement is off by more than this
+RANDOM_NOTE = ("**Every model here has random weights**: the backbones' architectures (launch/shapes/), SmolLM2's "
+               "tokenizer with the real vocabulary size, conversations from actions-gen. MFU counts c·N FLOPs per "
+               "token position run (padding included; c = 6 full fine-tuning, 4 LoRA, +2 gradient checkpointing, 2 "
+               "forward only) against the GPU's dense bf16 peak; the recipes' hours are their 8 x A100 compute at "
+               "the measured MFU (rollouts at the recipes' vLLM assumption).")
 
 
 def _read_json(path: Path) -> Any:
@@ -64,11 +69,7 @@ def markdown(data: dict) -> str:
                          if env.get(k))
     lines = [f"# GPU session: {gpu}" + (f" ({env['gpu_memory_gib']:.0f} GiB)" if env.get("gpu_memory_gib") else ""),
              "", f"{versions}; {env.get('date', '')}".strip("; "), "",
-             "**Every model here has random weights**: the backbones' architectures (launch/shapes/), SmolLM2's "
-             "tokenizer with the real vocabulary size, conversations from actions-gen. MFU counts c·N FLOPs per token "
-             "position run (padding included; c = 6 full fine-tuning, 4 LoRA, +2 gradient checkpointing, 2 forward "
-             "only) against the GPU's dense bf16 peak; the recipes' hours are their 8 x A100 compute at the measured "
-             "MFU (rollouts at the recipes' vLLM assumption).", ""]
+             RANDOM_NOTE, ""]
     rows = []
     for backbone, figures in data["shapes"].items():
         for stage, s in figures.get("stages", {}).items():
@@ -85,16 +86,16 @@ def markdown(data: dict) -> str:
                 f"| {backbone} | {stage} | {s['engine']} | {s['layers']} of {figures['full_layers']} | {batch} | "
                 f"{s.get('lora_r') or 'full'} | {'on' if s.get('gradient_checkpointing') else 'off'} | "
                 f"{_num(rate)} | {_pct(s.get('mfu'))} | {_num(s.get('peak_memory_gib'), '{:.1f}')} | "
-                f"{_num(s['recipe']['compute_hours'], '{:.2f}')} | {_num(s.get('recomputed_compute_hours'), '{:.2f}')} "
+                f"{_num(s['recipe']['compute_hours'], '{:.3g}')} | {_num(s.get('recomputed_compute_hours'), '{:.3g}')} "
                 f"| {flag} |")
     if rows:
         lines += ["## The backbone recipes' shapes, one GPU", "",
-                  "| backbone | stage | engine | layers run | micro-batch x accum | LoRA r | grad. ckpt | tokens/s | MFU "
-                  "| peak GiB | recipe compute h | recomputed h | differs > 25% |",
+                  ("| backbone | stage | engine | layers run | micro-batch x accum | LoRA r | grad. ckpt | tokens/s | MFU "
+                   "| peak GiB | recipe compute h | recomputed h | differs > 25% |"),
                   "|---|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, "",
-                  "tokens/s: SFT, real tokens per second of whole steps; VASD, the student pass's token positions "
-                  "per second. Layers below the backbone's: the full model does not fit one GPU under that engine "
-                  "(the recipe shards it over 8).", ""]
+                  ("tokens/s: SFT, real tokens per second of whole steps; VASD, the student pass's token positions "
+                   "per second. Layers below the backbone's: the full model does not fit one GPU under that engine "
+                   "(the recipe shards it over 8)."), ""]
     vasd = []
     for backbone, figures in data["shapes"].items():
         s = figures.get("stages", {}).get("vasd")
@@ -107,15 +108,15 @@ def markdown(data: dict) -> str:
                     f"{_pct(p.get('student', {}).get('mfu'))} | {_num(d.get('mean_rows'), '{:.0f}')} | "
                     f"{_num(d.get('forward_tokens_per_s'))} | {_num(s.get('rollout_tokens_per_s'))} | "
                     f"{_num(d.get('roofline_tokens_per_s'))} | {_pct(d.get('rollout_share_of_roofline'))} | "
-                    f"{_num(s.get('recomputed_compute_hours_hf_rollouts'), '{:.2f}')} |")
+                    f"{_num(s.get('recomputed_compute_hours_hf_rollouts'), '{:.3g}')} |")
     if vasd:
         lines += ["## VASD's phases and the HF rollout backend", "",
-                  "| backbone | step s | rollout s | rollout MFU (HF) | teacher MFU | student MFU | decoding rows | "
-                  "decode tokens/s (forwards) | rollout tokens/s (all) | bf16 roofline tokens/s | share of roofline | "
-                  "recipe h with HF rollouts |", "|---|---|---|---|---|---|---|---|---|---|---|---|", *vasd, "",
-                  "The roofline: every decoding step reads every bf16 weight once, rows x bandwidth / (2 x N) tokens "
-                  "per second. Rollout tokens/s counts the generated tokens over the whole rollout phase (prompt "
-                  "reading, sampling and the Python loop included).", ""]
+                  ("| backbone | step s | rollout s | rollout MFU (HF) | teacher MFU | student MFU | decoding rows | "
+                   "decode tokens/s (forwards) | rollout tokens/s (all) | bf16 roofline tokens/s | share of roofline | "
+                   "recipe h with HF rollouts |"), "|---|---|---|---|---|---|---|---|---|---|---|---|", *vasd, "",
+                  ("The roofline: every decoding step reads every bf16 weight once, rows x bandwidth / (2 x N) tokens "
+                   "per second. Rollout tokens/s counts the generated tokens over the whole rollout phase (prompt "
+                   "reading, sampling and the Python loop included)."), ""]
     zero = []
     for stage, z in data["zero"].items():
         for method, r in z.get("methods", {}).items():
@@ -129,10 +130,10 @@ def markdown(data: dict) -> str:
                         f"{'PASS' if r.get('ok') else 'FAIL: ' + str(r.get('error', ''))[:100]} |")
     if zero:
         lines += ["## DeepSpeed ZeRO-2 and ZeRO-3 on one process, with resume", "",
-                  "| stage | method | launcher | steps | loss | resumed from step | losses after the resume vs "
-                  "uninterrupted | checkpoint | result |", "|---|---|---|---|---|---|---|---|---|", *zero, "",
-                  "VASD under ZeRO-2: full fine-tuning with the frozen teacher copy; under ZeRO-3: LoRA, the teacher "
-                  "the adapter-free model.", ""]
+                  ("| stage | method | launcher | steps | loss | resumed from step | losses after the resume vs "
+                   "uninterrupted | checkpoint | result |"), "|---|---|---|---|---|---|---|---|---|", *zero, "",
+                  ("VASD under ZeRO-2: full fine-tuning with the frozen teacher copy; under ZeRO-3: LoRA, the teacher "
+                   "the adapter-free model."), ""]
     if data["gpu_check"]:
         lines += ["## launch/gpu_check.sh (WEIGHTS=random)", "", "```", *data["gpu_check"], "```", ""]
     if data["phases"]:

@@ -22,8 +22,9 @@ import os
 import resource
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -60,12 +61,14 @@ class Probe:
         self._forward_began: float | None = None
         self._shape: tuple = (0, 0)
         self._context = 0
+        self.peak_before_phases = 0  # the peak of everything outside the phases (loading, prepare)
 
     # ------------------------------------------------------------------ phases
     def phased(self, name: str, fn: Callable) -> Callable:
         def run(*args: Any, **kwargs: Any) -> Any:
             _sync()
-            if _cuda():
+            if _cuda():  # each phase's own peak; what came before is kept
+                self.peak_before_phases = max(self.peak_before_phases, torch.cuda.max_memory_allocated())
                 torch.cuda.reset_peak_memory_stats()
             outer, self.phase = (self.phase, self.current), name
             self.current = {"seconds": 0.0, "positions": 0, "forwards": 0}
@@ -155,7 +158,7 @@ class Probe:
                         peak_allocated_bytes=torch.cuda.max_memory_allocated() if _cuda() else 0,
                         peak_reserved_bytes=torch.cuda.max_memory_reserved() if _cuda() else 0)
             phase_peaks = [c.get("peak_allocated_bytes", 0) for calls in self.calls.values() for c in calls]
-            info["peak_allocated_bytes"] = max([info["peak_allocated_bytes"], *phase_peaks])
+            info["peak_allocated_bytes"] = max([info["peak_allocated_bytes"], self.peak_before_phases, *phase_peaks])
         else:
             info.update(device="cpu", gpu=None, peak_allocated_bytes=None, peak_reserved_bytes=None)
         return info

@@ -117,7 +117,10 @@ def test_random_folder_loads_and_its_view_has_fewer_layers(tmp_path, smollm2_dir
     from fic.training.losses import check_target_path
 
     out = tmp_path / "phi"
-    record = random_models.build_random_model("phi-4", out, smollm2_dir, layers=3, sets={**TINY, "vocab_size": 100352})
+    carried = tmp_path / "tokenizer"  # the tokenizer files alone, as the GPU session carries them
+    random_models.copy_tokenizer(smollm2_dir, carried)
+    assert not (carried / "config.json").exists()
+    record = random_models.build_random_model("phi-4", out, carried, layers=3, sets={**TINY, "vocab_size": 100352})
     assert record["random_weights"] and record["layers"] == 3 and record["full_layers"] == 40
     assert json.loads((out / random_models.RANDOM_MARKER).read_text()) == record
     assert (out / "tokenizer.json").is_file() and (out / "chat_template.jinja").is_file()

@@ -1,6 +1,7 @@
 """The launch files: `fic launch-check` refuses a wrong set-up in one line, and the torchrun and SLURM
 scripts print (DRY_RUN=1) or start exactly the command each node runs."""
 
+import json
 import os
 import shlex
 import signal
@@ -575,3 +576,40 @@ def test_gpu_carry_dry_run_names_what_travels():
     binary = [line for line in lines if "--only-binary=:all:" in line]
     assert len(binary) == 5 and all("msgpack pydantic-core" in line for line in binary)
     assert not (REPO / "carry").exists()
+
+
+def test_gpu_session_rehearsal_on_cpu(tmp_path, smollm2_dir):
+    """The session for real on this CPU, its GPU-only phases left out: the ZeRO bench as one plain
+    process (SFT, 2 steps, resumed) and one tiny backbone shape, then the report. Its lines, OUT's
+    files and the tables come out as on the lent machine, and the scratch folder is gone."""
+    from fic.bench.random_models import copy_tokenizer
+
+    carry = tmp_path / "carry"
+    copy_tokenizer(smollm2_dir, carry / "tokenizer")
+    tiny = ("--layers 2 --set=hidden_size=32 --set=intermediate_size=64 --set=num_attention_heads=2 "
+            "--set=num_key_value_heads=1 --set=head_dim=16")
+    env = {"OUT": str(tmp_path / "out"), "CARRY": str(carry), "SCRATCH": str(tmp_path / "scratch"),
+           "PHASES": "zero2,shapes,report", "SHAPES": "phi-4", "BUDGET_S": "900",
+           "ZERO_ARGS": f"{tiny} --launcher plain --methods sft --steps 2 --override model.dtype=float32",
+           "SHAPE_ARGS": f"{tiny} --stages sft --sft-steps 2 --corpus-size 16 --override train.micro_batch_size=2 "
+                         "--override train.grad_accum_steps=1 --override model.dtype=float32 --peak-tflops 1"}
+    done = subprocess.run(["bash", "launch/gpu_session.sh"], cwd=REPO, env=script_env(env, dry_run=False),
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = [line.split()[:2] for line in done.stdout.splitlines() if line.startswith(("PASS", "FAIL", "SKIP"))]
+    assert lines == [["PASS", "zero2"], ["PASS", "shape:phi-4"], ["PASS", "report"]], done.stdout
+    out = tmp_path / "out"
+    zero = json.loads((out / "zero2.json").read_text())["methods"]["sft"]
+    assert zero["ok"] and zero["identical"] and zero["resumed_losses"] == zero["losses"][1:]
+    assert zero["checkpoint"]["path"].endswith("checkpoints/step-1") and "model.safetensors" in zero["final"]
+    shape = json.loads((out / "shape-phi-4.json").read_text())
+    assert shape["stages"]["sft"]["ok"] and shape["stages"]["sft"]["lora_r"] == 32
+    assert (out / "shapes/phi-4/sft-probe.json").is_file() and (out / "shapes/phi-4/sft-run.metrics.jsonl").is_file()
+    assert (out / "zero2/sft-resumed.metrics.jsonl").is_file()
+    table = (out / "gpu_table.md").read_text()
+    assert "| phi-4 | sft | plain | 2 of 40 | 2 x 1 | 32 | off |" in table
+    assert "| ZeRO-2 | sft | plain | 2 |" in table and "| identical | Accelerate | PASS |" in table
+    assert [row.split("\t")[:2] for row in (out / "phases.tsv").read_text().splitlines()] == [
+        ["zero2", "PASS"], ["shape:phi-4", "PASS"], ["report", "PASS"]]
+    assert not (tmp_path / "scratch").exists()
+    assert sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) < 5 * 2**20  # logs and figures only
