@@ -131,12 +131,30 @@ if phase_on install; then
       fi
     done
     cmd=("$PYTHON" -m pip install --no-index --no-deps --find-links "$CARRY/wheels" --target "$SCRATCH/site" "${wanted[@]}")
+    # Without pip (a bare interpreter), the wheels are unpacked: a wheel is a zip of what it installs.
+    if [[ $DRY != 1 ]] && ! "$PYTHON" -m pip --version >/dev/null 2>&1; then
+      cmd=("$PYTHON" - "$CARRY/wheels" "$SCRATCH/site" "${wanted[@]}")
+    fi
     if [[ $DRY == 1 ]]; then
       show install -- "${cmd[@]}"
       echo "install: (only the dependencies that do not import are named)"
     elif [[ ! -d $CARRY/wheels ]]; then
       line install FAIL 0 "no $CARRY/wheels: build the carry folder with launch/gpu_carry.sh and carry it"
-    elif "${cmd[@]}" >"$OUT/install.log" 2>&1 && "$PYTHON" -c "import deepspeed" >>"$OUT/install.log" 2>&1; then
+    elif "${cmd[@]}" >"$OUT/install.log" 2>&1 <<'PY' && "$PYTHON" -c "import deepspeed" >>"$OUT/install.log" 2>&1; then
+import re, sys, sysconfig, zipfile
+from pathlib import Path
+
+wheels, site, names = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:]
+tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+for name in names:
+    stem = re.sub(r"[-.]", "_", name).lower()
+    found = [w for w in wheels.glob("*.whl") if w.name.lower().startswith(stem + "-")
+             and ("-py3-none-" in w.name or f"-{tag}-" in w.name)]
+    if not found:
+        sys.exit(f"no wheel of {name} for {tag} in {wheels}")
+    zipfile.ZipFile(found[0]).extractall(site)
+    print(f"unpacked {found[0].name}")
+PY
       line install PASS $((SECONDS - began)) "deepspeed $(ds_version), ${#wanted[@]} wheel(s) into $SCRATCH/site"
     else
       line install FAIL $((SECONDS - began)) "$(grep -v '^\s*$' "$OUT/install.log" | tail -n 1 | cut -c1-200) (log $OUT/install.log)"
