@@ -60,6 +60,7 @@ from fic.bench.random_models import (
 )
 from fic.core.config import load_config
 from fic.core.errors import FicError
+from fic.core.files import check_writable
 from fic.train_sft import SFTConfig
 from fic.training.vasd.config import VASDConfig
 
@@ -395,6 +396,10 @@ def _oom(log: Path) -> bool:
 
 
 def measure(args: argparse.Namespace) -> dict:
+    if not args.dry_run:  # outputs first, before anything is read or written
+        check_writable(args.work or f"runs/shapes/{Path(args.backbone).stem}", folder=True, field="--work")
+        if args.models:
+            check_writable(args.models, folder=True, field="--models")
     plan = make_plan(args)
     if args.dry_run:
         commands = [plan["corpus_command"], plan["build_command"]]

@@ -40,6 +40,7 @@ from typing import Any
 from fic.bench.random_models import REPO, parse_sets
 from fic.bench.shapes import Runner, free_port, tokenizer_dir
 from fic.core.errors import FicError
+from fic.core.files import check_writable
 
 RECIPES = REPO / "recipes" / "smollm2-135m-instruct"
 
@@ -125,6 +126,8 @@ def make_plan(args: argparse.Namespace) -> dict:
 
 
 def measure(args: argparse.Namespace) -> dict:
+    if not args.dry_run:  # the output first, before anything is read or written
+        check_writable(args.work or f"runs/zero{args.stage}", folder=True, field="--work")
     plan = make_plan(args)
     if args.dry_run:
         commands = list(plan["setup_commands"])
