@@ -10,7 +10,8 @@
 #   install    DeepSpeed from CARRY/wheels into SCRATCH/site (pip --no-index: no network needed),
 #              with those of its dependencies that do not import (skipped when deepspeed imports)
 #   smoke      WEIGHTS=random bash launch/gpu_check.sh: the GPU smoke check on a random-weight
-#              SmolLM2-135M-shaped model and an actions-gen corpus (OUT/gpu-check.txt and logs)
+#              SmolLM2-135M-shaped model and an actions-gen corpus (OUT/gpu-check.txt, logs and
+#              metrics in OUT/gpu-check)
 #   zero2      fic bench zero --stage 2: SFT and VASD under ZeRO-2 on one process, checkpoint, resume,
 #              losses after the resume against the uninterrupted run's (OUT/zero2.json)
 #   zero3      the same under ZeRO-3, VASD with LoRA and the adapter-free teacher (OUT/zero3.json)
@@ -167,11 +168,12 @@ fi
 pids=()
 declare -A PHASE_PID=() PHASE_BEGAN=()
 if phase_on smoke; then
-  smoke=(env WEIGHTS=random TOKENIZER="$TOKENIZER" OUT="$OUT/gpu-check" PYTHON="$PYTHON"
+  # Its runs (models of 0.3-0.5 GB) go to SCRATCH; its logs and metrics are copied into OUT after.
+  smoke=(env WEIGHTS=random TOKENIZER="$TOKENIZER" OUT="$SCRATCH/gpu-check" PYTHON="$PYTHON"
          CHECK_TIMEOUT=$(( BUDGET_S / 2 )) bash launch/gpu_check.sh)
   if [[ $DRY == 1 ]]; then
     show smoke -- "${smoke[@]}"
-    env DRY_RUN=1 WEIGHTS=random TOKENIZER="$TOKENIZER" OUT="$OUT/gpu-check" PYTHON="$PYTHON" DEEPSPEED=1 VLLM=0 \
+    env DRY_RUN=1 WEIGHTS=random TOKENIZER="$TOKENIZER" OUT="$SCRATCH/gpu-check" PYTHON="$PYTHON" DEEPSPEED=1 VLLM=0 \
         bash launch/gpu_check.sh | sed 's/^/smoke> /'
   else
     PHASE_BEGAN[smoke]=$SECONDS
@@ -199,6 +201,12 @@ for phase in smoke zero2 zero3; do
   rc=$?
   took=$((SECONDS - PHASE_BEGAN[$phase]))
   if [[ $phase == smoke ]]; then
+    mkdir -p "$OUT/gpu-check"
+    cp "$SCRATCH/gpu-check"/*.log "$OUT/gpu-check/" 2>/dev/null
+    for run in sft vasd zero2-sft zero2-vasd; do
+      [[ -f $SCRATCH/gpu-check/$run/metrics.jsonl ]] && cp "$SCRATCH/gpu-check/$run/metrics.jsonl" "$OUT/gpu-check/$run.metrics.jsonl"
+    done
+    rm -rf "${SCRATCH:?}/gpu-check"
     fails=$(grep -c '^FAIL' "$OUT/gpu-check.txt")
     summary=$(grep -E '^(PASS|FAIL|SKIP)' "$OUT/gpu-check.txt" | awk '{print $1 ":" $2}' | tr '\n' ' ')
     line smoke "$( ((rc == 0)) && echo PASS || echo FAIL)" "$took" "$fails failed: $summary(OUT/gpu-check.txt)"
