@@ -42,6 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
 from accelerate.utils import set_seed
 from safetensors.torch import load_file, save_file
 
@@ -130,7 +131,8 @@ def train(cfg: VASDConfig) -> dict:
     if resume_from is not None and parts.ema is not None:
         parts.ema.load(load_file(str(resume_from / "ema.safetensors")))
     policy = accelerator.unwrap_model(loss_model).model
-    generator = make_rollout_backend(cfg, policy, tokenizer)
+    compute = torch.bfloat16 if accelerator.mixed_precision == "bf16" else next(policy.parameters()).dtype
+    generator, masters = make_rollout_backend(cfg, policy, tokenizer, compute)
     user = (make_user("llm", make_backend(cfg.rollout.user.backend), temperature=cfg.rollout.user.temperature,
                       max_new_tokens=cfg.rollout.user.max_new_tokens)
             if cfg.rollout.user.kind == "llm" else make_user("verbatim"))
@@ -184,7 +186,7 @@ def train(cfg: VASDConfig) -> dict:
         figures = loop.optimizer_step(accelerator, loss_model, optimizer, scheduler, cfg.optim.max_grad_norm)
         if parts.ema is not None:
             parts.ema.update(accelerator.unwrap_model(loss_model).model, cfg.teacher.ema_rate)
-        sync_rollout_backend(generator, policy, cfg, convs, say)
+        sync_rollout_backend(generator, policy, cfg, convs, say, masters=masters)
         seconds["optimizer_s"] = time.perf_counter() - began
         last = {"loss": window["loss"], "divergence_per_token": window.get("distill"),
                 "anchor_ce": window.get("anchor"), "labels_ce": window.get("labels"),

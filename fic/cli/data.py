@@ -14,8 +14,8 @@ from fic.core.errors import FicError
 from fic.core.files import check_writable, read_records, write_json, write_jsonl
 from fic.core.generation import BackendConfig
 from fic.core.instance import Instance
-from fic.data.llm_sharder import shard_with_llm
 from fic.data.hub import ANSWER_FROM
+from fic.data.llm_sharder import shard_with_llm
 from fic.data.sources import InstancesSection, load_sources, read_instance, shard_missing
 from fic.data.views import VIEWS, format_view, render_view
 from fic.evaluation.shard_validation import validate_shards

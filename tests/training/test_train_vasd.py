@@ -919,3 +919,40 @@ def test_bench_vasd_times_each_phase_and_reports_the_roofline(tiny_model_dir):
     assert figures["step_s"] == pytest.approx(figures["rollout_s"] + figures["teacher_s"] + figures["student_s"]
                                               + figures["optimizer_s"])
     assert figures["bf16_matmul_2048_tflops"] > 0 and figures["passes_roofline_share"] > 0
+
+
+def test_bf16_rollouts_run_on_a_decoding_copy_refreshed_after_every_step(tiny_model_dir, smollm2_tokenizer):
+    from fic.core.model import load_model
+    from fic.training.vasd.step import make_rollout_backend, sync_rollout_backend
+
+    cfg = load_config(VASDConfig, None, ["regularizer.kind=none", "train.max_steps=1"])
+    policy = load_model(tiny_model_dir, dtype="float32")
+    same, none = make_rollout_backend(cfg, policy, smollm2_tokenizer, torch.float32)
+    assert same.model is policy and none is None  # float32 compute: the policy itself plays
+    backend, masters = make_rollout_backend(cfg, policy, smollm2_tokenizer, torch.bfloat16)
+    copy_model = backend.model
+    assert copy_model is not policy and {p.dtype for p in copy_model.parameters()} == {torch.bfloat16}
+    q_proj = copy_model.model.layers[0].self_attn.q_proj.weight
+    assert q_proj.stride(0) == 1  # column-major: the fast small-batch product path
+    with torch.no_grad():  # an optimizer step moves the float32 masters
+        for p in policy.parameters():
+            p.add_(0.01)
+    sync_rollout_backend(backend, policy, cfg, [], print, masters=masters)
+    for name, param in copy_model.named_parameters():
+        assert torch.equal(param, masters[name].detach().to(torch.bfloat16)), name
+    assert copy_model.model.layers[0].self_attn.q_proj.weight.stride(0) == 1
+
+
+def test_the_recipe_trains_under_bf16_autocast_with_bf16_rollouts(tiny_model_dir, anchor_corpus, tmp_path,
+                                                                 monkeypatch, capsys):
+    from fic.cli.main import main
+
+    monkeypatch.setenv("FIC_CPU_FLAGS", "avx512_bf16")
+    out = tmp_path / "run"
+    assert main(["train", "vasd", "--config", str(RECIPE), f"model.path={tiny_model_dir}",
+                 f"regularizer.anchor_path={anchor_corpus}", f"out={out}", "train.max_steps=2",
+                 "train.micro_batch_size=2", "rollout.max_new_tokens=6", "logging.wandb=false", "data.limit=8",
+                 "loss.keep_truncated=true", "logging.progress=false"]) == 0
+    assert "bfloat16 autocast" in capsys.readouterr().out
+    _, last = metrics(out)
+    assert math.isfinite(last["loss"]) and last["divergence_per_token"] > 0

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import torch
 
 from fic import tasks
-from fic.backends.hf import HFBackend
+from fic.backends.hf import HFBackend, column_major_linears
 from fic.backends.vllm import colocated_engine, sync_weights
 from fic.conversation.classify import make_classifier
 from fic.conversation.simulator import make_conversations, play
@@ -274,19 +274,41 @@ def sample_rows(convs: list, limit: int = 4) -> list[list]:
     return rows
 
 
-def make_rollout_backend(cfg: VASDConfig, policy: Any, tokenizer: Any) -> Any:
-    """The engine that plays the rollouts with the current weights."""
+def make_rollout_backend(cfg: VASDConfig, policy: Any, tokenizer: Any,
+                         compute_dtype: torch.dtype) -> tuple[Any, dict | None]:
+    """The engine that plays the rollouts with the current weights, and the master weights its
+    copy is refreshed from (None: it plays on the policy itself, or is a vLLM engine).
+
+    hf: when the run computes in bfloat16 over float32 master weights (full fine-tuning, no
+    ZeRO-3), the rollouts run on a bfloat16 copy of the policy laid out for decoding
+    (`column_major_linears` on a CPU), refreshed from the masters after every optimizer step
+    (`sync_rollout_backend`): the same numbers autocast would compute, without casting every
+    weight again at every decoding step and through the slow small-batch product path (a 16-row
+    decoding product 5x faster in bf16 column-major than in float32, measured). Otherwise the
+    policy itself plays."""
     if cfg.rollout.backend == "vllm":
         return colocated_engine(policy, tokenizer, cfg.model.path, cfg.rollout.gpu_memory_utilization,
-                                cfg.rollout.max_conversation_tokens)
-    # Its key/value store notices every optimizer step (parameter version counters) and forgets.
-    return HFBackend(policy, tokenizer, batch_size=cfg.rollout.batch_size, kv_reuse_mb=cfg.rollout.kv_reuse_mb)
+                                cfg.rollout.max_conversation_tokens), None
+    model = policy
+    weights = next(policy.parameters())
+    if compute_dtype == torch.bfloat16 and weights.dtype == torch.float32 and not cfg.lora.enabled:
+        model = copy.deepcopy(policy).to(torch.bfloat16).eval().requires_grad_(False)
+        if weights.device.type == "cpu":
+            column_major_linears(model)
+    backend = HFBackend(model, tokenizer, batch_size=cfg.rollout.batch_size, kv_reuse_mb=cfg.rollout.kv_reuse_mb)
+    return backend, None if model is policy else dict(policy.state_dict(keep_vars=True))
 
 
-def sync_rollout_backend(generator: Any, policy: Any, cfg: VASDConfig, convs: list, say: Any) -> None:
-    """After an optimizer step: the hf backend (which shares the weights) forgets the keys and
-    values it computed with the old ones; a vLLM engine gets the new weights."""
+def sync_rollout_backend(generator: Any, policy: Any, cfg: VASDConfig, convs: list, say: Any, *,
+                         masters: dict | None = None) -> None:
+    """After an optimizer step: the hf backend's bfloat16 copy (if it has one) takes the new
+    master weights, and it forgets the keys and values computed with the old ones; a vLLM engine
+    gets the new weights."""
     if cfg.rollout.backend == "hf":
+        if masters is not None:
+            with torch.no_grad():  # copy_ casts and keeps the copy's own (column-major) layout
+                for name, param in generator.model.named_parameters():
+                    param.copy_(masters[name])
         generator.weights_changed()
     else:
         sync_weights(generator, policy, convs, cfg.rollout.logprob_check_tolerance, say)
