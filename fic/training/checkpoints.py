@@ -79,6 +79,7 @@ def save_checkpoint(accelerator: Any, out: Path, step: int, state: dict, *, keep
     `extra(folder)` writes recipe-specific files (e.g. an EMA teacher) on the main process."""
     from accelerate.utils import DistributedType
 
+    check_finite_weights(accelerator, f"at step {step}")
     final = checkpoint_dir(out) / f"step-{step}"
     tmp = checkpoint_dir(out) / f".step-{step}.tmp"
     if accelerator.is_main_process:
@@ -100,6 +101,24 @@ def save_checkpoint(accelerator: Any, out: Path, step: int, state: dict, *, keep
             shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
     return final
+
+
+def check_finite_weights(accelerator: Any, when: str) -> None:
+    """Refuse to save weights that hold NaN or inf (an update with a huge learning rate makes
+    them so before any loss shows it). Every rank checks its own parameters; the verdict is
+    shared so that all ranks stop together. Every rank must call it."""
+    import torch
+
+    bad = 0
+    for model in getattr(accelerator, "_models", []):
+        for name, param in model.named_parameters():
+            if param.requires_grad and param.numel() and not bool(torch.isfinite(param.detach()).all()):
+                bad += 1
+    if accelerator.num_processes > 1:
+        bad = int(accelerator.reduce(torch.tensor([bad], device=accelerator.device), reduction="sum").item())
+    if bad:
+        raise FicError(f"{bad} trained weight tensor(s) hold NaN or inf {when}: training diverged (try a lower "
+                       "optim.lr); nothing was saved", field="optim.lr")
 
 
 def find_resume(out: Path) -> tuple[Path, dict, list[str]]:
@@ -172,6 +191,7 @@ def save_final(accelerator: Any, loss_model: Any, cfg: Any, out: Path, card: Cal
     for LoRA with save_merged, the merged model (`out/final-merged`), each with the model card
     `card(kind)`. Every rank must call it (ZeRO-3 gathers the weights). `loss_model.model` is
     the trained network."""
+    check_finite_weights(accelerator, "at the end of training")
     state = accelerator.get_state_dict(loss_model)  # full weights on the main process, also under ZeRO-3
     inner = accelerator.unwrap_model(loss_model).model
     final = out / "final"

@@ -167,6 +167,9 @@ def optimizer_step(accelerator: Any, loss_module: torch.nn.Module, optimizer: An
     if max_grad_norm > 0:
         grad_norm = accelerator.clip_grad_norm_([p for p in loss_module.parameters() if p.requires_grad],
                                                 max_grad_norm)
+        if grad_norm is not None and not math.isfinite(float(grad_norm)):  # the same on every rank
+            raise FicError(f"the gradient norm is {float(grad_norm)}: training diverged (try a lower optim.lr, "
+                           f"now {lr:g}); stopped before this update, without saving a model", field="optim.lr")
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
@@ -220,6 +223,17 @@ def maybe_checkpoint(accelerator: Any, cfg: RunConfig, step: int, steps: int, st
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def check_finite_loss(step: int, figures: dict) -> None:
+    """A NaN or infinite loss means the weights are broken: stop before a checkpoint or final
+    model saves them (the figures are reduced over ranks, so every rank stops)."""
+    loss = figures.get("loss")
+    if isinstance(loss, (int, float)) and not math.isfinite(loss):
+        lr = figures.get("lr")
+        raise FicError(f"the loss is {loss} at step {step}: training diverged"
+                       + (f" (try a lower optim.lr, now {lr:g})" if isinstance(lr, (int, float)) else "")
+                       + "; stopped without saving a model", field="optim.lr")
+
+
 class RunLog:
     """Per-step figures: `metrics.jsonl` (every step, main process), wandb (every
     `logging.log_every` steps), and progress (`fic.core.progress`): a bar on a terminal, else a plain
@@ -246,6 +260,7 @@ class RunLog:
                           resume="allow", dir=str(out), config=config_to_dict(self.cfg))
 
     def step(self, step: int, figures: dict, tables: dict | None = None) -> None:
+        check_finite_loss(step, figures)  # on every rank: the loss is reduced over ranks
         if not self.main:
             return
         append_jsonl(self.path, {"step": step, **figures})
