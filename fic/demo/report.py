@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fic.core.files import atomic_open, read_log, write_text
+from fic.core.files import atomic_open, read_json, read_log, write_text
 from fic.core.stats import paired_bootstrap, sign_test
 
 STAGE_NAMES = {"start": "starting point", "sft": "FiC stage 1 (SFT)", "vasd": "FiC stage 1+2 (SFT + VASD)"}
@@ -43,7 +43,7 @@ def _final_not_answer(run: Path) -> float | None:
 def stage_figures(cfg: Any, run: Path, start: dict) -> dict | None:
     if not (run / "metrics.json").is_file():
         return None
-    metrics = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
+    metrics = read_json(run / "metrics.json")
     scores = _scores(run)
     views = metrics["views"]
     base = start["scores"].get("full", {})

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
-import json
 import resource
 import shutil
 import time
@@ -40,7 +39,7 @@ from typing import Any, Callable
 from fic import tasks, train_sft, train_vasd
 from fic.core.config import load_config, print_keys, setting
 from fic.core.errors import FicError
-from fic.core.files import check_writable, write_json, write_jsonl
+from fic.core.files import check_writable, folder_lock, read_json, write_json, write_jsonl
 from fic.core.model import BUNDLED_MODEL_DIR, prepare_model
 from fic.corpus.build import SFTDataConfig, build_corpus
 from fic.data.sources import load_source
@@ -269,6 +268,11 @@ def run_demo(cfg: DemoConfig, *, start_from: str | None = None, progress: bool =
     """Run every stage not yet done (from `start_from` on: again); return the report's figures."""
 
     check_writable(cfg.out, folder=True, field="out")
+    with folder_lock(cfg.out):  # a second demo into the same folder fails at once
+        return _run_demo(cfg, start_from, progress, say)
+
+
+def _run_demo(cfg: DemoConfig, start_from: str | None, progress: bool, say: Callable[[str], None]) -> dict:
     markers = paths(cfg)["stages"]
     if start_from is not None:
         if start_from not in STAGES:
@@ -325,5 +329,5 @@ def stage_summaries(cfg: DemoConfig) -> dict[str, dict]:
     for stage in STAGES:
         marker = paths(cfg)["stages"] / f"{stage}.json"
         if marker.is_file():
-            found[stage] = json.loads(marker.read_text(encoding="utf-8"))
+            found[stage] = read_json(marker)
     return found

@@ -13,7 +13,6 @@ settings that changed but may (learning rate, logging, ...).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any, Callable, Sequence
 from fic import __version__
 from fic.core.config import config_to_dict, flatten
 from fic.core.errors import FicError
-from fic.core.files import publish_folder, write_json, write_text
+from fic.core.files import publish_folder, read_json, unlock_folder, write_json, write_text
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "chat_template.json", "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
@@ -135,9 +134,9 @@ def find_resume(out: Path) -> tuple[Path, dict, list[str]]:
     skipped = sorted((p.name for p in folder.iterdir() if p.is_dir() and (_step_of(p) or 0) > _step_of(path)),
                      key=lambda name: int(name[5:]))
     try:
-        state = json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
+        state = read_json(path / "trainer_state.json")
         int(state["step"]), dict(state["config"])
-    except (OSError, ValueError, KeyError, TypeError) as err:
+    except (FicError, OSError, ValueError, KeyError, TypeError) as err:
         raise FicError(f"checkpoint is damaged (trainer_state.json: {err}); delete this folder to resume "
                        "from the one before it", path=str(path)) from None
     return path, state, skipped
@@ -216,6 +215,7 @@ def save_final(accelerator: Any, loss_model: Any, cfg: Any, out: Path, card: Cal
             copy_tokenizer(cfg.model.path, tmp)
             write_text(tmp / "README.md", card("LoRA merged into the base model"))
             publish_folder(tmp, out / "final-merged")
+        unlock_folder(out)  # taken by `fic.training.loop.make_accelerator`
     accelerator.wait_for_everyone()
     return final
 

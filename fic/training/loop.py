@@ -36,7 +36,7 @@ import torch
 
 from fic.core.config import config_to_dict, describe, load_config
 from fic.core.errors import FicError, one_line, os_error
-from fic.core.files import append_jsonl, write_text
+from fic.core.files import append_jsonl, lock_folder, write_text
 from fic.core.model import load_model
 from fic.core.progress import Progress
 from fic.training.checkpoints import (
@@ -64,6 +64,8 @@ def make_accelerator(cfg: RunConfig) -> Any:
         mixed_precision=None if cfg.train.mixed_precision == "auto" else cfg.train.mixed_precision,
         step_scheduler_with_optimizer=False)  # the schedule counts optimizer steps, not steps x processes
     check_accumulation(accelerator, cfg.train.grad_accum_steps)
+    if accelerator.is_main_process:  # a second run into `out` fails now; released when the final model is saved
+        lock_folder(cfg.out)
     return accelerator
 
 

@@ -87,3 +87,14 @@ def test_paired_statistics():
     result = sign_test([1] * 9 + [-1] + [0] * 5)
     assert (result["better"], result["worse"], result["tied"]) == (9, 1, 5)
     assert result["p_value"] == pytest.approx(22 / 1024)  # 2 * P(X <= 1), X ~ Bin(10, 1/2)
+
+
+def test_a_second_demo_into_the_same_folder_fails_at_once(tmp_path, capsys):
+    from locks import held_by_another_process
+
+    out = tmp_path / "demo"
+    with held_by_another_process(out) as pid:
+        assert main(["demo", "--recipes", str(RECIPES), f"out={out}", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"another FiC run is writing into this folder (process {pid}" in err and len(err.splitlines()) == 1
+    assert not (out / "stages").exists()
