@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from fic.core.errors import FicError
 
@@ -65,10 +65,9 @@ def check_writable(path: str | os.PathLike, *, folder: bool = False, field: str 
         raise refuse(f"no permission to write in {deepest}")
 
 
-@contextlib.contextmanager
-def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[Any]:
-    """Open a temporary file next to `path`; rename it onto `path` only if the block succeeds."""
-    path = Path(path)
+def _temporary_next_to(path: Path) -> tuple[int, str]:
+    """A new temporary file in `path`'s folder (made if missing), with the mode a plain open()
+    would give it: (its descriptor, its name)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         # A legal name of up to 255 bytes must stay legal with the prefix and suffix added.
@@ -80,6 +79,14 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None =
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o666 & ~umask)
+    return fd, tmp
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[Any]:
+    """Open a temporary file next to `path`; rename it onto `path` only if the block succeeds."""
+    path = Path(path)
+    fd, tmp = _temporary_next_to(path)
     binary = "b" in mode
     try:
         with os.fdopen(fd, mode, encoding=None if binary else encoding,
@@ -105,6 +112,32 @@ MAX_FILE_BYTES = 4 << 30  # the largest data file read whole
 def _short(name: str, limit: int = 200) -> str:
     """At most `limit` bytes of `name` (a temporary file's prefix), cut at a character boundary."""
     return name.encode("utf-8", "surrogateescape")[:limit].decode("utf-8", "ignore")
+
+
+def write_together(writers: dict[str | os.PathLike, Callable[[Any], None]]) -> None:
+    """Write files that belong together (a corpus and its data card): `writers[path](handle)`
+    writes each into a temporary next to it; only when every one is written are they renamed
+    into place. A failure on any (a full disk) leaves no temporary and none of the new files,
+    so the old set stays whole."""
+    staged: list[tuple[str, Path]] = []
+    try:
+        for path, write in writers.items():
+            path = Path(path)
+            fd, tmp = _temporary_next_to(path)
+            staged.append((tmp, path))
+            with os.fdopen(fd, "w", encoding="utf-8", errors=TEXT_ERRORS) as handle:
+                write(handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+        for tmp, path in staged:
+            os.replace(tmp, path)
+    except BaseException as err:
+        for tmp, path in staged:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        if isinstance(err, OSError) and staged and err.filename in (None, staged[-1][0]):
+            err.filename, err.filename2 = str(staged[-1][1]), None
+        raise
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:

@@ -13,10 +13,12 @@ settings that changed but may (learning rate, logging, ...).
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from fic import __version__
 from fic.core.config import config_to_dict, flatten
@@ -82,24 +84,63 @@ def save_checkpoint(accelerator: Any, out: Path, step: int, state: dict, *, keep
     final = checkpoint_dir(out) / f"step-{step}"
     tmp = checkpoint_dir(out) / f".step-{step}.tmp"
     if accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
+        for stale in checkpoint_dir(out).glob(".step-*.tmp"):  # left by a run killed while writing
+            shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
     kwargs = {}
     if lora and accelerator.distributed_type == DistributedType.DEEPSPEED:
         kwargs["exclude_frozen_parameters"] = True
-    accelerator.save_state(str(tmp), safe_serialization=True, **kwargs)
-    accelerator.wait_for_everyone()
+    with _removed_on_failure(accelerator, tmp, f"checkpoint step-{step}"):
+        accelerator.save_state(str(tmp), safe_serialization=True, **kwargs)
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            if extra is not None:
+                extra(tmp)
+            write_json(tmp / "trainer_state.json", state)
+            write_text(tmp / "complete", f"step {step}\n")
+            publish_folder(tmp, final)
     if accelerator.is_main_process:
-        if extra is not None:
-            extra(tmp)
-        write_json(tmp / "trainer_state.json", state)
-        write_text(tmp / "complete", f"step {step}\n")
-        publish_folder(tmp, final)
         for old in complete_checkpoints(out)[:-keep_last]:
             shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
     return final
+
+
+DISK_FULL_TEXTS = ("No space left", "StorageFull", "Disk quota", "os error 28")
+# What torch's zip writer says when a write comes up short; a full disk unless space is plentiful.
+SHORT_WRITE_TEXTS = ("unexpected pos", "file write failed")
+
+
+def disk_full(err: BaseException, folder: Path) -> bool:
+    """Whether `err`, raised while writing into `folder`, means the disk (or quota) is full."""
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(err)
+    if any(t in text for t in DISK_FULL_TEXTS):
+        return True
+    if any(t in text for t in SHORT_WRITE_TEXTS):
+        try:
+            return shutil.disk_usage(folder).free < (256 << 20)
+        except OSError:
+            return True
+    return False
+
+
+@contextlib.contextmanager
+def _removed_on_failure(accelerator: Any, tmp: Path, what: str) -> Iterator[None]:
+    """Remove the half-written `tmp` when writing it fails (it would keep a full disk full), and
+    say "no space left" in one line instead of torch's "unexpected pos"."""
+    try:
+        yield
+    except BaseException as err:
+        full = isinstance(err, Exception) and disk_full(err, tmp.parent)
+        if accelerator.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if full:
+            raise FicError(f"no space left on the device while writing {what}; the partial copy was removed. Free "
+                           "some space and run again with resume=true", path=str(tmp.parent)) from None
+        raise
 
 
 def check_finite_weights(accelerator: Any, when: str) -> None:
@@ -198,10 +239,11 @@ def save_final(accelerator: Any, loss_model: Any, cfg: Any, out: Path, card: Cal
         state = {k[len("model."):]: v for k, v in state.items() if k.startswith("model.")}
         tmp = out / ".final.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
-        inner.save_pretrained(tmp, state_dict=state, safe_serialization=True)
-        copy_tokenizer(cfg.model.path, tmp)
-        write_text(tmp / "README.md", card("LoRA adapter" if cfg.lora.enabled else "full model"))
-        publish_folder(tmp, final)
+        with _removed_on_failure(accelerator, tmp, "the final model"):
+            inner.save_pretrained(tmp, state_dict=state, safe_serialization=True)
+            copy_tokenizer(cfg.model.path, tmp)
+            write_text(tmp / "README.md", card("LoRA adapter" if cfg.lora.enabled else "full model"))
+            publish_folder(tmp, final)
         if cfg.save_merged:
             from peft import PeftModel
 
@@ -211,10 +253,11 @@ def save_final(accelerator: Any, loss_model: Any, cfg: Any, out: Path, card: Cal
             merged = PeftModel.from_pretrained(base, final).merge_and_unload()
             tmp = out / ".final-merged.tmp"
             shutil.rmtree(tmp, ignore_errors=True)
-            merged.save_pretrained(tmp, safe_serialization=True)
-            copy_tokenizer(cfg.model.path, tmp)
-            write_text(tmp / "README.md", card("LoRA merged into the base model"))
-            publish_folder(tmp, out / "final-merged")
+            with _removed_on_failure(accelerator, tmp, "the merged model"):
+                merged.save_pretrained(tmp, safe_serialization=True)
+                copy_tokenizer(cfg.model.path, tmp)
+                write_text(tmp / "README.md", card("LoRA merged into the base model"))
+                publish_folder(tmp, out / "final-merged")
         unlock_folder(out)  # taken by `fic.training.loop.make_accelerator`
     accelerator.wait_for_everyone()
     return final

@@ -35,7 +35,7 @@ from typing import Any, Callable
 import torch
 
 from fic.core.config import config_to_dict, describe, load_config
-from fic.core.errors import FicError, one_line, os_error
+from fic.core.errors import FicError, Terminated, one_line, os_error, terminate_on_sigterm
 from fic.core.files import append_jsonl, lock_folder, write_text
 from fic.core.model import load_model
 from fic.core.progress import Progress
@@ -297,8 +297,15 @@ def recipe_main(config_class: type, train: Callable[[Any], Any], method: str, do
     if args.keys:
         print(describe(config_class))
         return 0
+    terminate_on_sigterm()
     try:
         train(load_config(config_class, args.config, args.overrides))
+    except Terminated:
+        print(f"fic train {method}: terminated (SIGTERM)", file=sys.stderr)
+        return 143
+    except KeyboardInterrupt:
+        print(f"fic train {method}: interrupted", file=sys.stderr)
+        return 130
     except FicError as err:
         print(f"fic train {method}: error: {err}", file=sys.stderr)
         return 2
