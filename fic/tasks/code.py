@@ -102,11 +102,26 @@ def code_blocks(text: str) -> list[tuple[str, str]]:
     return [(m.group(1).lower(), m.group(2)) for m in CODE_BLOCK.finditer(text or "")]
 
 
+MAX_CODE_CHARS = 100_000   # model code longer than this is not parsed (a solution is far shorter)
+MAX_PROSE_TRIES = 40       # trailing lines dropped, one at a time, looking for code that parses
+
+
+def parse_python(code: str) -> ast.Module | None:
+    """`ast.parse` for model-written text, bounded: None when it is too long, does not parse, or
+    nests deeper than the parser allows (`return ` then 3,000 `-` raises RecursionError, 6,000
+    MemoryError: a 47-token reply must not end the run)."""
+    if len(code) > MAX_CODE_CHARS:
+        return None
+    try:
+        return ast.parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
+        return None
+
+
 def _top_level_functions(code: str) -> list[str] | None:
     """Names of the top-level functions (and `Solution` classes) of `code`; None when it does not parse."""
-    try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError):
+    tree = parse_python(code)
+    if tree is None:
         return None
     return [node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
             or (isinstance(node, ast.ClassDef) and node.name == "Solution")]
@@ -126,7 +141,7 @@ def extract_code(text: str) -> str | None:
                  None)
     if start is None:
         return None
-    for end in range(len(lines), start, -1):  # drop trailing prose until the rest parses
+    for end in range(len(lines), max(start, len(lines) - MAX_PROSE_TRIES), -1):  # drop trailing prose until it parses
         code = "\n".join(lines[start:end]).rstrip()
         if _top_level_functions(code):
             return code
@@ -135,9 +150,8 @@ def extract_code(text: str) -> str | None:
 
 def _prelude(prompt: str, func_name: str) -> str:
     """A HumanEval prompt's imports and helper definitions: everything but the function to write."""
-    try:
-        tree = ast.parse(prompt)
-    except SyntaxError:
+    tree = parse_python(prompt)
+    if tree is None:
         return ""
     keep = [node for node in tree.body if not (isinstance(node, ast.FunctionDef) and node.name == func_name)
             and not isinstance(node, ast.Expr)]
@@ -145,9 +159,8 @@ def _prelude(prompt: str, func_name: str) -> str:
 
 
 def _docstring_function(prompt: str, func_name: str) -> ast.FunctionDef | None:
-    try:
-        tree = ast.parse(prompt)
-    except SyntaxError:
+    tree = parse_python(prompt)
+    if tree is None:
         return None
     return next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == func_name), None)
 
