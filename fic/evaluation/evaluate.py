@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -68,6 +69,7 @@ from fic.data.sources import InstancesSection, load_sources, shard_missing
 from fic.data.views import VIEWS
 from fic.evaluation.metrics import summarize
 from fic.evaluation.report import write_report
+from fic.tasks import sandbox
 
 LOG_NAME, METRICS_NAME, REPORT_NAME = "conversations.jsonl", "metrics.json", "report.md"
 FINGERPRINT_NAME, CONFIG_NAME = "fingerprint.json", "config.yaml"
@@ -99,6 +101,10 @@ class EvalConfig:
     seed: int = setting(0, "Seed of sampling (per call) and of the shuffle-concat order.")
     batch_size: int = setting(64, "Most conversations advanced by one generation call (the backend splits "
                               "a call further into micro-batches of model.batch_size).", min=1)
+    sandbox: str = setting("default", "Where model-written code runs (the code task): bubblewrap, or rlimits, the "
+                           "weaker fallback without namespaces, warned about in the run's first lines, report and "
+                           "metrics.json; default: FIC_SANDBOX if set, else bubblewrap (a run refuses to start where "
+                           "bubblewrap cannot run). See docs/tasks.md.", choices=("default", "bubblewrap", "rlimits"))
 
     def check(self, source: str) -> None:
         if not self.model.model:
@@ -317,7 +323,8 @@ def evaluate(cfg: EvalConfig, *, assistant: Any = None, user_backend: Any = None
 
     out = Path(cfg.out)
     check_writable(out, folder=True, field="out")
-    with folder_lock(out):  # a second evaluation into `out` fails at once instead of playing everything twice
+    with folder_lock(out), sandbox.use_mode("" if cfg.sandbox == "default" else cfg.sandbox):
+        # a second evaluation into `out` fails at once instead of playing everything twice
         return _evaluate(cfg, out, assistant, user_backend, classifier_backend, judge_backend, progress)
 
 
@@ -327,6 +334,11 @@ def _evaluate(cfg: EvalConfig, out: Path, assistant: Any, user_backend: Any, cla
     instances, skipped = load_instances(cfg)
     if baseline is not None:
         check_baseline(baseline, cfg, instances)  # before any model loads
+    runs_code = any(tasks.get(name).runs_code for name in {i.task for i in instances})
+    sandboxed = {"mode": sandbox.check_mode(), "isolation": sandbox.describe_isolation(),
+                 "warning": sandbox.weak_warning()} if runs_code else None
+    if sandboxed and sandboxed["warning"]:
+        print(f"fic eval: {sandboxed['warning']}", file=sys.stderr, flush=True)
     out.mkdir(parents=True, exist_ok=True)
     check_resume(out, cfg, instances)
     write_text(out / CONFIG_NAME, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
@@ -380,6 +392,7 @@ def _evaluate(cfg: EvalConfig, out: Path, assistant: Any, user_backend: Any, cla
     metrics["instances"] = instance_ids(instances)
     metrics["baseline_source"] = baseline["path"] if baseline is not None else None
     metrics["skipped_instances"] = skipped
+    metrics["sandbox"] = sandboxed
     metrics["settings"] = {"model": cfg.model.model, "source": cfg.data.source, "task": cfg.data.task,
                            "views": cfg.views, "runs": cfg.runs, "temperature": cfg.temperature,
                            "user": cfg.user.kind, "classifier": cfg.classifier.kind,

@@ -95,6 +95,12 @@ def plot_timing(metrics: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def _sandbox_lines(sandbox: dict) -> list[str]:
+    """Where model-written code ran (runs with the code task), and the rlimits fallback's warning."""
+    lines = [f"- sandbox: {sandbox['isolation']}"] if sandbox.get("isolation") else []
+    return lines + (["", f"**{sandbox['warning']}**"] if sandbox.get("warning") else [])
+
+
 def render_markdown(metrics: dict) -> str:
     s = metrics.get("settings", {})
     lines = [
@@ -105,6 +111,7 @@ def render_markdown(metrics: dict) -> str:
         f"max {s.get('max_new_tokens', '?')} new tokens; user `{s.get('user', '?')}`, "
         f"classifier `{s.get('classifier', '?')}`, stop at first correct answer: {s.get('stop_at_correct', '?')}",
         f"- conversations: {metrics['conversations']}",
+        *_sandbox_lines(metrics.get("sandbox") or {}),
         "",
         "## Headline", "",
         *_headline(metrics),
