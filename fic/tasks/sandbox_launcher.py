@@ -198,7 +198,21 @@ def landlock(abi, read_paths, write_paths, file_paths):
 CLOCK = os.sysconf("SC_CLK_TCK")
 
 
+HAS_CHILDREN_FILE = os.path.exists("/proc/self/task/%d/children" % os.getpid())
+
+
 def children(pid):
+    if not HAS_CHILDREN_FILE:  # a kernel without CONFIG_PROC_CHILDREN: read every process's parent
+        found = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open("/proc/%s/stat" % entry) as handle:
+                        if int(handle.read().rsplit(")", 1)[1].split()[1]) == pid:
+                            found.append(int(entry))
+                except (OSError, IndexError, ValueError):
+                    pass
+        return found
     found = []
     try:
         for task in os.listdir("/proc/%d/task" % pid):
