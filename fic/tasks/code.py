@@ -19,11 +19,14 @@ the code as a program with the input on stdin and compare its output line by lin
 from __future__ import annotations
 
 import ast
+import base64
 import json
 import random
 import re
+import zlib
 from collections import Counter
 from dataclasses import replace
+from functools import lru_cache
 from typing import Any
 
 from fic.core.errors import FicError
@@ -32,7 +35,7 @@ from fic.core.parsing import number_values
 from fic.core.seeding import pick
 from fic.tasks.base import ErrorFactory, Task
 from fic.tasks.labels import label_reply
-from fic.tasks.sandbox import Limits, run_python
+from fic.tasks.sandbox import Limits, plain_pickle_loads, run_python
 from fic.tasks.sharding import ShardingError, split_sentences
 
 CODE_BLOCK = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
@@ -174,25 +177,21 @@ _fic_run(SOURCE, FUNC_NAME, _fic_decode(PUBLIC) + _fic_decode(PRIVATE), CHECK)
 
 def test_count(instance: Instance) -> int:
     """How many tests the instance's program runs (HumanEval's `check` is one)."""
-    fields = instance.fields
-    count = 0
-    for key in ("public_test_cases", "private_test_cases"):
-        raw = fields.get(key) or ""
-        if not raw:
-            continue
-        try:
-            cases = json.loads(raw)
-        except ValueError:
-            try:  # LiveCodeBench's private tests: base64 of zlib of a pickled JSON string
-                import base64
-                import pickle
-                import zlib
+    return max(1, sum(_cases_in(instance.fields.get(key) or "") for key in ("public_test_cases", "private_test_cases")))
 
-                cases = json.loads(pickle.loads(zlib.decompress(base64.b64decode(raw.encode("utf-8")))))
-            except Exception:
-                cases = []
-        count += len(cases) if isinstance(cases, list) else 0
-    return max(1, count)
+
+@lru_cache(maxsize=1024)
+def _cases_in(raw: str) -> int:
+    if not raw:
+        return 0
+    try:
+        cases = json.loads(raw)
+    except ValueError:
+        try:  # LiveCodeBench's private tests: base64 of zlib of a pickled JSON string, read as plain data only
+            cases = json.loads(plain_pickle_loads(zlib.decompress(base64.b64decode(raw.encode("utf-8")))))
+        except Exception:
+            return 0
+    return len(cases) if isinstance(cases, list) else 0
 
 
 def code_blocks(text: str) -> list[tuple[str, str]]:

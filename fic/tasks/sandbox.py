@@ -645,6 +645,13 @@ class _Plain(pickle.Unpickler):
         raise pickle.UnpicklingError(f"refused: {module}.{name}")
 
 
+def plain_pickle_loads(data: bytes) -> Any:
+    """`pickle.loads` that builds plain data only (str, bytes, numbers, lists, tuples, dicts,
+    None): a pickle naming any class or function is refused, so reading one from a data file
+    (LiveCodeBench's private tests) cannot run code in the evaluator."""
+    return _Plain(io.BytesIO(data)).load()
+
+
 class _SQLWorker:
     """The worker process of this evaluator, started on first use and again after a kill."""
 

@@ -116,3 +116,26 @@ def test_the_default_limits_are_lics():
     instance = functional("f", [([n], n) for n in range(12)])
     assert tasks.get("code").limits(instance).seconds == (6 + 1) * 12 + 5  # 89 s of CPU for 12 tests
     assert tasks.get("code").limits(functional("f", [([1], 1)])).wall == 3 * 12 + 5
+
+
+def test_private_tests_are_counted_without_running_a_pickle_in_the_evaluator(tmp_path):
+    import base64
+    import pickle
+    import zlib
+
+    def packed(value) -> str:
+        return base64.b64encode(zlib.compress(pickle.dumps(value))).decode()
+
+    cases = json.dumps([{"input": "1", "output": "1", "testtype": "functional"}] * 3)
+    instance = functional("f", [([1], 1)])
+    instance.fields["private_test_cases"] = packed(cases)
+    assert code_module.test_count(instance) == 4
+
+    marker = tmp_path / "ran"
+
+    class Hostile:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    instance.fields["private_test_cases"] = packed(Hostile())
+    assert code_module.test_count(instance) == 1 and not marker.exists()  # refused, not run
