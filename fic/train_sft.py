@@ -24,6 +24,7 @@ LoRA) plus `final-merged/` for LoRA with `save_merged=true`, each with a model c
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import time
@@ -44,7 +45,7 @@ from fic.training.losses import TargetLoss, check_target_path, target_counts, wi
 
 # Settings a resumed run must share with the checkpoint: anything else changes what the
 # saved optimizer state, RNG and data position mean.
-MUST_MATCH = ("model.path", "model.dtype", "lora", "data.max_seq_len", "data.seed", "data.shuffle",
+MUST_MATCH = ("model.path", "model.dtype", "lora", "data.max_seq_len", "data.seed", "data.shuffle", "data.bucket",
               "train.micro_batch_size", "train.grad_accum_steps", "train.seed", "train.loss_chunk_tokens")
 
 
@@ -56,6 +57,8 @@ class DataSection:
                                "cutting one would drop its final answer.", min=8)
     shuffle: bool = setting(True, "Visit records in a seeded random order, a new permutation each epoch.")
     seed: int = setting(0, "Seed of the per-epoch permutations.")
+    bucket: int = setting(16, "Group conversations of similar length into micro-batches, within windows of this "
+                          "many optimizer steps' worth of data (less padding, fewer wasted FLOPs; 0: off).", min=0)
 
 
 @dataclass
@@ -110,7 +113,8 @@ def train(cfg: SFTConfig) -> dict:
         f"{corpus['target_tokens']} target tokens; {steps} steps of {cfg.train.micro_batch_size} x {G} x {world} "
         "conversations")
     order = DataOrder(len(examples), cfg.train.micro_batch_size, world, accelerator.process_index,
-                      cfg.data.seed, cfg.data.shuffle)
+                      cfg.data.seed, cfg.data.shuffle, lengths=[len(e.input_ids) for e in examples],
+                      bucket=cfg.data.bucket * G)
 
     set_seed(cfg.train.seed)
     model = loop.build_model(cfg, device=str(accelerator.device))
@@ -120,7 +124,7 @@ def train(cfg: SFTConfig) -> dict:
     loss_model, optimizer, scheduler = loop.prepare(accelerator, TargetLoss(model, cfg.train.loss_chunk_tokens),
                                                     cfg, steps)
     start, run_id = loop.restore(accelerator, cfg, resume_from, saved)
-    log = loop.RunLog(cfg, accelerator, steps, start, run_id, desc="sft",
+    log = loop.RunLog(cfg, accelerator, steps, start, run_id, desc="sft", data_card=data_card(cfg, corpus),
                       postfix=lambda f: {"loss": f"{f['loss']:.4f}", "tok_s": f"{f['target_tokens_per_s']:.0f}"})
 
     last = {"loss": float("nan")}
@@ -150,6 +154,18 @@ def train(cfg: SFTConfig) -> dict:
     say(f"saved {final}" + (f" and {Path(cfg.out) / 'final-merged'}" if cfg.save_merged else ""))
     accelerator.end_training()
     return {"model_dir": final, "model": accelerator.unwrap_model(loss_model).model, **result}
+
+
+def data_card(cfg: SFTConfig, corpus: dict) -> dict:
+    """What wandb and TensorBoard show of the data: the corpus file, its counts, and the card
+    `fic sft-data` wrote beside it (sources, hf: repository, revision and mapping, kinds)."""
+    card_file = Path(cfg.data.path).with_suffix(".card.json")
+    try:
+        written = json.loads(card_file.read_text(encoding="utf-8")) if card_file.is_file() else None
+    except (OSError, json.JSONDecodeError):
+        written = None
+    return {"path": cfg.data.path, **{k: v for k, v in corpus.items() if isinstance(v, (int, float, str))},
+            "card": written}
 
 
 def model_card(cfg: SFTConfig, corpus: dict, result: dict, kind: str) -> str:

@@ -12,12 +12,14 @@ Each optimizer step:
 2. Teacher: the same backbone reads the single-turn view of the same task (`teacher.view`)
    followed by the student's final-reply ids (`fic/training/vasd/distill.py` has the layout), under
    `teacher.mode`: `frozen` (the starting weights: LoRA adapters switched off, or a frozen
-   copy), `live` (the current weights, no gradient) or `ema` (a moving average).
+   copy), `live` (the current weights, no gradient) or `ema` (a moving average). With
+   `loss.turns: all` it also reads, for every earlier reply, the single-turn request of what the
+   user had revealed by then, followed by that reply's ids (per-turn view asymmetry).
 3. Loss: a token-level divergence (`loss.*`) between the student's and the teacher's
-   next-token distributions at the final reply's tokens (content and end-of-turn token), where
-   both sides have all the information; normalised by answer tokens over the accumulation
-   window and all ranks. Final replies cut by the token cap are counted and left out
-   (`loss.keep_truncated`).
+   next-token distributions at the distilled replies' tokens (content and end-of-turn token),
+   normalised by their weight over the accumulation window and all ranks. Final replies cut by
+   the token cap are counted and left out (`loss.keep_truncated`). With `labels.weight`, a
+   cross-entropy on gold asks and deferrals at the student's own earlier states is added.
 4. Regulariser (`regularizer.kind`): the teacher, who has the whole request, always wants an
    immediate answer; the shared update leaks into earlier turns and, unchecked, teaches the
    model to answer before the last shard. An SFT anchor (cross-entropy on the assistant turns of
@@ -64,8 +66,6 @@ from fic.training.vasd.distill import DistillLoss
 from fic.training.vasd.inputs import check_against_tokenizer, check_inputs, load_held_out, load_rollout_tasks
 from fic.training.vasd.step import (
     TeacherParts,
-    ema_state,
-    ema_update,
     held_out_divergence,
     make_rollout_backend,
     rollout_figures,
@@ -127,8 +127,8 @@ def train(cfg: VASDConfig) -> dict:
     start, run_id = loop.restore(accelerator, cfg, resume_from, saved)
     if main:
         write_json(Path(cfg.out) / "data_overlap.json", overlap)
-    if resume_from is not None and parts.copy is not None and cfg.teacher.mode == "ema":
-        parts.copy.load_state_dict(load_file(str(resume_from / "ema.safetensors")), strict=False)
+    if resume_from is not None and parts.ema is not None:
+        parts.ema.load(load_file(str(resume_from / "ema.safetensors")))
     policy = accelerator.unwrap_model(loss_model).model
     generator = make_rollout_backend(cfg, policy, tokenizer)
     user = (make_user("llm", make_backend(cfg.rollout.user.backend), temperature=cfg.rollout.user.temperature,
@@ -138,9 +138,12 @@ def train(cfg: VASDConfig) -> dict:
     params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
                             top_p=cfg.rollout.top_p)
     weights = {"distill": 1.0, "anchor": cfg.regularizer.anchor_weight if n_anchor else 0.0,
-               "reference": cfg.regularizer.reference_weight if parts.ref_head is not None else 0.0}
+               "reference": cfg.regularizer.reference_weight if parts.ref_head is not None else 0.0,
+               "labels": cfg.labels.weight}
     weights = {k: v for k, v in weights.items() if v > 0}
-    log = loop.RunLog(cfg, accelerator, steps, start, run_id, desc="vasd", postfix=lambda f: {
+    data_card = {"rollout_tasks": len(instances), "data": config_to_dict(cfg.data), "held_out": len(held_out),
+                 "evaluation_overlap": overlap, "anchor_conversations": anchor_stats.get("used", 0)}
+    log = loop.RunLog(cfg, accelerator, steps, start, run_id, desc="vasd", data_card=data_card, postfix=lambda f: {
         "loss": f"{f['loss']:.4f}", "acc": f"{f['rollout_accuracy']:.2f}", "early": f"{f['premature_answer_rate']:.2f}"})
     out = Path(cfg.out)
 
@@ -159,8 +162,10 @@ def train(cfg: VASDConfig) -> dict:
         # 1. Rollouts: the current weights play the sharded conversations, every shard.
         began = time.perf_counter()
         convs = make_conversations([instances[i] for i in order.micro_batch(step - 1)], ["sharded"], 1)
-        play(convs, generator, user, classifier, params, batch_size=len(convs), stop_at_correct=False,
-             seed=derive_seed(cfg.train.seed, "rollout", step, rank), max_context=cfg.rollout.max_conversation_tokens)
+        with accelerator.autocast():  # the run's compute precision (bf16 where it is fast)
+            play(convs, generator, user, classifier, params, batch_size=len(convs), stop_at_correct=False,
+                 seed=derive_seed(cfg.train.seed, "rollout", step, rank),
+                 max_context=cfg.rollout.max_conversation_tokens)
         seconds["rollout_s"] = time.perf_counter() - began
         # 2. Teacher (and reference): single-turn views + the student's own final-reply ids.
         began = time.perf_counter()
@@ -177,14 +182,16 @@ def train(cfg: VASDConfig) -> dict:
         seconds["student_s"] = time.perf_counter() - began
         began = time.perf_counter()
         figures = loop.optimizer_step(accelerator, loss_model, optimizer, scheduler, cfg.optim.max_grad_norm)
-        if cfg.teacher.mode == "ema":
-            ema_update(parts.copy, accelerator.unwrap_model(loss_model).model, cfg.teacher.ema_rate)
+        if parts.ema is not None:
+            parts.ema.update(accelerator.unwrap_model(loss_model).model, cfg.teacher.ema_rate)
         sync_rollout_backend(generator, policy, cfg, convs, say)
         seconds["optimizer_s"] = time.perf_counter() - began
         last = {"loss": window["loss"], "divergence_per_token": window.get("distill"),
-                "anchor_ce": window.get("anchor"), "reference_divergence": window.get("reference"),
+                "anchor_ce": window.get("anchor"), "labels_ce": window.get("labels"),
+                "reference_divergence": window.get("reference"),
                 "answer_tokens": int(window.get("n_distill", 0)), **figures, **rollout_figures(convs),
-                **{f"left_out_{k}": v for k, v in left_out.items()}, **seconds}
+                **{f"left_out_{k}": v for k, v in left_out.items() if k != "empty_micro_batches"},
+                "empty_micro_batches": left_out["empty_micro_batches"], **seconds}
         tables = None
         if cfg.logging.samples_every and step % cfg.logging.samples_every == 0:
             rows = sample_rows(convs)
@@ -199,9 +206,9 @@ def train(cfg: VASDConfig) -> dict:
         state = {"world_size": world, "data_sha256": data_sha, "config": config_to_dict(cfg), "wandb_id": run_id,
                  "loss": last["loss"]}
         extra = None
-        if cfg.teacher.mode == "ema":
+        if parts.ema is not None:
             def extra(folder: Path) -> None:
-                save_file(ema_state(parts.copy, policy), str(folder / "ema.safetensors"))
+                save_file(parts.ema.state(), str(folder / "ema.safetensors"))
         loop.maybe_checkpoint(accelerator, cfg, step, steps, state, extra)
     log.close({"final_loss": last.get("loss"), "steps": steps})
 

@@ -80,3 +80,10 @@ def fresh_accelerate_state():
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
     PartialState._reset_state()
+
+
+@pytest.fixture(autouse=True)
+def no_fast_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests run the same on every CPU (and in the processes they start): `dtype: auto` means float32
+    unless a test says the CPU has bfloat16 instructions, as tests/core/test_precision.py does."""
+    monkeypatch.setenv("FIC_CPU_FLAGS", "")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 from fic.core.errors import FicError
@@ -143,22 +144,79 @@ def _engine_model(llm: Any) -> Any:
     return runner.model
 
 
-def _policy_weights(policy: Any) -> list[tuple[str, Any]]:
-    """The policy's weights under the checkpoint's names; LoRA adapters merged in (and taken out
-    again by the caller), ZeRO-3 partitions gathered."""
-    out = []
-    for name, tensor in policy.state_dict().items():  # no non-persistent buffers (rotary tables)
+def _lora_layers(policy: Any) -> dict[str, Any]:
+    """The policy's LoRA-wrapped modules with an adapter on, by the state-dict name of the base
+    weight they wrap (`...q_proj.base_layer.weight`)."""
+    try:
+        from peft.tuners.lora import LoraLayer
+    except ImportError:  # no peft: no adapters
+        return {}
+    found = {}
+    for name, module in policy.named_modules():
+        if isinstance(module, LoraLayer) and not module.disable_adapters and not module.merged:
+            found[f"{name}.base_layer.weight"] = module
+    return found
+
+
+def _lora_delta(module: Any, adapter: str) -> Any:
+    """scale x B @ A of one adapter of one LoRA layer, in float32, computed out of place."""
+    from peft.tuners.lora import layer
+
+    if adapter in getattr(module, "lora_variant", {}) or getattr(module, "use_dora", {}).get(adapter):
+        raise FicError(f"the weight sync merges plain LoRA only; adapter {adapter!r} is a variant (DoRA, ...)",
+                       field="lora")
+    if isinstance(module, layer.Embedding):
+        a, b = module.lora_embedding_A[adapter].float(), module.lora_embedding_B[adapter].float()
+        return (b @ a).T * module.scaling[adapter]
+    if isinstance(module, layer.Linear):
+        delta = module.lora_B[adapter].weight.float() @ module.lora_A[adapter].weight.float()
+        return (delta.T if module.fan_in_fan_out else delta) * module.scaling[adapter]
+    return module.get_delta_weight(adapter).float()  # convolutions and the rest: peft's own, out of place
+
+
+def _merged(module: Any, name: str, base: Any) -> Any:
+    """The base weight (or bias) of a LoRA layer with its active adapters added: base + the sum of
+    scale x B @ A, in float32 and cast once to the base's dtype. The trainer's base is only read."""
+    adapters = [a for a in module.active_adapters if a in module.lora_A or a in getattr(module, "lora_embedding_A", {})]
+    if name.endswith(".weight"):
+        total = base.float()
+        for adapter in adapters:
+            total = total + _lora_delta(module, adapter)
+        return total.to(base.dtype)
+    total = base.float()
+    for adapter in adapters:
+        if getattr(module, "lora_bias", {}).get(adapter):
+            total = total + module.lora_B[adapter].bias.float() * module.scaling[adapter]
+    return total.to(base.dtype)
+
+
+def policy_weights(policy: Any) -> Iterator[tuple[str, Any]]:
+    """The policy's weights under the checkpoint's names, one at a time, for `load_weights`.
+
+    A LoRA-wrapped module's weight is merged out of place (`_merged`); merging into the
+    trainer's bf16 base and taking the adapter out again (`merge_adapter`/`unmerge_adapter`) is
+    not exact: W + d - d moved 9% of a q_proj's entries in one sync, 49.6% after 100, so the
+    frozen teacher, the student's base, `final-merged` and a resume drifted. Only one merged
+    tensor exists at a time. Under ZeRO-3 the caller gathers the partitions first."""
+    layers = _lora_layers(policy)
+    state = policy.state_dict()  # no non-persistent buffers (rotary tables)
+    unmatched = sorted(set(layers) - set(state))
+    if unmatched:
+        raise FicError(f"cannot find the base weight of LoRA layer {unmatched[0].removesuffix('.base_layer.weight')} "
+                       "to merge it for the engine", field="lora.target_modules")
+    for name, tensor in state.items():
         if "lora_" in name or "modules_to_save" in name:
             continue
-        name = name.removeprefix("base_model.model.").replace(".base_layer", "")
-        out.append((name, tensor.detach()))
-    return out
+        module = layers.get(name) or layers.get(name.removesuffix(".bias") + ".weight")
+        if module is not None:
+            tensor = _merged(module, name, tensor)
+        yield name.removeprefix("base_model.model.").replace(".base_layer", ""), tensor.detach()
 
 
 def sync_weights(backend: VLLMBackend, policy: Any, rollouts: list, tolerance: float, say: Any) -> None:
-    """Load the policy's current weights into the engine, reset its prefix cache (cached keys
-    and values belong to the old weights), and check on one rollout that the engine's log-probs
-    now agree with the trainer's."""
+    """Load the policy's current weights into the engine (LoRA merged out of place, the trainer's
+    weights untouched), reset its prefix cache (cached keys and values belong to the old
+    weights), and check on one rollout that the engine's log-probs now agree with the trainer's."""
 
     import torch
 
@@ -168,15 +226,8 @@ def sync_weights(backend: VLLMBackend, policy: Any, rollouts: list, tolerance: f
         import deepspeed
 
         gather = deepspeed.zero.GatheredParameters(params)
-    merge = hasattr(policy, "merge_adapter")
     with gather, torch.no_grad():
-        if merge:
-            policy.merge_adapter()
-        try:
-            _engine_model(backend.llm).load_weights(_policy_weights(policy))
-        finally:
-            if merge:
-                policy.unmerge_adapter()
+        _engine_model(backend.llm).load_weights(policy_weights(policy))
     backend.llm.reset_prefix_cache()
     finished = [c for c in rollouts if c.turns and c.turns[-1].finish_reason == "stop"]
     if finished:

@@ -17,22 +17,25 @@ labels=...)`), and the size of the largest logits tensor each one builds.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
+import sys
 import tempfile
 import time
 from typing import Any
 
 import torch
 
+from fic.bench.roofline import matmul_rate, shape, train_flops
 from fic.core.errors import FicError
-from fic.core.model import BUNDLED_MODEL_DIR, load_model, load_tokenizer
+from fic.core.model import BUNDLED_MODEL_DIR, fast_bf16, load_model, load_tokenizer
 from fic.corpus.build import SFTDataConfig, load_instances, make_corpus
 from fic.training.config import OptimSection
 from fic.training.data import IGNORE, collate, render_examples
 from fic.training.loop import make_optimizer, optimizer_step
 from fic.training.losses import TargetLoss, target_counts, window_backward
 
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("auto", "fp32", "bf16")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,7 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=6, help="timed optimizer steps per trainer")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
     parser.add_argument("--micro-batch-size", type=int, default=4, help="conversations per step")
-    parser.add_argument("--precision", choices=PRECISIONS, default="fp32", help="fp32, or bf16 autocast")
+    parser.add_argument("--precision", choices=PRECISIONS, default="auto",
+                        help="auto: what training uses here (bf16 autocast over float32 weights where bf16 is fast, "
+                        "else fp32); fp32; bf16 autocast. Both trainers get the same.")
     parser.add_argument("--seed", type=int, default=0, help="seed of the generated problems")
     parser.add_argument("--memory-tokens", type=int, default=2048,
                         help="length of the conversation of the memory figure (0: skip it)")
@@ -126,7 +131,8 @@ def interleaved_times(model_dir: str, batches: list[list], tokenizer: Any, preci
                          gradient_checkpointing=False)
         trainer = SFTTrainer(model=load_model(model_dir, dtype="float32"), args=args,
                              train_dataset=Dataset.from_list(rows), processing_class=tokenizer, callbacks=[clock])
-        trainer.train()
+        with contextlib.redirect_stdout(sys.stderr):  # TRL prints {'train_runtime': ...}: stdout is the figures'
+            trainer.train()
     return clock.fic, clock.trl
 
 
@@ -174,6 +180,7 @@ def measure(args: argparse.Namespace) -> dict:
 
     if args.steps < 1 or args.micro_batch_size < 1 or args.warmup < 0:
         raise FicError("--steps and --micro-batch-size must be at least 1, --warmup at least 0")
+    precision = args.precision if args.precision != "auto" else "bf16" if fast_bf16("cpu") else "fp32"
     tokenizer = load_tokenizer(args.model)
     n = (args.steps + args.warmup) * args.micro_batch_size
     examples, _ = render_examples(make_records(n, args.seed), tokenizer, max_seq_len=1 << 30, progress=False)
@@ -181,15 +188,21 @@ def measure(args: argparse.Namespace) -> dict:
     batches = [examples[i:i + mbs] for i in range(0, n, mbs)]
     timed = batches[args.warmup:]
     target_tokens = sum(e.n_targets for b in timed for e in b)
-    figures = {"model": args.model, "precision": args.precision, "micro_batch_size": mbs, "steps": args.steps,
+    figures = {"model": args.model, "precision": precision, "micro_batch_size": mbs, "steps": args.steps,
                "target_tokens_per_step": target_tokens / args.steps,
                "tokens_per_step": sum(len(e.input_ids) for b in timed for e in b) / args.steps,
                "threads": torch.get_num_threads()}
 
-    fic, trl = interleaved_times(args.model, batches, tokenizer, args.precision, with_trl=not args.skip_trl)
+    fic, trl = interleaved_times(args.model, batches, tokenizer, precision, with_trl=not args.skip_trl)
     AcceleratorState._reset_state(True)
     fic, trl = fic[args.warmup:], trl[args.warmup:]
     figures.update({"fic_target_tokens_per_s": target_tokens / sum(fic), "fic_median_step_s": statistics.median(fic)})
+    # The roofline: the step's FLOP/s (padding not counted) against this machine's bf16 matmul rate, now.
+    dims = shape(load_model(args.model, dtype="float32"))
+    flops = sum(train_flops(dims, [len(e.input_ids) for e in b], sum(e.n_targets for e in b)) for b in timed)
+    peak = matmul_rate(torch.bfloat16)
+    figures.update({"fic_tflops": flops / sum(fic) / 1e12, "bf16_matmul_2048_tflops": peak / 1e12,
+                    "fic_roofline_share": flops / sum(fic) / peak})
     if trl:
         figures.update({"trl_target_tokens_per_s": target_tokens / sum(trl),
                         "trl_median_step_s": statistics.median(trl),

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from fic.backends.hf import HFBackend
+from fic.bench.roofline import forward_flops, matmul_rate, shape, train_flops
 from fic.bench.sft import make_records
 from fic.conversation.classify import make_classifier
 from fic.conversation.simulator import make_conversations, play
@@ -148,7 +149,19 @@ def step_figures(args: argparse.Namespace, chunk: int) -> dict:
     optimizer_step(accelerator, loss_model, optimizer, scheduler, 1.0)
     optimizer_s = time.perf_counter() - began
     step_s = rollout_s + statistics.median(teacher) + statistics.median(student) + optimizer_s
-    return {"rollout_s": rollout_s, "teacher_s": statistics.median(teacher), "student_s": statistics.median(student),
+    # The roofline of the passes without rollouts: the teacher's forward over its single-turn rows,
+    # the student's forward and backward, the heads on answer and anchor rows only.
+    dims = shape(model)
+    lengths = [int(n) for b in batches for n in b["attention_mask"].sum(1)]
+    head_rows = int(sum(c["distill"] + c["anchor"] for c in counts))
+    teacher_lengths = [len(p) + len(rollout_from(c).answer_ids) for c in convs
+                       for p in teacher_prompts(tokenizer, c.instance, ["full"])]
+    flops = train_flops(dims, lengths, head_rows) + forward_flops(dims, teacher_lengths, 0)
+    passes_s = statistics.median(teacher) + statistics.median(student)
+    peak = matmul_rate(torch.bfloat16)
+    return {"passes_tflops": flops / passes_s / 1e12, "bf16_matmul_2048_tflops": peak / 1e12,
+            "passes_roofline_share": flops / passes_s / peak,
+            "rollout_s": rollout_s, "teacher_s": statistics.median(teacher), "student_s": statistics.median(student),
             "optimizer_s": optimizer_s, "step_s": step_s, "rollout_share": rollout_s / step_s,
             "bare_passes_s": statistics.median(bare), "overhead_ratio": sum(vasd) / sum(bare),
             "answer_tokens": int(sum(c["distill"] for c in counts)),

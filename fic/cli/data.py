@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -10,13 +11,15 @@ from fic.backends import make_backend
 from fic.core.chat import format_masks, render_chat
 from fic.core.config import load_config
 from fic.core.errors import FicError
-from fic.core.files import check_writable, read_records, write_jsonl
+from fic.core.files import check_writable, read_records, write_json, write_jsonl
 from fic.core.generation import BackendConfig
 from fic.core.instance import Instance
 from fic.data.llm_sharder import shard_with_llm
-from fic.data.sources import load_source, read_instance, shard_missing
+from fic.data.hub import ANSWER_FROM
+from fic.data.sources import InstancesSection, load_sources, read_instance, shard_missing
 from fic.data.views import VIEWS, format_view, render_view
 from fic.evaluation.shard_validation import validate_shards
+from fic.tasks.base import PROMPT_STYLES
 
 
 def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
@@ -26,8 +29,15 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
     elif verb == "shard":
         parser.add_argument("--source", required=True,
                             help="lic:PATH, gsm8k[:SPLIT|:PATH], reasoning-gym:NAME, actions-gen:SPLIT "
-                            "(with --task actions) or jsonl:PATH")
+                            "(with --task actions), jsonl:PATH, or hf:REPO[@REVISION][:CONFIG][:SPLIT] / hf:PATH "
+                            "(a dataset on the hub, a save_to_disk folder, a Parquet, CSV or JSON file)")
         parser.add_argument("--task", default="math", help="task of the instances (default: math)")
+        parser.add_argument("--fields", default=None, metavar="KEY=COLUMN,...",
+                            help="hf: sources: which column holds each task key, e.g. question=problem,answer=solution "
+                            "(keys not given are read from the column of their own name)")
+        parser.add_argument("--answer-from", default="auto", choices=ANSWER_FROM,
+                            help="hf: sources, task math: the answer column is a solution ending '#### n' (hash), "
+                            "one with \\boxed{} (boxed), the answer itself (value), or the first that fits (auto)")
         parser.add_argument("--out", required=True, help="output JSONL file (LiC schema, one instance a line)")
         parser.add_argument("--sharder", default="rule", choices=["rule", "llm"],
                             help="how to shard instances that have no shards yet: rule (math, offline) or llm "
@@ -57,6 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
         parser.add_argument("--out", default=None, help="output JSONL file of rendered views")
         parser.add_argument("--show", type=int, default=0, metavar="N", help="print the first N rendered views")
         parser.add_argument("--seed", type=int, default=0, help="seed of the shuffle-concat order")
+        parser.add_argument("--prompts", default="fic", choices=PROMPT_STYLES,
+                            help="wording: fic (FiC's own, default) or lic (Lost in Conversation's verbatim)")
     elif verb == "masks":
         parser.add_argument("--model", required=True, help="model or tokenizer folder whose chat template is used")
         parser.add_argument("--data", required=True,
@@ -84,7 +96,12 @@ def shard(args: argparse.Namespace) -> int:
 
     _check_shard_args(args)
     check_writable(args.out, field="--out")  # before a generator runs or a model loads
-    instances = load_source(args.source, args.task, limit=args.limit, seed=args.seed)
+    section = InstancesSection(source=[args.source], task=args.task, limit=args.limit, seed=args.seed,
+                               fields=parse_fields(args.fields), answer_from=args.answer_from)
+    (loaded,) = _load_for_shard(section)
+    instances = loaded.instances
+    if loaded.origin is not None:
+        print(describe_origin(loaded.origin))
     kept, rejected, reasons = [], [], Counter()
 
     def reject(instance, reason: str, stage: str, **extra) -> None:
@@ -131,10 +148,55 @@ def shard(args: argparse.Namespace) -> int:
                        field="--source")
     count = write_jsonl(args.out, (instance.to_dict() for instance in kept))
     print(f"wrote {count} sharded instances to {args.out}")
+    if loaded.origin is not None:  # where they came from, which the JSONL alone no longer says
+        card = Path(args.out).with_suffix(".card.json")
+        write_json(card, {"file": args.out, "built_by": "fic shard", "origin": loaded.origin, "written": count,
+                          "rejected": len(rejected), "sharder": args.sharder, "seed": args.seed})
+        print(f"data card: {card}")
     if rejected:
         summary = "; ".join(f"{n} x {reason}" for reason, n in reasons.most_common(5))
         print(f"dropped {len(rejected)} ({summary}); see {rejected_path}")
     return 0
+
+
+def _load_for_shard(section: InstancesSection) -> list:
+    try:
+        section.check("command line")
+        return load_sources(section)
+    except FicError as err:  # the settings of `fic shard` are options, not config keys
+        name = (err.field or "").removeprefix("data.")
+        option = {"source": "--source", "task": "--task", "answer_from": "--answer-from"}.get(name)
+        if name.startswith("fields"):
+            option = f"--fields {name[len('fields.'):]}" if "." in name else "--fields"
+        message = err.message.replace("data.answer_from=", "--answer-from ")
+        message = re.sub(r"\(data\.fields\.(\w+)=COLUMN; fic shard: (--fields \w+=COLUMN)\)", r"(\2)", message)
+        raise FicError(message, path=None if err.path == "command line" else err.path, record=err.record,
+                       field=option or err.field) from None
+
+
+def parse_fields(text: str | None) -> dict[str, str]:
+    """`question=problem,answer=solution` as a mapping; a malformed pair is a one-line error."""
+    if not text:
+        return {}
+    mapping = {}
+    for pair in text.split(","):
+        key, _, column = pair.partition("=")
+        if not key.strip() or not column.strip():
+            raise FicError(f"expected KEY=COLUMN pairs separated by commas, got {pair!r}", field="--fields")
+        mapping[key.strip()] = column.strip()
+    return mapping
+
+
+def describe_origin(origin: dict) -> str:
+    """One line: which dataset, revision, config and split, and how its columns were mapped."""
+    where = origin["repository"] or origin["path"]
+    revision = origin.get("commit") or origin.get("revision")
+    parts = [f"{where}{'@' + revision if revision else ''}"]
+    parts += [f"{k} {origin[k]}" for k in ("config", "split") if origin.get(k)]
+    mapping = ", ".join(f"{key}<-{column}" for key, column in origin["fields"].items())
+    skipped = "; ".join(f"{n} skipped: {why}" for why, n in origin.get("skipped", {}).items())
+    return f"{origin['source']}: {', '.join(parts)}, {origin['rows']} rows; fields {mapping}" + \
+        (f"; {skipped}" if skipped else "")
 
 
 def _check_shard_args(args: argparse.Namespace) -> None:
@@ -163,7 +225,10 @@ def _backend_from_yaml(path: str, option: str):
 
     if not Path(path).is_file():
         raise FicError("backend config not found", path=path, field=option)
-    return make_backend(load_config(BackendConfig, path))
+    cfg = load_config(BackendConfig, path)
+    if not cfg.model:  # nested backends are checked by their owner, which knows whether one is used
+        raise FicError("missing the model to load or call", path=path, field="model")
+    return make_backend(cfg)
 
 
 def load_sharded(path: str) -> list:
@@ -179,7 +244,8 @@ def views(args: argparse.Namespace) -> int:
         raise FicError(f"expected one of {', '.join(VIEWS)}, got {args.view!r}", field="--view")
     if args.out:
         check_writable(args.out, field="--out")
-    records = [render_view(instance, args.view, seed=args.seed) for instance in load_sharded(args.data)]
+    records = [render_view(instance, args.view, seed=args.seed, prompts=args.prompts)
+               for instance in load_sharded(args.data)]
     for record in records[: args.show]:
         print(format_view(record) + "\n")
     if args.out:

@@ -27,7 +27,8 @@ VERBS: dict[str, tuple[str, str]] = {
     "probe": ("fic.probe.run", "interaction awareness: let the model write the user's next turn and judge it"),
     "sft-data": ("fic.corpus.build", "build the multi-turn SFT warm-start corpus from sharded instances"),
     "train": ("fic.cli.train", "train with a recipe: `fic train sft --config recipes/<backbone>/sft.yaml`"),
-    "demo": ("fic.demo.run", "the main job: warm-up, FiC's SFT and VASD on one task, evaluated stage by stage, one table"),
+    "demo": ("fic.demo.cli", "the main job: warm-up, FiC's SFT and VASD on one task, evaluated stage by stage, one table"),
+    "report": ("fic.cli.report", "(re)draw a run's figures: training curves, evaluation report, the demo's figure"),
     "bench": ("fic.cli.bench", "benchmarks that print figures (rollout, sft); --json for one JSON object"),
     "launch-check": ("fic.cli.launch_check", "check a launch config and recipe before a multi-GPU job starts"),
 }

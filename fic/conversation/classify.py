@@ -6,11 +6,14 @@ Conversation's seven labels (`fic.tasks.labels.LABELS`, defined there).
 - `llm`: a model reads the full task specification, the conversation and the reply (as
   LiC's classifier does) and answers with a JSON object `{"label": ...}`. When its output
   has no usable label, the rule label is used and the turn's `label_note` says so; a label
-  named in plain text (no JSON) is accepted too.
+  named in plain text (no JSON) is accepted too. Under `prompts: lic` the model gets LiC's own
+  classifier prompt (shard 1, the other shards, the task's answer description, the reply) and
+  answers `{"response_type": ...}`, as LiC's does.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -18,6 +21,7 @@ from typing import Any, Sequence
 from fic.core.config import setting
 from fic.core.generation import Backend, BackendConfig, SamplingParams
 from fic.core.parsing import find_json
+from fic.tasks import lic_prompts
 from fic.tasks.labels import LABELS
 
 CLASSIFIER_KINDS = ("rule", "llm")
@@ -64,7 +68,10 @@ MAX_CHARS = 3000
 
 def classifier_prompt(conv: Any) -> list[dict]:
     """Chat messages asking the classifier model to label the last reply of `conv`: the full
-    task specification (as LiC's classifier gets it), what the user said, and the reply."""
+    task specification (as LiC's classifier gets it), what the user said, and the reply. Under
+    `prompts: lic`, LiC's own classifier prompt (`lic_classifier_prompt`)."""
+    if conv.prompts == "lic":
+        return lic_classifier_prompt(conv)
     users = [m["content"] for m in conv.messages if m["role"] == "user"]
     reply = conv.messages[-1]["content"] or ""
     if len(reply) > MAX_CHARS:
@@ -78,11 +85,24 @@ def classifier_prompt(conv: Any) -> list[dict]:
     return [{"role": "system", "content": CLASSIFIER_RULES}, {"role": "user", "content": body}]
 
 
+def lic_classifier_prompt(conv: Any) -> list[dict]:
+    """LiC's classifier prompt (`prompts/system_turn_categorization.txt`) as LiC fills it: one user
+    message with shard 1, the other shards as JSON, the task's answer description, and the last
+    turn (what follows the last user message: the reply). It answers `{"response_type": ...}`."""
+    first, *later = conv.instance.shards
+    last_user = max(i for i, m in enumerate(conv.messages) if m["role"] == "user")
+    last_turn = "\n\n".join(f"[{m['role']}] {m['content']}" for m in conv.messages[last_user + 1:])
+    text = lic_prompts.fill(lic_prompts.CLASSIFIER, CONVERSATION_SO_FAR=last_turn, INITIAL_SHARD=first.shard,
+                            SHARDS=json.dumps([s.to_dict() for s in later]),
+                            ANSWER_DESCRIPTION=lic_prompts.ANSWER_DESCRIPTIONS.get(conv.instance.task, ""))
+    return [{"role": "user", "content": text}]
+
+
 def parse_label(text: str) -> str:
     """The label in a classifier model's reply; ValueError when there is none."""
     obj = find_json(text or "")
     if obj is not None:
-        label = obj.get("label", obj.get("classification"))
+        label = obj.get("label", obj.get("response_type", obj.get("classification")))  # FiC's key, LiC's
         if isinstance(label, str) and label.strip().lower() in LABELS:
             return label.strip().lower()
         raise ValueError(f"JSON without a known label: {str(label)!r:.40}")

@@ -34,7 +34,8 @@ shards from (`view_seed`, run)), `sharded` (one shard per turn),
 `recap` (sharded plus a last turn restating every shard), `snowball` (each later turn
 restates the shards revealed so far before the new one). With the verbatim user the turns
 are exactly `fic.data.views.user_turns`. The assistant only gets the task's system prompt: it is
-never told the conversation is multi-turn.
+never told the conversation is multi-turn. A conversation's `prompts` is the wording of its
+system prompt and user turns: FiC's own (`fic`) or Lost in Conversation's verbatim (`lic`).
 
 Seeding: a backend seeds once per call and samples the rows of a call independently, so the
 N runs of a conversation in one call are independent samples. Each call's seed is derived
@@ -56,11 +57,13 @@ from fic.core.generation import Backend, Generation, SamplingParams
 from fic.core.instance import Instance
 from fic.core.seeding import derive_seed
 from fic.data.views import (
-    RECAP_HEADER,
     SINGLE_TURN_VIEWS,
-    SNOWBALL_HEADER,
     VIEWS,
+    check_prompts,
+    recap_turn,
+    rendered,
     shard_turn,
+    snowball_turn,
     system_message,
     user_turns,
 )
@@ -107,14 +110,16 @@ class Conversation:
     view_seed: int = 0  # the shuffle-concat order
     max_idle_turns: int = DEFAULT_MAX_IDLE_TURNS  # user turns that may reveal nothing
     recapped: bool = False  # recap view: the restating turn has been sent
+    prompts: str = "fic"  # the prompt style (`fic.tasks.base.PROMPT_STYLES`): FiC's wording or LiC's
 
     def __post_init__(self) -> None:
+        check_prompts(self.prompts)
         if self.view not in VIEWS:
             raise FicError(f"unknown view {self.view!r}; expected one of {', '.join(VIEWS)}", field="views")
         if self.view != "full" and not self.instance.is_sharded:
             raise FicError(f"view {self.view!r} needs shards", record=self.instance.task_id, field="shards")
         if not self.messages:
-            self.messages = [system_message(self.instance)]
+            self.messages = [system_message(self.instance, self.prompts)]
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -195,9 +200,9 @@ class UserTurn:
 
 def _first_user_turn(conv: Conversation) -> tuple[str, list[int]]:
     if conv.view in SINGLE_TURN_VIEWS:
-        (text,) = user_turns(conv.instance, conv.view, seed=conv.view_seed)
+        (text,) = user_turns(conv.instance, conv.view, seed=conv.view_seed, prompts=conv.prompts)
         return text, conv.shard_ids
-    return shard_turn(conv.instance, conv.shard_ids[0]), [conv.shard_ids[0]]
+    return shard_turn(conv.instance, conv.shard_ids[0], conv.prompts), [conv.shard_ids[0]]
 
 
 def _compose(conv: Conversation, picked: UserTurn | None) -> tuple[str, list[int], str | None]:
@@ -207,19 +212,21 @@ def _compose(conv: Conversation, picked: UserTurn | None) -> tuple[str, list[int
         return text, ids, None
     if picked is None:  # only recap's last turn comes here
         conv.recapped = True
-        shards = conv.task.shard_contents(conv.instance)
-        return f"{RECAP_HEADER}\n{conv.task.concat_prompt(shards)}", [], None
+        return recap_turn(conv.instance, conv.prompts), [], None
     if picked.shard_id == NOTHING and conv.idle_turns >= conv.max_idle_turns:
         # The bound on turns that reveal nothing: the conversation must go on to its end.
         shard = next(s for s in conv.instance.shards if s.shard_id == conv.unrevealed[0])
-        picked = UserTurn(shard_turn(conv.instance, shard.shard_id), shard.shard_id,
+        picked = UserTurn(shard_turn(conv.instance, shard.shard_id, conv.prompts), shard.shard_id,
                           note=f"revealed shard {shard.shard_id} verbatim: the user already revealed nothing "
                           f"{conv.idle_turns} time(s) (max_idle_turns={conv.max_idle_turns})")
     ids = [] if picked.shard_id == NOTHING else [picked.shard_id]
     if conv.view == "snowball":
-        by_id = dict(zip(conv.shard_ids, conv.task.shard_contents(conv.instance)))
-        earlier = conv.task.concat_prompt([by_id[i] for i in conv.revealed])
-        return f"{SNOWBALL_HEADER}\n{earlier}\n\n{picked.text}", ids, picked.note
+        # LiC restates the user's earlier messages; here their verbatim sharded turns (FiC: the shards).
+        said = rendered(conv.task, "sharded_turns", conv.instance, prompts=conv.prompts) if conv.prompts == "lic" \
+            else conv.task.shard_contents(conv.instance)
+        by_id = dict(zip(conv.shard_ids, said))
+        return snowball_turn(conv.instance, [by_id[i] for i in conv.revealed], picked.text, conv.prompts), ids, \
+            picked.note
     return picked.text, ids, picked.note
 
 
@@ -366,14 +373,15 @@ def _with_seed(params: SamplingParams, seed: int) -> SamplingParams:
 
 def make_conversations(instances: Sequence[Instance], views: Sequence[str], runs: int, *,
                        view_seed: int = 0, skip: set | frozenset = frozenset(),
-                       max_idle_turns: int = DEFAULT_MAX_IDLE_TURNS) -> list[Conversation]:
+                       max_idle_turns: int = DEFAULT_MAX_IDLE_TURNS, prompts: str = "fic") -> list[Conversation]:
     """One conversation per (instance, view, run), except the keys in `skip` (already played).
-    Each run draws its own shuffle-concat order (LiC shuffles per conversation)."""
+    Each run draws its own shuffle-concat order (LiC shuffles per conversation). `prompts` is
+    the prompt style every conversation is rendered in."""
     out = []
     for instance in instances:
         for view in views:
             for run in range(runs):
                 if (instance.task_id, view, run) not in skip:
                     out.append(Conversation(instance, view, run, view_seed=derive_seed(view_seed, "order", run),
-                                            max_idle_turns=max_idle_turns))
+                                            max_idle_turns=max_idle_turns, prompts=prompts))
     return out

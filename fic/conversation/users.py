@@ -23,6 +23,7 @@ the turn's `user_note` in the log says why.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -31,6 +32,7 @@ from fic.core.config import setting
 from fic.core.generation import Backend, BackendConfig, SamplingParams
 from fic.core.parsing import find_json
 from fic.data.views import shard_turn
+from fic.tasks import lic_prompts
 
 USER_KINDS = ("verbatim", "llm")
 
@@ -74,7 +76,7 @@ class VerbatimUser:
     name = "verbatim"
 
     def next_turns(self, conversations: Sequence[Any], seed: int = 0) -> list:
-        return [UserTurn(shard_turn(conv.instance, conv.unrevealed[0]), conv.unrevealed[0])
+        return [UserTurn(shard_turn(conv.instance, conv.unrevealed[0], conv.prompts), conv.unrevealed[0])
                 for conv in conversations]
 
 
@@ -98,8 +100,8 @@ class LLMUser:
                 text, shard_id = parse_user_reply(out.text, conv)
                 fixed[id(conv)] = UserTurn(text, shard_id)
             except ValueError as err:
-                fixed[id(conv)] = UserTurn(shard_turn(conv.instance, conv.unrevealed[0]), conv.unrevealed[0],
-                                           note=f"fallback to verbatim: {err}")
+                fixed[id(conv)] = UserTurn(shard_turn(conv.instance, conv.unrevealed[0], conv.prompts),
+                                           conv.unrevealed[0], note=f"fallback to verbatim: {err}")
         return [fixed[id(conv)] for conv in conversations]
 
 
@@ -108,7 +110,10 @@ def _shard(conv: Any, shard_id: int):
 
 
 def user_prompt(conv: Any) -> list[dict]:
-    """The chat messages that ask the user model for its next turn."""
+    """The chat messages that ask the user model for its next turn (under `prompts: lic`, LiC's
+    own user-simulator prompt)."""
+    if conv.prompts == "lic":
+        return lic_user_prompt(conv)
     revealed = [s for s in conv.instance.shards if s.shard_id in conv.revealed]
     hidden = [s for s in conv.instance.shards if s.shard_id not in conv.revealed]
     lines = ["Shards already revealed:"]
@@ -125,6 +130,19 @@ def user_prompt(conv: Any) -> list[dict]:
         lines.append(f"[{message['role']}] {content}")
     lines += ["", 'Write the user\'s next message as JSON: {"response": "...", "shard_id": N}']
     return [{"role": "system", "content": USER_RULES}, {"role": "user", "content": "\n".join(lines)}]
+
+
+def lic_user_prompt(conv: Any) -> list[dict]:
+    """LiC's user-simulator prompt (`prompts/user_agent.txt`) as LiC fills it: one user message
+    with the conversation so far (no system prompt, replies not cut) and the shards after the
+    first as JSON, revealed and not."""
+    later = conv.instance.shards[1:]
+    talk = "\n\n".join(f"[{m['role']}] {m['content']}" for m in conv.messages if m["role"] in ("user", "assistant"))
+    text = lic_prompts.fill(
+        lic_prompts.USER_AGENT, CONVERSATION_SO_FAR=talk,
+        SHARDS_REVEALED=json.dumps([s.to_dict() for s in later if s.shard_id in conv.revealed]),
+        SHARDS_NOT_REVEALED=json.dumps([s.to_dict() for s in later if s.shard_id not in conv.revealed]))
+    return [{"role": "user", "content": text}]
 
 
 def parse_user_reply(text: str, conv: Any) -> tuple[str, int]:

@@ -192,6 +192,13 @@ def render_chat(tokenizer: Any, messages: Sequence[Mapping], *, tools: list[dict
     return Rendered(ids, assistant_mask, final_mask)
 
 
+def reply_ids(tokenizer: Any, text: str) -> list[int]:
+    """The ids the template writes for an assistant reply `text` right after its generation prompt:
+    the content and the end-of-turn token, exactly the span `render_chat` trains."""
+    rendered = render_chat(tokenizer, [{"role": "user", "content": "."}, {"role": "assistant", "content": text}])
+    return [i for i, m in zip(rendered.input_ids, rendered.final_mask) if m]
+
+
 def prompt_ids(tokenizer: Any, messages: Sequence[Mapping], *, tools: list[dict] | None = None) -> list[int]:
     """Ids of the conversation followed by the generation prompt, ready for the assistant's reply."""
     return _render(tokenizer, _template_messages(messages), True, tools)[1]

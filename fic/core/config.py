@@ -45,7 +45,8 @@ def _type_name(tp: Any) -> str:
         args = typing.get_args(tp)
         return f"a list of {_type_name(args[0])}" if args else "a list"
     if origin is dict:
-        return "a mapping"
+        args = typing.get_args(tp)
+        return f"a mapping of {_type_name(args[1])}" if args and args[1] is not Any else "a mapping"
     if dataclasses.is_dataclass(tp):
         return "a mapping"
     return {int: "an integer", float: "a number", str: "a string", bool: "true or false",
@@ -117,7 +118,14 @@ def _convert(value: Any, tp: Any, key: str, source: str) -> Any:
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
             raise bad()
-        return dict(value)
+        value_type = (typing.get_args(tp) or (Any, Any))[1]
+        if value_type is Any:
+            return dict(value)
+        # `data.fields.question=problem` arrives as a mapping of command-line values: check each. A
+        # dotted key (`data.fields.metadata.func_name=x`) arrives nested: it stays one dotted key.
+        if typing.get_origin(value_type) is not dict and value_type is not dict:
+            value = flatten(value)
+        return {str(k): _convert(v, value_type, f"{key}.{k}", source) for k, v in value.items()}
     if tp is Any:
         return value
     if tp is bool:
@@ -327,6 +335,15 @@ def print_keys(args: Any, cls: type) -> bool:
         print(describe(cls))
         return True
     return False
+
+
+def with_overrides(config: Any, overrides: Sequence[str], source: str) -> Any:
+    """A copy of `config` with `key=value` overrides applied and every value checked again."""
+    data = config_to_dict(config)
+    for text in overrides:
+        keys, value = _parse_override(text)
+        _set_nested(data, keys, value)
+    return _build(type(config), data, source)
 
 
 def load_cli_config(cls: type, config: str | None, overrides: Sequence[str]) -> Any:

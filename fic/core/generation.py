@@ -122,10 +122,6 @@ class BackendConfig:
     max_model_len: int | None = setting(None, "vllm only: context length (prompt + reply); "
                                         "null uses the model's own.", min=1)
 
-    def check(self, source: str) -> None:
-        if not self.model:
-            raise FicError("missing the model to load or call", path=source, field="model")
-
 
 def check_prompts(prompts: Sequence[Sequence[int]]) -> None:
     """Reject what no engine can continue: an empty prompt or non-integer ids."""

@@ -53,20 +53,44 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")  # CPU instructions that make bfloat16 matmuls fast
+CPU_FLAGS_ENV = "FIC_CPU_FLAGS"  # overrides what the CPU reports (space-separated; empty: none)
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (Linux /proc/cpuinfo; empty elsewhere), or $FIC_CPU_FLAGS when set."""
+    if CPU_FLAGS_ENV in os.environ:
+        return frozenset(os.environ[CPU_FLAGS_ENV].split())
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return frozenset()
+    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    return frozenset(line.partition(":")[2].split())
+
+
+def fast_bf16(device: str = "cpu") -> str | None:
+    """Why bfloat16 is the fast precision on `device` (a CUDA GPU that supports it, or a CPU with
+    bfloat16 matrix instructions: measured 2-3x float32 matmuls on AVX-512 BF16), or None where
+    it is not (CPUs without them emulate bfloat16, slower than float32)."""
+    if str(device).startswith("cuda"):
+        return "a CUDA GPU with bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else None
+    found = [flag for flag in BF16_CPU_FLAGS if flag in cpu_flags()]
+    return f"a CPU with {' and '.join(found)}" if found else None
+
+
 def resolve_dtype(name: str | torch.dtype, device: str = "cpu") -> torch.dtype:
     """Map a dtype name to a torch dtype.
 
-    "auto" is bfloat16 on a CUDA device that supports it and float32 everywhere else: CPU
-    kernels for half types are slow or missing, and float16 training needs loss scaling,
-    which FiC does not do.
+    "auto" is bfloat16 where it is fast (`fast_bf16`: a bf16 GPU, or a CPU with AMX or AVX-512
+    BF16) and float32 everywhere else. float16 is never chosen: training in it needs loss scaling,
+    which FiC does not do. (Training keeps float32 master weights under "auto": `fic.training.loop`.)
     """
     if isinstance(name, torch.dtype):
         return name
     key = str(name).lower().removeprefix("torch.")
     if key == "auto":
-        if str(device).startswith("cuda") and torch.cuda.is_available() and torch.cuda.is_bf16_supported():
-            return torch.bfloat16
-        return torch.float32
+        return torch.bfloat16 if fast_bf16(device) else torch.float32
     if key not in _DTYPES:
         raise FicError(f"unknown dtype '{name}'; expected auto, bfloat16 (bf16), float16 (fp16) "
                        "or float32 (fp32)", field="dtype")

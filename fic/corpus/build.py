@@ -11,6 +11,10 @@ conversation per line, in three kinds:
   the loss) and the final turn gives the corrected solution, so the model learns to recover
   from its own premature answers instead of anchoring on them.
 - `single_turn`: the full prompt in one turn and the gold reply, so single-turn skill is kept.
+- `partial`: a single-turn request that is not complete yet (the first k shards in the task's
+  concat rendering, k < N) and a reply that asks for or waits for what is missing. VASD's
+  per-turn teacher (`loss.turns: all`) reads exactly such requests, so stage 1 must teach the
+  model what to do with them; the reply obeys the same no-leak check as every early reply.
 
 Record: `{"id", "task_id", "task", "kind", "messages": [{"role", "content", "train"}],
 "reply_kinds": [one of defer|ask|premature|answer per assistant turn]}`. Every message carries
@@ -47,10 +51,10 @@ from fic.core.progress import Progress
 from fic.core.seeding import seeded_rng
 from fic.data.sources import InstancesSection, load_sources, shard_missing
 from fic.data.splits import ExcludeSection, build_exclusion
-from fic.data.views import system_message, user_turns
-from fic.tasks.deferrals import MENTION, RECOVERY_ACKS
+from fic.data.views import partial_instance, system_message, user_turns
+from fic.tasks.deferrals import MENTION, RECOVERY_ACKS, choose_fresh
 
-KINDS = ("deferral", "recovery", "single_turn")
+KINDS = ("deferral", "recovery", "single_turn", "partial")
 REPLY_KINDS = ("defer", "ask", "premature", "answer")
 LLM_BATCH = 64
 
@@ -110,6 +114,9 @@ class SFTDataConfig:
     recovery_share: float = setting(0.3, "Share of conversations that are recovery conversations (an early "
                                     "wrong answer kept out of the loss, the corrected solution at the end).",
                                     min=0.0, max=1.0)
+    partial_share: float = setting(0.0, "Share of conversations that are partial single-turn requests (the "
+                                   "first shards as one request) answered by asking for or waiting for what is "
+                                   "missing: what VASD's per-turn teacher reads.", min=0.0, max=1.0)
     ask_share: float = setting(0.3, "Share of assistant turns before the last shard that ask for the next "
                                "missing detail; the others are brief deferrals.", min=0.0, max=1.0)
     recovery_ack: bool = setting(True, "Open the corrected final reply of a recovery conversation with a "
@@ -125,9 +132,10 @@ class SFTDataConfig:
             raise FicError("expected at least one source of instances", path=source, field="data.source")
         if not self.out.strip():
             raise FicError("expected an output file path", path=source, field="out")
-        if self.single_turn_share + self.recovery_share > 1:
-            raise FicError(f"single_turn_share + recovery_share must be at most 1, got "
-                           f"{self.single_turn_share} + {self.recovery_share}", path=source, field="recovery_share")
+        shares = self.single_turn_share + self.recovery_share + self.partial_share
+        if shares > 1:
+            raise FicError(f"single_turn_share + recovery_share + partial_share must be at most 1, got {shares:g}",
+                           path=source, field="recovery_share")
         for role in ("user", "replies"):
             part = getattr(self, role)
             if part.kind == "llm" and not part.backend.model:
@@ -147,6 +155,7 @@ def load_instances(cfg: SFTDataConfig) -> tuple[list[Instance], list[dict]]:
         sharded, unshardable = shard_missing(loaded.instances, seed=cfg.data.seed)
         dropped = Counter(reason for _, reason in unshardable)
         dropped.update({f"task {name!r} is not a FiC task": n for name, n in loaded.unknown_tasks.items()})
+        dropped.update(loaded.skipped)
         sharded, overlap = exclusion.apply(sharded)
         for why, n in overlap.items():
             if n:
@@ -168,7 +177,8 @@ def load_instances(cfg: SFTDataConfig) -> tuple[list[Instance], list[dict]]:
             kept.append(instance)
             count += 1
         sources.append({"spec": loaded.spec, "loaded": len(loaded.instances), "sharded_here": sharded_here,
-                        "kept": count, "dropped": dict(dropped), "evaluation_overlap": overlap})
+                        "kept": count, "dropped": dict(dropped), "evaluation_overlap": overlap,
+                        **({"origin": loaded.origin} if loaded.origin is not None else {})})
     if not kept:
         raise FicError(f"no usable instances in {', '.join(cfg.data.source)} ({sources})", field="data.source")
     return kept, sources
@@ -178,12 +188,18 @@ def _message(role: str, content: str, train: bool = False) -> dict:
     return {"role": role, "content": content, "train": train}
 
 
-def _choose(rng: random.Random, pool: tuple[str, ...], avoid: set[str]) -> str:
-    """A pool phrasing not yet used in this conversation (repeats only once the pool is spent)."""
-    fresh = [p for p in pool if p not in avoid] or list(pool)
-    choice = fresh[rng.randrange(len(fresh))]
-    avoid.add(choice)
-    return choice
+def partial_conversation(instance: Instance, rng: random.Random, cfg: SFTDataConfig) -> tuple[list[dict], str]:
+    """A partial single-turn request (the first k < N shards, concat view) and its reply: an ask
+    for the next shard's detail or a deferral, naming no value not given yet."""
+    task = tasks.get(instance.task)
+    k = rng.randrange(1, len(instance.shards))
+    partial = partial_instance(instance, [s.shard_id for s in instance.shards[:k]])
+    sent = user_turns(instance, "sharded")
+    revealed = {value for turn in sent[:k] for value in task.values_in(turn, instance)}
+    kind = "ask" if rng.random() < cfg.ask_share else "defer"
+    text, _ = task.early_reply(sent[k], revealed, rng, instance, ask=kind == "ask", used=set())
+    return ([{**system_message(instance), "train": False}, _message("user", user_turns(partial, "concat")[0]),
+             _message("assistant", text, True)], kind)
 
 
 def conversation(instance: Instance, kind: str, slot: int, cfg: SFTDataConfig) -> tuple[dict, list[dict]]:
@@ -195,6 +211,9 @@ def conversation(instance: Instance, kind: str, slot: int, cfg: SFTDataConfig) -
     if kind == "single_turn":
         messages += [_message("user", user_turns(instance, "full")[0]), _message("assistant", gold, True)]
         return _record(instance, kind, slot, messages, ["answer"]), []
+    if kind == "partial":
+        messages, reply_kind = partial_conversation(instance, rng, cfg)
+        return _record(instance, kind, slot, messages, [reply_kind]), []
     turns = user_turns(instance, "sharded")
     premature_at = rng.randrange(len(turns) - 1) if kind == "recovery" else None
     revealed, used, reply_kinds, editable = set(), set(), [], []
@@ -202,7 +221,7 @@ def conversation(instance: Instance, kind: str, slot: int, cfg: SFTDataConfig) -
         messages.append(_message("user", turn))
         revealed |= set(task.values_in(turn, instance))
         if i == len(turns) - 1:
-            ack = _choose(rng, RECOVERY_ACKS, used) + "\n" if kind == "recovery" and cfg.recovery_ack else ""
+            ack = choose_fresh(rng, RECOVERY_ACKS, used) + "\n" if kind == "recovery" and cfg.recovery_ack else ""
             messages.append(_message("assistant", ack + gold, True))
             reply_kinds.append("answer")
         elif i == premature_at:
@@ -213,15 +232,7 @@ def conversation(instance: Instance, kind: str, slot: int, cfg: SFTDataConfig) -
             reply_kinds.append("premature")
         else:
             reply_kind = "ask" if rng.random() < cfg.ask_share else "defer"
-            text = task.ask_for(turns[i + 1], revealed, rng, instance) if reply_kind == "ask" else None
-            if text is not None and task.leak(text, revealed, instance):
-                text = None  # e.g. a revealed number equal to the answer: ask generically instead
-            specific = text is not None
-            if text is None:
-                text = _choose(rng, task.generic_asks if reply_kind == "ask" else task.deferrals, used)
-            reason = task.leak(text, revealed, instance)
-            if reason:  # pool phrasings hold no values; reaching this is a bug, never a silent leak
-                raise AssertionError(f"pool reply {text!r} {reason}")
+            text, specific = task.early_reply(turns[i + 1], revealed, rng, instance, ask=reply_kind == "ask", used=used)
             messages.append(_message("assistant", text, True))
             reply_kinds.append(reply_kind)
             editable.append({"message": len(messages) - 1, "kind": reply_kind, "specific": specific,
@@ -239,7 +250,9 @@ def assign_kinds(count: int, cfg: SFTDataConfig) -> list[str]:
     """Exactly the configured shares (rounded), in a seeded random order."""
     singles = round(count * cfg.single_turn_share)
     recoveries = min(round(count * cfg.recovery_share), count - singles)
-    kinds = ["single_turn"] * singles + ["recovery"] * recoveries + ["deferral"] * (count - singles - recoveries)
+    partials = min(round(count * cfg.partial_share), count - singles - recoveries)
+    kinds = (["single_turn"] * singles + ["recovery"] * recoveries + ["partial"] * partials
+             + ["deferral"] * (count - singles - recoveries - partials))
     seeded_rng(cfg.seed, "kinds").shuffle(kinds)
     return kinds
 
@@ -446,6 +459,12 @@ def card_markdown(info: dict) -> str:
     for s in info["sources"]:
         dropped = "; ".join(f"{n} x {why}" for why, n in s["dropped"].items()) or "-"
         lines.append(f"| `{s['spec']}` | {s['loaded']} | {s['sharded_here']} | {s['kept']} | {dropped} |")
+    for s in info["sources"]:
+        if s.get("origin"):
+            o = s["origin"]
+            lines.append(f"\n`{s['spec']}`: {o['repository'] or o['path']}, revision {o.get('commit') or o.get('revision') or 'not pinned'}, "
+                         f"config {o.get('config') or '-'}, split {o.get('split') or '-'}, {o['rows']} rows; fields "
+                         + ", ".join(f"`{k}` <- `{c}`" for k, c in o["fields"].items()) + ".")
     excluded = info["evaluation_excluded"]
     named = ", ".join(f"`{spec}`" for spec in excluded["sources"]) or "none named (`exclude.sources`)"
     lines += ["", f"Evaluation data kept out: {named}{' and their templates' if excluded['templates'] else ''}; "

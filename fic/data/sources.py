@@ -11,6 +11,9 @@ A source is named by a spec string:
                         `fic.tasks.actions_gen`), task actions
 - `jsonl:PATH`          your own file of `{question, answer}` records or already sharded instances;
                         a record without `task_id` gets `<file name>:<line>` (its record number in a JSON list)
+- `hf:REPO[:CONFIG][:SPLIT]`, `hf:PATH[:SPLIT]`  any dataset `datasets` opens (the hub, a `save_to_disk`
+                        folder, Parquet, CSV, JSON), its columns mapped onto the task's keys by
+                        `fields` (`fic.data.hub`)
 
 Every source yields `Instance`s carrying the task's LiC keys, so they are interchangeable.
 
@@ -22,6 +25,7 @@ limit and seed; `load_sources` reads them, one `SourceInstances` per source.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,11 +34,14 @@ from fic.core.config import setting
 from fic.core.errors import FicError
 from fic.core.files import read_numbered_records, read_records
 from fic.core.instance import Instance
+from fic.data.hub import ANSWER_FROM, load_hf
 from fic.tasks.actions_gen import generate
 from fic.tasks.code import human_eval_instances
 from fic.tasks.sharding import ShardingError
 
-SOURCE_KINDS = ("lic", "gsm8k", "reasoning-gym", "actions-gen", "human-eval", "jsonl")
+SOURCE_KINDS = ("lic", "gsm8k", "reasoning-gym", "actions-gen", "human-eval", "jsonl", "hf")
+SPECS = ("lic:PATH, gsm8k[:SPLIT|:PATH], reasoning-gym:NAME, actions-gen:SPLIT, human-eval[:N], jsonl:PATH, "
+         "hf:REPO[:CONFIG][:SPLIT] or hf:PATH")
 
 
 @dataclass
@@ -43,13 +50,21 @@ class InstancesSection:
 
     source: list[str] = setting([], "Where instances come from, one spec or a list: lic:PATH, jsonl:PATH (e.g. "
                                 "`fic shard` output), gsm8k[:SPLIT|:PATH], reasoning-gym:NAME, actions-gen:SPLIT, "
-                                "human-eval[:N]. Instances without shards are sharded by their task's rule "
-                                "sharder.")
+                                "human-eval[:N], hf:REPO[@REVISION][:CONFIG][:SPLIT] or hf:PATH (a save_to_disk "
+                                "folder, Parquet, CSV, JSON). Instances without shards are sharded by their task's "
+                                "rule sharder.")
     task: str | list[str] = setting("math", "Task of the instances: one name, a list, or all (every task of a file "
                                     "that FiC knows).")
     limit: int | None = setting(None, "At most this many instances per source and task (null: all).", min=1)
     seed: int = setting(0, "Seed of generated sources (reasoning-gym, actions-gen) and of rule-sharding phrasing. "
                         "Keep a training stage's away from its evaluation's.")
+    fields: dict[str, str] = setting({}, "hf: sources: task key -> dataset column, e.g. {question: problem, "
+                                     "answer: solution}; a key not given is read from the column of its own name. "
+                                     "Keys per task in docs/data.md (code's function name: metadata.func_name).")
+    answer_from: str = setting("auto", "hf: sources, task math: how the answer column gives the number: hash (a "
+                               "solution ending '#### n'), boxed (its last \\boxed{}), value (the column is the "
+                               "answer), auto (the first that fits). Non-numeric answers are skipped and counted.",
+                               choices=ANSWER_FROM)
 
     def check(self, source: str) -> None:
         # Whether a source is needed at all is the owning config's call (VASD's held-out set is optional).
@@ -65,6 +80,9 @@ class InstancesSection:
                     tasks.get(name)
                 except FicError as err:
                     raise FicError(err.message, path=source, field="task") from None
+        if (self.fields or self.answer_from != "auto") and not any(s.startswith("hf:") for s in self.source):
+            raise FicError("only hf: sources are mapped; no source here is one", path=source,
+                           field="fields" if self.fields else "answer_from")
 
 
 @dataclass
@@ -75,6 +93,8 @@ class SourceInstances:
     spec: str
     instances: list[Instance]
     unknown_tasks: dict[str, int] = field(default_factory=dict)
+    origin: dict | None = None  # hf: sources: repository or path, revision, config, split, mapping (data cards)
+    skipped: dict[str, int] = field(default_factory=dict)  # records left out as loaded, by reason
 
 
 def load_sources(cfg: InstancesSection, *, section: str = "data") -> list[SourceInstances]:
@@ -82,18 +102,44 @@ def load_sources(cfg: InstancesSection, *, section: str = "data") -> list[Source
     loaded = []
     for spec in cfg.source:
         try:
+            if spec.startswith("hf:"):
+                loaded.append(_load_hf_tasks(spec, cfg))
+                continue
             instances, unknown = load_tasks(spec, cfg.task, limit=cfg.limit, seed=cfg.seed)
         except FicError as err:
+            mapped = err.field is not None and err.field.startswith(("fields", "answer_from"))
             raise FicError(err.message, path=err.path, record=err.record,
-                           field=f"{section}.{err.field}" if err.field in ("source", "task") else err.field) from None
+                           field=f"{section}.{err.field}" if err.field in ("source", "task") or mapped
+                           else err.field) from None
         loaded.append(SourceInstances(spec, instances, unknown))
     return loaded
 
 
-def load_source(spec: str, task: str = "math", *, limit: int | None = None, seed: int = 0) -> list[Instance]:
-    """Load up to `limit` instances of `task` from the source named by `spec`."""
+def _load_hf_tasks(spec: str, cfg: InstancesSection) -> SourceInstances:
+    if cfg.task == "all":
+        raise FicError("task all needs a file that names each record's task; name the task(s) of an hf: source",
+                       field="task")
+    instances, skipped, origin = [], Counter(), None
+    for name in [cfg.task] if isinstance(cfg.task, str) else cfg.task:
+        hub = load_hf(spec[3:], name, fields=cfg.fields, answer_from=cfg.answer_from, limit=cfg.limit)
+        instances += hub.instances
+        skipped.update(hub.skipped)
+        origin = hub.origin if origin is None else {**origin, "task": [*_as_list(origin["task"]), name]}
+    return SourceInstances(spec, instances, origin=origin, skipped=dict(skipped))
+
+
+def _as_list(value: str | list) -> list:
+    return value if isinstance(value, list) else [value]
+
+
+def load_source(spec: str, task: str = "math", *, limit: int | None = None, seed: int = 0,
+                fields: dict[str, str] | None = None, answer_from: str = "auto") -> list[Instance]:
+    """Load up to `limit` instances of `task` from the source named by `spec` (`fields` and
+    `answer_from`: how an hf: dataset's columns give the task's keys)."""
     kind, _, arg = spec.partition(":")
-    if kind == "lic":
+    if kind == "hf":
+        instances = load_hf(arg, task, fields=fields, answer_from=answer_from, limit=limit).instances
+    elif kind == "lic":
         instances = _from_records(_need(arg, spec), task, require_shards=True, filter_task=True)
     elif kind == "jsonl":
         instances = _from_records(_need(arg, spec), task, require_shards=False, filter_task=False,
@@ -107,8 +153,7 @@ def load_source(spec: str, task: str = "math", *, limit: int | None = None, seed
     elif kind == "human-eval":
         instances = _from_human_eval(arg, task)
     else:
-        raise FicError(f"unknown source {spec!r}; expected one of lic:PATH, gsm8k[:SPLIT|:PATH], "
-                       "reasoning-gym:NAME, actions-gen:SPLIT, human-eval[:N], jsonl:PATH", field="source")
+        raise FicError(f"unknown source {spec!r}; expected one of {SPECS}", field="source")
     return instances[:limit] if limit is not None else instances
 
 

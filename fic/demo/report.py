@@ -1,25 +1,33 @@
 """The demo's table, `report.md` and plots, from the evaluation runs of each stage.
 
-Per stage (starting point, SFT, VASD) and evaluation set (test, test-unseen): P in each view,
-the premature-answer rate and the rate of sharded conversations whose reply to the last shard
-is no answer attempt (over-deferral), generated tokens per sharded conversation, and against
-the starting point's single-turn score the recovery rate R = P(stage; sharded) / P(start; full)
-and retention = P(stage; full) / P(start; full), with 95% paired-bootstrap intervals over the
-same instances. VASD against SFT alone: an exact paired sign test on the per-instance sharded
-scores (wins, losses, p-value), stated as not shown when p >= 0.05.
+Per stage (starting point, SFT, VASD, and the equal-compute control: more SFT for VASD's wall
+time) and evaluation set (test, test-unseen): P in each view, first-answer accuracy (the
+score of a sharded conversation's first answer attempt), the premature-answer rate and the
+rate of sharded conversations whose reply to the last shard is no answer attempt
+(over-deferral), generated tokens per sharded conversation, and against the starting point's
+single-turn score the recovery rate R = P(stage; sharded) / P(start; full) and retention =
+P(stage; full) / P(start; full), with 95% paired-bootstrap intervals over the same instances.
+VASD against SFT alone and against the control: exact paired sign tests on the per-instance
+sharded scores (wins, losses, p-value), stated as not shown when p >= 0.05.
+
+The figure (`demo_scores.png`, `demo_figure`): per evaluation set, each stage's P(full) and
+P(sharded) with 95% bootstrap intervals, and beside them the premature-answer rate and
+first-answer accuracy.
 """
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 from typing import Any
 
-from fic.core.files import atomic_open, read_json, read_log, write_text
+from fic.core.files import read_json, read_log, write_text
+from fic.core.plots import pyplot, save_png
 from fic.core.stats import paired_bootstrap, sign_test
 
-STAGE_NAMES = {"start": "starting point", "sft": "FiC stage 1 (SFT)", "vasd": "FiC stage 1+2 (SFT + VASD)"}
+STAGE_NAMES = {"start": "starting point", "sft": "FiC stage 1 (SFT)", "vasd": "FiC stage 1+2 (SFT + VASD)",
+               "control": "control: more SFT for VASD's time"}
+COMPARISONS = (("vasd", "sft", "VASD vs SFT alone"), ("vasd", "control", "VASD vs the equal-compute SFT control"))
 PLOT = "demo_scores.png"
 
 
@@ -49,7 +57,11 @@ def stage_figures(cfg: Any, run: Path, start: dict) -> dict | None:
     base = start["scores"].get("full", {})
     ids = sorted(base)
     out = {"P": {v: views[v]["P"] for v in views}, "scores": scores, "instances": len(scores.get("full", {})),
+           "P_interval": {view: list(paired_bootstrap([[100 * x for x in by_id.values()]], lambda mean: mean,
+                                                      resamples=cfg.bootstrap, seed=cfg.data.seed))
+                          for view, by_id in scores.items() if by_id},
            "premature_answer_rate": (views.get("sharded") or {}).get("premature_answer_rate"),
+           "first_answer_accuracy": (views.get("sharded") or {}).get("first_answer_accuracy"),
            "final_not_answer_rate": _final_not_answer(run),
            "tokens_per_sharded_conversation": (views.get("sharded") or {}).get("generated_tokens_per_conversation")}
     for name, view in (("recovery_rate", "sharded"), ("retention", "full")):
@@ -82,22 +94,23 @@ def write_demo_report(cfg: Any, runs: dict[str, dict[str, Path]], stages: dict[s
             figures = stage_figures(cfg, by_stage[stage], start)
             if figures is not None:
                 rows[stage] = figures
-        summary["sets"][split] = {"rows": rows, "vasd_vs_sft": _paired(rows)}
+        summary["sets"][split] = {"rows": rows, **{f"{a}_vs_{b}": _paired(rows, a, b) for a, b, _ in COMPARISONS}}
     summary["seconds"] = {s: info.get("seconds") for s, info in stages.items() if "seconds" in info}
-    summary["peak_rss_mb"] = max((info.get("peak_rss_mb_so_far", 0) for info in stages.values()), default=None)
+    summary["peak_rss_mb"] = max((info.get("peak_rss_mb", 0) for info in stages.values()), default=None)
     summary["disk_mb"] = round(_disk_mb(Path(cfg.out)))
     table = render_table(summary, "test")
     write_text(report, render_markdown(cfg, summary, stages))
-    _plot(summary, report.parent / PLOT)
+    plot_demo(summary, report.parent / PLOT)
     return {"table": table, "summary": _without_scores(summary)}
 
 
-def _paired(rows: dict) -> dict | None:
-    if "vasd" not in rows or "sft" not in rows:
+def _paired(rows: dict, stage: str, other: str) -> dict | None:
+    """`stage` against `other` on the same instances' sharded scores: an exact sign test."""
+    if stage not in rows or other not in rows:
         return None
-    vasd, sft = rows["vasd"]["scores"].get("sharded", {}), rows["sft"]["scores"].get("sharded", {})
-    ids = sorted(set(vasd) & set(sft))
-    result = sign_test(vasd[i] - sft[i] for i in ids)
+    mine, theirs = rows[stage]["scores"].get("sharded", {}), rows[other]["scores"].get("sharded", {})
+    ids = sorted(set(mine) & set(theirs))
+    result = sign_test(mine[i] - theirs[i] for i in ids)
     result["instances"] = len(ids)
     result["shown"] = result["p_value"] < 0.05 and result["better"] > result["worse"]
     return result
@@ -135,20 +148,22 @@ def render_table(summary: dict, split: str) -> str:
     rows = summary["sets"][split]["rows"]
     n = next((r["instances"] for r in rows.values()), 0)
     lines = [f"{summary['label']}: {split} set, N = {n} instances (P in %, greedy, LiC's rules)",
-             "| stage | P(full) | P(concat) | P(sharded) | premature answers | final reply no answer | "
-             "R [95% CI] | retention [95% CI] | tokens / sharded conv. |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| stage | P(full) | P(concat) | P(sharded) | first-answer accuracy | premature answers | "
+             "final reply no answer | R [95% CI] | retention [95% CI] | tokens / sharded conv. |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for stage, row in rows.items():
         lines.append(f"| {STAGE_NAMES[stage]} | {_p(row['P'].get('full'))} | {_p(row['P'].get('concat'))} | "
-                     f"{_p(row['P'].get('sharded'))} | {_pct(row['premature_answer_rate'])} | "
+                     f"{_p(row['P'].get('sharded'))} | {_p(row.get('first_answer_accuracy'))} | "
+                     f"{_pct(row['premature_answer_rate'])} | "
                      f"{_pct(row['final_not_answer_rate'])} | {_interval(row.get('recovery_rate'))} | "
                      f"{_interval(row.get('retention'))} | {_p(row['tokens_per_sharded_conversation'])} |")
-    paired = summary["sets"][split]["vasd_vs_sft"]
-    if paired is not None:
-        verdict = "shown" if paired["shown"] else "NOT shown (p >= 0.05 or no more wins than losses)"
-        lines.append(f"VASD vs SFT alone on the same {paired['instances']} instances (sharded): {paired['better']} wins, "
-                     f"{paired['worse']} losses, {paired['tied']} ties, exact sign test p = {paired['p_value']:.3g}: "
-                     f"gain {verdict}")
+    for stage, other, name in COMPARISONS:
+        paired = summary["sets"][split][f"{stage}_vs_{other}"]
+        if paired is not None:
+            verdict = "shown" if paired["shown"] else "NOT shown (p >= 0.05 or no more wins than losses)"
+            lines.append(f"{name} on the same {paired['instances']} instances (sharded): {paired['better']} wins, "
+                         f"{paired['worse']} losses, {paired['tied']} ties, exact sign test p = "
+                         f"{paired['p_value']:.3g}: gain {verdict}")
     return "\n".join(lines)
 
 
@@ -169,27 +184,63 @@ def render_markdown(cfg: Any, summary: dict, stages: dict) -> str:
     return "\n".join(parts)
 
 
-def _plot(summary: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    rows = summary["sets"]["test"]["rows"]
-    if not rows:
-        return
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
-    names = [STAGE_NAMES[s].split(" (")[0] for s in rows]
-    x = range(len(rows))
-    for k, view in enumerate(("full", "sharded")):
-        left.bar([i + 0.38 * k for i in x], [r["P"].get(view) or 0 for r in rows.values()], width=0.38, label=view)
-    left.set_xticks([i + 0.19 for i in x], names, fontsize=8)
-    left.set_ylabel("P (test)")
-    left.legend()
-    right.bar(list(x), [100 * (r["premature_answer_rate"] or 0) for r in rows.values()], color="tab:red")
-    right.set_xticks(list(x), names, fontsize=8)
-    right.set_ylabel("premature answers, % (sharded)")
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    with atomic_open(path, "wb") as handle:
-        handle.write(buffer.getvalue())
+def _whiskers(value: float | None, interval: list | None) -> tuple[float, float]:
+    """Error-bar lengths below and above `value` for its [low, high] interval (0 when unknown)."""
+    if value is None or not interval or None in interval:
+        return 0.0, 0.0
+    return max(0.0, value - interval[0]), max(0.0, interval[1] - value)
+
+
+def demo_figure(summary: dict) -> Any:
+    """One row per evaluation set (test, test-unseen): every stage's P(full) and P(sharded)
+    with their 95% intervals; beside them the premature-answer rate and, where the metrics
+    have it, first-answer accuracy. Legends sit under the axes, clear of every bar."""
+    plt = pyplot()
+    sets = [split for split, data in summary["sets"].items() if data["rows"]]
+    fig, axes = plt.subplots(len(sets), 2, figsize=(11, 3.3 * len(sets) + 0.6), squeeze=False,
+                             gridspec_kw={"width_ratios": [3, 2]})
+    for (scores, timing), split in zip(axes, sets):
+        rows = summary["sets"][split]["rows"]
+        names = [STAGE_NAMES[s].split(" (")[0] for s in rows]
+        x = list(range(len(rows)))
+        n = next((r["instances"] for r in rows.values()), 0)
+        for k, view in enumerate(("full", "sharded")):
+            heights = [r["P"].get(view) for r in rows.values()]
+            xs = [i + 0.38 * (k - 0.5) for i in x]
+            bars = scores.bar(xs, [h or 0 for h in heights], width=0.36, label=f"P({view})")
+            scores.bar_label(bars, labels=[_p(h) for h in heights], fontsize=7, padding=2)
+            errors = [_whiskers(h, (r.get("P_interval") or {}).get(view)) for h, r in zip(heights, rows.values())]
+            scores.errorbar(xs, [h or 0 for h in heights], yerr=list(zip(*errors)), fmt="none", ecolor="0.2",
+                            capsize=3, linewidth=1, label="95% interval" if k else None)
+        scores.set_xticks(x, names, fontsize=8)
+        scores.set_ylim(0, 110)
+        scores.set_ylabel("P (0-100)")
+        scores.set_title(f"{split}: P per stage, N = {n}", fontsize=9)
+        # (label, key, scale to %): the premature-answer rate is stored 0..1, first-answer accuracy 0..100 like P.
+        rates = [("premature answers", "premature_answer_rate", "tab:red", 100.0),
+                 ("first-answer accuracy", "first_answer_accuracy", "tab:green", 1.0)]
+        shown = [rate for rate in rates if any(r.get(rate[1]) is not None for r in rows.values())]
+        width = 0.8 / max(1, len(shown))
+        for k, (label, key, color, scale) in enumerate(shown):
+            values = [None if r.get(key) is None else scale * r[key] for r in rows.values()]
+            xs = [i + width * (k - (len(shown) - 1) / 2) for i in x]
+            bars = timing.bar(xs, [v or 0 for v in values], width=width * 0.9, color=color, label=label)
+            timing.bar_label(bars, labels=[_p(v) for v in values], fontsize=7, padding=2)
+        timing.set_xticks(x, names, fontsize=8)
+        timing.set_ylim(0, 110)
+        timing.set_ylabel("% of sharded conversations")
+        timing.set_title(f"{split}: when and how well it first answers", fontsize=9)
+        for ax, ncol in ((scores, 3), (timing, 2)):
+            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=ncol, frameon=False)
+    fig.suptitle(summary.get("label", ""), fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_demo(summary: dict, path: Path) -> Path | None:
+    """Draw `summary` (what `write_demo_report` returns, also saved in `stages/report.json`)."""
+    if not any(data["rows"] for data in summary["sets"].values()):
+        return None
+    save_png(demo_figure(summary), path)
+    return path

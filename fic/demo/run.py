@@ -14,9 +14,16 @@ time and figures; a second run skips finished stages):
    the starting point is "base model + single-turn warm-up", and every output says so;
 3. `eval-start`: the starting point in the full, concat and sharded views (test; test-unseen in
    full and sharded, as every later stage);
-4. `sft`: FiC stage 1, the SFT warm start (`fic/train_sft.py`), then `eval-sft`;
+4. `sft`: FiC stage 1, the SFT warm start (`fic/train_sft.py`); `premise`: on the dev split, how
+   often the SFT model answers partial single-turn requests against the same points of sharded
+   conversations (`fic.evaluation.premise`, what the per-turn teacher relies on); `eval-sft`;
 5. `vasd`: FiC stage 2 from the SFT model (`fic/train_vasd.py`), then `eval-vasd`;
-6. `report`: one table and `report.md` with plots (`fic.demo.report`).
+6. `control`: the equal-compute control, stage 1 continued from the SFT model for the wall time
+   VASD took, then `eval-control`: a gain from VASD counts only against it;
+7. `report`: one table and `report.md` with plots (`fic.demo.report`).
+
+`fic demo --ablate` trains the VASD variants of `ablation.variants` (and the control) from the
+same SFT model and evaluates them on the dev split: one table to choose the default from.
 
 Every setting lives in the recipes folder's `demo.yaml`: one section per stage, each a full
 config of that stage's own class (`fic sft-data`, `fic train sft`, `fic train vasd`, `fic eval`),
@@ -26,18 +33,20 @@ model and output paths of each stage are wired by the demo (the YAML shows them)
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import gc
 import resource
 import shutil
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from fic import tasks, train_sft, train_vasd
-from fic.core.config import load_config, print_keys, setting
+from fic.backends import make_backend
+from fic.core.config import load_config, setting
 from fic.core.errors import FicError
 from fic.core.files import check_writable, folder_lock, read_json, write_json, write_jsonl
 from fic.core.model import BUNDLED_MODEL_DIR, prepare_model
@@ -46,11 +55,14 @@ from fic.data.sources import load_source
 from fic.data.splits import prompt_key
 from fic.demo.report import write_demo_report
 from fic.evaluation.evaluate import EvalConfig, evaluate
+from fic.evaluation.premise import ask_or_answer
 from fic.train_sft import SFTConfig
 from fic.training.checkpoints import complete_checkpoints
 from fic.training.vasd.config import VASDConfig
 
-STAGES = ("data", "warmup", "eval-start", "sft", "eval-sft", "vasd", "eval-vasd", "report")
+STAGES = ("data", "warmup", "eval-start", "sft", "premise", "eval-sft", "vasd", "eval-vasd", "control", "eval-control",
+          "report")
+TRAINED = ("warmup", "sft", "vasd", "control")
 SPLITS = ("train", "dev", "test", "test-unseen")
 EVAL_SETS = ("test", "test-unseen")
 
@@ -62,9 +74,23 @@ class DemoDataSection:
     task: str = setting("actions", "Task of the source.")
     seed: int = setting(0, "Seed of every split.")
     train: int = setting(600, "Train instances: the warm-up corpus, the SFT corpus and VASD's rollouts.", min=1)
-    dev: int = setting(32, "Dev instances (VASD's in-training evaluation, when vasd.eval.every is set).", min=1)
+    dev: int = setting(96, "Dev instances: settings are chosen on them (`fic demo --ablate`), the premise is "
+                       "measured on them, and VASD's in-training evaluation reads them (vasd.eval.every).", min=1)
     test: int = setting(128, "Test instances: every stage is evaluated on them.", min=1)
     test_unseen: int = setting(64, "Instances of functions never seen in training, reported separately.", min=1)
+
+
+@dataclass
+class AblationSection:
+    variants: dict[str, list[str]] = setting({
+        "vasd-final": [],
+        "vasd-per-turn": ["loss.turns=all"],
+        "vasd-labels": ["labels.weight=1.0"],
+        "vasd-per-turn+labels": ["loss.turns=all", "labels.weight=1.0"],
+    }, "Name -> overrides of the vasd section (e.g. [loss.turns=all]); each variant trains from the same SFT "
+       "model with the same seeds and is evaluated on the dev split.")
+    control: bool = setting(True, "Also continue stage 1 for the variants' mean wall time (the equal-compute "
+                            "control) and evaluate it.")
 
 
 @dataclass
@@ -82,9 +108,18 @@ class DemoConfig:
     sft_data: SFTDataConfig = setting(SFTDataConfig(), "The deferral SFT corpus (fic sft-data).")
     sft: SFTConfig = setting(SFTConfig(), "FiC stage 1 (fic train sft).")
     vasd: VASDConfig = setting(VASDConfig(), "FiC stage 2 (fic train vasd).")
+    control: SFTConfig = setting(SFTConfig(), "The equal-compute control: stage 1 continued from the SFT model on its "
+                                 "corpus for the compute VASD took (its train.max_steps is set by the demo from the "
+                                 "SFT and VASD stages' CPU seconds, which load from other work barely moves; on a "
+                                 "quiet machine that is VASD's wall time).")
     eval: EvalConfig = setting(EvalConfig(), "Evaluation of every stage (fic eval); views, model, data, out and "
                                "baseline are set per run by the demo.")
     bootstrap: int = setting(2000, "Paired bootstrap resamples for the 95% intervals of R and retention.", min=100)
+    ablation: AblationSection = setting(AblationSection(), "`fic demo --ablate`: the stage 2 variants compared on "
+                                        "the dev split.")
+    stage_processes: bool = setting(True, "Run each stage in a process of its own, so that what a stage held in "
+                                    "memory is given back before the next one (the demo's peak is its largest "
+                                    "stage's); false runs them all in this process.")
 
 
 def expand(config: Any, values: dict[str, str]) -> None:
@@ -113,8 +148,8 @@ def load_demo(recipes: str, overrides: list[str]) -> DemoConfig:
 
 def paths(cfg: DemoConfig) -> dict[str, Path]:
     out = Path(cfg.out)
-    return {"data": out / "data", "stages": out / "stages", "warmup": out / "warmup", "sft": out / "sft",
-            "vasd": out / "vasd", "report": out / "report.md"}
+    return {"data": out / "data", "stages": out / "stages", **{stage: out / stage for stage in TRAINED},
+            "report": out / "report.md"}
 
 
 def split_file(cfg: DemoConfig, split: str) -> Path:
@@ -226,6 +261,35 @@ def stage_vasd(cfg: DemoConfig, progress: bool) -> dict:
     return _train("vasd", v, train_vasd.train)
 
 
+def control_steps(cfg: DemoConfig, stage2_cpu_seconds: float | None = None) -> int:
+    """SFT steps that take the compute VASD took (CPU seconds: on a quiet machine its wall time),
+    at the SFT stage's own CPU seconds per step."""
+    stages = stage_summaries(cfg)
+    sft = stages["sft"]
+    spent = stages["vasd"]["cpu_seconds"] if stage2_cpu_seconds is None else stage2_cpu_seconds
+    return max(1, round(spent / (sft["cpu_seconds"] / max(sft["figures"]["steps"], 1))))
+
+
+def stage_control(cfg: DemoConfig, progress: bool) -> dict:
+    """The equal-compute control: more of stage 1 for VASD's wall time, from the SFT model, on the
+    SFT corpus in a new order."""
+    c = cfg.control
+    c.model.path, c.data.path = str(model_of(cfg, "sft")), str(paths(cfg)["data"] / "sft.sft.jsonl")
+    c.out, c.logging.progress, c.train.max_steps = str(paths(cfg)["control"]), progress, control_steps(cfg)
+    return _train("control", c, train_sft.train)
+
+
+def stage_premise(cfg: DemoConfig, progress: bool) -> dict:
+    """Before VASD: how often the SFT model answers partial single-turn requests against the same
+    point of a sharded conversation (dev split): the premise of the per-turn teacher."""
+    instances = load_source(f"jsonl:{split_file(cfg, 'dev')}", cfg.data.task)
+    backend = make_backend(dataclasses.replace(cfg.eval.model, model=str(model_of(cfg, "sft"))))
+    figures = ask_or_answer(backend, instances, max_new_tokens=cfg.eval.max_new_tokens,
+                            batch_size=cfg.eval.batch_size)
+    write_json(Path(cfg.out) / "premise.json", figures)
+    return {key: figures[key] for key in ("points", "single_turn_answer_rate", "multi_turn_answer_rate", "p_value")}
+
+
 def evaluate_stage(cfg: DemoConfig, stage: str, model: Path, progress: bool) -> dict:
     """Evaluate one model on the test and test-unseen splits; R against the starting point."""
 
@@ -250,8 +314,11 @@ STAGE_RUNNERS: dict[str, Callable[[DemoConfig, bool], dict]] = {
     "eval-start": lambda cfg, progress: evaluate_stage(cfg, "start", model_of(cfg, "warmup"), progress),
     "sft": stage_sft,
     "eval-sft": lambda cfg, progress: evaluate_stage(cfg, "sft", model_of(cfg, "sft"), progress),
+    "premise": stage_premise,
     "vasd": stage_vasd,
     "eval-vasd": lambda cfg, progress: evaluate_stage(cfg, "vasd", model_of(cfg, "vasd"), progress),
+    "control": stage_control,
+    "eval-control": lambda cfg, progress: evaluate_stage(cfg, "control", model_of(cfg, "control"), progress),
 }
 
 
@@ -260,19 +327,73 @@ def stage_outputs(cfg: DemoConfig, stage: str) -> list[Path]:
         return [paths(cfg)["data"]]
     if stage.startswith("eval-"):
         return [Path(cfg.out) / stage]
-    return [paths(cfg)[stage]] if stage in ("warmup", "sft", "vasd") else []
+    if stage == "premise":
+        return [Path(cfg.out) / "premise.json"]
+    return [paths(cfg)[stage]] if stage in TRAINED else []
+
+
+def cpu_seconds(who: int = resource.RUSAGE_SELF) -> float:
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_stage(cfg: DemoConfig, stage: str, progress: bool) -> None:
+    """Run one stage in this process and write its marker: wall and CPU time, this process's peak
+    memory, figures. CPU time is what other load on a shared machine barely moves: the control
+    is sized by it."""
+    began, cpu = time.perf_counter(), cpu_seconds()
+    info = STAGE_RUNNERS[stage](cfg, progress)
+    seconds, cpu = time.perf_counter() - began, cpu_seconds() - cpu
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    write_json(paths(cfg)["stages"] / f"{stage}.json",
+               {"stage": stage, "seconds": round(seconds, 1), "cpu_seconds": round(cpu, 1), "peak_rss_mb": round(peak),
+                "figures": info})
+
+
+def run_stage_process(stage: str, recipes: str, overrides: list[str], progress: bool, errors: Path) -> None:
+    """Run one stage in a child process (`fic demo --stage STAGE` with the same settings); a stage
+    that fails stops the demo with the child's own one-line error."""
+    errors.unlink(missing_ok=True)
+    command = [sys.executable, "-m", "fic", "demo", "--recipes", recipes, *overrides, "--stage", stage,
+               *([] if progress else ["--quiet"])]
+    code = subprocess.run(command).returncode
+    if code != 0:
+        message = errors.read_text(encoding="utf-8").strip() if errors.is_file() else \
+            f"the stage's process ended with exit code {code}"
+        raise FicError(f"stage {stage} failed: {message}", field="--from")
+
+
+def run_stages(cfg: DemoConfig, stages: tuple[str, ...], *, progress: bool, say: Callable[[str], None],
+               launch: tuple[str, list[str]] | None) -> None:
+    """Run the stages not done yet, in order, each in its own process when it can."""
+    markers = paths(cfg)["stages"]
+    for stage in stages:
+        marker = markers / f"{stage}.json"
+        if marker.is_file():
+            say(f"[{stage}] done before ({marker}); skipped")
+            continue
+        say(f"[{stage}] running")
+        began = time.perf_counter()
+        if cfg.stage_processes and launch is not None:
+            run_stage_process(stage, *launch, progress, markers / f"{stage}.error")
+        else:
+            run_stage(cfg, stage, progress)
+        say(f"[{stage}] finished in {(time.perf_counter() - began) / 60:.1f} min")
 
 
 def run_demo(cfg: DemoConfig, *, start_from: str | None = None, progress: bool = True,
-             say: Callable[[str], None] = print) -> dict:
-    """Run every stage not yet done (from `start_from` on: again); return the report's figures."""
+             say: Callable[[str], None] = print, launch: tuple[str, list[str]] | None = None) -> dict:
+    """Run every stage not yet done (from `start_from` on: again); return the report's figures.
+    With `launch` (the recipes folder and overrides) and `stage_processes`, each stage runs in a
+    process of its own."""
 
     check_writable(cfg.out, folder=True, field="out")
     with folder_lock(cfg.out):  # a second demo into the same folder fails at once
-        return _run_demo(cfg, start_from, progress, say)
+        return _run_demo(cfg, start_from, progress, say, launch)
 
 
-def _run_demo(cfg: DemoConfig, start_from: str | None, progress: bool, say: Callable[[str], None]) -> dict:
+def _run_demo(cfg: DemoConfig, start_from: str | None, progress: bool, say: Callable[[str], None],
+              launch: tuple[str, list[str]] | None) -> dict:
     markers = paths(cfg)["stages"]
     if start_from is not None:
         if start_from not in STAGES:
@@ -280,47 +401,16 @@ def _run_demo(cfg: DemoConfig, start_from: str | None, progress: bool, say: Call
         for stage in STAGES[STAGES.index(start_from):]:  # outputs too: an evaluation would resume, not redo
             (markers / f"{stage}.json").unlink(missing_ok=True)
             for output in stage_outputs(cfg, stage):
-                shutil.rmtree(output, ignore_errors=True)
-    for stage in STAGES[:-1]:
-        marker = markers / f"{stage}.json"
-        if marker.is_file():
-            say(f"[{stage}] done before ({marker}); skipped")
-            continue
-        say(f"[{stage}] running")
-        began = time.perf_counter()
-        info = STAGE_RUNNERS[stage](cfg, progress)
-        seconds = time.perf_counter() - began
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        write_json(marker, {"stage": stage, "seconds": round(seconds, 1), "peak_rss_mb_so_far": round(peak),
-                            "figures": info})
-        say(f"[{stage}] finished in {seconds / 60:.1f} min")
-    runs = {split: {stage: eval_dir(cfg, stage, split) for stage in ("start", "sft", "vasd")} for split in EVAL_SETS}
+                if output.is_dir():
+                    shutil.rmtree(output)
+                else:
+                    output.unlink(missing_ok=True)
+    run_stages(cfg, STAGES[:-1], progress=progress, say=say, launch=launch)
+    runs = {split: {stage: eval_dir(cfg, stage, split) for stage in ("start", "sft", "vasd", "control")}
+            for split in EVAL_SETS}
     report = write_demo_report(cfg, runs, stage_summaries(cfg), paths(cfg)["report"])
     write_json(markers / "report.json", {"stage": "report", "figures": report["summary"]})
     return report
-
-
-# --------------------------------------------------------------------------- CLI
-
-def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
-    parser.add_argument("--recipes", default="recipes/smollm2-135m-instruct",
-                        help="recipes folder holding demo.yaml (default: the bundled model's)")
-    parser.add_argument("--from", dest="start_from", default=None, metavar="STAGE",
-                        help=f"run again from this stage on: {', '.join(STAGES)}")
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="override demo.yaml, e.g. out=runs/d2 "
-                        "data.test=64 vasd.train.max_steps=4")
-    parser.add_argument("--keys", action="store_true", help="list every key of demo.yaml with its help and exit")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars or lines")
-
-
-def run(args: argparse.Namespace) -> int:
-    if print_keys(args, DemoConfig):
-        return 0
-    cfg = load_demo(args.recipes, args.overrides)
-    report = run_demo(cfg, start_from=args.start_from, progress=not args.quiet)
-    print(report["table"])
-    print(f"report: {paths(cfg)['report']}")
-    return 0
 
 
 def stage_summaries(cfg: DemoConfig) -> dict[str, dict]:

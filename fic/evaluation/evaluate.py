@@ -16,7 +16,8 @@ Output folder `out`:
   same name (use a new `out`).
 - `.fic-lock`: held while a run writes (`fic.core.files.lock_folder`): a second evaluation
   into the same folder fails at once, naming the first's process.
-- `conversations.jsonl`, `metrics.json`, `report.md`, `scores_by_view.png`, `answer_timing.png`.
+- `conversations.jsonl`, `metrics.json`, `report.md`, `scores_by_view.png`, `answer_timing.png`,
+  `tokens_per_conversation.png`.
 
 Data: `data` is the `InstancesSection` every stage uses (`fic.data.sources`): `data.source`
 one spec or several, `data.task` one task, a list, or `all` (every task of the file FiC knows;
@@ -70,11 +71,14 @@ from fic.data.views import VIEWS
 from fic.evaluation.metrics import summarize
 from fic.evaluation.report import write_report
 from fic.tasks import sandbox
+from fic.tasks.base import PROMPT_STYLES
 
 LOG_NAME, METRICS_NAME, REPORT_NAME = "conversations.jsonl", "metrics.json", "report.md"
 FINGERPRINT_NAME, CONFIG_NAME = "fingerprint.json", "config.yaml"
 # Settings two runs must share for one's full-view P to be the other's denominator.
-SCORING_KEYS = ("temperature", "top_p", "max_new_tokens", "stop_at_correct")
+SCORING_KEYS = ("temperature", "top_p", "max_new_tokens", "stop_at_correct", "prompts")
+# A baseline's value for a scoring key it does not record (written before the key existed).
+SCORING_DEFAULTS = {"prompts": "fic"}
 METRICS_FORMAT = 2  # metrics.json that records its instances and scoring settings (baseline checks)
 
 
@@ -87,6 +91,10 @@ class EvalConfig:
     judge: BackendConfig = setting(BackendConfig(), "The LLM judge of tasks scored by one (summary); without "
                                    "judge.model their replies score 0 with a note saying they were not judged.")
     views: list[str] = setting(["full", "concat", "sharded"], f"Views to play, from: {', '.join(VIEWS)}.")
+    prompts: str = setting("fic", "The wording of system prompts and user turns (and of the llm user's and llm "
+                           "classifier's prompts): fic, FiC's own; lic, Lost in Conversation's verbatim (its "
+                           "system prompts, Q:/A: and schema frames, shuffle-concat shuffling every shard). What "
+                           "still differs under lic: docs/evaluation.md.", choices=PROMPT_STYLES)
     runs: int = setting(1, "N: conversations per instance and view (LiC uses 10 at temperature 1.0).", min=1)
     temperature: float = setting(0.0, "Assistant sampling temperature (0: greedy).", min=0.0)
     top_p: float = setting(1.0, "Assistant nucleus sampling threshold.", min=0.0, max=1.0)
@@ -141,7 +149,7 @@ def fingerprint(cfg: EvalConfig) -> dict:
 
     parts = {
         "model": backend(cfg.model),
-        "data": config_to_dict(cfg.data),
+        "data": _data_fingerprint(cfg.data),
         "user": {"kind": cfg.user.kind, **({"backend": backend(cfg.user.backend), "temperature":
                                             cfg.user.temperature, "max_new_tokens": cfg.user.max_new_tokens,
                                             "max_idle_turns": cfg.user.max_idle_turns}
@@ -150,8 +158,21 @@ def fingerprint(cfg: EvalConfig) -> dict:
                                                        if cfg.classifier.kind == "llm" else {})},
         **({"judge": backend(cfg.judge)} if cfg.judge.model else {}),
         "temperature": cfg.temperature, "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens,
-        "stop_at_correct": cfg.stop_at_correct, "seed": cfg.seed,
+        "stop_at_correct": cfg.stop_at_correct, "seed": cfg.seed, "prompts": cfg.prompts,
     }
+    return parts
+
+
+# What a fingerprint saved before a key existed meant by it (a folder made then still resumes).
+FINGERPRINT_DEFAULTS = {"prompts": "fic"}
+def _data_fingerprint(data: InstancesSection) -> dict:
+    """The data section, without the hf: mapping keys when they are unset: folders written before
+    FiC had them resume as they did."""
+    parts = config_to_dict(data)
+    defaults = config_to_dict(InstancesSection())
+    for key in ("fields", "answer_from"):
+        if parts[key] == defaults[key]:
+            del parts[key]
     return parts
 
 
@@ -162,11 +183,8 @@ def instance_digests(instances: list[Instance]) -> dict[str, str]:
             for i in instances}
 
 
-def _instances_changed(saved: dict | None, now: dict) -> str | None:
+def _instances_changed(saved: dict, now: dict) -> str | None:
     """What differs between the instances a folder was played on and today's, in words."""
-    if saved is None:
-        return ("its fingerprint does not record the instances' content (written by an older FiC), so resuming "
-                "cannot check that the data is the same")
     changed = sorted(k for k in saved.keys() & now.keys() if saved[k] != now[k])
     added, gone = sorted(now.keys() - saved.keys()), sorted(saved.keys() - now.keys())
     if not (changed or added or gone):
@@ -198,12 +216,18 @@ def check_resume(out: Path, cfg: EvalConfig, instances: list[Instance]) -> None:
                            path=str(path))
         saved_instances = saved.pop("instances", None)
         wanted_instances = wanted.pop("instances")
+        saved = {**FINGERPRINT_DEFAULTS, **saved}
         if saved != wanted:
             old, new = flatten(saved), flatten(wanted)
             diff = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
             details = "; ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff[:4])
             raise FicError(f"this folder holds conversations from a different config ({details}); resuming "
                            "would mix them. Use another out= or delete the folder", field="out")
+        if saved_instances is None:  # a folder from before instance hashes: it resumes, as it did, and says so
+            print(f"fic eval: {path} predates instance hashes: the data could not be checked against the "
+                  "conversations already played; it is recorded now", file=sys.stderr, flush=True)
+            write_json(path, {**saved, "instances": wanted_instances})
+            return
         problem = _instances_changed(saved_instances, wanted_instances)
         if problem is not None:
             raise FicError(f"cannot resume in this folder: {problem}; resuming would mix them. Use another out= "
@@ -216,13 +240,20 @@ def check_resume(out: Path, cfg: EvalConfig, instances: list[Instance]) -> None:
 # --------------------------------------------------------------------------- data and backends
 
 def load_instances(cfg: EvalConfig) -> tuple[list[Instance], dict]:
-    """The instances to play, sharded where needed; and counts of what was skipped and why.
+    """The instances to play, sharded where needed; and counts of what was skipped and why."""
+    instances, skipped, _ = load_instances_and_origins(cfg)
+    return instances, skipped
+
+
+def load_instances_and_origins(cfg: EvalConfig) -> tuple[list[Instance], dict, list[dict]]:
+    """`load_instances`, and where each hf: source's instances came from (repository, revision,
+    split, mapping) for metrics.json.
 
     Unsharded instances are rule-sharded whatever the views, so that a full-view run and a
     sharded run of one source evaluate the same instances (one can be the other's baseline).
     A full-view run keeps instances of tasks that have no rule sharder as they are."""
     multi_turn = any(view != "full" for view in cfg.views)
-    instances, skipped = [], Counter()
+    instances, skipped, origins = [], Counter(), []
     for loaded in load_sources(cfg.data):
         as_is = [] if multi_turn else [i for i in loaded.instances
                                        if not i.is_sharded and not tasks.get(i.task).rule_sharder]
@@ -231,9 +262,12 @@ def load_instances(cfg: EvalConfig) -> tuple[list[Instance], dict]:
         instances += sorted(kept + as_is, key=lambda i: order[i.task_id])
         skipped.update(reason for _, reason in dropped)
         skipped.update({f"task {name!r} is not a FiC task": n for name, n in loaded.unknown_tasks.items()})
+        skipped.update(loaded.skipped)
+        if loaded.origin is not None:
+            origins.append(loaded.origin)
     if not instances:
         raise FicError(f"no instance could be sharded ({dict(skipped)})", field="data.source")
-    return instances, dict(skipped)
+    return instances, dict(skipped), origins
 
 
 def _backend_cache(cfg: EvalConfig, given: dict) -> dict:
@@ -307,9 +341,12 @@ def check_baseline(baseline: dict, cfg: EvalConfig, instances: list[Instance]) -
                            f"{len(extra)} there only; {example}); evaluate both runs on the same data",
                            path=path, field="baseline")
     saved = (baseline.get("settings") or {}).get("scoring") or {}
-    differ = [key for key in SCORING_KEYS if saved.get(key) != getattr(cfg, key)]
+    def theirs_of(key: str) -> Any:
+        return saved.get(key, SCORING_DEFAULTS.get(key))
+
+    differ = [key for key in SCORING_KEYS if theirs_of(key) != getattr(cfg, key)]
     if differ:
-        details = "; ".join(f"{key}: {saved.get(key)!r} there, {getattr(cfg, key)!r} here" for key in differ)
+        details = "; ".join(f"{key}: {theirs_of(key)!r} there, {getattr(cfg, key)!r} here" for key in differ)
         raise FicError(f"the baseline was scored under other settings ({details}); use the same ones",
                        path=path, field="baseline")
 
@@ -331,7 +368,7 @@ def evaluate(cfg: EvalConfig, *, assistant: Any = None, user_backend: Any = None
 def _evaluate(cfg: EvalConfig, out: Path, assistant: Any, user_backend: Any, classifier_backend: Any,
               judge_backend: Any, progress: bool) -> dict:
     baseline = read_baseline(cfg.baseline) if cfg.baseline else None
-    instances, skipped = load_instances(cfg)
+    instances, skipped, origins = load_instances_and_origins(cfg)
     if baseline is not None:
         check_baseline(baseline, cfg, instances)  # before any model loads
     runs_code = any(tasks.get(name).runs_code for name in {i.task for i in instances})
@@ -346,7 +383,7 @@ def _evaluate(cfg: EvalConfig, out: Path, assistant: Any, user_backend: Any, cla
     log_path = out / LOG_NAME
     done = {(r["task_id"], r["view"], r["run"]): r for r in read_log(log_path)}
     conversations = make_conversations(instances, cfg.views, cfg.runs, view_seed=cfg.seed, skip=set(done),
-                                       max_idle_turns=cfg.user.max_idle_turns)
+                                       max_idle_turns=cfg.user.max_idle_turns, prompts=cfg.prompts)
     total = len(instances) * len(cfg.views) * cfg.runs
     if conversations:
         backends = _backend_cache(cfg, {"assistant": assistant, "user": user_backend,
@@ -368,12 +405,13 @@ def _evaluate(cfg: EvalConfig, out: Path, assistant: Any, user_backend: Any, cla
         def step(number: int, active: int) -> None:
             bar.update(0, turn=number + 1, active=active)
 
+        max_context = _max_context(backends["assistant"])
         judged = [task for task in {tasks.get(i.task) for i in instances} if task.needs_judge]
         try:
             for task in judged:  # the run's judge, handed to the tasks for this run only
                 task.judge = backends["judge"]
             play(conversations, backends["assistant"], user, classifier, params, batch_size=cfg.batch_size,
-                 stop_at_correct=cfg.stop_at_correct, seed=cfg.seed, max_context=_max_context(backends["assistant"]),
+                 stop_at_correct=cfg.stop_at_correct, seed=cfg.seed, max_context=max_context,
                  on_finish=finished, on_step=step)
         except FicError as err:  # e.g. the server went away for good: say that nothing finished is lost
             saved = total - sum(1 for conv in conversations if not conv.done)
@@ -392,21 +430,39 @@ def _evaluate(cfg: EvalConfig, out: Path, assistant: Any, user_backend: Any, cla
     metrics["instances"] = instance_ids(instances)
     metrics["baseline_source"] = baseline["path"] if baseline is not None else None
     metrics["skipped_instances"] = skipped
+    # Conversations that ended because the next prompt plus a reply would not fit the engine.
+    metrics["context_full"] = sum(1 for r in records if r.get("stop_reason") == "context_full")
+    # What a task's score does not measure in this run (database without Spider databases).
+    judged = bool(cfg.judge.model) or judge_backend is not None
+    metrics["scoring_caveats"] = {task: caveats for task in sorted({i.task for i in instances})
+                                  if (caveats := tasks.get(task).scoring_caveats(judged))}
+    if origins:
+        metrics["data_origins"] = origins
     metrics["sandbox"] = sandboxed
     metrics["settings"] = {"model": cfg.model.model, "source": cfg.data.source, "task": cfg.data.task,
                            "views": cfg.views, "runs": cfg.runs, "temperature": cfg.temperature,
+                           "prompts": cfg.prompts,
                            "user": cfg.user.kind, "classifier": cfg.classifier.kind,
                            "stop_at_correct": cfg.stop_at_correct, "max_new_tokens": cfg.max_new_tokens,
                            "scoring": scoring_settings(cfg)}
     write_json(out / METRICS_NAME, metrics)
-    write_report(out, metrics)
+    write_report(out, metrics, records)
     return metrics
 
 
 def _max_context(backend: Any) -> int | None:
-    config = getattr(getattr(backend, "model", None), "config", None)
-    value = getattr(config, "max_position_embeddings", None)
-    return int(value) if isinstance(value, int) else None
+    """The most tokens (prompt and reply) the assistant's engine takes, for every backend: a vLLM
+    engine's `max_model_len` (the one it was started with, else the model's own), a
+    transformers model's `max_position_embeddings`, None where it is unknown (an HTTP endpoint).
+    A conversation whose next prompt plus `max_new_tokens` would not fit ends as context-full
+    (LiC) instead of aborting the run (vLLM refuses a prompt over its limit)."""
+    engine = getattr(getattr(backend, "llm", None), "llm_engine", None)
+    limits = (getattr(getattr(engine, "model_config", None), "max_model_len", None),
+              getattr(getattr(getattr(backend, "model", None), "config", None), "max_position_embeddings", None))
+    for value in limits:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
 
 
 # --------------------------------------------------------------------------- CLI
@@ -441,6 +497,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"sharded/full of this run: {_fmt(metrics['sharded_over_full'], 3)}   (no recovery rate without "
               "baseline=<the base model's run>)")
+    if metrics["context_full"]:
+        print(f"{metrics['context_full']} conversation(s) ended with a full context (the model's context length "
+              "could not take the next prompt and a reply; stop_reason context_full in conversations.jsonl)")
     print(f"{metrics['conversations']} conversations, {elapsed:.0f} s")
     print(f"report: {Path(cfg.out) / REPORT_NAME}")
     return 0

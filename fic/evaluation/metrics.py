@@ -22,6 +22,10 @@ multi-turn views two measures of when the assistant answers:
 
 - premature-answer rate (FiC): the share of conversations whose first answer attempt came
   before the user had revealed every shard;
+- first-answer accuracy (FiC, 0..100 like P): the score of a conversation's first answer
+  attempt (0 when it never answers), averaged like P. LiC's P stops at the first correct answer,
+  so a model that answers early and again later is credited for the later answer; a real
+  tool call or a submitted query costs what the first one does, which this measures;
 - answer-timing bins (LiC): each conversation falls in the bin of its first answer attempt,
   by the share of the conversation's shards revealed at that point: `first` (at most 1/3),
   `middle` (at most 2/3), `last` (more than 2/3, including after the last shard) or `never`;
@@ -85,6 +89,15 @@ def _turn_profile(records: list[dict]) -> dict:
     }
 
 
+def first_answer_score(record: dict) -> float:
+    """The score (0..1) of the first answer attempt of a conversation record; 0 when none was
+    scored. Single-turn replies are scored always (label `not_classified`)."""
+    for turn in record["turns"]:
+        if turn.get("label") in ("answer_attempt", "not_classified") and turn.get("score") is not None:
+            return float(turn["score"])
+    return 0.0
+
+
 def timing_bin(record: dict) -> str:
     """The answer-timing bin of one conversation (see the module docstring)."""
     if record.get("first_answer_turn") is None:
@@ -106,11 +119,14 @@ def answer_timing(records: list[dict]) -> dict:
 def group_metrics(records: list[dict], view: str) -> dict:
     """Every figure for the conversations of one (task, view)."""
     by_instance: dict[str, list[float]] = defaultdict(list)
+    first: dict[str, list[float]] = defaultdict(list)
     for record in records:
         by_instance[record["task_id"]].append(float(record["score"]))
+        first[record["task_id"]].append(first_answer_score(record))
     per_instance = [instance_stats(scores) for scores in by_instance.values()]
     spread = all(len(scores) >= MIN_RUNS_FOR_SPREAD for scores in by_instance.values())
-    out: dict[str, Any] = {"P": _mean(s["P"] for s in per_instance)}
+    out: dict[str, Any] = {"P": _mean(s["P"] for s in per_instance),
+                           "first_answer_accuracy": _mean(100.0 * _mean(v) for v in first.values())}
     out.update({name: _mean(s[name] for s in per_instance) if spread else None for name in ("A90", "U90_10")})
     labels: dict[str, int] = defaultdict(int)
     for record in records:
@@ -160,7 +176,7 @@ def summarize(records: list[dict], baseline: dict | None = None) -> dict:
     for view in views:
         rows = [tasks[t][view] for t in tasks if view in tasks[t]]
         overall[view] = {name: _mean(r[name] for r in rows if r[name] is not None)
-                         for name in ("P", "generated_tokens_per_conversation", "context_tokens_per_conversation",
+                         for name in ("P", "first_answer_accuracy", "generated_tokens_per_conversation", "context_tokens_per_conversation",
                                       "turns_per_conversation", "premature_answer_rate")}
         for name in ("A90", "U90_10"):  # across tasks only when every task has it
             overall[view][name] = None if any(r[name] is None for r in rows) else _mean(r[name] for r in rows)

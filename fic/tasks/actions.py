@@ -28,6 +28,7 @@ from typing import Any
 
 from fic.core.instance import Instance
 from fic.core.parsing import NUMBER, number_values
+from fic.tasks import lic_prompts
 from fic.tasks.base import ErrorFactory, Task
 from fic.tasks.calls import (
     Call,
@@ -36,7 +37,7 @@ from fic.tasks.calls import (
     format_calls,
     reference_calls,
 )
-from fic.tasks.labels import label_reply
+from fic.tasks.labels import framed_as_template, is_placeholder, label_reply
 
 SYSTEM_PROMPT = (
     "You are an assistant that calls functions. Given a request and the functions below, reply with "
@@ -176,8 +177,10 @@ class ActionsTask(Task):
             if not isinstance(params, dict) or not all(isinstance(v, list) and v for v in params.values()):
                 raise error("expected each parameter to map to a non-empty list of accepted values", where)
 
-    def system_prompt_for(self, instance: Instance | dict) -> str:
+    def system_prompt_for(self, instance: Instance | dict, prompts: str = "fic") -> str:
         fields = self._instance(instance).fields
+        if prompts == "lic":  # LiC formats the tool list as Python prints it (`"{}".format(...)`)
+            return lic_prompts.fill(lic_prompts.ACTIONS_SYSTEM, FUNCTIONS=str(fields["function"]))
         # The tools are most of the prompt, and every turn carries them: compact JSON, one tool a
         # line (LiC's data), or Python-style signatures at about 40% of the tokens where the
         # instance asks for them (`tool_format: signature`, FiC's generated data).
@@ -185,8 +188,10 @@ class ActionsTask(Task):
             (lambda f: json.dumps(f, ensure_ascii=False, separators=(",", ":")))
         return SYSTEM_PROMPT + "\n".join(show(f) for f in fields["function"])
 
-    def full_prompt(self, instance: Instance | dict) -> str:
+    def full_prompt(self, instance: Instance | dict, prompts: str = "fic") -> str:
         first_turn = self._instance(instance).fields["fully_specified_question"][0]
+        if prompts == "lic":  # LiC takes the first message of BFCL's first turn
+            return lic_prompts.fill(lic_prompts.ACTIONS_FULL, QUESTION=first_turn[0]["content"])
         return next(m["content"] for m in reversed(first_turn) if isinstance(m, dict) and m.get("role") == "user")
 
     # ------------------------------------------------------------------ answers
@@ -258,12 +263,19 @@ class ActionsTask(Task):
 
     def rule_label(self, reply: str, user_texts: list[str]) -> str:
         """An answer attempt when the reply makes a call: one with a named argument, or a call
-        list in the asked form (`[get_time()]`). A function only named in prose ("use `len()`",
-        "should I use get_weather()?") is no attempt, and without a call nothing is: a date or
-        an amount stated in prose commits to no call."""
+        list in the asked form (`[get_time()]`). Not one: a function only named in prose ("use
+        `len()`", "should I use get_weather()?"), a call suggested in a sentence ("You could call
+        get_weather(city="Paris")"), a call with slots to fill (`date="YYYY-MM-DD"`,
+        `city="<city>"`, `city=city`), or one presented as an example or as what the call will be
+        once the user says more (`fic.tasks.labels.framed_as_template`). Without a call nothing
+        is an attempt: a date or an amount stated in prose commits to no call."""
         text = (reply or "").strip()
         calls = find_calls(text)
         made = calls is not None and (any(c.args for c in calls) or CALL_LIST.search(text) is not None)
+        if made:
+            start = _call_start(text, calls[0].name)
+            made = not (any(is_placeholder(v) or _names_itself(k, v) for c in calls for k, v in c.args.items())
+                        or framed_as_template(text, start) or SUGGESTION.search(_line_before(text, start)))
         return label_reply(text, made)
 
     # ------------------------------------------------------------------ SFT-corpus replies
@@ -342,6 +354,31 @@ class ActionsTask(Task):
         if self.score(format_calls(calls), instance) >= 1.0:
             calls.append(Call(calls[0].name, dict(calls[0].args)))  # one call too many is never right
         return frame.format(call=format_calls(calls))
+
+
+# A call written inside a sentence that suggests or supposes it ("You could call f(x=1)",
+# "I would use f(x=1)") rather than making it.
+SUGGESTION = re.compile(r"\b(?:could|can|might|may|would|should|you|if|like|such as|using|use)\b", re.IGNORECASE)
+
+
+def _call_start(text: str, name: str) -> int:
+    """Where the last mention of `name(` starts in `text` (its `[` when it opens a call list)."""
+    starts = [m.start() for m in re.finditer(rf"(?<![\w.]){re.escape(name)}\s*\(", text)]
+    if not starts:
+        return 0
+    start = starts[-1]
+    return start - 1 if start and text[start - 1] == "[" else start
+
+
+def _line_before(text: str, start: int) -> str:
+    """The words before `start` on its line, after the last sentence end or colon."""
+    line = text[text.rfind("\n", 0, start) + 1:start]
+    return re.split(r"[.!?:]", line)[-1]
+
+
+def _names_itself(param: str, value: Any) -> bool:
+    """`city=city`: a bare name equal to the parameter's name, a slot rather than a value."""
+    return isinstance(value, str) and value.strip().lower() == param.lower()
 
 
 def _guess(prop: dict, given: list, rng: random.Random) -> Any:

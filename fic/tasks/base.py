@@ -27,11 +27,15 @@ from typing import Any, Callable
 from fic.core.errors import FicError
 from fic.core.instance import Instance, as_instance
 from fic.core.parsing import NUMBER, number_values
-from fic.tasks.deferrals import DEFERRALS
+from fic.tasks.deferrals import DEFERRALS, choose_fresh
 from fic.tasks.labels import rule_label
 from fic.tasks.sharding import ShardingError
 
 ErrorFactory = Callable[..., FicError]  # error(message, field) -> FicError naming file and record
+
+# How a task words its prompts: `fic`, FiC's own; `lic`, Lost in Conversation's verbatim
+# (`fic.tasks.lic_prompts`). One code path: every rendering method takes the style.
+PROMPT_STYLES = ("fic", "lic")
 
 GENERIC_ASKS = (
     "What else should I know?",
@@ -72,8 +76,8 @@ class Task:
             if not shard.shard.strip():
                 raise error(f"expected non-empty text, got {shard.shard!r}", f"shards[{index}].shard")
 
-    def full_prompt(self, instance: Instance | dict) -> str:
-        """The original, fully specified single-turn instruction."""
+    def full_prompt(self, instance: Instance | dict, prompts: str = "fic") -> str:
+        """The original, fully specified single-turn instruction (the full view's user turn)."""
         raise NotImplementedError
 
     def concat_prompt(self, shard_texts: list[str]) -> str:
@@ -82,9 +86,10 @@ class Task:
 
     # ------------------------------------------------------------------ per-instance rendering
     # The defaults fit tasks whose shards are plain sentences; tasks whose prompts carry a schema,
-    # documents or framing override them.
+    # documents or framing override them. `prompts` is the style (`PROMPT_STYLES`): FiC's own
+    # wording, or Lost in Conversation's verbatim.
 
-    def system_prompt_for(self, instance: Instance | dict) -> str:
+    def system_prompt_for(self, instance: Instance | dict, prompts: str = "fic") -> str:
         """The system prompt of one instance (database puts its schema here)."""
         return self.system_prompt
 
@@ -92,18 +97,35 @@ class Task:
         """What each shard tells, in shard order (summary renders the documents a shard points to)."""
         return instance.shard_texts
 
-    def sharded_turns(self, instance: Instance) -> list[str]:
+    def sharded_turns(self, instance: Instance, prompts: str = "fic") -> list[str]:
         """The user turns of the sharded view, one per shard, as Lost in Conversation sends them."""
         return self.shard_contents(instance)
 
-    def concat_turn(self, instance: Instance, contents: list[str]) -> str:
-        """The one user turn of the concat views, from shard contents in the order given."""
-        return self.concat_prompt(contents)
+    def concat_turn(self, instance: Instance, contents: list[str], prompts: str = "fic") -> str:
+        """The one user turn of the concat views, from shard contents in the order given. LiC's
+        concat list keeps the newline after its last bullet."""
+        return self.concat_prompt(contents) + ("\n" if prompts == "lic" else "")
+
+    def shards_in_order(self, instance: Instance, contents: list[str]) -> list:
+        """The instance's shards in the order of `contents` (shard contents, perhaps shuffled), for
+        prompts that name a shard by its id (LiC's data2text hints)."""
+        left = list(zip(self.shard_contents(instance), instance.shards))
+        ordered = []
+        for text in contents:
+            index = next(i for i, (content, _) in enumerate(left) if content == text)
+            ordered.append(left.pop(index)[1])
+        return ordered
 
     def scored(self, text: str, instance: Instance | dict) -> tuple[float, str | None]:
         """`score` plus why a reply scored 0 when the reason is not just a wrong answer (code that
         timed out, SQL that was refused, no judge configured); the simulator logs the note."""
         return float(self.score(text, instance)), None
+
+    def scoring_caveats(self, judged: bool = False) -> list[str]:
+        """What this task's scores do not measure as set up now (database without Spider
+        databases; summary without a judge, `judged` telling whether the run has one), one
+        sentence each; `fic eval` writes them to `metrics.json` and the report."""
+        return []
 
     def extract_answer(self, text: str) -> str | None:
         """The answer part of a reply, or None when the reply holds no answer."""
@@ -173,6 +195,24 @@ class Task:
         when no honest question can be made (the corpus then uses `generic_asks`). `instance`
         is there for tasks whose details are named by a schema (function parameters)."""
         return None
+
+    def early_reply(self, next_turn: str, revealed: set, rng: random.Random, instance: Instance, *, ask: bool,
+                    used: set[str]) -> tuple[str, bool]:
+        """What the assistant says while information is missing: with `ask`, a question for what
+        `next_turn` tells (`ask_for`), else or when no honest question can be made a pool phrasing
+        (`generic_asks` or `deferrals`, one not yet in `used`); and whether it names the detail.
+        It never holds a value the user has not given (`leak`): a pool phrasing that did would be
+        a bug, raised, never a silent leak."""
+        text = self.ask_for(next_turn, revealed, rng, instance) if ask else None
+        if text is not None and self.leak(text, revealed, instance):
+            text = None  # e.g. a revealed number equal to the answer: ask generically instead
+        specific = text is not None
+        if text is None:
+            text = choose_fresh(rng, self.generic_asks if ask else self.deferrals, used)
+        reason = self.leak(text, revealed, instance)
+        if reason:
+            raise AssertionError(f"pool reply {text!r} {reason}")
+        return text, specific
 
     def premature_reply(self, revealed_texts: list[str], instance: Instance, rng: random.Random) -> str:
         """A plausible wrong answer given too early, from what was revealed so far; it must not

@@ -33,8 +33,9 @@ from fic.core.errors import FicError
 from fic.core.instance import Instance, Shard
 from fic.core.parsing import number_values
 from fic.core.seeding import pick
+from fic.tasks import lic_prompts
 from fic.tasks.base import ErrorFactory, Task
-from fic.tasks.labels import label_reply
+from fic.tasks.labels import framed_as_template, label_reply
 from fic.tasks.sandbox import Limits, plain_pickle_loads, run_python
 from fic.tasks.sharding import ShardingError, split_sentences
 
@@ -224,6 +225,27 @@ def _top_level_functions(code: str) -> list[str] | None:
             or (isinstance(node, ast.ClassDef) and node.name == "Solution")]
 
 
+def _only_stubs(code: str) -> bool:
+    """Whether every top-level function of `code` has an empty body: only a docstring, `pass`,
+    `...` or `raise NotImplementedError` (a template, not a solution)."""
+    tree = parse_python(code)
+    if tree is None:
+        return False
+
+    def empty(statement: ast.stmt) -> bool:
+        if isinstance(statement, ast.Pass):
+            return True
+        if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant):
+            return statement.value.value is Ellipsis or isinstance(statement.value.value, str)
+        if isinstance(statement, ast.Raise) and statement.exc is not None:
+            exc = statement.exc.func if isinstance(statement.exc, ast.Call) else statement.exc
+            return isinstance(exc, ast.Name) and exc.id == "NotImplementedError"
+        return False
+
+    functions = [node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    return bool(functions) and all(all(empty(statement) for statement in f.body) for f in functions)
+
+
 def extract_code(text: str) -> str | None:
     """The reply's solution: the last Python code block that parses and defines a top-level
     function; without code blocks, the text from its first `def`/`import` line on."""
@@ -243,6 +265,23 @@ def extract_code(text: str) -> str | None:
         if _top_level_functions(code):
             return code
     return None
+
+
+def _humaneval(fields: dict) -> bool:
+    """Whether an instance is HumanEval-derived (LiC: `source` humaneval; FiC: it has a `prompt`),
+    not LiveCodeBench's."""
+    source = fields.get("source")
+    if source in ("lcb_easy", "lcb_medium", "humaneval"):
+        return source == "humaneval"
+    return isinstance(fields.get("prompt"), str) and bool(fields["prompt"].strip())
+
+
+def _lcb_prompt(fields: dict, question: str) -> str:
+    """LiC's LiveCodeBench prompt: the question, the starter code (or a placeholder) to complete."""
+    starter = fields.get("starter_code") or lic_prompts.LCB_NO_STARTER
+    return lic_prompts.fill(lic_prompts.LCB_FULL, QUESTION=question,
+                            FORMATTING_PREAMBLE=lic_prompts.LCB_FORMATTING_PREAMBLE,
+                            FORMATTING=f"```python\n{starter}\n```")
 
 
 def _prelude(prompt: str, func_name: str) -> str:
@@ -293,16 +332,29 @@ class CodeTask(Task):
 
     # ------------------------------------------------------------------ prompts
 
-    def full_prompt(self, instance: Instance | dict) -> str:
+    def system_prompt_for(self, instance: Instance | dict, prompts: str = "fic") -> str:
+        return lic_prompts.CODE_SYSTEM if prompts == "lic" else self.system_prompt  # LiC: LCB's for all
+
+    def full_prompt(self, instance: Instance | dict, prompts: str = "fic") -> str:
         fields = self._instance(instance).fields
+        if prompts == "lic":
+            if _humaneval(fields):
+                return lic_prompts.fill(lic_prompts.HUMANEVAL_FULL, INSTRUCTION=lic_prompts.fill(
+                    lic_prompts.HUMANEVAL_INSTRUCTION, PROMPT=fields["prompt"]))
+            return _lcb_prompt(fields, fields["question_content"])
         if isinstance(fields.get("prompt"), str) and fields["prompt"].strip():
             return f"Complete the following function:\n```python\n{fields['prompt'].strip()}\n```"
         starter = (fields.get("starter_code") or "").strip()
         tail = f"\n\nStart from this code:\n```python\n{starter}\n```" if starter else ""
         return fields["question_content"].strip() + tail
 
-    def concat_turn(self, instance: Instance, contents: list[str]) -> str:
+    def concat_turn(self, instance: Instance, contents: list[str], prompts: str = "fic") -> str:
         first, *rest = contents
+        if prompts == "lic":  # shard 1 as the instruction, then the others as bullets
+            query = first + "\n" + "".join(f"- {text}\n" for text in rest)
+            if _humaneval(instance.fields):
+                return lic_prompts.fill(lic_prompts.HUMANEVAL_FULL, INSTRUCTION=query)
+            return _lcb_prompt(instance.fields, query)
         return first + ("\n" + self.concat_prompt(rest) if rest else "")
 
     # ------------------------------------------------------------------ answers
@@ -370,7 +422,14 @@ class CodeTask(Task):
         return shard_docstring(instance, seed=seed)  # HumanEval docstrings: the signature, then one sentence a shard
 
     def rule_label(self, reply: str, user_texts: list[str]) -> str:
-        return label_reply(reply, extract_code(reply or "") is not None)
+        """An answer attempt when the reply holds a function the scorer would run, unless every
+        top-level function is a stub (`pass`, `...`, `raise NotImplementedError`: a signature
+        to agree on, not a solution) or the words before the code present it as an example or
+        as what the code will be once the user says more."""
+        text = reply or ""
+        code = extract_code(text)
+        committed = code is not None and not _only_stubs(code) and not framed_as_template(text, max(text.find(code), 0))
+        return label_reply(text, committed)
 
     @property
     def generic_asks(self) -> tuple[str, ...]:  # type: ignore[override]

@@ -34,9 +34,10 @@ from typing import Any, Iterator
 from fic.core.errors import FicError
 from fic.core.instance import Instance
 from fic.core.parsing import number_values
+from fic.tasks import lic_prompts
 from fic.tasks.base import ErrorFactory, Task
 from fic.tasks.code import code_blocks
-from fic.tasks.labels import label_reply
+from fic.tasks.labels import framed_as_template, is_placeholder, label_reply
 from fic.tasks.sandbox import SQLLimits, run_sql
 
 DB_DIR_VARIABLE = "FIC_SPIDER_DBS"
@@ -135,6 +136,28 @@ def _mappings(options: list[list[int]], chosen: list[int]) -> Iterator[list[int]
             yield from _mappings(options, chosen + [j])
 
 
+QUOTED = re.compile(r"'(?:[^']|'')*'|\"[^\"]*\"")
+PROSE = re.compile(r"(?-i:\bI\b)|\b(?:you|your|we|me|my|please)\b", re.IGNORECASE)
+SLOTS = re.compile(r"\?|(?<![\w:]):[A-Za-z_]\w*|<[A-Za-z_][\w ]*>|\.\.\.|…|\{\w*\}|"
+                   r"\b(?:table_name|column_name|column_\d|col\d|some_\w+|your_\w+)\b|\bfrom\s+table\b",
+                   re.IGNORECASE)
+
+
+def _reads_as_sql(query: str) -> bool:
+    """Whether a statement that starts with SELECT/WITH is SQL and not a sentence: no pronouns
+    outside its quotes, and a FROM clause unless it is a short `SELECT <expression>`."""
+    bare = QUOTED.sub("''", query)
+    if PROSE.search(bare.replace("'", " ")):
+        return False
+    return re.search(r"\bfrom\b", bare, re.IGNORECASE) is not None or len(bare.split()) <= 4
+
+
+def _has_slots(query: str) -> bool:
+    """Placeholders in a query: `?`, `:name`, `<country>`, `...`, `table_name`, or a quoted slot."""
+    literals = [m.group(0)[1:-1] for m in QUOTED.finditer(query)]
+    return SLOTS.search(QUOTED.sub("''", query)) is not None or any(is_placeholder(v) for v in literals)
+
+
 _built: dict[str, Path] = {}
 
 
@@ -192,15 +215,38 @@ class DatabaseTask(Task):
                            field="db_id")
         return paths, False
 
+    def scoring_caveats(self, judged: bool = False) -> list[str]:
+        if self.folder() is not None:
+            return []
+        return [f"no Spider databases ({DB_DIR_VARIABLE} unset): each database is built from schema_sql with no "
+                "rows, so any query that runs and returns the reference's number of columns scores 1; P measures "
+                "runnable SQL, not correct SQL"]
+
     # ------------------------------------------------------------------ prompts
 
-    def system_prompt_for(self, instance: Instance | dict) -> str:
-        schema = self._instance(instance).fields["schema_sql"].strip()
+    def system_prompt_for(self, instance: Instance | dict, prompts: str = "fic") -> str:
+        fields = self._instance(instance).fields
+        if prompts == "lic":
+            return lic_prompts.fill(lic_prompts.DATABASE_SYSTEM, SCHEMA=fields["schema_sql"])
+        schema = fields["schema_sql"].strip()
         return (f"{self.system_prompt} The database has this schema:\n\n{schema}\n\n"
                 "When you answer, give one SQL query in a ```sql code block.")
 
-    def full_prompt(self, instance: Instance | dict) -> str:
-        return self._instance(instance).fields["fully_specified_question"]
+    def full_prompt(self, instance: Instance | dict, prompts: str = "fic") -> str:
+        fields = self._instance(instance).fields
+        if prompts == "lic":  # LiC's full and concat views repeat the schema in the user turn
+            return self._lic_query(fields, fields["fully_specified_question"])
+        return fields["fully_specified_question"]
+
+    def concat_turn(self, instance: Instance, contents: list[str], prompts: str = "fic") -> str:
+        bullets = super().concat_turn(instance, contents, prompts)
+        if prompts == "lic":
+            return self._lic_query(instance.fields, lic_prompts.DATABASE_CONCAT_HEADER + bullets)
+        return bullets
+
+    @staticmethod
+    def _lic_query(fields: dict, query: str) -> str:
+        return lic_prompts.fill(lic_prompts.DATABASE_FULL, DATABASE_SCHEMA=fields["schema_sql"], USER_QUERY=query)
 
     # ------------------------------------------------------------------ answers
 
@@ -239,7 +285,15 @@ class DatabaseTask(Task):
     # ------------------------------------------------------------------ classifying and SFT replies
 
     def rule_label(self, reply: str, user_texts: list[str]) -> str:
-        return label_reply(reply, extract_sql(reply or "") is not None)
+        """An answer attempt when the reply holds a query the scorer would run, unless it is
+        prose that starts like one ("Select the columns you need and I'll write it."), has
+        slots to fill (`?`, `:name`, `<country>`, `...`, `table_name`), or the words before it
+        present it as an example or as what the query will be once the user says more."""
+        text = reply or ""
+        query = extract_sql(text)
+        committed = query is not None and _reads_as_sql(query) and not _has_slots(query) \
+            and not framed_as_template(text, max(text.find(query[:40]), 0))
+        return label_reply(text, committed)
 
     @property
     def generic_asks(self) -> tuple[str, ...]:  # type: ignore[override]

@@ -222,6 +222,14 @@ def _fronted(text: str, mention: re.Match) -> str | None:
     return f"{phrase} {_lower_first(clause)}"
 
 
+def choose_fresh(rng: random.Random, pool: tuple[str, ...], used: set[str]) -> str:
+    """A phrasing of `pool` not yet in `used` (repeats only once the pool is spent); marks it used."""
+    fresh = [p for p in pool if p not in used] or list(pool)
+    choice = fresh[rng.randrange(len(fresh))]
+    used.add(choice)
+    return choice
+
+
 def _pick(rng: random.Random, options: tuple[str, ...]) -> str:
     return options[rng.randrange(len(options))]
 

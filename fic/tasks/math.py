@@ -24,6 +24,7 @@ from typing import Any
 
 from fic.core.instance import Instance
 from fic.core.parsing import NUMBER, as_fraction, clean_number, last_number, number_values
+from fic.tasks import lic_prompts
 from fic.tasks.base import ErrorFactory, Task
 from fic.tasks.deferrals import (
     GENERIC_ASKS,
@@ -109,8 +110,17 @@ class MathTask(Task):
             raise error("expected a solution ending in '#### <number>', found no number after '####'",
                         "answer")
 
-    def full_prompt(self, instance: Instance | dict) -> str:
-        return self._instance(instance).fields["question"]
+    def system_prompt_for(self, instance: Instance | dict, prompts: str = "fic") -> str:
+        return lic_prompts.MATH_SYSTEM if prompts == "lic" else self.system_prompt
+
+    def full_prompt(self, instance: Instance | dict, prompts: str = "fic") -> str:
+        question = self._instance(instance).fields["question"]
+        return lic_prompts.fill(lic_prompts.MATH_FULL, QUESTION=question) if prompts == "lic" else question
+
+    def concat_turn(self, instance: Instance, contents: list[str], prompts: str = "fic") -> str:
+        """The bullet list; under LiC's prompts inside its `Q: ... A:` frame, as LiC's concat view."""
+        bullets = super().concat_turn(instance, contents, prompts)
+        return lic_prompts.fill(lic_prompts.MATH_FULL, QUESTION=bullets) if prompts == "lic" else bullets
 
     def extract_answer(self, text: str) -> str | None:
         """The answer span after the last final-answer marker (see the module docstring), else

@@ -31,6 +31,7 @@ from fic.core.errors import FicError
 from fic.core.generation import SamplingParams
 from fic.core.instance import Instance
 from fic.core.parsing import find_json
+from fic.tasks import lic_prompts
 from fic.tasks.base import ErrorFactory, Task
 
 TEXT_ASKS = (
@@ -75,13 +76,26 @@ class Data2TextTask(_TextTask):
         if not isinstance(fields.get("metadata", {}), dict):
             raise error("expected an object of table metadata (page and section titles)", "metadata")
 
-    def full_prompt(self, instance: Instance | dict) -> str:
+    def system_prompt_for(self, instance: Instance | dict, prompts: str = "fic") -> str:
+        return lic_prompts.DATA2TEXT_SYSTEM if prompts == "lic" else self.system_prompt
+
+    def full_prompt(self, instance: Instance | dict, prompts: str = "fic") -> str:
         fields = self._instance(instance).fields
-        context = "\n".join(f"{key}: {value}" for key, value in (fields.get("metadata") or {}).items())
+        metadata = (fields.get("metadata") or {}).items()
+        if prompts == "lic":
+            context = "".join(lic_prompts.fill(lic_prompts.DATA2TEXT_CONTEXT_LINE, KEY=str(key), VALUE=str(value))
+                              for key, value in metadata)
+            return lic_prompts.fill(lic_prompts.DATA2TEXT_FULL, TABLE_HTML=fields["table_highlighted_html"],
+                                    FEWSHOT_DESCRIPTIONS=fields["fewshot_descriptions"], CONTEXT=context)
+        context = "\n".join(f"{key}: {value}" for key, value in metadata)
         return (f"{self.INSTRUCTION}\n\nTable:\n{fields['table_highlighted_html']}\n\n{context}\n\n"
                 f"Examples of descriptions of other tables:\n{fields['fewshot_descriptions']}")
 
-    def concat_turn(self, instance: Instance, contents: list[str]) -> str:
+    def concat_turn(self, instance: Instance, contents: list[str], prompts: str = "fic") -> str:
+        if prompts == "lic":  # LiC's full prompt without table and examples, the hints (by shard id) as context
+            hints = "".join(lic_prompts.fill(lic_prompts.DATA2TEXT_HINT, SHARD_ID=str(shard.shard_id), SHARD=text)
+                            for shard, text in zip(self.shards_in_order(instance, contents), contents))
+            return lic_prompts.fill(lic_prompts.DATA2TEXT_FULL, TABLE_HTML="", FEWSHOT_DESCRIPTIONS="", CONTEXT=hints)
         hints = "\n\n".join(f"Hint {k}:\n{text}" for k, text in enumerate(contents, start=1))
         return f"{self.INSTRUCTION}\n\n{hints}"
 
@@ -114,16 +128,30 @@ class TranslationTask(_TextTask):
         if instance.shards and not instance.shards[0].shard.strip():
             raise error("expected the first chunk of the German document, got empty text", "shards[0].shard")
 
-    def full_prompt(self, instance: Instance | dict) -> str:
-        return ("Translate this German text into English. Reply with the translation only.\n\n"
-                + self._instance(instance).fields["document_de"])
+    def system_prompt_for(self, instance: Instance | dict, prompts: str = "fic") -> str:
+        return lic_prompts.TRANSLATION_SYSTEM if prompts == "lic" else self.system_prompt
 
-    def sharded_turns(self, instance: Instance) -> list[str]:
+    def full_prompt(self, instance: Instance | dict, prompts: str = "fic") -> str:
+        german = self._instance(instance).fields["document_de"]
+        if prompts == "lic":
+            return lic_prompts.fill(lic_prompts.TRANSLATION_FULL, GERMAN_TEXT=german)
+        return "Translate this German text into English. Reply with the translation only.\n\n" + german
+
+    def sharded_turns(self, instance: Instance, prompts: str = "fic") -> list[str]:
         chunks = self.shard_contents(instance)
+        if prompts == "lic":
+            return [lic_prompts.fill(lic_prompts.TRANSLATION_FIRST, CHUNK=chunks[0]),
+                    *(lic_prompts.fill(lic_prompts.TRANSLATION_NEXT, K=str(k), CHUNK=chunk)
+                      for k, chunk in enumerate(chunks[1:], start=2))]
         return [self.FIRST.format(chunk=chunks[0]),
                 *(self.NEXT.format(k=k, chunk=chunk) for k, chunk in enumerate(chunks[1:], start=2))]
 
-    def concat_turn(self, instance: Instance, contents: list[str]) -> str:
+    def concat_turn(self, instance: Instance, contents: list[str], prompts: str = "fic") -> str:
+        if prompts == "lic":
+            document = lic_prompts.TRANSLATION_CONCAT_HEADER + "".join(
+                lic_prompts.fill(lic_prompts.TRANSLATION_CONCAT_CHUNK, K=str(k), CHUNK=text)
+                for k, text in enumerate(contents, start=1))
+            return lic_prompts.fill(lic_prompts.TRANSLATION_FULL, GERMAN_TEXT=document)
         chunks = "\n\n".join(f"Chunk {k}:\n{text}" for k, text in enumerate(contents, start=1))
         return ("Translate these chunks of a German document into English, as one document without the chunk "
                 f"labels. Reply with the translation only.\n\n{chunks}")
@@ -194,16 +222,46 @@ class SummaryTask(_TextTask):
         return self.INSTRUCTION.format(topic=fields["topic"], documents=documents, query=fields["query"],
                                        insights=len(fields["insights"]))
 
-    def full_prompt(self, instance: Instance | dict) -> str:
-        instance = self._instance(instance)
-        return self._prompt(instance, self._documents(instance, [d["document_index"]
-                                                                 for d in instance.fields["documents"]]))
+    def scoring_caveats(self, judged: bool = False) -> list[str]:
+        if judged:
+            return []
+        return ["no judge (judge.model unset): every summary scores 0"]
 
-    def sharded_turns(self, instance: Instance) -> list[str]:
+    def _lic_prompt(self, instance: Instance, documents: str) -> str:
+        fields = instance.fields
+        template = lic_prompts.SUMMARY_FULL_CONV if fields.get("domain") == "conv" else lic_prompts.SUMMARY_FULL_NEWS
+        return lic_prompts.fill(template, TOPIC=fields["topic"], DOCUMENTS=documents, QUERY=fields["query"],
+                                N_DOCS=str(len(fields["documents"])), N_INSIGHTS=str(len(fields["insights"])))
+
+    def _lic_documents(self, instance: Instance, indexes: list[int]) -> str:
+        texts = {d["document_index"]: d["document_text"] for d in instance.fields["documents"]}
+        return "".join(lic_prompts.fill(lic_prompts.SUMMARY_DOCUMENT, INDEX=str(i), TEXT=texts[i]) for i in indexes)
+
+    def system_prompt_for(self, instance: Instance | dict, prompts: str = "fic") -> str:
+        return lic_prompts.SUMMARY_SYSTEM if prompts == "lic" else self.system_prompt
+
+    def full_prompt(self, instance: Instance | dict, prompts: str = "fic") -> str:
+        instance = self._instance(instance)
+        every = [d["document_index"] for d in instance.fields["documents"]]
+        if prompts == "lic":
+            return self._lic_prompt(instance, self._lic_documents(instance, every))
+        return self._prompt(instance, self._documents(instance, every))
+
+    def sharded_turns(self, instance: Instance, prompts: str = "fic") -> list[str]:
+        if prompts == "lic":  # turn k brings shard k's documents (LiC's code sends shard k-1's again)
+            documents = [self._lic_documents(instance, shard.extra.get("doc_idxs") or []) for shard in instance.shards]
+            return [self._lic_prompt(instance, documents[0]),
+                    *(lic_prompts.fill(lic_prompts.SUMMARY_NEXT, DOCUMENTS=d) for d in documents[1:])]
         chunks = self.shard_contents(instance)
         return [self._prompt(instance, chunks[0] + "\n\n"), *(self.NEXT.format(documents=c) for c in chunks[1:])]
 
-    def concat_turn(self, instance: Instance, contents: list[str]) -> str:
+    def concat_turn(self, instance: Instance, contents: list[str], prompts: str = "fic") -> str:
+        if prompts == "lic":
+            documents = lic_prompts.SUMMARY_CONCAT_HEADER + "".join(
+                lic_prompts.fill(lic_prompts.SUMMARY_CONCAT_CHUNK, K=str(k))
+                + self._lic_documents(instance, shard.extra.get("doc_idxs") or [])
+                for k, shard in enumerate(self.shards_in_order(instance, contents), start=1))
+            return self._lic_prompt(instance, documents)
         chunks = "".join(f"Document chunk {k}:\n{text}\n\n" for k, text in enumerate(contents, start=1))
         return self._prompt(instance, "The documents came in chunks; treat them all alike.\n\n" + chunks)
 

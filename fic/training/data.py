@@ -112,17 +112,38 @@ class DataOrder:
 
     The data is read as an endless stream of per-epoch permutations; global micro-step k
     takes the next `micro_batch_size * world` records of the stream, rank r the r-th slice.
+
+    With `lengths` and `bucket` > 0 each epoch's permutation is cut into windows of `bucket`
+    global micro-steps, each window sorted by length and its micro-steps put back in a random
+    order: a micro-batch then holds conversations of similar length, so little of it is
+    padding, while every record is still read once an epoch in an order that is a function of
+    the seed.
     """
 
-    def __init__(self, n: int, micro_batch_size: int, world: int, rank: int, seed: int, shuffle: bool):
+    def __init__(self, n: int, micro_batch_size: int, world: int, rank: int, seed: int, shuffle: bool,
+                 lengths: Sequence[int] | None = None, bucket: int = 0):
         self.n, self.mbs, self.world, self.rank = n, micro_batch_size, world, rank
         self.seed, self.shuffle = seed, shuffle
+        self.lengths = None if lengths is None or not bucket else np.asarray(lengths)
+        self.bucket = bucket
 
     @functools.lru_cache(maxsize=4)
     def _permutation(self, epoch: int) -> np.ndarray:
         if not self.shuffle:
             return np.arange(self.n)
-        return np.random.default_rng([self.seed, epoch]).permutation(self.n)
+        rng = np.random.default_rng([self.seed, epoch])
+        order = rng.permutation(self.n)
+        if self.lengths is None:
+            return order
+        step = self.mbs * self.world
+        window = step * self.bucket
+        out = []
+        for start in range(0, self.n, window):
+            part = order[start:start + window]
+            part = part[np.argsort(self.lengths[part], kind="stable")]
+            groups = [part[i:i + step] for i in range(0, len(part), step)]
+            out += [groups[g] for g in rng.permutation(len(groups))]
+        return np.concatenate(out)
 
     def micro_batch(self, k: int) -> list[int]:
         start = (k * self.world + self.rank) * self.mbs

@@ -37,7 +37,8 @@ import torch
 from fic.core.config import config_to_dict, describe, load_config
 from fic.core.errors import FicError, Terminated, one_line, os_error, terminate_on_sigterm
 from fic.core.files import append_jsonl, lock_folder, write_text
-from fic.core.model import load_model
+from fic.core.model import default_device, fast_bf16, load_model
+from fic.core.plots import save_png
 from fic.core.progress import Progress
 from fic.training.checkpoints import (
     complete_checkpoints,
@@ -47,8 +48,26 @@ from fic.training.checkpoints import (
     save_checkpoint,
 )
 from fic.training.config import OptimSection, RunConfig
+from fic.training.curves import curves_figure, read_metrics, run_kind
 
 KILL_ENV = "FIC_DEBUG_KILL_AFTER_STEP"  # tests: SIGKILL this process after the given step
+
+
+def training_precision(cfg: RunConfig) -> tuple[str | None, str]:
+    """The Accelerator's mixed precision for `cfg` (None: what a launch config says, or none) and a
+    line saying what the run computes in and why."""
+    wanted = cfg.train.mixed_precision
+    if wanted != "auto":
+        return wanted, f"precision: {cfg.model.dtype} weights, mixed_precision={wanted} (set by the recipe)"
+    launched = os.environ.get("ACCELERATE_MIXED_PRECISION")
+    if launched:
+        return None, f"precision: {cfg.model.dtype} weights, mixed_precision={launched} (from the launch config)"
+    if cfg.model.dtype != "auto":
+        return None, f"precision: {cfg.model.dtype} weights and compute (model.dtype={cfg.model.dtype})"
+    reason = fast_bf16(default_device())
+    if reason:
+        return "bf16", f"precision: float32 master weights, bfloat16 autocast ({reason}: bf16 is fast here)"
+    return None, "precision: float32 (no fast bfloat16 on this machine)"
 
 
 def make_accelerator(cfg: RunConfig) -> Any:
@@ -59,13 +78,14 @@ def make_accelerator(cfg: RunConfig) -> Any:
     logging.getLogger("accelerate.checkpointing").setLevel(logging.WARNING)
     logging.getLogger("accelerate.accelerator").setLevel(logging.WARNING)
     logging.getLogger("accelerate.utils.other").setLevel(logging.ERROR)
+    mixed, said = training_precision(cfg)
     accelerator = Accelerator(
-        gradient_accumulation_steps=cfg.train.grad_accum_steps,
-        mixed_precision=None if cfg.train.mixed_precision == "auto" else cfg.train.mixed_precision,
+        gradient_accumulation_steps=cfg.train.grad_accum_steps, mixed_precision=mixed,
         step_scheduler_with_optimizer=False)  # the schedule counts optimizer steps, not steps x processes
     check_accumulation(accelerator, cfg.train.grad_accum_steps)
     if accelerator.is_main_process:  # a second run into `out` fails now; released when the final model is saved
         lock_folder(cfg.out)
+    accelerator.print(said)
     return accelerator
 
 
@@ -102,7 +122,8 @@ def resume_point(cfg: RunConfig, say: Callable[[str], None]) -> tuple[Path | Non
 
 def build_model(cfg: RunConfig, device: str) -> torch.nn.Module:
 
-    model = load_model(cfg.model.path, dtype=cfg.model.dtype, device=device,
+    # The compute precision is the Accelerator's (training_precision).
+    model = load_model(cfg.model.path, dtype=cfg.model.weights_dtype, device=device,
                        trust_remote_code=cfg.model.trust_remote_code)
     model.config.use_cache = False
     if cfg.model.gradient_checkpointing:
@@ -237,13 +258,15 @@ def check_finite_loss(step: int, figures: dict) -> None:
 
 
 class RunLog:
-    """Per-step figures: `metrics.jsonl` (every step, main process), wandb (every
-    `logging.log_every` steps), and progress (`fic.core.progress`): a bar on a terminal, else a plain
+    """Per-step figures: `metrics.jsonl` (every step, main process), `curves.png` beside it
+    (`fic.training.curves`, redrawn every `logging.curves_every_s` seconds and at the end), wandb
+    and TensorBoard (every `logging.log_every` steps: the scalars, the curves as an image, the
+    config and the data card), and progress (`fic.core.progress`): a bar on a terminal, else a plain
     line every `logging.print_every_s` seconds with steps done, rate and time left (a log file or
     batch job would otherwise show nothing for an hour)."""
 
     def __init__(self, cfg: RunConfig, accelerator: Any, steps: int, start: int, run_id: str, *, desc: str,
-                 postfix: Callable[[dict], dict] | None = None):
+                 postfix: Callable[[dict], dict] | None = None, data_card: dict | None = None):
 
         self.cfg, self.steps = cfg, steps
         self.main = accelerator.is_main_process
@@ -251,7 +274,10 @@ class RunLog:
         self.postfix = postfix or (lambda figures: {"loss": f"{figures['loss']:.4f}"})
         self.progress = Progress(steps, desc, "step", initial=start, enabled=self.main and cfg.logging.progress,
                                  every_s=cfg.logging.print_every_s)
+        self.data_card = data_card or {}
         self.tracker = self._start_wandb(run_id) if cfg.logging.wandb and self.main else None
+        self.board = self._start_tensorboard() if cfg.logging.tensorboard and self.main else None
+        self.drawn_at = time.monotonic()
 
     def _start_wandb(self, run_id: str) -> Any:
         os.environ.setdefault("WANDB_MODE", self.cfg.logging.mode)  # offline unless the user says otherwise
@@ -259,7 +285,22 @@ class RunLog:
 
         out = Path(self.cfg.out)
         return wandb.init(project=self.cfg.logging.project, name=self.cfg.logging.run_name or out.name, id=run_id,
-                          resume="allow", dir=str(out), config=config_to_dict(self.cfg))
+                          resume="allow", dir=str(out),
+                          config={**config_to_dict(self.cfg), **({"data_card": self.data_card} if self.data_card else {})})
+
+    def _start_tensorboard(self) -> Any:
+        import yaml
+        from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package (checked at config load)
+
+        board = SummaryWriter(log_dir=str(Path(self.cfg.out) / "tensorboard"))
+        # Markdown text: four spaces make a code block, so the YAML and JSON keep their layout.
+        def block(text: str) -> str:
+            return "".join(f"    {line}\n" for line in text.splitlines())
+
+        board.add_text("config", block(yaml.safe_dump(config_to_dict(self.cfg), sort_keys=False)))
+        if self.data_card:
+            board.add_text("data_card", block(json.dumps(self.data_card, indent=2, default=str)))
+        return board
 
     def step(self, step: int, figures: dict, tables: dict | None = None) -> None:
         check_finite_loss(step, figures)  # on every rank: the loss is reduced over ranks
@@ -267,15 +308,43 @@ class RunLog:
             return
         append_jsonl(self.path, {"step": step, **figures})
         self.progress.update(1, **self.postfix(figures))
-        if self.tracker is not None and (step % self.cfg.logging.log_every == 0 or step == self.steps):
-            self.tracker.log({f"train/{k}": v for k, v in figures.items() if isinstance(v, (int, float))}, step=step)
-            for name, table in (tables or {}).items():
-                import wandb
+        if step % self.cfg.logging.log_every == 0 or step == self.steps:
+            scalars = {f"train/{k}": v for k, v in figures.items()
+                       if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            if self.tracker is not None:
+                self.tracker.log(scalars, step=step)
+                for name, table in (tables or {}).items():
+                    import wandb
 
-                self.tracker.log({name: wandb.Table(columns=table["columns"], data=table["rows"])}, step=step)
+                    self.tracker.log({name: wandb.Table(columns=table["columns"], data=table["rows"])}, step=step)
+            if self.board is not None:
+                for name, value in scalars.items():
+                    self.board.add_scalar(name, value, step)
+        if time.monotonic() - self.drawn_at >= self.cfg.logging.curves_every_s:
+            self.draw(step)
+
+    def draw(self, step: int | None = None) -> None:
+        """Redraw `curves.png` and hand the picture to wandb and TensorBoard."""
+        self.drawn_at = time.monotonic()
+        records = read_metrics(self.path) if self.path.exists() else []
+        if not records:
+            return
+        step = records[-1]["step"] if step is None else step
+        fig = curves_figure(records, title=f"{run_kind(records).upper()} run {Path(self.cfg.out).name}")
+        if self.board is not None:
+            self.board.add_figure("curves", fig, step, close=False)
+        save_png(fig, Path(self.cfg.out) / "curves.png")
+        if self.tracker is not None:
+            import wandb
+
+            self.tracker.log({"curves": wandb.Image(str(Path(self.cfg.out) / "curves.png"))}, step=step)
 
     def close(self, summary: dict | None = None) -> None:
         self.progress.close()
+        if self.main:
+            self.draw()
+        if self.board is not None:
+            self.board.close()
         if self.tracker is not None:
             self.tracker.summary.update(summary or {})
             self.tracker.finish()

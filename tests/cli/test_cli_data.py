@@ -38,6 +38,10 @@ def test_shard_reasoning_gym_then_views(tmp_path, capsys):
     assert "[user 1]" in printed and "[assistant] ..." in printed
     rendered = [json.loads(line) for line in views_out.read_text().splitlines()]
     assert rendered[0]["user_turns"] == [s["shard"] for s in records[0]["shards"]]
+    # LiC's wording on request: its math system prompt and Q: ... A: frame.
+    assert main(["views", "--data", str(out), "--view", "concat", "--prompts", "lic", "--show", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert "[system] As an expert problem solver" in printed and "[user 1] Q: - " in printed and "\nA:" in printed
 
 
 def test_shard_drops_unshardable_with_reasons(tmp_path, capsys):

@@ -109,6 +109,21 @@ def test_premature_answers_and_playing_every_turn(smollm2_tokenizer):
     assert len(again.turns) == 1 and again.stop_reason == "correct" and again.to_record()["premature_answer"]
 
 
+def test_recaps_and_partial_results_are_not_answers_and_do_not_end_a_conversation(smollm2_tokenizer):
+    # Issue 19, item 8: an intermediate value that happens to equal the reference used to end the
+    # conversation as correct. Here the reference is 160 (games), which the assistant reaches as a
+    # partial result while asking for more; only its final answer may be scored.
+    games = Instance("games", "math", [Shard(i + 1, text) for i, text in enumerate(SHARDS)],
+                     {"question": "q", "answer": "4*40 = 160\n#### 160"})
+    replies = iter(["How many years did she play?", "Got it: 4 years.",
+                    "Okay, so she played 4 * 40 = 160 games. What else?", "So she played 160 games in total."])
+    (conv,) = make_conversations([games], ["sharded"], runs=1)
+    play([conv], Scripted(lambda prompt: next(replies), smollm2_tokenizer), VerbatimUser(), RuleClassifier(), PARAMS)
+    assert [t.label for t in conv.turns] == ["clarification", "discussion", "discussion", "answer_attempt"]
+    assert [t.score for t in conv.turns] == [None, None, None, 1.0]
+    record = conv.to_record()
+    assert record["first_answer_turn"] == 3 and record["premature_answer"] is False
+
 def test_max_context_ends_a_conversation_without_an_unanswered_turn(smollm2_tokenizer):
     assistant = Scripted(lambda prompt: "word " * 30, smollm2_tokenizer)
     (conv,) = make_conversations([ara()], ["sharded"], runs=1)

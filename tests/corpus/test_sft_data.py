@@ -181,7 +181,7 @@ def test_data_card_and_files(tmp_path):
     assert info["sources"][0]["spec"] == "reasoning-gym:gsm_symbolic" and info["sources"][0]["loaded"] == 80
     assert kept == 80 - sum(info["sources"][0]["dropped"].values()) >= 72  # a few cannot be sharded
     assert info["conversations"] == len(lines) == kept and info["seed"] == 3
-    kinds = {k: sum(r["kind"] == k for r in lines) for k in ("deferral", "recovery", "single_turn")}
+    kinds = {k: sum(r["kind"] == k for r in lines) for k in ("deferral", "recovery", "single_turn", "partial")}
     assert info["conversations_by_kind"] == kinds
     replies = [k for r in lines for k in r["reply_kinds"]]
     for kind in ("defer", "ask", "premature", "answer"):
@@ -334,3 +334,37 @@ def test_cli_writes_the_corpus_and_reports_bad_input(tmp_path, capsys):
     assert out.exists() and card_paths(out)[0].exists() and card_paths(out)[1].exists()
     assert main(["sft-data", "--config", str(recipe), "single_turn_share=0.9"]) == 2
     assert "single_turn_share + recovery_share" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("source,task", [("reasoning-gym:gsm_symbolic", "math"), ("actions-gen:train", "actions")])
+def test_partial_single_turn_requests_ask_for_what_is_missing_and_name_no_value_not_given(source, task):
+    """A partial request is the first k < N shards in the concat view; its reply asks or waits and
+    states no value the request does not hold."""
+    from fic import tasks as registry
+    from fic.corpus.build import load_instances, make_corpus
+    from fic.data.views import partial_instance, user_turns
+
+    cfg = config("data.limit=60", f"data.source={source}", f"data.task={task}", "partial_share=1.0",
+                 "single_turn_share=0", "recovery_share=0", "ask_share=0.5")
+    instances, _ = load_instances(cfg)
+    records, _ = make_corpus(instances, cfg, progress=False)
+    by_id = {i.task_id: i for i in instances}
+    kinds = set()
+    assert records and all(r["kind"] == "partial" for r in records)
+    for record in records:
+        instance = by_id[record["task_id"]]
+        system, user, reply = record["messages"]
+        assert reply["role"] == "assistant" and reply["train"] and not user["train"]
+        prefixes = [user_turns(partial_instance(instance, [s.shard_id for s in instance.shards[:k]]), "concat")[0]
+                    for k in range(1, len(instance.shards))]
+        assert user["content"] in prefixes  # k < N shards: never the whole request
+        given = set(registry.get(task).values_in(user["content"], instance))
+        assert registry.get(task).leak(reply["content"], given, instance) is None, reply["content"]
+        assert registry.get(task).score(reply["content"], instance) == 0.0  # not an answer
+        kinds |= set(record["reply_kinds"])
+    assert kinds == {"ask", "defer"}
+
+
+def test_the_shares_of_conversation_kinds_may_not_pass_one():
+    with pytest.raises(FicError, match="partial_share must be at most 1"):
+        config("single_turn_share=0.5", "recovery_share=0.3", "partial_share=0.3")

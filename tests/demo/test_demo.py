@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from fic.cli.main import main
 from fic.core.stats import paired_bootstrap, sign_test
@@ -22,7 +23,7 @@ def small(model, out) -> list[str]:
     return [f"base_model={model}", f"out={out}", "data.train=16", "data.dev=2", "data.test=4", "data.test_unseen=2",
             "warmup.train.max_steps=1", "sft.train.max_steps=1", "vasd.train.max_steps=1",
             "vasd.train.micro_batch_size=2", "vasd.rollout.max_new_tokens=4", "eval.max_new_tokens=4",
-            "bootstrap=100", "--quiet"]
+            "control.train.max_steps=1", "bootstrap=100", "stage_processes=false", "--quiet"]
 
 
 def markers(out: Path) -> dict[str, float]:
@@ -34,16 +35,20 @@ def test_the_demo_runs_every_stage_to_its_table_and_reruns_from_a_stage(tiny_mod
     assert main(["demo", "--recipes", str(RECIPES), *small(tiny_model_dir, out)]) == 0
     printed = capsys.readouterr().out
     assert "SmolLM2-135M-Instruct + single-turn warm-up: test set, N = 4 instances" in printed
-    for stage in ("starting point", "FiC stage 1 (SFT)", "FiC stage 1+2 (SFT + VASD)"):
+    for stage in ("starting point", "FiC stage 1 (SFT)", "FiC stage 1+2 (SFT + VASD)",
+                  "control: more SFT for VASD's time"):
         assert f"| {stage} |" in printed
     assert "VASD vs SFT alone on the same 4 instances" in printed
+    assert "VASD vs the equal-compute SFT control on the same 4 instances" in printed
+    premise = json.loads((out / "premise.json").read_text())
+    assert premise["points"] > 0 and 0 <= premise["single_turn_answer_rate"] <= 1
     report = (out / "report.md").read_text()
     assert "## test-unseen" in report and "Total" in report and (out / "demo_scores.png").is_file()
     assert set(markers(out)) == set(STAGES)
     card = json.loads((out / "data" / "card.json").read_text())
     assert not any(card["overlap_between_splits"].values())
     assert all(c["evaluation_overlap_dropped"] == 0 for c in card["corpora"].values())
-    for stage in ("warmup", "sft", "vasd"):  # only the final models are kept
+    for stage in ("warmup", "sft", "vasd", "control"):  # only the final models are kept
         assert (out / stage / "final" / "config.json").is_file() and not (out / stage / "checkpoints").exists()
     # Every later stage was measured against the starting point's single-turn score.
     sft_metrics = json.loads((out / "eval-sft" / "test" / "metrics.json").read_text())
@@ -58,7 +63,7 @@ def test_the_demo_runs_every_stage_to_its_table_and_reruns_from_a_stage(tiny_mod
     assert main(["demo", "--recipes", str(RECIPES), "--from", "vasd", *small(tiny_model_dir, out)]) == 0
     after = markers(out)
     redone = {stage for stage in STAGES if after[stage] != before[stage]}
-    assert redone == {"vasd", "eval-vasd", "report"}
+    assert redone == {"vasd", "eval-vasd", "control", "eval-control", "report"}
 
 
 def test_a_bad_stage_or_missing_recipe_is_one_line(tmp_path, capsys):
@@ -87,6 +92,45 @@ def test_paired_statistics():
     result = sign_test([1] * 9 + [-1] + [0] * 5)
     assert (result["better"], result["worse"], result["tied"]) == (9, 1, 5)
     assert result["p_value"] == pytest.approx(22 / 1024)  # 2 * P(X <= 1), X ~ Bin(10, 1/2)
+
+
+def test_stage_processes_hand_on_their_outputs_and_a_failed_stage_stops_the_demo(tiny_model_dir, tmp_path, capsys):
+    """Each stage in a process of its own (the default): the stages after the first read what the
+    earlier processes wrote, and a stage that fails ends the demo with that stage's one-line error."""
+    out = tmp_path / "demo"
+    settings = small(tiny_model_dir, out)
+    assert main(["demo", "--recipes", str(RECIPES), *settings]) == 0  # quick, in-process
+    capsys.readouterr()
+    settings = [*settings[:-1], "stage_processes=true", "--quiet"]
+    marker = json.loads((out / "stages" / "eval-vasd.json").read_text())
+    assert main(["demo", "--recipes", str(RECIPES), "--from", "eval-vasd", *settings]) == 0
+    redone = json.loads((out / "stages" / "eval-vasd.json").read_text())
+    assert redone["figures"] == marker["figures"]  # the child read the VASD model the earlier process saved
+    assert redone["peak_rss_mb"] > 0 and (out / "eval-vasd" / "test" / "metrics.json").is_file()
+
+    (out / "vasd" / "final" / "config.json").write_text("{ not json")
+    assert main(["demo", "--recipes", str(RECIPES), "--from", "eval-vasd", *settings]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "stage eval-vasd failed" in err[0] and "vasd/final" in err[0]
+    assert not (out / "stages" / "eval-vasd.json").exists() and not (out / "stages" / "report.json").exists()
+
+
+def test_a_miniature_ablation_trains_every_variant_and_writes_its_table(tiny_model_dir, tmp_path, capsys):
+    out = tmp_path / "demo"
+    variants = "ablation.variants={final: [], per-turn: [loss.turns=all]}"
+    assert main(["demo", "--recipes", str(RECIPES), "--ablate", *small(tiny_model_dir, out)[:-1], variants,
+                 "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    table = (out / "ablation" / "table.md").read_text()
+    assert "Stage 2 variants on the dev split, N = 2 instances" in printed
+    for run in ("sft", "final", "per-turn", "control"):
+        assert f"| {run} |" in table
+        assert (out / "ablation" / run / "dev" / "metrics.json").is_file()
+    figures = json.loads((out / "ablation" / "ablation.json").read_text())
+    assert figures["rows"]["per-turn"]["vs_sft"]["better"] >= 0 and figures["rows"]["control"]["minutes"] is not None
+    config = yaml.safe_load((out / "ablation" / "per-turn" / "train" / "vasd.yaml").read_text())
+    assert config["loss"]["turns"] == "all" and config["model"]["path"].endswith("sft/final")
+    assert yaml.safe_load((out / "ablation" / "final" / "train" / "vasd.yaml").read_text())["loss"]["turns"] == "final"
 
 
 def test_a_second_demo_into_the_same_folder_fails_at_once(tmp_path, capsys):

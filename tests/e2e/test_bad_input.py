@@ -98,6 +98,9 @@ WALK = {
         "out": ["--config", "{vasd_yaml}", "model.path={model}", "regularizer.anchor_path={corpus}", "out={out}/run",
                 "train.max_steps=1", "logging.wandb=false", "logging.progress=false"],
         "input": ["--config", "{bad}"], "input_kind": "file"},
+    "report": {
+        "out": ["{tmp}/missing-run", "--out", "{out}/figures"],
+        "input": ["{bad}"], "input_kind": "folder"},
     "bench rollout": {
         "out": None, "no_output": "prints figures; writes no file",
         "input": ["--source", "jsonl:{bad}"], "input_kind": "file"},

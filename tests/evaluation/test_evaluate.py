@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from scripted import FunctionBackend
@@ -79,6 +80,8 @@ def test_eval_writes_every_output_and_runs_are_independent_samples(lic_file, tmp
     metrics = evaluate(config(lic_file, out, tiny_model_dir), assistant=Counting(tiny_backend), progress=False)
     for name in ("conversations.jsonl", "metrics.json", "report.md", "config.yaml", "fingerprint.json"):
         assert (out / name).is_file(), name
+    # The resolved config loads back as it is: `fic eval --config out/config.yaml` reruns the run.
+    assert load_config(EvalConfig, out / "config.yaml") == config(lic_file, out, tiny_model_dir)
     for name in ("scores_by_view.png", "answer_timing.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     records = log(out)
@@ -344,6 +347,54 @@ def test_unsharded_sources_are_sharded_on_the_fly(tmp_path, tiny_model_dir, tiny
     assert record["num_shards"] == 3
 
 
+class VLLMLike(FunctionBackend):
+    """A scripted stand-in for fic.backends.vllm.VLLMBackend (no vLLM here): the engine's limit
+    where vLLM keeps it (`llm.llm_engine.model_config.max_model_len`), no `model.config`, and
+    vLLM's refusal of a prompt over that limit."""
+
+    def __init__(self, fn, tokenizer, max_model_len):
+        super().__init__(fn, tokenizer, name="vllm")
+        self.max_model_len = max_model_len
+        self.llm = SimpleNamespace(llm_engine=SimpleNamespace(
+            model_config=SimpleNamespace(max_model_len=max_model_len)))
+
+    def generate(self, prompts, params):
+        for prompt in prompts:
+            if len(prompt) + params.max_new_tokens > self.max_model_len:
+                raise ValueError(f"The decoder prompt (length {len(prompt)}) is longer than the maximum model "
+                                 f"length of {self.max_model_len}")
+        return super().generate(prompts, params)
+
+
+def test_a_vllm_engine_s_context_limit_ends_conversations_as_context_full(lic_file, tmp_path, tiny_model_dir,
+                                                                         smollm2_tokenizer, capsys, monkeypatch):
+    """With the vLLM backend there is no model.config, so there was no context guard: the first
+    prompt over max_model_len aborted the evaluation, and resume met it again. The engine's limit
+    is read, such conversations end as context-full, and their count is reported."""
+    from fic.evaluation import evaluate as evaluate_module
+
+    def reply(prompt):
+        return "Go on, tell me more."
+
+    settings = ("views=[full,sharded]", "runs=1", "stop_at_correct=false")
+    evaluate(config(lic_file, tmp_path / "roomy", tiny_model_dir, *settings),
+             assistant=VLLMLike(reply, smollm2_tokenizer, max_model_len=100_000), progress=False)
+    # Room for the single-turn prompt and a reply (6 tokens), not for the sharded view's later turns.
+    limit = max(r["prompt_tokens"] for r in log(tmp_path / "roomy") if r["view"] == "full") + 6
+    backend = VLLMLike(reply, smollm2_tokenizer, max_model_len=limit)
+    metrics = evaluate(config(lic_file, tmp_path / "run", tiny_model_dir, *settings), assistant=backend,
+                       progress=False)
+    records = log(tmp_path / "run")
+    assert len(records) == 6 and metrics["conversations"] == 6
+    cut = [r for r in records if r["stop_reason"] == "context_full"]
+    assert cut and all(r["view"] == "sharded" for r in cut) and metrics["context_full"] == len(cut)
+    assert all(r["stop_reason"] == "last_turn" for r in records if r["view"] == "full")
+    monkeypatch.setattr(evaluate_module, "make_backend", lambda cfg: backend)
+    assert main(["eval", f"model.model={tiny_model_dir}", f"data.source=lic:{lic_file}", f"out={tmp_path / 'cli'}",
+                 "max_new_tokens=6", "views=[full,sharded]", "stop_at_correct=false", "--quiet"]) == 0
+    assert f"{len(cut)} conversation(s) ended with a full context" in capsys.readouterr().out
+
+
 @pytest.mark.slow
 def test_eval_recipe_on_smollm2(smollm2_dir, tmp_path, monkeypatch, capsys):
     """The LiC-sample recipe through the CLI on the real model, cut to one LiC math instance."""
@@ -387,3 +438,63 @@ def test_the_shipped_eval_recipe_runs_on_a_fresh_clone(tiny_model_dir, tiny_back
     protocol = load_config(EvalConfig, REPO / "recipes/smollm2-135m-instruct/eval-lic-protocol.yaml")
     assert (protocol.runs, protocol.temperature) == (10, 1.0)
     assert (protocol.data.source, protocol.data.seed) == (cfg.data.source, cfg.data.seed)
+    assert (protocol.prompts, cfg.prompts) == ("lic", "fic")  # LiC's protocol with LiC's prompts
+
+
+def test_prompts_lic_reaches_the_assistant_and_binds_the_run(lic_file, tmp_path, smollm2_dir, smollm2_tokenizer):
+    seen = []
+
+    def reply(prompt):
+        seen.append(prompt)
+        return solver(smollm2_tokenizer).fn(prompt)
+
+    scripted = FunctionBackend(reply, smollm2_tokenizer)
+    common = [f"model.model={smollm2_dir}", f"data.source=lic:{lic_file}", "max_new_tokens=16", "views=[full,sharded]"]
+
+    def run(out, *extra):
+        return evaluate(load_config(EvalConfig, None, [*common, f"out={tmp_path / out}", *extra]),
+                        assistant=scripted, progress=False)
+
+    metrics = run("lic", "prompts=lic")
+    assert metrics["settings"]["prompts"] == "lic" and metrics["views"]["sharded"]["P"] == 100.0
+    assert metrics["scoring_caveats"] == {}  # math scores what it says
+    assert all("As an expert problem solver solve step by step" in prompt for prompt in seen)
+    full = next(r for r in log(tmp_path / "lic") if r["view"] == "full")
+    assert full["turns"][0]["user"] == f"Q: {INSTANCES[0]['question']}\nA:"
+    assert "prompts: `lic`" in (tmp_path / "lic" / "report.md").read_text()
+    assert json.loads((tmp_path / "lic" / "fingerprint.json").read_text())["prompts"] == "lic"
+    with pytest.raises(FicError, match="prompts: 'lic' -> 'fic'"):  # resuming under other prompts
+        run("lic")
+    # A baseline scored under other prompts is refused; one made before the setting existed reads as fic.
+    run("base-fic", "views=[full]")
+    with pytest.raises(FicError, match="prompts: 'fic' there, 'lic' here"):
+        run("x", "prompts=lic", f"baseline={tmp_path / 'base-fic'}")
+    old = json.loads((tmp_path / "base-fic" / "metrics.json").read_text())
+    del old["settings"]["scoring"]["prompts"]
+    (tmp_path / "base-fic" / "metrics.json").write_text(json.dumps(old))
+    assert run("trained", f"baseline={tmp_path / 'base-fic'}")["recovery_rate"] == pytest.approx(1.0)
+    # A folder whose fingerprint predates the setting resumes as fic.
+    fingerprint = json.loads((tmp_path / "trained" / "fingerprint.json").read_text())
+    del fingerprint["prompts"]
+    (tmp_path / "trained" / "fingerprint.json").write_text(json.dumps(fingerprint))
+    assert run("trained", f"baseline={tmp_path / 'base-fic'}")["conversations"] == 6
+
+
+def test_database_without_spider_databases_says_so_in_metrics_and_the_report(tmp_path, smollm2_dir,
+                                                                            smollm2_tokenizer, monkeypatch):
+    monkeypatch.delenv("FIC_SPIDER_DBS", raising=False)
+    data = tmp_path / "db.json"
+    data.write_text(json.dumps([{
+        "task_id": "d1", "task": "database", "db_id": "singers", "schema_sql": "CREATE TABLE singer (name text, age int);",
+        "fully_specified_question": "Names of singers?", "reference_sql": "SELECT name FROM singer",
+        "shards": [{"shard_id": 1, "shard": "I need singer names."}, {"shard_id": 2, "shard": "All of them."}]}]))
+    scripted = FunctionBackend(lambda prompt: "```sql\nSELECT age FROM singer\n```", smollm2_tokenizer)
+    metrics = evaluate(load_config(EvalConfig, None, [f"model.model={smollm2_dir}", f"data.source=lic:{data}",
+                                                      "data.task=database", f"out={tmp_path / 'o'}",
+                                                      "views=[full]"]),
+                       assistant=scripted, progress=False)
+    assert metrics["tasks"]["database"]["full"]["P"] == 100.0  # a wrong column, but the right number of them
+    (caveat,) = metrics["scoring_caveats"]["database"]
+    assert "no Spider databases" in caveat and "any query that runs" in caveat
+    assert json.loads((tmp_path / "o" / "metrics.json").read_text())["scoring_caveats"] == metrics["scoring_caveats"]
+    assert "**Scoring caveat, database**: no Spider databases" in (tmp_path / "o" / "report.md").read_text()

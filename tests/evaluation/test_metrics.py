@@ -127,3 +127,28 @@ def test_ratios_are_none_without_a_usable_denominator():
     assert only_sharded["recovery_rate"] is None and only_sharded["sharded_over_full"] is None
     full_zero = summarize([rec("a", "full", 0, 0.0), rec("a", "sharded", 0, 1.0)], {"tasks": {"math": {"full": {"P": 0.0}}}})
     assert full_zero["recovery_rate"] is None and full_zero["sharded_over_full"] is None
+
+
+def _trace(*turns):
+    return {"task": "math", "view": "sharded", "task_id": "t", "run": 0, "num_shards": len(turns),
+            "score": next((s for label, s in reversed(turns) if s is not None), 0.0), "generated_tokens": 1,
+            "prompt_tokens": 1, "first_answer_turn": None, "shards_at_first_answer": None,
+            "turns": [{"label": label, "score": score, "shard_ids": [k + 1]} for k, (label, score) in
+                      enumerate(turns)]}
+
+
+def test_first_answer_accuracy_scores_only_the_first_answer_attempt():
+    from fic.evaluation.metrics import first_answer_score
+
+    early_wrong_then_right = _trace(("clarification", None), ("answer_attempt", 0.0), ("answer_attempt", 1.0))
+    single_right = _trace(("discussion", None), ("answer_attempt", 1.0))
+    never = _trace(("clarification", None), ("discussion", None))
+    assert early_wrong_then_right["score"] == 1.0  # LiC's P credits the later answer...
+    assert first_answer_score(early_wrong_then_right) == 0.0  # ...the first attempt was wrong
+    assert first_answer_score(single_right) == 1.0 and first_answer_score(never) == 0.0
+    single_turn = {**_trace(("not_classified", 1.0)), "view": "full"}
+    assert first_answer_score(single_turn) == 1.0
+    metrics = summarize([early_wrong_then_right, {**single_right, "task_id": "u"}])
+    assert metrics["views"]["sharded"]["P"] == 100.0
+    assert metrics["views"]["sharded"]["first_answer_accuracy"] == 50.0
+    assert metrics["tasks"]["math"]["sharded"]["first_answer_accuracy"] == 50.0

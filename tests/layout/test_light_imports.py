@@ -1,4 +1,4 @@
-"""The stages that need no model load without torch: `fic shard`, `fic views`, `fic sft-data`
+"""The stages that need no model load without torch: `fic shard`, `fic views`, `fic report`, `fic sft-data`
 with the pool replies and every config error answer in a fraction of a second. Engines and
 trainers (torch, transformers) load only where a model is used."""
 
@@ -12,7 +12,8 @@ import pytest
 TORCH_FREE = ["fic.cli.main", "fic.cli.data", "fic.core.config", "fic.core.files", "fic.core.generation", "fic.tasks",
               "fic.data.sources", "fic.data.views", "fic.data.splits", "fic.data.llm_sharder",
               "fic.conversation.simulator", "fic.conversation.classify", "fic.conversation.users", "fic.corpus.build",
-              "fic.evaluation.evaluate", "fic.evaluation.metrics", "fic.probe.run", "fic.backends"]
+              "fic.evaluation.evaluate", "fic.evaluation.metrics", "fic.probe.run", "fic.backends", "fic.data.hub",
+              "fic.cli.report", "fic.training.curves"]
 
 
 @pytest.mark.parametrize("module", TORCH_FREE)

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -454,3 +457,81 @@ def test_bench_sft_times_fic_and_trl_on_the_same_batches(tiny_model_dir):
     assert figures["memory_targets"] == 32
     assert figures["fic_largest_logits_mb"] * 2 == pytest.approx(figures["full_largest_logits_mb"])
     assert figures["fic_saved_mb"] < figures["full_logits_saved_mb"]
+
+
+def test_bench_sft_json_is_one_object_on_stdout_with_the_roofline(tiny_model_dir, capsys):
+    from fic.cli.main import main
+
+    assert main(["bench", "sft", "--json", "--model", str(tiny_model_dir), "--steps", "1", "--warmup", "0",
+                 "--micro-batch-size", "2", "--memory-tokens", "0"]) == 0
+    figures = json.loads(capsys.readouterr().out)  # TRL's own {'train_runtime': ...} line goes to stderr
+    assert figures["precision"] == "fp32"  # the tests' CPU has no fast bf16 (FIC_CPU_FLAGS)
+    assert figures["bf16_matmul_2048_tflops"] > 0 and 0 < figures["fic_roofline_share"]
+    assert figures["fic_tflops"] == pytest.approx(figures["fic_roofline_share"] * figures["bf16_matmul_2048_tflops"])
+
+
+def test_roofline_counts_the_body_attention_and_the_head_on_target_rows_only():
+    from fic.bench.roofline import forward_flops, train_flops
+
+    dims = {"body_params": 1000, "layers": 2, "hidden": 8, "vocab": 50}
+    assert forward_flops(dims, [3, 5], head_rows=4) == 2 * 1000 * 8 + 2 * 2 * 8 * (9 + 25) + 2 * 8 * 50 * 4
+    assert train_flops(dims, [3, 5], 4) == 3 * forward_flops(dims, [3, 5], 4)
+
+
+def test_auto_precision_trains_in_bf16_autocast_over_float32_weights_where_bf16_is_fast(
+        tiny_model_dir, corpus, tmp_path, monkeypatch, capsys):
+    from safetensors.torch import load_file
+
+    from fic.cli.main import main
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    monkeypatch.setenv("FIC_CPU_FLAGS", "avx512_bf16")
+    out = tmp_path / "bf16"
+    assert main(["train", "sft", "--config", str(RECIPE), f"model.path={tiny_model_dir}", f"data.path={corpus}",
+                 f"out={out}", "train.max_steps=2", "train.micro_batch_size=2", "logging.progress=false"]) == 0
+    assert "float32 master weights, bfloat16 autocast (a CPU with avx512_bf16" in capsys.readouterr().out
+    assert all(math.isfinite(v) for v in losses(out).values())
+    weights = load_file(str(out / "final" / "model.safetensors"))
+    assert {t.dtype for t in weights.values()} == {torch.float32}  # master weights saved as they train
+
+
+def test_length_buckets_read_every_record_once_an_epoch_with_less_padding():
+    from fic.training.data import DataOrder
+
+    lengths = [int(x) for x in np.random.default_rng(0).integers(20, 400, size=96)]
+
+    def padding(order):
+        batches = [order.micro_batch(k) for k in range(12)]
+        return sum(max(lengths[i] for i in b) * len(b) - sum(lengths[i] for i in b) for b in batches), batches
+
+    plain, plain_batches = padding(DataOrder(96, 8, 1, 0, seed=3, shuffle=True))
+    bucketed, batches = padding(DataOrder(96, 8, 1, 0, seed=3, shuffle=True, lengths=lengths, bucket=4))
+    assert sorted(i for b in batches for i in b) == list(range(96))  # one epoch: every record once
+    assert bucketed < plain / 3
+    again = DataOrder(96, 8, 1, 0, seed=3, shuffle=True, lengths=lengths, bucket=4)
+    assert [again.micro_batch(k) for k in range(12)] == batches  # a function of the seed: resumable
+
+
+def test_padding_changes_neither_the_loss_nor_the_gradients(tiny_model_dir, smollm2_tokenizer):
+    """What bucketing relies on: a conversation padded to a longer one's length trains exactly as
+    it does alone (the attention mask and the target-only loss ignore padding)."""
+    from fic.core.model import load_model
+    from fic.training.data import collate, render_examples
+    from fic.training.losses import TargetLoss
+
+    records = [json.loads(line) for line in write_corpus(Path(tempfile.mkdtemp()) / "c.jsonl").read_text()
+               .splitlines()[:2]]
+    examples, _ = render_examples(records, smollm2_tokenizer, max_seq_len=4096, progress=False)
+    assert len(examples[0].input_ids) != len(examples[1].input_ids)
+    model = load_model(tiny_model_dir, dtype="float32").double()
+    loss = TargetLoss(model, 7)
+
+    def run(groups):
+        model.zero_grad()
+        total = sum(loss(**collate(g, smollm2_tokenizer.pad_token_id))["ce"] for g in groups)
+        total.backward()
+        return total.item(), [p.grad.clone() for p in model.parameters()]
+
+    together, alone = run([examples[:2]]), run([examples[:1], examples[1:2]])
+    assert together[0] == pytest.approx(alone[0], rel=1e-10)
+    assert all(torch.allclose(a, b, rtol=1e-8, atol=1e-12) for a, b in zip(together[1], alone[1]))

@@ -4,6 +4,7 @@ regulariser's positions, teacher modes, resume after SIGKILL, 2 processes vs 1, 
 from __future__ import annotations
 
 import copy
+import math
 import json
 import os
 import subprocess
@@ -30,7 +31,7 @@ from fic.training.loop import KILL_ENV
 from fic.training.losses import divergence
 from fic.training.vasd.config import VASDConfig
 from fic.training.vasd.distill import DistillLoss, collate_rows, rollout_from, runs_of, student_rows, teacher_prompts
-from fic.training.vasd.step import ema_update, step_batches, teacher_parts
+from fic.training.vasd.step import EmaTeacher, step_batches, teacher_parts
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "smollm2-135m-instruct" / "vasd.yaml"
@@ -155,7 +156,7 @@ def test_distill_loss_in_chunks_equals_one_full_logits_computation(tiny_model_di
     conv = played(smollm2_tokenizer)
     rollout = rollout_from(conv)
     rollout.teacher_prompts = teacher_prompts(smollm2_tokenizer, conv.instance, ["full"])
-    batch = collate_rows(student_rows([rollout], [], use_final=[True], reference=False, first_tokens=0,
+    batch = collate_rows(student_rows([final_only(rollout)], [], reference=False, first_tokens=0,
                                       first_weight=1.0), smollm2_tokenizer.pad_token_id)
     teacher_ids = torch.tensor([rollout.teacher_prompts[0] + rollout.answer_ids])
     q, r = len(rollout.teacher_prompts[0]), len(rollout.answer_ids)
@@ -176,6 +177,12 @@ def test_distill_loss_in_chunks_equals_one_full_logits_computation(tiny_model_di
         assert torch.allclose(a.grad, b.grad, atol=1e-12, rtol=1e-7), name
 
 
+def final_only(rollout):
+    """The paper's VASD: only the final reply is distilled, with weight 1."""
+    rollout.distilled = [(rollout.final, 1.0)]
+    return rollout
+
+
 # --------------------------------------------------------------------------- token layout
 
 @pytest.mark.parametrize("template", [None, LLAMA3, SELF_SYSTEM], ids=["chatml", "llama3", "adds-own-system"])
@@ -185,7 +192,7 @@ def test_student_and_teacher_answer_tokens_line_up(smollm2_tokenizer, template):
     rollout = rollout_from(conv)
     (prompt,) = teacher_prompts(tok, conv.instance, ["full"])
     teacher = prompt + rollout.answer_ids
-    (row,) = student_rows([rollout], [], use_final=[True], reference=False, first_tokens=0, first_weight=1.0)
+    (row,) = student_rows([final_only(rollout)], [], reference=False, first_tokens=0, first_weight=1.0)
     positions = [t for t, y in enumerate(row["distill_targets"]) if y != IGNORE]
     # Student position t predicts ids[t + 1]; teacher position q - 1 + j predicts its answer token j.
     assert [rollout.ids[t + 1] for t in positions] == rollout.answer_ids == teacher[len(prompt):]
@@ -220,7 +227,7 @@ def test_loss_is_zero_when_the_teacher_reads_the_students_own_context(tiny_model
     (batch,), _ = step_batches(cfg, [conv], [], smollm2_tokenizer, parts, device="cpu", autocast=no_autocast)
     batch.pop("counts")
     assert loss(**batch)["distill"].item() > 1e-3
-    assert not left_out
+    assert left_out["rollouts"] == 0
 
 
 def test_truncated_and_unfinished_rollouts_are_counted_not_distilled(tiny_model_dir, smollm2_tokenizer):
@@ -233,10 +240,51 @@ def test_truncated_and_unfinished_rollouts_are_counted_not_distilled(tiny_model_
     (batch,), left_out = step_batches(cfg, [conv], [], smollm2_tokenizer, teacher_parts(cfg, model), device="cpu",
                                       autocast=no_autocast)
     assert left_out["truncated_final"] == 1 and int((batch["distill_targets"] != IGNORE).sum()) == 0
+    assert left_out["rollouts"] == 1
     assert batch["teacher_hidden"].shape[0] == 0
     cfg.loss.keep_truncated = True
-    (batch,), _ = step_batches(cfg, [conv], [], smollm2_tokenizer, teacher_parts(cfg, model), device="cpu", autocast=no_autocast)
+    (batch,), left_out = step_batches(cfg, [conv], [], smollm2_tokenizer, teacher_parts(cfg, model), device="cpu",
+                                      autocast=no_autocast)
     assert int((batch["distill_targets"] != IGNORE).sum()) == 8 == batch["teacher_hidden"].shape[0]
+    assert left_out["truncated_final"] == 0 == left_out["rollouts"]  # distilled, so not left out
+
+
+@pytest.mark.filterwarnings("ignore:Model has `tie_word_embeddings=True`")
+def test_a_micro_batch_with_no_usable_rollout_still_runs_and_contributes_zero(tiny_model_dir, smollm2_tokenizer):
+    """A rollout cut by rollout.max_conversation_tokens in a micro-batch without an anchor used to
+    drop that micro-batch, so the window had fewer than grad_accum_steps passes and the run died
+    (and died again on resume, rollouts being seeded by step). Now the micro-batch runs as one
+    untrained token: G batches always, its terms zero, with gradients (bf16, LoRA on the head:
+    the chunked path, whose empty teacher rows must share the weights' dtype)."""
+    from peft import LoraConfig, get_peft_model
+
+    from fic.core.model import load_model
+
+    model = get_peft_model(load_model(tiny_model_dir, dtype="bfloat16"),
+                           LoraConfig(r=4, target_modules=["q_proj", "lm_head"], lora_dropout=0.0))
+    backend = FunctionBackend(lambda prompt: "Got it, go on.", smollm2_tokenizer)
+    (cut,) = make_conversations([ara("cut")], ["sharded"], 1)
+    play([cut], backend, VerbatimUser(), RuleClassifier(), SamplingParams(max_new_tokens=8), stop_at_correct=False,
+         max_context=len(played(smollm2_tokenizer).ids) - 20)
+    assert cut.stop_reason == "context_full"
+    kept = played(smollm2_tokenizer)
+    cfg = load_config(VASDConfig, None, ["regularizer.kind=reference", "lora.enabled=true", "train.max_steps=1",
+                                         "train.micro_batch_size=1", "train.grad_accum_steps=2"])
+    parts = teacher_parts(cfg, model)
+    batches, left_out = step_batches(cfg, [cut, kept], [], smollm2_tokenizer, parts, device="cpu",
+                                     autocast=no_autocast)
+    assert len(batches) == 2
+    assert left_out["cut_before_last_shard"] == 1 == left_out["rollouts"] == left_out["empty_micro_batches"]
+    empty = batches[0]
+    assert empty.pop("counts") == {"distill": 0.0, "anchor": 0.0, "labels": 0.0, "reference": 0.0, "tokens": 0.0}
+    assert empty["input_ids"].shape == (1, 1) and empty["teacher_hidden"].dtype == torch.bfloat16
+    loss = DistillLoss(model, parts.head, parts.ref_head, divergence="forward_kl", estimator="full", beta=0.5,
+                       temperature=1.0, top_k=8, chunk_tokens=4)
+    terms = loss(**empty)
+    assert all(float(t.detach()) == 0.0 for t in terms.values())
+    sum(terms.values()).backward()
+    trained = [p for p in model.parameters() if p.requires_grad]
+    assert all(p.grad is not None and not p.grad.any() for p in trained)  # every rank's same backward, adding 0
 
 
 # --------------------------------------------------------------------------- regulariser
@@ -254,7 +302,7 @@ def test_regulariser_covers_exactly_the_non_final_assistant_tokens(smollm2_token
     (anchor,), _ = render_examples([record], tok, max_seq_len=4096, progress=False, targets="non_final")
     conv = played(tok)
     rollout = rollout_from(conv)
-    rows = student_rows([rollout], [anchor], use_final=[True], reference=True, first_tokens=2, first_weight=5.0)
+    rows = student_rows([final_only(rollout)], [anchor], reference=True, first_tokens=2, first_weight=5.0)
     roll_row, anchor_row = rows
     trained = [y for y in anchor_row["anchor_targets"] if y != IGNORE]
     assert tok.decode(trained, skip_special_tokens=False) == "Got it. What else?<|im_end|>Noted. How many points a game?<|im_end|>"
@@ -283,7 +331,7 @@ def test_default_anchor_keeps_the_final_answers_too(smollm2_tokenizer):
         {"role": "assistant", "content": "[book(place=\"Nopa\")]", "train": True}]}
     (anchor,), _ = render_examples([record], tok, max_seq_len=4096, progress=False,
                                    targets=VASDConfig().regularizer.anchor_targets)
-    rows = student_rows([], [anchor], use_final=[], reference=False, first_tokens=1, first_weight=3.0)
+    rows = student_rows([], [anchor], reference=False, first_tokens=1, first_weight=3.0)
     trained = [y for y in rows[0]["anchor_targets"] if y != IGNORE]
     assert tok.decode(trained, skip_special_tokens=False) == 'Which restaurant?<|im_end|>[book(place="Nopa")]<|im_end|>'
     weights = [w for w in rows[0]["anchor_weights"] if w]
@@ -354,17 +402,108 @@ def test_live_and_ema_teachers_get_no_gradient(tiny_model_dir, smollm2_tokenizer
         assert torch.allclose(p.grad, grads[n], atol=1e-6, rtol=1e-4), n
 
 
+@pytest.mark.parametrize("mode, regularizer", [("frozen", "reference"), ("live", "reference"), ("ema", "anchor")])
+def test_teacher_and_reference_heads_stay_out_of_the_state_dict_and_optimizer(tiny_model_dir, mode, regularizer):
+    """A frozen or EMA copy's head handed to DistillLoss as a module was registered as a submodule:
+    it went into every checkpoint and into the DDP/DeepSpeed module."""
+    from fic.core.model import load_model
+    from fic.training.loop import make_optimizer
+
+    model = load_model(tiny_model_dir, dtype="float32").train()
+    cfg = load_config(VASDConfig, None, [f"teacher.mode={mode}", f"regularizer.kind={regularizer}",
+                                         "regularizer.anchor_path=sft.jsonl", "train.max_steps=1"])
+    parts = teacher_parts(cfg, model)
+    loss = DistillLoss(model, parts.head, parts.ref_head, divergence="forward_kl", estimator="full", beta=0.5,
+                       temperature=1.0, top_k=8, chunk_tokens=4)
+    assert loss.teacher_head is parts.head and loss.reference_head is parts.ref_head
+    assert all(key.startswith("model.") for key in loss.state_dict())
+    assert [id(p) for p in loss.parameters()] == [id(p) for p in model.parameters()]
+    optimizer = make_optimizer(loss, cfg.optim)
+    optimized = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    assert optimized == {id(p) for p in model.parameters() if p.requires_grad}
+    if parts.copy is not None:
+        assert not {id(p) for p in parts.copy.parameters()} & {id(p) for p in loss.parameters()}
+
+
 def test_ema_moves_the_copy_towards_the_model(tiny_model_dir):
     from fic.core.model import load_model
     model = load_model(tiny_model_dir, dtype="float32")
     shadow = copy.deepcopy(model)
+    ema = EmaTeacher(shadow, model)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(1.0)
     before = [p.clone() for p in shadow.parameters()]
-    ema_update(shadow, model, rate=0.75)
+    ema.update(model, rate=0.75)
     for old, new, cur in zip(before, shadow.parameters(), model.parameters()):
         assert torch.allclose(new, 0.75 * old + 0.25 * cur)
+
+
+def test_ema_of_bf16_weights_accumulates_in_float32(tiny_model_dir):
+    """In bf16, rate * avg + (1 - rate) * x rounds most of each step away (here 90% of the entries
+    ended more than one rounding off the exact average). The float32 average, cast once, is
+    within one bf16 rounding of it; its state is float32 and a resume restores it bit for bit."""
+    from fic.core.model import load_model
+
+    model = load_model(tiny_model_dir, dtype="bfloat16")
+    shadow = copy.deepcopy(model)
+    start = {n: p.detach().float().clone() for n, p in shadow.named_parameters()}
+    ema = EmaTeacher(shadow, model)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # the trained model moved by about a tenth of a weight's size
+        for p in model.parameters():
+            p.add_(0.1 * p.abs().mean() * torch.randn(p.shape, generator=g).to(p.dtype))
+    for _ in range(50):
+        ema.update(model, rate=0.99)
+    kept, current = 0.99 ** 50, dict(model.named_parameters())
+    moved, total = 0, 0
+    with torch.no_grad():
+        for name, p in shadow.named_parameters():
+            x = current[name].float()
+            exact = kept * start[name] + (1 - kept) * x
+            # one bf16 rounding of the exact average (plus float32 noise where it nearly cancels)
+            tolerance = exact.abs() * 2 ** -8 + 2 ** -20 * (start[name].abs() + x.abs())
+            assert p.dtype == torch.bfloat16
+            assert torch.all((p.float() - exact).abs() <= tolerance), name
+            moved, total = moved + int((p.float() != start[name]).sum()), total + p.numel()
+    assert moved / total > 0.8  # the bf16 update moved 30% of them here, 90% more than one rounding off
+    state = ema.state()
+    assert all(t.dtype == torch.float32 for t in state.values())
+    fresh_copy = copy.deepcopy(model)
+    EmaTeacher(fresh_copy, model).load(state)
+    for a, b in zip(fresh_copy.parameters(), shadow.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_ema_teacher_with_a_reference_term_in_full_fine_tuning_is_refused(tiny_model_dir):
+    """The reference term reads the starting weights; in full fine-tuning with an EMA teacher the
+    only copy is the moving average, so it read that. A third copy is refused, in one line."""
+    for kind in ("reference", "both"):
+        with pytest.raises(FicError, match="third copy") as err:
+            load_config(VASDConfig, None, ["teacher.mode=ema", f"regularizer.kind={kind}", "train.max_steps=1",
+                                           "regularizer.anchor_path=sft.jsonl"])
+        assert "\n" not in str(err.value) and err.value.field == "teacher.mode"
+    # With LoRA the reference is the adapter-free model, whatever the EMA copy has become.
+    from peft import LoraConfig, get_peft_model
+
+    from fic.core.model import load_model
+    from fic.training.vasd.distill import hidden_at
+
+    base = load_model(tiny_model_dir, dtype="float32").eval()
+    model = get_peft_model(copy.deepcopy(base), LoraConfig(r=4, target_modules=["q_proj", "v_proj"], lora_dropout=0.0))
+    cfg = load_config(VASDConfig, None, ["lora.enabled=true", "teacher.mode=ema", "regularizer.kind=reference",
+                                         "train.max_steps=1"])
+    parts = teacher_parts(cfg, model)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    parts.ema.update(model, rate=0.5)
+    ids, pos = [list(range(5, 17))], [range(2, 9)]
+    with parts.ref_context():
+        reference = hidden_at(parts.ref_net, ids, pos, 0, "cpu")
+    assert torch.allclose(reference, hidden_at(base, ids, pos, 0, "cpu"), atol=1e-6)
+    assert not torch.allclose(hidden_at(parts.net, ids, pos, 0, "cpu"), reference, atol=1e-3)  # the EMA moved
 
 
 # --------------------------------------------------------------------------- the recipe end to end
@@ -391,7 +530,7 @@ def metrics(out: Path) -> list[dict]:
 
 
 def test_kill_then_resume_gives_the_uninterrupted_losses(tiny_model_dir, anchor_corpus, tmp_path):
-    common = ("train.max_steps=4", "checkpoint.every=2", "teacher.mode=ema", "regularizer.kind=both")
+    common = ("train.max_steps=4", "checkpoint.every=2", "teacher.mode=ema", "regularizer.kind=anchor")
     whole = tmp_path / "whole"
     result = train(load_config(VASDConfig, None, settings(tiny_model_dir, anchor_corpus, whole, *common)))
     expected = metrics(whole)
@@ -409,8 +548,28 @@ def test_kill_then_resume_gives_the_uninterrupted_losses(tiny_model_dir, anchor_
     assert [m["step"] for m in got] == [1, 2, 3, 4]
     for a, b in zip(got, expected):
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-6) and a["rollout_tokens"] == b["rollout_tokens"]
+    from safetensors.torch import load_file
+
+    saved = load_file(str(killed / "checkpoints" / "step-4" / "model.safetensors"))
+    assert saved and all(key.startswith("model.") for key in saved)  # no teacher head: the student only
     card = (killed / "final" / "README.md").read_text()
     assert "FiC VASD" in card and f"Started from: `{tiny_model_dir}`" in card
+
+
+def test_a_step_with_an_over_long_rollout_trains_on(tiny_model_dir, anchor_corpus, tmp_path):
+    """The issue's reproduction: micro_batch_size=1, grad_accum_steps=4, a conversation cap that
+    cuts one rollout of step 3 (no anchor: regulariser none) ended the run there, on resume too."""
+    out = tmp_path / "run"
+    result = train(load_config(VASDConfig, None, settings(
+        tiny_model_dir, anchor_corpus, out, "train.micro_batch_size=1", "train.grad_accum_steps=4",
+        "rollout.max_conversation_tokens=260", "regularizer.kind=none", "train.max_steps=3", "checkpoint.every=0")))
+    assert result["steps"] == 3
+    got = metrics(out)
+    assert [m["step"] for m in got] == [1, 2, 3]
+    assert got[2]["left_out_cut_before_last_shard"] >= 1 and got[2]["empty_micro_batches"] >= 1
+    assert all(m["left_out_rollouts"] == m["left_out_cut_before_last_shard"] + m["left_out_teacher_prompt_too_long"]
+               + m["left_out_truncated_final"] for m in got)
+    assert got[2]["answer_tokens"] > 0 and got[2]["loss"] == got[2]["loss"]  # trained, not NaN
 
 
 def test_two_processes_train_like_one_with_the_same_global_batch(tiny_model_dir, anchor_corpus, tmp_path):
@@ -459,6 +618,7 @@ def test_fic_train_vasd_runs_the_shipped_recipe(tiny_model_dir, anchor_corpus, t
     ("teacher.view=snowball", "teacher.view"),
     ("regularizer.kind=anchor regularizer.anchor_path=", "regularizer.anchor_path"),
     ("model.path=/nonexistent/sft/final", "not found"),
+    ("lora.enabled=false teacher.mode=ema regularizer.kind=both", "third copy"),
 ])
 def test_bad_settings_exit_2_with_one_line_before_any_model_loads(override, message, capsys, monkeypatch):
     import fic.training.loop as loop
@@ -511,10 +671,8 @@ def test_rollout_keys_and_values_are_forgotten_after_a_fused_optimizer_step(tiny
 
 def test_weight_sync_hands_the_engine_merged_lora_weights_under_its_own_names(tiny_model_dir):
     """vLLM is GPU-only; a stand-in engine with vLLM's attribute path and `load_weights` checks
-    the part FiC owns: names without PEFT's prefixes, adapters merged for the sync and taken out
-    after, the prefix cache reset."""
-    from types import SimpleNamespace
-
+    the part FiC owns: names without PEFT's prefixes, adapters merged into what the engine gets
+    (not into the trainer's weights), the prefix cache reset."""
     from peft import LoraConfig, get_peft_model
 
     from fic.backends.vllm import sync_weights
@@ -528,24 +686,77 @@ def test_weight_sync_hands_the_engine_merged_lora_weights_under_its_own_names(ti
                 p.normal_(0, 0.5)
     engine_model = load_model(tiny_model_dir, dtype="float32")
 
-    class Engine(torch.nn.Module):
-        def load_weights(self, weights):
-            state = dict(weights)
-            assert set(state) == set(engine_model.state_dict())
-            engine_model.load_state_dict(state, strict=False)
+    def load_weights(weights):
+        state = dict(weights)
+        assert set(state) == set(engine_model.state_dict())
+        engine_model.load_state_dict(state, strict=False)
 
     resets = []
-    llm = SimpleNamespace(reset_prefix_cache=lambda: resets.append(1), llm_engine=SimpleNamespace(
-        model_executor=SimpleNamespace(driver_worker=SimpleNamespace(worker=SimpleNamespace(
-            model_runner=SimpleNamespace(model=Engine()))))))
+    backend = stand_in_engine(load_weights, lambda: resets.append(1))
     ids = torch.tensor([[5, 9, 200, 31, 7]])
     with torch.no_grad():
         adapted = policy(input_ids=ids).logits
-    sync_weights(SimpleNamespace(llm=llm), policy, [], 0.0, print)
+    sync_weights(backend, policy, [], 0.0, print)
     with torch.no_grad():
         assert torch.allclose(engine_model(input_ids=ids).logits, adapted, atol=1e-5)
-        assert torch.allclose(policy(input_ids=ids).logits, adapted, atol=1e-6)  # unmerged again
+        assert torch.allclose(policy(input_ids=ids).logits, adapted, atol=1e-6)  # the trainer's model as it was
     assert resets == [1]
+
+
+def stand_in_engine(load_weights, reset=lambda: None):
+    """An object with vLLM's attribute path down to the engine's model (`load_weights`)."""
+    from types import SimpleNamespace
+
+    model = SimpleNamespace(load_weights=load_weights)
+    return SimpleNamespace(llm=SimpleNamespace(reset_prefix_cache=reset, llm_engine=SimpleNamespace(
+        model_executor=SimpleNamespace(driver_worker=SimpleNamespace(worker=SimpleNamespace(
+            model_runner=SimpleNamespace(model=model)))))))
+
+
+def test_weight_sync_never_moves_the_trainers_bf16_base(tiny_model_dir):
+    """merge_adapter() then unmerge_adapter() on a bf16 base is W + d - d, not exact: the frozen
+    teacher (adapters off), the student's base and final-merged drifted a little at every sync.
+    The synced weights are merged out of place: after 100 syncs the base is bit-identical, and
+    each synced weight is base + scale * B @ A in float32 cast once, i.e. merge_and_unload's
+    within one bf16 rounding."""
+    from peft import LoraConfig, get_peft_model
+
+    from fic.backends.vllm import sync_weights
+    from fic.core.model import load_model
+
+    policy = get_peft_model(load_model(tiny_model_dir, dtype="bfloat16"),
+                            LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"],
+                                       lora_dropout=0.0))
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.copy_(0.05 * torch.randn(p.shape, generator=g))
+    base = {n: p.detach().clone() for n, p in policy.named_parameters() if "lora_" not in n}
+    received = []
+    backend = stand_in_engine(lambda weights: received.append(dict(weights)))
+    for _ in range(100):
+        sync_weights(backend, policy, [], 0.0, print)
+    synced = received[-1]
+    for name, p in policy.named_parameters():
+        if "lora_" not in name:
+            assert torch.equal(p, base[name]), name
+    merged = copy.deepcopy(policy).merge_and_unload().state_dict()
+    assert set(synced) == set(merged)
+    lora_weights = 0
+    for module_name, module in policy.named_modules():
+        if hasattr(module, "base_layer") and hasattr(module, "lora_A"):
+            key = f"{module_name}.base_layer.weight".removeprefix("base_model.model.").replace(".base_layer", "")
+            w = module.base_layer.weight
+            exact = w.float() + module.get_delta_weight("default").float()
+            assert synced[key].dtype == torch.bfloat16 and torch.equal(synced[key], exact.to(torch.bfloat16)), key
+            ulp = torch.finfo(torch.bfloat16).eps * merged[key].float().abs()
+            assert torch.all((synced[key].float() - merged[key].float()).abs() <= ulp), key
+            assert not torch.equal(synced[key], w)  # the adapter is in it
+            lora_weights += 1
+    assert lora_weights == 3 * 2  # q_proj, v_proj and down_proj of both layers
+    for key in set(synced) - {k for k in synced if any(t in k for t in ("q_proj.w", "v_proj.w", "down_proj.w"))}:
+        assert torch.equal(synced[key], merged[key]), key
 
 
 def test_rollout_tasks_never_include_the_evaluation_instances(tmp_path):
@@ -566,6 +777,26 @@ def test_rollout_tasks_never_include_the_evaluation_instances(tmp_path):
         load_instances(cfg)
 
 
+def test_held_out_tasks_are_drawn_with_the_evals_own_seed_and_an_overlap_is_refused():
+    """The in-training held-out set used to be drawn with the training seed: from a generated
+    source, every held-out instance was a rollout task. eval.data has its own seed; an overlap
+    with the rollout tasks is refused in one line, before any model loads."""
+    from fic.training.vasd.inputs import load_held_out, load_rollout_tasks
+
+    common = ["data.source=reasoning-gym:gsm_symbolic", "data.limit=16", "data.seed=9", "regularizer.kind=none",
+              "train.max_steps=1", "eval.every=1", "eval.data.source=reasoning-gym:gsm_symbolic", "eval.data.limit=8"]
+    cfg = load_config(VASDConfig, None, [*common, "eval.data.seed=3"])
+    rollout_tasks, _, _ = load_rollout_tasks(cfg)
+    held_out = load_held_out(cfg, rollout_tasks)
+    assert len(held_out) == 8
+    assert not {i.task_id for i in held_out} & {i.task_id for i in rollout_tasks}
+    assert not {i.fields["question"] for i in held_out} & {i.fields["question"] for i in rollout_tasks}
+    same_seed = load_config(VASDConfig, None, [*common, "eval.data.seed=9"])
+    with pytest.raises(FicError, match=r"(\d+) of \1 held-out instances are rollout tasks too") as err:
+        load_held_out(same_seed, load_rollout_tasks(same_seed)[0])
+    assert "\n" not in str(err.value) and err.value.field == "eval.data"
+
+
 def test_bench_memory_figure_is_the_childs_own_peak_even_under_a_large_parent():
     """Linux carries ru_maxrss across exec: a child of a process that had grown past the
     computation's peak (the bench after its timed step) reported 0 MB for both ways."""
@@ -576,3 +807,115 @@ def test_bench_memory_figure_is_the_childs_own_peak_even_under_a_large_parent():
     assert ballast[-1] == 1
     assert 0 < figures["chunked_peak_mb"] < figures["naive_peak_mb"]
     assert figures["memory_ratio"] < 0.6 and figures["max_abs_diff"] < 1e-4
+
+
+# --------------------------------------------------------------------------- per-turn views and labels
+
+def test_per_turn_teacher_prompts_hold_exactly_the_shards_revealed_by_each_turn(smollm2_tokenizer):
+    from fic.core.chat import prompt_ids
+    from fic.data.views import system_message
+    from fic.training.vasd.distill import partial_prompts
+
+    conv = played(smollm2_tokenizer)
+    prompts = partial_prompts(smollm2_tokenizer, conv)
+    shards = [s.shard for s in conv.instance.shards]
+    assert len(prompts) == len(conv.turns) - 1 == 3
+    for k, prompt in enumerate(prompts):  # turn k has revealed shards 1..k+1, as one concat request
+        concat = "\n".join(f"- {s}" for s in shards[:k + 1])
+        text = smollm2_tokenizer.decode(prompt)
+        assert all(s in text for s in shards[:k + 1]) and not any(s in text for s in shards[k + 1:])
+        assert prompt == prompt_ids(smollm2_tokenizer, [system_message(conv.instance),
+                                                        {"role": "user", "content": text.split("user\n", 1)[1]
+                                                         .split("<|im_end|>")[0]}])
+        assert concat.split("\n")[-1][2:] in text
+    rollout = rollout_from(conv)
+    rollout.teacher_prompts, rollout.partial_prompts = teacher_prompts(smollm2_tokenizer, conv.instance, ["full"]), \
+        prompts
+    rollout.distilled = [(span, 0.5) for span in rollout.earlier] + [(rollout.final, 1.0)]
+    (row,) = student_rows([rollout], [], reference=False, first_tokens=0, first_weight=1.0)
+    student = [rollout.ids[t + 1] for t, y in enumerate(row["distill_targets"]) if y != IGNORE]
+    teacher = [token for prompt, reply in rollout.teacher_rows(0) for token in reply]
+    assert student == teacher  # the student's own reply ids, turn by turn, never re-tokenised
+    for (prompt, reply), (start, end) in zip(rollout.teacher_rows(0), rollout.earlier + [rollout.final]):
+        assert reply == rollout.ids[start:end]
+    weights = [w for w in row["distill_weights"] if w]
+    assert weights == [0.5] * sum(e - s for s, e in rollout.earlier) + [1.0] * len(rollout.answer_ids)
+
+
+def test_at_the_last_turn_the_per_turn_loss_is_todays_final_turn_loss(tiny_model_dir, smollm2_tokenizer):
+    """turns=all adds the earlier replies' terms; the final reply's term is exactly turns=final's."""
+    from fic.core.model import load_model
+
+    model = load_model(tiny_model_dir, dtype="float32").eval()
+    conv = played(smollm2_tokenizer)
+    terms = {}
+    for turns, weight in (("final", 1.0), ("all", 0.0), ("all", 1.0)):
+        cfg = load_config(VASDConfig, None, ["regularizer.kind=none", f"loss.turns={turns}",
+                                             f"loss.nonfinal_weight={weight}", "teacher.mode=live",
+                                             "train.max_steps=1", "train.micro_batch_size=1"])
+        parts = teacher_parts(cfg, model)
+        (batch,), _ = step_batches(cfg, [conv], [], smollm2_tokenizer, parts, device="cpu", autocast=no_autocast)
+        counts = batch.pop("counts")
+        loss = DistillLoss(model, parts.head, None, divergence="forward_kl", estimator="full", beta=0.5,
+                           temperature=1.0, top_k=8, chunk_tokens=4)
+        with torch.no_grad():
+            terms[(turns, weight)] = (loss(**batch)["distill"].item(), counts["distill"])
+    final, zero_weight, every = terms[("final", 1.0)], terms[("all", 0.0)], terms[("all", 1.0)]
+    # Equal but for float32 rounding: the teacher's forward batches the earlier turns' rows beside it.
+    assert zero_weight[0] == pytest.approx(final[0], rel=1e-4) and zero_weight[1] == final[1]
+    assert every[0] > final[0] and every[1] > final[1]  # the earlier turns add their own terms
+
+
+def test_deferral_labels_train_only_the_students_earlier_turns_on_a_gold_early_reply(smollm2_tokenizer):
+    from fic.core.chat import reply_ids
+    from fic.training.vasd.step import label_rows
+
+    backend = FunctionBackend(lambda p: "So 4 * 40 * 21 = 3360.\n#### 3360" if "40 games" in p else "Go on.",
+                              smollm2_tokenizer)  # answers (prematurely) from turn 3 on
+    (conv,) = make_conversations([ara()], ["sharded"], 1)
+    play([conv], backend, VerbatimUser(), RuleClassifier(), SamplingParams(max_new_tokens=64), stop_at_correct=False)
+    assert [t.label for t in conv.turns] == ["discussion", "discussion", "answer_attempt", "answer_attempt"]
+    cfg = load_config(VASDConfig, None, ["regularizer.kind=none", "labels.weight=1.0", "labels.max_turns=2",
+                                         "train.max_steps=1", "train.micro_batch_size=1"])
+    rows = label_rows(cfg, conv, smollm2_tokenizer)
+    assert len(rows) == 2
+    contexts = [len(r.context) for r in rows]
+    assert contexts[-1] == conv.turns[2].prompt_tokens  # the premature answer's state comes first
+    for row in rows:
+        assert row.context == conv.ids[:len(row.context)]  # the student's own ids, as it saw them
+        assert any(row.context == conv.ids[:t.prompt_tokens] for t in conv.turns[:-1])  # never the last turn
+        text = smollm2_tokenizer.decode(row.reply, skip_special_tokens=True)
+        assert row.reply == reply_ids(smollm2_tokenizer, text) and "####" not in text and "3360" not in text
+    (label_row,) = student_rows([], [], rows[:1], reference=False, first_tokens=0, first_weight=1.0)
+    trained = [y for y in label_row["label_targets"] if y != IGNORE]
+    assert trained == rows[0].reply and all(y == IGNORE for y in label_row["distill_targets"])
+    assert label_rows(load_config(VASDConfig, None, ["regularizer.kind=none", "train.max_steps=1"]), conv,
+                      smollm2_tokenizer) == []  # off by default
+
+
+def test_the_recipe_trains_with_per_turn_views_and_deferral_labels(tiny_model_dir, anchor_corpus, tmp_path):
+    from fic.cli.main import main
+
+    out = tmp_path / "run"
+    assert main(["train", "vasd", "--config", str(RECIPE), f"model.path={tiny_model_dir}",
+                 f"regularizer.anchor_path={anchor_corpus}", f"out={out}", "train.max_steps=2",
+                 "train.micro_batch_size=2", "rollout.max_new_tokens=6", "logging.wandb=false", "data.limit=8",
+                 "loss.keep_truncated=true", "loss.turns=all", "loss.decision_tokens=2", "loss.decision_weight=3",
+                 "labels.weight=1.0", "logging.progress=false"]) == 0
+    _, last = metrics(out)
+    assert last["labels_ce"] > 0 and math.isfinite(last["loss"]) and last["divergence_per_token"] > 0
+
+
+def test_bench_vasd_times_each_phase_and_reports_the_roofline(tiny_model_dir):
+    import argparse
+
+    from fic.bench import vasd as bench_vasd
+
+    parser = argparse.ArgumentParser()
+    bench_vasd.add_arguments(parser)
+    args = parser.parse_args(["--model", str(tiny_model_dir), "--rollouts", "2", "--micro-batch-size", "1",
+                              "--max-new-tokens", "4", "--repeats", "1", "--memory-tokens", "0"])
+    figures = bench_vasd.step_figures(args, chunk=16)
+    assert figures["step_s"] == pytest.approx(figures["rollout_s"] + figures["teacher_s"] + figures["student_s"]
+                                              + figures["optimizer_s"])
+    assert figures["bf16_matmul_2048_tflops"] > 0 and figures["passes_roofline_share"] > 0

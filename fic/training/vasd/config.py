@@ -19,7 +19,11 @@ MUST_MATCH = ("model.path", "model.dtype", "lora", "data", "exclude", "rollout",
               "regularizer.kind", "regularizer.anchor_share",
               "regularizer.anchor_targets", "regularizer.anchor_path", "regularizer.anchor_max_seq_len")
 REGULARIZERS = ("anchor", "reference", "both", "none")
+EMA_WITH_REFERENCE = ("in full fine-tuning teacher.mode=ema with a reference term would need a third copy of the model "
+                      "(the average, and the starting weights the reference reads): use LoRA, teacher.mode=frozen "
+                      "or live, or regularizer.kind=anchor")
 TEACHER_VIEWS = ("full", "concat", "both")
+TURNS = ("final", "all")
 
 
 @dataclass
@@ -48,7 +52,8 @@ class RolloutSection:
 @dataclass
 class TeacherSection:
     mode: str = setting("frozen", "frozen: the starting weights (LoRA: adapters off, no copy); live: the current "
-                        "weights under no-grad; ema: a moving average of the weights.", choices=("frozen", "live", "ema"))
+                        "weights under no-grad; ema: a moving average of the weights (accumulated in float32).",
+                        choices=("frozen", "live", "ema"))
     view: str = setting("full", "The teacher's single-turn view: full (the original instruction), concat (the shards "
                         "as one list) or both (their next-token distributions averaged).", choices=TEACHER_VIEWS)
     ema_rate: float = setting(0.99, "ema: weight of the old average at each step.", min=0.0, max=1.0)
@@ -68,6 +73,27 @@ class LossSection:
                                  min=0.01)
     keep_truncated: bool = setting(False, "Distill final replies cut by rollout.max_new_tokens too (they are counted "
                                    "either way).")
+    turns: str = setting("final", "final: the divergence on the final reply, against the whole request (the paper's "
+                         "VASD); all: on every reply, reply k against the single-turn request of what the user had "
+                         "revealed by turn k (per-turn view asymmetry: the teacher sees an incomplete request as "
+                         "one, where asking is easier to get right).", choices=TURNS)
+    nonfinal_weight: float = setting(1.0, "turns=all: weight of an earlier reply's tokens next to the final reply's.",
+                                     min=0.0)
+    decision_tokens: int = setting(0, "The first this many tokens of each distilled reply weigh decision_weight: "
+                                   "the ask-or-answer decision is made there.", min=0)
+    decision_weight: float = setting(1.0, "Weight of those first tokens.", min=0.0)
+
+
+@dataclass
+class LabelsSection:
+    weight: float = setting(0.0, "Weight of on-policy deferral labels (0: off): at the student's own earlier turns "
+                            "(its own replies, premature answers included, in the context), cross-entropy on the "
+                            "reply the corpus builder writes for that state (an ask for the next detail or a "
+                            "deferral): imitation on the states the policy visits, as in DAgger.", min=0.0)
+    max_turns: int = setting(1, "Labelled turns per rollout: its earliest premature answers first, then other "
+                             "earlier turns.", min=1)
+    ask_share: float = setting(0.5, "Share of labels that ask for the next detail rather than defer.", min=0.0,
+                               max=1.0)
 
 
 @dataclass
@@ -118,7 +144,8 @@ class VASDConfig(RunConfig):
                                       "out/data_overlap.json.")
     rollout: RolloutSection = setting(RolloutSection(), "On-policy rollouts of the sharded view.")
     teacher: TeacherSection = setting(TeacherSection(), "The single-turn teacher.")
-    loss: LossSection = setting(LossSection(), "The divergence on final-answer tokens.")
+    loss: LossSection = setting(LossSection(), "The divergence to the single-turn teacher.")
+    labels: LabelsSection = setting(LabelsSection(), "On-policy deferral labels at the student's earlier turns.")
     regularizer: RegularizerSection = setting(RegularizerSection(), "What keeps the deferral SFT taught.")
     eval: EvalSection = setting(EvalSection(), "Held-out evaluation during training.")
     logging: VASDLoggingSection = setting(VASDLoggingSection(), "wandb, metrics, progress and samples.")
@@ -142,5 +169,7 @@ class VASDConfig(RunConfig):
         if self.regularizer.kind in ("anchor", "both") and not self.regularizer.anchor_path:
             raise FicError(f"regularizer.kind={self.regularizer.kind} needs the SFT corpus whose deferrals it keeps",
                            path=source, field="regularizer.anchor_path")
+        if self.teacher.mode == "ema" and not self.lora.enabled and self.regularizer.kind in ("reference", "both"):
+            raise FicError(EMA_WITH_REFERENCE, path=source, field="teacher.mode")
         if self.eval.every and not self.eval.data.source:
             raise FicError("eval.every is set but eval.data.source is empty", path=source, field="eval.data.source")

@@ -3,19 +3,30 @@
 Token layout (nothing is ever re-tokenised). A rollout is a `fic.conversation.simulator.Conversation`
 played on-policy: `conv.ids` are the exact ids the student saw and wrote, and turn k's reply
 occupies `[turn.prompt_tokens, turn.prompt_tokens + turn.reply_tokens)` of them. The final
-reply is the reply to the last shard. The teacher reads
+reply is the reply to the last shard. For a distilled reply the teacher reads
 
-    teacher ids = prompt_ids(system + the single-turn view) + the student's final reply ids
+    teacher ids = prompt_ids(system + a single-turn view) + the student's own reply ids
 
-so answer token j sits at student position p + j and teacher position q + j, where p and q
+so reply token j sits at student position p + j and teacher position q + j, where p and q
 are the two prompt lengths: the loss at position t predicts token t + 1, and both sides are
-read at the same answer tokens, one for one.
+read at the same reply tokens, one for one. The final reply's single-turn view is
+`teacher.view` (the whole request); with `loss.turns: all` every earlier reply k is distilled
+too, against the single-turn view of what the user had revealed by turn k (the concat view of
+those shards, `fic.data.views.partial_instance`): a teacher that reads an incomplete request
+in one turn, where it is easier to see that something is missing.
 
 Rows of one micro-batch (right-padded, one forward of the student):
 
-- `distill_targets`: the final reply's next-token targets (rollouts); the divergence to the
-  teacher is taken there. `teacher_hidden` holds the teacher's hidden states at the same
-  answer tokens, in the same row-major order, shaped [n_answer_tokens, views, hidden].
+- `distill_targets`/`distill_weights`: the distilled replies' next-token targets (rollouts)
+  and their weights (`loss.nonfinal_weight` on earlier replies, `loss.decision_weight` on the
+  first `loss.decision_tokens` of each); the divergence to the teacher is taken there.
+  `teacher_hidden` holds the teacher's hidden states at the same tokens, in the same
+  row-major order, shaped [n_reply_tokens, views, hidden] (an earlier reply's one view fills
+  every slot).
+- `label_targets`/`label_weights` (`labels.weight`): the student's own context at one of its
+  earlier turns followed by a gold ask or deferral for that state (`Task.early_reply`), trained
+  with cross-entropy: imitation on the states the policy visits (DAgger), premature answers
+  included in the context.
 - `anchor_targets`/`anchor_weights`: an SFT-corpus conversation's non-final assistant turns
   (its deferrals and asks), trained with cross-entropy to keep what SFT taught.
 - `reference_targets`/`reference_weights`: a rollout's non-final replies, pulled towards the
@@ -33,7 +44,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from fic.core.chat import prompt_ids
-from fic.data.views import system_message, user_turns
+from fic.data.views import partial_instance, system_message, user_turns
 from fic.training.data import IGNORE, Example
 from fic.training.losses import causal_lm, decoder_and_head, divergence_rows, softcap_of, weighted_ce_rows
 
@@ -47,10 +58,19 @@ class Rollout:
     earlier: list[tuple[int, int]]          # spans of the non-final replies
     finished: bool                          # the final reply ended with its end-of-turn token
     teacher_prompts: list[list[int]] = field(default_factory=list)  # one per teacher view
+    partial_prompts: list[list[int]] = field(default_factory=list)  # one per earlier reply (loss.turns: all)
+    distilled: list[tuple[tuple[int, int], float]] = field(default_factory=list)  # (span, weight) to distill
 
     @property
     def answer_ids(self) -> list[int]:
         return self.ids[self.final[0]:self.final[1]]
+
+    def teacher_rows(self, view: int) -> list[tuple[list[int], list[int]]]:
+        """(teacher prompt, reply ids) of each distilled reply, in order, for teacher view slot
+        `view`: the final reply reads that view, an earlier reply its partial request."""
+        earlier = {span: k for k, span in enumerate(self.earlier)}
+        return [(self.teacher_prompts[view] if span == self.final else self.partial_prompts[earlier[span]],
+                 self.ids[span[0]:span[1]]) for span, _ in self.distilled]
 
 
 def rollout_from(conv: Any) -> Rollout:
@@ -60,6 +80,24 @@ def rollout_from(conv: Any) -> Rollout:
         raise ValueError("the conversation has no final reply at the end of its ids")
     return Rollout(ids=list(conv.ids), final=spans[-1], earlier=spans[:-1],
                    finished=conv.turns[-1].finish_reason == "stop")
+
+
+def revealed_by_turn(conv: Any) -> list[list[int]]:
+    """The shard ids the user had revealed by each turn of a played conversation (cumulative)."""
+    seen: list[int] = []
+    out = []
+    for turn in conv.turns:
+        seen += [i for i in turn.shard_ids if i not in seen]
+        out.append(list(seen))
+    return out
+
+
+def partial_prompts(tokenizer: Any, conv: Any) -> list[list[int]]:
+    """The teacher's prompt ids for each earlier reply of `conv`: the task's system prompt and, as
+    one user turn, the concat view of the shards revealed by that turn."""
+    return [prompt_ids(tokenizer, [system_message(conv.instance), {
+        "role": "user", "content": user_turns(partial_instance(conv.instance, shown), "concat")[0]}])
+        for shown in revealed_by_turn(conv)[:-1]]
 
 
 def teacher_prompts(tokenizer: Any, instance: Any, views: Sequence[str]) -> list[list[int]]:
@@ -95,21 +133,56 @@ def runs_of(targets: Sequence[int]) -> list[tuple[int, int]]:
     return spans
 
 
-def student_rows(rollouts: Sequence[Rollout], anchors: Sequence[Example], *, use_final: Sequence[bool],
-                 reference: bool, first_tokens: int, first_weight: float) -> list[dict]:
-    """One row per rollout then per anchor example, as lists (see the module docstring)."""
+@dataclass
+class LabelRow:
+    """The student's own ids up to the generation prompt of one of its earlier turns, and the
+    gold reply's ids for that state (labels: imitation on the states the policy visits)."""
+
+    context: list[int]
+    reply: list[int]
+
+
+def decision_weighted(spans: Sequence[tuple[tuple[int, int], float]], length: int, ids: Sequence[int],
+                      decision_tokens: int, decision_weight: float) -> tuple[list[int], list[float]]:
+    """Targets and weights of the (span, weight) pairs: each span's tokens weigh its weight, its
+    first `decision_tokens` tokens that times `decision_weight`."""
+    targets, weights = [IGNORE] * length, [0.0] * length
+    for (start, end), weight in spans:
+        span_t, span_w = weighted_spans(length, [(start, end)], ids, decision_tokens, decision_weight)
+        for t in range(start - 1, end - 1):
+            targets[t], weights[t] = span_t[t], weight * span_w[t]
+    return targets, weights
+
+
+def _row(ids: list[int], **filled: list) -> dict:
+    n = len(ids)
+    row = {"input_ids": ids, "distill_targets": [IGNORE] * n, "distill_weights": [0.0] * n,
+           "reference_targets": [IGNORE] * n, "reference_weights": [0.0] * n, "anchor_targets": [IGNORE] * n,
+           "anchor_weights": [0.0] * n, "label_targets": [IGNORE] * n, "label_weights": [0.0] * n}
+    return {**row, **filled}
+
+
+def student_rows(rollouts: Sequence[Rollout], anchors: Sequence[Example], labels: Sequence[LabelRow] = (), *,
+                 reference: bool, first_tokens: int, first_weight: float, decision_tokens: int = 0,
+                 decision_weight: float = 1.0) -> list[dict]:
+    """One row per rollout, then per anchor example, then per label row, as lists (see the module
+    docstring). A rollout's distilled replies are its `distilled` (span, weight) pairs."""
     rows = []
-    for rollout, final in zip(rollouts, use_final):
+    for rollout in rollouts:
         n = len(rollout.ids)
-        distill, _ = weighted_spans(n, [rollout.final] if final else [], rollout.ids, 0, 1.0)
+        distill_t, distill_w = decision_weighted(rollout.distilled, n, rollout.ids, decision_tokens, decision_weight)
         ref_t, ref_w = weighted_spans(n, rollout.earlier if reference else [], rollout.ids, first_tokens, first_weight)
-        rows.append({"input_ids": rollout.ids, "distill_targets": distill, "reference_targets": ref_t,
-                     "reference_weights": ref_w, "anchor_targets": [IGNORE] * n, "anchor_weights": [0.0] * n})
+        rows.append(_row(rollout.ids, distill_targets=distill_t, distill_weights=distill_w, reference_targets=ref_t,
+                         reference_weights=ref_w))
     for example in anchors:
-        n = len(example.input_ids)
-        anchor_t, anchor_w = weighted_spans(n, runs_of(example.targets), example.input_ids, first_tokens, first_weight)
-        rows.append({"input_ids": example.input_ids, "distill_targets": [IGNORE] * n, "reference_targets": [IGNORE] * n,
-                     "reference_weights": [0.0] * n, "anchor_targets": anchor_t, "anchor_weights": anchor_w})
+        anchor_t, anchor_w = weighted_spans(len(example.input_ids), runs_of(example.targets), example.input_ids,
+                                            first_tokens, first_weight)
+        rows.append(_row(example.input_ids, anchor_targets=anchor_t, anchor_weights=anchor_w))
+    for label in labels:
+        ids = label.context + label.reply
+        span = (len(label.context), len(ids))
+        label_t, label_w = weighted_spans(len(ids), [span], ids, first_tokens, first_weight)
+        rows.append(_row(ids, label_targets=label_t, label_weights=label_w))
     return rows
 
 
@@ -118,9 +191,9 @@ def collate_rows(rows: Sequence[dict], pad_id: int) -> dict[str, torch.Tensor]:
     width = max(len(r["input_ids"]) for r in rows)
     batch = {"input_ids": torch.full((len(rows), width), pad_id, dtype=torch.long),
              "attention_mask": torch.zeros((len(rows), width), dtype=torch.long)}
-    for name in ("distill_targets", "reference_targets", "anchor_targets"):
+    for name in ("distill_targets", "reference_targets", "anchor_targets", "label_targets"):
         batch[name] = torch.full((len(rows), width), IGNORE, dtype=torch.long)
-    for name in ("reference_weights", "anchor_weights"):
+    for name in ("distill_weights", "reference_weights", "anchor_weights", "label_weights"):
         batch[name] = torch.zeros((len(rows), width), dtype=torch.float32)
     for i, row in enumerate(rows):
         n = len(row["input_ids"])
@@ -132,8 +205,9 @@ def collate_rows(rows: Sequence[dict], pad_id: int) -> dict[str, torch.Tensor]:
 
 def batch_counts(batch: dict[str, torch.Tensor]) -> dict[str, float]:
     """Positions (or total weight) of each loss term in a collated micro-batch."""
-    return {"distill": float((batch["distill_targets"] != IGNORE).sum()),
+    return {"distill": float(batch["distill_weights"].sum()),
             "anchor": float(batch["anchor_weights"].sum()),
+            "labels": float(batch["label_weights"].sum()),
             "reference": float(batch["reference_weights"].sum()),
             "tokens": float(batch["attention_mask"].sum())}
 
@@ -142,8 +216,9 @@ def hidden_at(net: torch.nn.Module, sequences: Sequence[list[int]], positions: S
               pad_id: int, device: Any) -> torch.Tensor:
     """Hidden states of `net` (no gradient) at the given positions of each sequence, rows in
     order: sequence by sequence, positions as listed. One right-padded forward pass."""
-    if not sequences:
-        return torch.zeros((0, causal_lm(net).config.hidden_size), device=device)
+    if not sequences:  # in the weights' dtype, as the rows of a forward pass would be
+        dtype = next(net.parameters()).dtype
+        return torch.zeros((0, causal_lm(net).config.hidden_size), device=device, dtype=dtype)
     body, _ = decoder_and_head(net)
     width = max(len(s) for s in sequences)
     ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
@@ -159,22 +234,33 @@ def hidden_at(net: torch.nn.Module, sequences: Sequence[list[int]], positions: S
 
 class DistillLoss(torch.nn.Module):
     """The student's forward for one micro-batch; returns the summed loss terms `distill`
-    (divergence to the teacher at answer tokens), `anchor` (cross-entropy on SFT deferral turns)
-    and `reference` (divergence to the starting model on earlier replies).
+    (divergence to the teacher at the distilled replies' tokens), `anchor` (cross-entropy on SFT
+    corpus turns), `labels` (cross-entropy on gold replies at the student's own states) and
+    `reference` (divergence to the starting model on earlier replies).
 
     `teacher_head` and `reference_head` map hidden rows to logits with no gradient (the same
-    head for a live teacher or LoRA with adapters off, a frozen copy's head otherwise); they are
-    closures, not submodules, so DDP and DeepSpeed never see the teacher's weights.
+    head for a live teacher or LoRA with adapters off, a frozen copy's head otherwise). They are
+    kept out of the module tree (a module assigned as an attribute would be registered as a
+    submodule): the state dict, the checkpoints, the optimizer and the DDP/DeepSpeed wrapper see
+    the student's weights only, never a frozen or moving-average copy's head.
     """
 
     def __init__(self, model: torch.nn.Module, teacher_head: Callable, reference_head: Callable | None, *,
                  divergence: str, estimator: str, beta: float, temperature: float, top_k: int, chunk_tokens: int):
         super().__init__()
         self.model = model
-        self.teacher_head, self.reference_head = teacher_head, reference_head
+        self._heads = (teacher_head, reference_head)  # a tuple: nn.Module does not register what it holds
         self.kind, self.estimator, self.beta = divergence, estimator, beta
         self.temperature, self.top_k, self.chunk_tokens = temperature, top_k, chunk_tokens
         self.softcap = softcap_of(model)
+
+    @property
+    def teacher_head(self) -> Callable:
+        return self._heads[0]
+
+    @property
+    def reference_head(self) -> Callable | None:
+        return self._heads[1]
 
     @property
     def config(self) -> Any:  # DeepSpeed reads hidden_size from here
@@ -193,14 +279,16 @@ class DistillLoss(torch.nn.Module):
         return weighted_ce_rows(head, hidden[where], targets[where], weights[where], self.chunk_tokens, self.softcap)
 
     def forward(self, *, input_ids: torch.Tensor, attention_mask: torch.Tensor, distill_targets: torch.Tensor,
-                teacher_hidden: torch.Tensor, anchor_targets: torch.Tensor, anchor_weights: torch.Tensor,
-                reference_targets: torch.Tensor, reference_weights: torch.Tensor,
+                distill_weights: torch.Tensor, teacher_hidden: torch.Tensor, anchor_targets: torch.Tensor,
+                anchor_weights: torch.Tensor, reference_targets: torch.Tensor, reference_weights: torch.Tensor,
+                label_targets: torch.Tensor, label_weights: torch.Tensor,
                 reference_hidden: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         body, head = decoder_and_head(self.model)
         hidden = body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
-        ones = torch.ones_like(distill_targets, dtype=torch.float32)
-        terms = {"distill": self._term(hidden, distill_targets, ones, teacher_hidden, head, self.teacher_head),
-                 "anchor": self._anchor(hidden, anchor_targets, anchor_weights, head)}
+        terms = {"distill": self._term(hidden, distill_targets, distill_weights, teacher_hidden, head,
+                                       self.teacher_head),
+                 "anchor": self._anchor(hidden, anchor_targets, anchor_weights, head),
+                 "labels": self._anchor(hidden, label_targets, label_weights, head)}
         if reference_hidden is not None and self.reference_head is not None:
             terms["reference"] = self._term(hidden, reference_targets, reference_weights, reference_hidden[:, None],
                                             head, self.reference_head)

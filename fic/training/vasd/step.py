@@ -13,22 +13,34 @@ from typing import Any, Callable
 
 import torch
 
+from fic import tasks
 from fic.backends.hf import HFBackend
 from fic.backends.vllm import colocated_engine, sync_weights
 from fic.conversation.classify import make_classifier
 from fic.conversation.simulator import make_conversations, play
 from fic.conversation.users import make_user
+from fic.core.chat import reply_ids
+from fic.core.errors import FicError
 from fic.core.generation import SamplingParams
+from fic.core.seeding import seeded_rng
 from fic.training.losses import decoder_and_head
-from fic.training.vasd.config import VASDConfig
+from fic.training.vasd.config import EMA_WITH_REFERENCE, VASDConfig
 from fic.training.vasd.distill import (
+    LabelRow,
     batch_counts,
     collate_rows,
     hidden_at,
+    partial_prompts,
     rollout_from,
     student_rows,
     teacher_prompts,
 )
+
+# Why a rollout is left out of the distillation: it ended before the last shard (the
+# conversation outgrew rollout.max_conversation_tokens), the teacher's prompt is over
+# teacher.max_prompt_tokens, or its final reply was cut by rollout.max_new_tokens (unless
+# loss.keep_truncated).
+LEFT_OUT = ("cut_before_last_shard", "teacher_prompt_too_long", "truncated_final")
 
 
 def teacher_views(cfg: VASDConfig) -> list[str]:
@@ -52,12 +64,17 @@ class TeacherParts:
     ref_net: Any = None
     ref_context: Callable[[], Any] = nullcontext
     ref_head: Callable | None = None
+    ema: EmaTeacher | None = None  # teacher.mode=ema: the float32 average written into `copy`
 
 
 def teacher_parts(cfg: VASDConfig, model: Any) -> TeacherParts:
-    """Who plays teacher and reference for `cfg` (see `TeacherParts`)."""
+    """Who plays teacher and reference for `cfg` (see `TeacherParts`). The reference always reads
+    the starting weights: with LoRA the adapter-free model, in full fine-tuning a frozen copy,
+    which is never the moving average (that would take a third copy: refused)."""
     lora = cfg.lora.enabled
     needs_reference = cfg.regularizer.kind in ("reference", "both")
+    if needs_reference and not lora and cfg.teacher.mode == "ema":
+        raise FicError(EMA_WITH_REFERENCE, field="teacher.mode")
     copy_model = None
     if cfg.teacher.mode == "ema" or (not lora and (cfg.teacher.mode == "frozen" or needs_reference)):
         copy_model = copy.deepcopy(model).eval()
@@ -82,33 +99,66 @@ def teacher_parts(cfg: VASDConfig, model: Any) -> TeacherParts:
         net, context = copy_model, nullcontext
     else:
         net, context = frozen_net, frozen_context
-    parts = TeacherParts(net=net, context=context, head=head_of(net, context), copy=copy_model)
+    parts = TeacherParts(net=net, context=context, head=head_of(net, context), copy=copy_model,
+                         ema=EmaTeacher(copy_model, model) if cfg.teacher.mode == "ema" else None)
     if needs_reference:
         parts.ref_net, parts.ref_context = frozen_net, frozen_context
         parts.ref_head = head_of(frozen_net, frozen_context)
     return parts
 
 
-def ema_update(copy_model: Any, model: Any, rate: float) -> None:
-    """Move the copy's trained weights towards the model's: copy = rate * copy + (1 - rate) * model."""
-    trained = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    with torch.no_grad():
-        for name, param in copy_model.named_parameters():
-            if name in trained:
-                param.mul_(rate).add_(trained[name].detach(), alpha=1 - rate)
+class EmaTeacher:
+    """The moving average of the trained weights, accumulated in float32.
 
+    `update` sets average = rate * average + (1 - rate) * model for every trained weight and
+    writes it into the copy the teacher runs (cast to the copy's dtype). In bf16 the step
+    (1 - rate) * (model - average) is mostly under half a unit in the last place and rounds away
+    (after 50 updates at 0.99, 2.5% of the entries had moved, against 39% in float32), so weights
+    below float32 get a float32 master (4 bytes per trained weight: the adapter with LoRA); float32
+    weights are their own master. `state` (the masters, saved as `ema.safetensors`) and `load`
+    make a resume exact."""
 
-def ema_state(copy_model: Any, model: Any) -> dict:
-    trained = {n for n, p in model.named_parameters() if p.requires_grad}
-    return {n: p.detach().cpu().contiguous() for n, p in copy_model.named_parameters() if n in trained}
+    def __init__(self, copy_model: Any, model: Any):
+        trained = [n for n, p in model.named_parameters() if p.requires_grad]
+        weights = dict(copy_model.named_parameters())
+        self.weights = {n: weights[n] for n in trained}
+        self.master = {n: p.data if p.dtype == torch.float32 else p.detach().float().clone()
+                       for n, p in self.weights.items()}
+
+    def update(self, model: Any, rate: float) -> None:
+        current = dict(model.named_parameters())
+        with torch.no_grad():
+            for name, master in self.master.items():
+                master.mul_(rate).add_(current[name].detach().float(), alpha=1 - rate)
+                self._write(name)
+
+    def state(self) -> dict:
+        return {n: m.detach().cpu().contiguous() for n, m in self.master.items()}
+
+    def load(self, state: dict) -> None:
+        missing = sorted(set(self.master) - set(state))
+        if missing:
+            raise FicError(f"the EMA teacher's saved weights lack {len(missing)} trained weight(s), e.g. {missing[0]}",
+                           field="resume")
+        with torch.no_grad():
+            for name, master in self.master.items():
+                master.copy_(state[name].to(master.device, torch.float32))
+                self._write(name)
+
+    def _write(self, name: str) -> None:
+        weight, master = self.weights[name], self.master[name]
+        if weight.data_ptr() != master.data_ptr():
+            weight.data.copy_(master)
 
 
 def step_batches(cfg: VASDConfig, convs: list, anchors: list, tokenizer: Any, parts: TeacherParts, *, device: Any,
                  autocast: Any) -> tuple[list[dict], Counter]:
-    """The G micro-batches of one step: student rows with teacher (and reference) hidden states,
-    and counts of what was left out of the distillation and why."""
+    """The G micro-batches of one step, always G of them: student rows with teacher (and
+    reference) hidden states; and counts of the rollouts left out of the distillation, once each
+    under the first reason that applies (`LEFT_OUT`), their total (`rollouts`) and the
+    micro-batches that had nothing to train (`empty_micro_batches`)."""
     G, mbs = cfg.train.grad_accum_steps, cfg.train.micro_batch_size
-    counts: Counter = Counter()
+    counts: Counter = Counter({name: 0 for name in (*LEFT_OUT, "empty_micro_batches")})
     rollouts, use = [], []
     for conv in convs:
         if conv.stop_reason != "last_turn":
@@ -118,31 +168,44 @@ def step_batches(cfg: VASDConfig, convs: list, anchors: list, tokenizer: Any, pa
             continue
         rollout = rollout_from(conv)
         rollout.teacher_prompts = teacher_prompts(tokenizer, conv.instance, teacher_views(cfg))
-        keep = rollout.finished or cfg.loss.keep_truncated
-        if not rollout.finished:
-            counts["truncated_final"] += 1
-        if max(len(p) for p in rollout.teacher_prompts) > cfg.teacher.max_prompt_tokens:
+        if cfg.loss.turns == "all":
+            rollout.partial_prompts = partial_prompts(tokenizer, conv)
+        keep = True
+        if max(len(p) for p in rollout.teacher_prompts + rollout.partial_prompts) > cfg.teacher.max_prompt_tokens:
             counts["teacher_prompt_too_long"] += 1
             keep = False
+        elif not rollout.finished and not cfg.loss.keep_truncated:
+            counts["truncated_final"] += 1  # distilled anyway under keep_truncated: not left out
+            keep = False
+        if keep:
+            earlier = rollout.earlier if cfg.loss.turns == "all" else []
+            rollout.distilled = [(span, cfg.loss.nonfinal_weight) for span in earlier] + [(rollout.final, 1.0)]
         rollouts.append(rollout)
         use.append(keep)
+    counts["rollouts"] = sum(counts[reason] for reason in LEFT_OUT)
     batches = []
     for g in range(G):
         part = [(r, u) for r, u in zip(rollouts[g * mbs:(g + 1) * mbs], use[g * mbs:(g + 1) * mbs]) if r is not None]
         mine = [a for k, a in enumerate(anchors) if k % G == g]
-        if not part and not mine:
-            continue
+        labels = [row for conv in convs[g * mbs:(g + 1) * mbs] for row in label_rows(cfg, conv, tokenizer)]
         reference = parts.ref_head is not None
-        rows = student_rows([r for r, _ in part], mine, use_final=[u for _, u in part], reference=reference,
-                            first_tokens=cfg.regularizer.first_tokens, first_weight=cfg.regularizer.first_token_weight)
+        rows = student_rows([r for r, _ in part], mine, labels, reference=reference,
+                            first_tokens=cfg.regularizer.first_tokens, first_weight=cfg.regularizer.first_token_weight,
+                            decision_tokens=cfg.loss.decision_tokens, decision_weight=cfg.loss.decision_weight)
+        if not rows:
+            # Every rollout of this micro-batch was left out and no anchor landed here. It still
+            # runs (one token, no target: every term a zero with a gradient graph), so each rank
+            # does the same G forward and backward passes with the same collective calls, and
+            # the accumulation window stays in step with accelerate's gradient sync.
+            counts["empty_micro_batches"] += 1
+            rows = [empty_row(tokenizer.pad_token_id)]
         batch = collate_rows(rows, tokenizer.pad_token_id)
-        distilled = [r for r, u in part if u]
         views = []
         with parts.context(), autocast():
             for v in range(len(teacher_views(cfg))):
-                sequences = [r.teacher_prompts[v] + r.answer_ids for r in distilled]
-                positions = [range(len(r.teacher_prompts[v]) - 1, len(r.teacher_prompts[v]) - 1 + len(r.answer_ids))
-                             for r in distilled]
+                pairs = [pair for r, _ in part for pair in r.teacher_rows(v)]
+                sequences = [prompt + reply for prompt, reply in pairs]
+                positions = [range(len(prompt) - 1, len(prompt) - 1 + len(reply)) for prompt, reply in pairs]
                 views.append(hidden_at(parts.net, sequences, positions, tokenizer.pad_token_id, device))
         batch["teacher_hidden"] = _stack_views(views)
         if reference:
@@ -151,8 +214,36 @@ def step_batches(cfg: VASDConfig, convs: list, anchors: list, tokenizer: Any, pa
                 batch["reference_hidden"] = hidden_at(parts.ref_net, [r.ids for r, _ in part], positions,
                                                       tokenizer.pad_token_id, device)
         batch["counts"] = batch_counts(batch)
+        if not part and not mine and not labels:
+            batch["counts"]["tokens"] = 0.0
         batches.append(batch)
     return batches, counts
+
+
+def empty_row(pad_id: int) -> dict:
+    """A one-token student row that trains nothing (the stand-in for an empty micro-batch); the
+    token is attended, so no attention row is fully masked."""
+    return student_rows([], [], [LabelRow([pad_id], [])], reference=False, first_tokens=0, first_weight=1.0)[0]
+
+
+def label_rows(cfg: VASDConfig, conv: Any, tokenizer: Any) -> list[LabelRow]:
+    """On-policy deferral labels (`labels.weight`): at up to `labels.max_turns` of the student's
+    earlier turns, its own ids up to that turn's generation prompt and the gold reply for that
+    state, an ask for the next shard's detail or a deferral (`Task.early_reply`, no value not
+    given yet). Its earliest premature answers are labelled first: those are the states to fix."""
+    if not cfg.labels.weight or len(conv.turns) < 2 or conv.stop_reason != "last_turn":
+        return []
+    task = tasks.get(conv.instance.task)
+    earlier = list(range(len(conv.turns) - 1))
+    chosen = sorted(earlier, key=lambda k: (conv.turns[k].label != "answer_attempt", k))[:cfg.labels.max_turns]
+    rows = []
+    for k in sorted(chosen):
+        rng = seeded_rng(cfg.train.seed, "labels", conv.instance.task_id, conv.run, k)
+        revealed = {v for turn in conv.turns[:k + 1] for v in task.values_in(turn.user, conv.instance)}
+        text, _ = task.early_reply(conv.turns[k + 1].user, revealed, rng, conv.instance,
+                                   ask=rng.random() < cfg.labels.ask_share, used=set())
+        rows.append(LabelRow(list(conv.ids[:conv.turns[k].prompt_tokens]), reply_ids(tokenizer, text)))
+    return rows
 
 
 def _stack_views(views: list) -> Any:

@@ -1,0 +1,54 @@
+"""How far a step is from the hardware: the machine's own bf16 matmul rate, measured in the
+same run, against the FLOP/s a training step achieves.
+
+FLOPs of a decoder step are counted the usual way (Kaplan et al. 2020; Korthikanti et al. 2022):
+a forward pass costs 2 x (non-embedding parameters) per token plus the causal attention scores
+and values, 2 x layers x hidden x T^2 per sequence of length T; the LM head, 2 x hidden x vocab
+per row it runs on (FiC runs it on target rows only); a backward pass costs twice its forward.
+Padding is not counted: it is work the hardware does but the step does not need.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+import torch
+
+
+def matmul_rate(dtype: torch.dtype = torch.bfloat16, n: int = 2048, repeats: int = 5) -> float:
+    """FLOP/s of an n x n matrix product in `dtype` on this machine, now (the best of `repeats`)."""
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randn(n, n, generator=generator).to(dtype)
+    b = torch.randn(n, n, generator=generator).to(dtype)
+    a @ b  # warm-up: kernel selection and page faults
+    best = float("inf")
+    for _ in range(repeats):
+        began = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - began)
+    return 2 * n ** 3 / best
+
+
+def shape(model: Any) -> dict:
+    """Non-embedding parameters, layers, hidden size and vocabulary of a causal LM."""
+    config = model.config
+    embedding = model.get_input_embeddings().weight.numel()
+    head = model.get_output_embeddings()
+    tied = head is None or head.weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+    total = sum(p.numel() for p in model.parameters())
+    body = total - embedding - (0 if tied else head.weight.numel())
+    return {"body_params": body, "layers": config.num_hidden_layers, "hidden": config.hidden_size,
+            "vocab": model.get_input_embeddings().weight.shape[0]}
+
+
+def forward_flops(dims: dict, lengths: Sequence[int], head_rows: int) -> float:
+    """FLOPs of one forward pass over sequences of `lengths`, the LM head on `head_rows` rows."""
+    tokens = sum(lengths)
+    attention = 2 * dims["layers"] * dims["hidden"] * sum(t * t for t in lengths)
+    return 2 * dims["body_params"] * tokens + attention + 2 * dims["hidden"] * dims["vocab"] * head_rows
+
+
+def train_flops(dims: dict, lengths: Sequence[int], head_rows: int) -> float:
+    """FLOPs of a forward and backward pass (backward: twice the forward)."""
+    return 3 * forward_flops(dims, lengths, head_rows)

@@ -1,0 +1,127 @@
+"""`fic report RUN_DIR`: (re)draw a run's figures from its files, finished or still running.
+
+- a training run (`metrics.jsonl`: `fic train sft`, `fic train vasd`): `curves.png`;
+- an evaluation (`conversations.jsonl`, `metrics.json`: `fic eval`): `report.md`,
+  `scores_by_view.png`, `answer_timing.png`, `tokens_per_conversation.png`; an evaluation still
+  playing (no `metrics.json` yet) is summarised from the conversations finished so far;
+- a demo folder (`stages/`: `fic demo`): every training run and evaluation in it, and
+  `demo_scores.png` from `stages/report.json`.
+
+Files are only read (a line a running job is writing is passed over); figures go to RUN_DIR,
+or with `--out` to another folder (a read-only run folder, a shared disk).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from fic.core.errors import FicError
+from fic.core.files import check_writable, read_json
+from fic.demo.report import PLOT, plot_demo
+from fic.evaluation.metrics import summarize
+from fic.evaluation.report import write_report
+from fic.training.curves import CURVES_PNG, read_metrics, write_curves
+
+
+def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
+    parser.add_argument("run_dir", metavar="RUN_DIR",
+                        help="a training run (out of fic train sft/vasd), an evaluation (out of fic eval) or a "
+                        "demo folder (runs/demo)")
+    parser.add_argument("--out", default=None, metavar="FOLDER",
+                        help="write the figures here instead of into RUN_DIR (a demo keeps its layout below it)")
+
+
+def kind_of(folder: Path) -> str | None:
+    if (folder / "stages").is_dir():
+        return "demo"
+    if (folder / "metrics.jsonl").is_file():
+        return "training"
+    if (folder / "conversations.jsonl").is_file() or (folder / "metrics.json").is_file():
+        return "evaluation"
+    return None
+
+
+def _read_json(path: Path) -> dict:
+    value = read_json(path)  # the guarded reader: bad JSON, nesting, huge numbers, devices are one line
+    if not isinstance(value, dict):
+        raise FicError("expected a JSON object", path=str(path))
+    return value
+
+
+def _conversations(path: Path) -> list[dict]:
+    """The finished conversations, read only (the evaluation may be appending to the file)."""
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError):  # a line being written, or one no reader could take
+            continue
+        if isinstance(record, dict) and {"task", "view", "task_id", "score", "turns"} <= set(record):
+            records.append(record)
+    return records
+
+
+def report_training(folder: Path, out: Path) -> list[Path]:
+    path = write_curves(folder, out / CURVES_PNG)
+    if path is None:
+        raise FicError("no step logged yet in metrics.jsonl; nothing to draw", path=str(folder / "metrics.jsonl"))
+    return [path]
+
+
+def report_evaluation(folder: Path, out: Path) -> list[Path]:
+    records = _conversations(folder / "conversations.jsonl")
+    if (folder / "metrics.json").is_file():
+        metrics = _read_json(folder / "metrics.json")
+        if not isinstance(metrics.get("tasks"), dict) or not isinstance(metrics.get("views"), dict):
+            raise FicError("not the metrics.json of a fic eval run (no tasks/views)", path=str(folder / "metrics.json"))
+    elif records:
+        metrics = summarize(records)  # still playing: the conversations finished so far, no baseline
+        metrics["settings"] = {}
+    else:
+        raise FicError("no finished conversation yet; nothing to draw", path=str(folder / "conversations.jsonl"))
+    report = write_report(out, metrics, records)
+    return [report, *(out / name for name in ("scores_by_view.png", "answer_timing.png", "tokens_per_conversation.png"))]
+
+
+def report_demo(folder: Path, out: Path) -> list[Path]:
+    written = []
+    for sub in sorted(p for p in folder.rglob("*") if p.is_dir()):
+        kind = kind_of(sub)
+        target = out / sub.relative_to(folder)
+        if kind == "training" and read_metrics(sub / "metrics.jsonl"):
+            written += report_training(sub, target)
+        elif kind == "evaluation" and ((sub / "metrics.json").is_file() or _conversations(sub / "conversations.jsonl")):
+            written += report_evaluation(sub, target)
+    marker = folder / "stages" / "report.json"
+    if marker.is_file():
+        path = plot_demo(_read_json(marker).get("figures") or {"sets": {}}, out / PLOT)
+        written += [path] if path is not None else []
+    if not written:
+        raise FicError("no finished stage to draw yet (no training metrics, evaluation or report)", path=str(folder))
+    return written
+
+
+def run(args: argparse.Namespace) -> int:
+    folder = Path(args.run_dir)
+    out = Path(args.out) if args.out else folder
+    if args.out:  # before anything is read
+        check_writable(out, folder=True, field="--out")
+    if not folder.exists():
+        raise FicError("no such run folder", path=str(folder), field="RUN_DIR")
+    if not folder.is_dir():
+        raise FicError("is a file, expected a run folder (the out folder of fic train, fic eval or fic demo)",
+                       path=str(folder), field="RUN_DIR")
+    kind = kind_of(folder)
+    if kind is None:
+        raise FicError("not a run folder: expected metrics.jsonl (a training run), conversations.jsonl or "
+                       "metrics.json (an evaluation), or stages/ (a demo)", path=str(folder), field="RUN_DIR")
+    if not args.out:
+        check_writable(out, folder=True, field="RUN_DIR")
+    written = {"training": report_training, "evaluation": report_evaluation, "demo": report_demo}[kind](folder, out)
+    for path in written:
+        print(f"wrote {path}")
+    return 0
