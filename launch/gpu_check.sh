@@ -3,9 +3,14 @@
 # see that the GPU paths the recipes rely on run at all before a cluster job is queued.
 #   bash launch/gpu_check.sh              # from the repository root, FiC's environment active
 #   DRY_RUN=1 bash launch/gpu_check.sh    # print the commands each check would run; run nothing
+#   WEIGHTS=random bash launch/gpu_check.sh   # a machine with no network and nothing prepared (below)
 # One line per check, PASS, FAIL or SKIP with the reason, and exit 1 when any check fails:
 #   gpu            torch sees a CUDA GPU (without one every other check is skipped)
-#   setup          `fic prepare-model` and a 32-conversation SFT corpus (pool replies: no model needed)
+#   setup          `fic prepare-model` and a 32-conversation SFT corpus (pool replies: no model needed);
+#                  with WEIGHTS=random, a model of SmolLM2-135M-Instruct's shape with random weights
+#                  (`python -m fic.bench.random_models build`: launch/shapes/smollm2-135m-instruct.json and
+#                  SmolLM2's tokenizer files from TOKENIZER) and the corpus from FiC's own generator
+#                  (actions-gen): no GGUF, hub or reasoning-gym. Every figure is then one of random weights.
 #   sft-bf16       fic train sft with float32 master weights under bf16 autocast
 #                  (model.dtype=float32 train.mixed_precision=bf16): every step's loss finite
 #   vasd-bf16      fic train vasd from that model, the same precision, rollouts on vLLM when it imports
@@ -17,21 +22,41 @@
 #   vllm-logprobs  with vLLM: after every weight sync the engine's log-probs of a finished rollout agree
 #                  with the trainer's. The trainer warns above rollout.logprob_check_tolerance; any such
 #                  warning in a VASD run's output fails, and so does a run where no sync was checked
-#                  (the check needs a final reply that ended with its end-of-turn token).
+#                  (the check needs a final reply that ended with its end-of-turn token, which random
+#                  weights never write: skipped with WEIGHTS=random).
+# With WEIGHTS=random the VASD steps play actions-gen instances (exclude.sources=[]: the recipe's
+# evaluation file needs reasoning-gym) with 64 new tokens a reply, all of which are kept in the loss
+# (random weights never stop: loss.keep_truncated=true).
+# The DeepSpeed steps load the weights in bf16 (model.dtype=bfloat16, as the backbone recipes under
+# DeepSpeed do): DeepSpeed's bf16 casts the trained model, not VASD's frozen teacher copy, and a
+# float32 copy beside bf16 activations fails in the teacher's head.
 # Environment: OUT (runs/gpu-check: logs and runs, replaced on every call), STEPS (3), PYTHON (python),
 # CHECK_TIMEOUT (seconds per command, 900), VLLM and DEEPSPEED (auto: use it when it imports; 0: skip
-# it; 1: use it).
+# it; 1: use it), WEIGHTS (bundled, or random), TOKENIZER (WEIGHTS=random: a folder with SmolLM2's
+# tokenizer files; default models/smollm2-135m-instruct, else runs/gpu-carry/tokenizer).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source launch/lib.sh
+# accelerate launch runs fic/train_*.py as a script: the repository must be importable without an install.
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 PYTHON=${PYTHON:-python}
 OUT=${OUT:-runs/gpu-check}
 STEPS=${STEPS:-3}
 CHECK_TIMEOUT=${CHECK_TIMEOUT:-900}
 DRY=${DRY_RUN:-0}
+WEIGHTS=${WEIGHTS:-bundled}
 RECIPES=recipes/smollm2-135m-instruct
 CORPUS=$OUT/sft.jsonl
+RANDOM_MODEL=$OUT/model
+if [[ $WEIGHTS != bundled && $WEIGHTS != random ]]; then
+  echo "gpu_check.sh: WEIGHTS must be bundled or random, got '$WEIGHTS'" >&2
+  exit 2
+fi
+if [[ -z ${TOKENIZER:-} ]]; then
+  TOKENIZER=models/smollm2-135m-instruct
+  [[ -f $TOKENIZER/tokenizer.json ]] || TOKENIZER=runs/gpu-carry/tokenizer
+fi
 FAILED=0
 declare -A STATUS=()
 
@@ -134,7 +159,7 @@ train() {
 }
 
 if [[ $DRY != 1 ]]; then
-  for run in sft vasd zero2-sft zero2-vasd; do
+  for run in sft vasd zero2-sft zero2-vasd model; do
     rm -rf "${OUT:?}/$run"
   done
   mkdir -p "$OUT"
@@ -158,12 +183,24 @@ fi
 # --------------------------------------------------------------------------- the model and a corpus
 # The corpus excludes eval.yaml's generated problems only: eval-lic-protocol.yaml reads the LiC sample
 # beside a development checkout, which a GPU machine may not have.
-if attempt setup -- "$PYTHON" -m fic prepare-model &&
-   attempt setup -- "$PYTHON" -m fic sft-data --config "$RECIPES/sft-data.yaml" data.limit=32 \
-       "exclude.sources=[$RECIPES/eval.yaml]" out="$CORPUS"; then
-  [[ $DRY == 1 ]] || report setup PASS "models/smollm2-135m-instruct, $CORPUS"
+if [[ $WEIGHTS == random ]]; then
+  attempt setup -- "$PYTHON" -m fic.bench.random_models build --backbone smollm2-135m-instruct \
+      --out "$RANDOM_MODEL" --tokenizer "$TOKENIZER" --device cuda &&
+  attempt setup -- "$PYTHON" -m fic sft-data "data.source=[actions-gen:train]" data.task=actions data.limit=32 \
+      out="$CORPUS"
+  setup_rc=$?
+  SETUP_WHAT="$RANDOM_MODEL (SmolLM2-135M-Instruct's shape, random weights), $CORPUS (actions-gen)"
 else
-  report setup FAIL "$(failure $? setup)"
+  attempt setup -- "$PYTHON" -m fic prepare-model &&
+  attempt setup -- "$PYTHON" -m fic sft-data --config "$RECIPES/sft-data.yaml" data.limit=32 \
+      "exclude.sources=[$RECIPES/eval.yaml]" out="$CORPUS"
+  setup_rc=$?
+  SETUP_WHAT="models/smollm2-135m-instruct, $CORPUS"
+fi
+if (( setup_rc == 0 )); then
+  [[ $DRY == 1 ]] || report setup PASS "$SETUP_WHAT"
+else
+  report setup FAIL "$(failure $setup_rc setup)"
   for check in sft-bf16 vasd-bf16 zero2-sft zero2-vasd vllm-logprobs; do
     report "$check" SKIP "setup failed"
   done
@@ -178,7 +215,13 @@ SFT_SMALL=(data.path="$CORPUS" train.max_steps="$STEPS" train.micro_batch_size=4
 VASD_SMALL=(model.path="$OUT/sft/final" regularizer.anchor_path="$CORPUS" data.limit=32 train.max_steps="$STEPS"
             optim.warmup_steps=0 checkpoint.every=0 logging.wandb=false logging.samples_every=0
             rollout.backend="$BACKEND")
+if [[ $WEIGHTS == random ]]; then
+  SFT_SMALL+=(model.path="$RANDOM_MODEL")
+  VASD_SMALL+=(data.source=actions-gen:train data.task=actions "exclude.sources=[]" rollout.max_new_tokens=64
+               loss.keep_truncated=true)
+fi
 BF16=(model.dtype=float32 train.mixed_precision=bf16)
+ZERO_DTYPE=(model.dtype=bfloat16)
 
 train sft-bf16 "$OUT/sft" -- "$PYTHON" -m fic train sft --config "$RECIPES/sft.yaml" "${SFT_SMALL[@]}" \
     "${BF16[@]}" out="$OUT/sft"
@@ -193,17 +236,19 @@ fi
 
 # ZeRO-2 on one process: mixed precision (bf16) comes from the launch file, as on a cluster.
 if [[ $ZERO2 == 1 ]]; then
-  ZERO2_LAUNCH=(accelerate launch --config_file launch/deepspeed_zero2.yaml --num_processes 1)
+  # `accelerate launch`, through the interpreter: a machine whose environment is not activated may not
+  # have the accelerate command on PATH.
+  ZERO2_LAUNCH=("$PYTHON" -m accelerate.commands.launch --config_file launch/deepspeed_zero2.yaml --num_processes 1)
   if attempt zero2-sft -- "$PYTHON" -m fic launch-check --config_file launch/deepspeed_zero2.yaml \
          --recipe "$RECIPES/sft.yaml" --script fic/train_sft.py --num_processes 1 "${SFT_SMALL[@]}"; then
     train zero2-sft "$OUT/zero2-sft" -- "${ZERO2_LAUNCH[@]}" fic/train_sft.py --config "$RECIPES/sft.yaml" \
-        "${SFT_SMALL[@]}" out="$OUT/zero2-sft"
+        "${SFT_SMALL[@]}" "${ZERO_DTYPE[@]}" out="$OUT/zero2-sft"
   else
     report zero2-sft FAIL "$(failure $? zero2-sft)"
   fi
   if [[ $have_sft == 1 ]]; then
     train zero2-vasd "$OUT/zero2-vasd" -- "${ZERO2_LAUNCH[@]}" fic/train_vasd.py --config "$RECIPES/vasd.yaml" \
-        "${VASD_SMALL[@]}" out="$OUT/zero2-vasd"
+        "${VASD_SMALL[@]}" "${ZERO_DTYPE[@]}" out="$OUT/zero2-vasd"
   else
     report zero2-vasd SKIP "it starts from sft-bf16's model"
   fi
@@ -215,6 +260,8 @@ fi
 # --------------------------------------------------------------------------- the engine's log-probs
 if [[ $BACKEND != vllm ]]; then
   report vllm-logprobs SKIP "$(unused vllm VLLM); the rollouts ran on hf"
+elif [[ $WEIGHTS == random ]]; then
+  report vllm-logprobs SKIP "WEIGHTS=random: random weights never end a reply with the end-of-turn token the check needs"
 elif [[ $DRY == 1 ]]; then
   echo "vllm-logprobs: reads $OUT/vasd-bf16.log and $OUT/zero2-vasd.log (a 'warning: after the weight sync' line" \
        "fails) and their runs' metrics.jsonl (steps whose rollouts have a finished final reply were checked)"

@@ -53,6 +53,16 @@ FORWARD_PASS_COST = 64
 FIRST_REPLY_SLICE = 256
 
 
+def _grad_off(model: Any) -> Any:
+    """inference_mode, except for a model whose weights DeepSpeed ZeRO-3 partitions (their
+    parameters carry `ds_id`): ZeRO-3 gathers each weight for a forward and frees it after, and
+    under inference_mode the freed weights come back as inference tensors, which a later
+    `requires_grad_` (PEFT switching the adapters back on after the teacher's pass) refuses. There
+    no_grad, which leaves them ordinary tensors."""
+    first = next(iter(model.parameters()), None)
+    return torch.no_grad() if first is not None and hasattr(first, "ds_id") else torch.inference_mode()
+
+
 class HFBackend:
     """Generation with a loaded transformers causal LM. Build it from a model already in memory
     (the trainer's live policy, a test model) or from a config with `load_hf_backend`.
@@ -104,7 +114,7 @@ class HFBackend:
             fork_devices = [device.index if device.index is not None else torch.cuda.current_device()]
         try:
             with torch.random.fork_rng(devices=fork_devices, enabled=sampling and params.seed is not None), \
-                    torch.inference_mode():
+                    _grad_off(self.model):
                 if sampling and params.seed is not None:
                     torch.manual_seed(params.seed)
                 for start in range(0, len(order), self.batch_size):

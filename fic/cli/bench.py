@@ -16,6 +16,10 @@ BENCHES: dict[str, tuple[str, str]] = {
     "sft": ("fic.bench.sft", "FiC's SFT step vs TRL's SFTTrainer: target tokens/s on the same model and data"),
     "vasd": ("fic.bench.vasd", "a VASD step's phases, its overhead over bare passes, and the chunked divergence's "
              "memory"),
+    "shapes": ("fic.bench.shapes", "a backbone recipe's own shapes with random weights: tokens/s, MFU, peak memory "
+               "and the recipe's hours recomputed"),
+    "zero": ("fic.bench.zero", "SFT and VASD under DeepSpeed ZeRO-2/3 on one process: a checkpoint saved, resumed, "
+             "and the losses after the resume equal to the uninterrupted run's"),
 }
 
 

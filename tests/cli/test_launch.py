@@ -1,6 +1,7 @@
 """The launch files: `fic launch-check` refuses a wrong set-up in one line, and the torchrun and SLURM
 scripts print (DRY_RUN=1) or start exactly the command each node runs."""
 
+import json
 import os
 import shlex
 import signal
@@ -430,8 +431,8 @@ def test_gpu_check_dry_run_prints_every_command(tmp_path, tools):
             cls = SFTConfig
         elif argv[:3] == [python, "-m", "fic"] and argv[3:5] == ["train", "vasd"]:
             cls = VASDConfig
-        elif argv[:2] == ["accelerate", "launch"]:
-            assert argv[2:7] == ["--config_file", "launch/deepspeed_zero2.yaml", "--num_processes", "1",
+        elif argv[:3] == [python, "-m", "accelerate.commands.launch"]:
+            assert argv[3:8] == ["--config_file", "launch/deepspeed_zero2.yaml", "--num_processes", "1",
                                  f"fic/train_{check.split('-')[1]}.py"]
             cls = SFTConfig if check == "zero2-sft" else VASDConfig
             recipe, overrides = recipe_and_overrides(argv)
@@ -465,3 +466,150 @@ def test_gpu_check_without_a_gpu_fails_in_one_line_and_skips_the_rest(tmp_path):
     assert [line.split()[:2] for line in lines] == [["FAIL", "gpu"]] + [["SKIP", c] for c in GPU_CHECKS[1:]]
     assert all(line.endswith("no GPU") for line in lines[1:])
     assert (tmp_path / "out" / "gpu.log").is_file()
+
+
+@pytest.mark.parametrize("deepspeed", ["1", "0"])
+def test_gpu_check_random_weights_needs_nothing_prepared(tmp_path, deepspeed):
+    """WEIGHTS=random: the set-up builds a random-weight model of SmolLM2-135M's shape with the carried
+    tokenizer and writes the corpus with actions-gen (no GGUF, hub or reasoning-gym); the training
+    steps start from that model and VASD plays actions-gen instances; the log-prob check is skipped."""
+    from fic.cli.launch_check import check as launch_check
+    from fic.core.config import load_config
+    from fic.train_sft import SFTConfig
+    from fic.training.vasd.config import VASDConfig
+
+    done = gpu_check(tmp_path, WEIGHTS="random", TOKENIZER="carry/tokenizer", VLLM="1", DEEPSPEED=deepspeed)
+    assert done.returncode == 0, done.stderr
+    assert not (tmp_path / "out").exists(), "a dry run wrote files"
+    commands = dry_commands(done.stdout)
+    out, python = str(tmp_path / "out"), sys.executable
+    assert [c for c, _ in commands][:3] == ["gpu", "setup", "setup"]
+    assert commands[1][1] == [python, "-m", "fic.bench.random_models", "build", "--backbone", "smollm2-135m-instruct",
+                              "--out", f"{out}/model", "--tokenizer", "carry/tokenizer", "--device", "cuda"]
+    assert commands[2][1] == [python, "-m", "fic", "sft-data", "data.source=[actions-gen:train]", "data.task=actions",
+                              "data.limit=32", f"out={out}/sft.jsonl"]
+    configs = {}
+    for check, argv in commands[3:]:
+        if "launch-check" in argv:
+            continue
+        cls = SFTConfig if "sft" in check else VASDConfig
+        configs[check] = load_config(cls, *recipe_and_overrides(argv))
+        if check.startswith("zero2"):
+            recipe, overrides = recipe_and_overrides(argv)
+            launch_check(REPO / "launch/deepspeed_zero2.yaml", REPO / recipe, num_processes=1, overrides=overrides)
+            assert configs[check].model.dtype == "bfloat16"  # DeepSpeed's bf16 and the teacher copy agree
+    assert set(configs) == {"sft-bf16", "vasd-bf16"} | ({"zero2-sft", "zero2-vasd"} if deepspeed == "1" else set())
+    assert configs["sft-bf16"].model.path == f"{out}/model"
+    vasd = configs["vasd-bf16"]
+    assert vasd.data.source == ["actions-gen:train"] and vasd.data.task == "actions" and vasd.exclude.sources == []
+    assert vasd.loss.keep_truncated and vasd.rollout.max_new_tokens == 64 and vasd.rollout.backend == "vllm"
+    assert done.stdout.splitlines()[-1].startswith("SKIP vllm-logprobs WEIGHTS=random")
+
+
+def test_gpu_check_refuses_unknown_weights(tmp_path):
+    done = gpu_check(tmp_path, WEIGHTS="pretrained")
+    assert done.returncode == 2 and "WEIGHTS must be bundled or random" in done.stderr
+
+
+def session_commands(stdout: str) -> dict[str, list[list[str]]]:
+    """phase -> the argv of each command the session's dry run prints (its own and its phases')."""
+    found: dict[str, list[list[str]]] = {}
+    for line in stdout.splitlines():
+        head, sep, command = line.partition(" ")
+        if not sep or not head.endswith((":", ">")) or head.startswith(("SKIP", "gpu_session")):
+            continue
+        if head.endswith(">"):  # a phase's own dry run: `smoke> check: command` or `zero2> command`
+            inner, sep, rest = command.partition(": ")
+            command = rest if sep and inner in GPU_CHECKS else command
+        argv = shlex.split(command)
+        found.setdefault(head.rstrip(":>"), []).append(argv[2:] if argv[:1] == ["timeout"] else argv)
+    return found
+
+
+def test_gpu_session_dry_run_prints_every_phase(tmp_path):
+    """DRY_RUN=1: every phase's command, and the commands inside each phase (the smoke check's, each
+    bench's), runs nothing and writes nothing; every trainer command loads with its trainer's config
+    and every DeepSpeed one passes the launch check."""
+    from fic.cli.launch_check import check as launch_check
+    from fic.core.config import load_config
+    from fic.train_sft import SFTConfig
+    from fic.training.vasd.config import VASDConfig
+
+    env = {"OUT": str(tmp_path / "out"), "CARRY": "carry", "SCRATCH": str(tmp_path / "scratch"),
+           "SHAPES": "llama-3.2-3b-instruct"}
+    done = subprocess.run(["bash", "launch/gpu_session.sh"], cwd=REPO, env=script_env(env), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert not (tmp_path / "out").exists() and not (tmp_path / "scratch").exists(), "a dry run wrote files"
+    phases = session_commands(done.stdout)
+    assert list(phases) == ["env", "install", "smoke", "zero2", "zero3", "shape:llama-3.2-3b-instruct", "report"]
+    python = sys.executable
+    assert phases["install"][0][:9] == [python, "-m", "pip", "install", "--no-index", "--no-deps", "--find-links",
+                                        "carry/wheels", "--target"]
+    assert "deepspeed" in phases["install"][0] and "msgpack" in phases["install"][0]
+    assert phases["zero2"][0][:6] == [python, "-m", "fic", "bench", "zero", "--stage"]
+    assert phases["report"] == [[python, "-m", "fic.bench.report", str(tmp_path / "out")]]
+    trainers = 0
+    for phase, commands in phases.items():
+        for argv in commands:
+            if "--config" not in argv or "launch-check" in argv or "sft-data" in argv:
+                continue
+            recipe, overrides = recipe_and_overrides(argv)
+            cls = {"sft.yaml": SFTConfig, "vasd.yaml": VASDConfig}[Path(recipe).name]
+            cfg = load_config(cls, REPO / recipe, overrides)
+            assert not cfg.logging.wandb, (phase, argv)
+            if "--config_file" in argv:
+                launch = argv[argv.index("--config_file") + 1]
+                launch_check(REPO / launch, REPO / recipe, num_processes=1,
+                             overrides=[o for o in overrides if o != "resume=true"])
+            trainers += 1
+    # smoke: sft, vasd, zero2 sft and vasd; zero2 and zero3: run and resume of each; the shape: sft, vasd
+    assert trainers == 4 + 2 * 4 + 2
+
+
+def test_gpu_carry_dry_run_names_what_travels():
+    done = run_script("launch/gpu_carry.sh", env={"CARRY": "carry"})
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert any(line.endswith("tokenizer models/smollm2-135m-instruct carry/tokenizer") for line in lines)
+    assert any("DS_BUILD_OPS=0" in line and "deepspeed==0.19.8" in line for line in lines)
+    binary = [line for line in lines if "--only-binary=:all:" in line]
+    assert len(binary) == 5 and all("msgpack pydantic-core" in line for line in binary)
+    assert not (REPO / "carry").exists()
+
+
+def test_gpu_session_rehearsal_on_cpu(tmp_path, smollm2_dir):
+    """The session for real on this CPU, its GPU-only phases left out: the ZeRO bench as one plain
+    process (SFT, 2 steps, resumed) and one tiny backbone shape, then the report. Its lines, OUT's
+    files and the tables come out as on the lent machine, and the scratch folder is gone."""
+    from fic.bench.random_models import copy_tokenizer
+
+    carry = tmp_path / "carry"
+    copy_tokenizer(smollm2_dir, carry / "tokenizer")
+    tiny = ("--layers 2 --set=hidden_size=32 --set=intermediate_size=64 --set=num_attention_heads=2 "
+            "--set=num_key_value_heads=1 --set=head_dim=16")
+    env = {"OUT": str(tmp_path / "out"), "CARRY": str(carry), "SCRATCH": str(tmp_path / "scratch"),
+           "PHASES": "zero2,shapes,report", "SHAPES": "phi-4", "BUDGET_S": "900",
+           "ZERO_ARGS": f"{tiny} --launcher plain --methods sft --steps 2 --override model.dtype=float32",
+           "SHAPE_ARGS": f"{tiny} --stages sft --sft-steps 2 --corpus-size 16 --override train.micro_batch_size=2 "
+                         "--override train.grad_accum_steps=1 --override model.dtype=float32 --peak-tflops 1"}
+    done = subprocess.run(["bash", "launch/gpu_session.sh"], cwd=REPO, env=script_env(env, dry_run=False),
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = [line.split()[:2] for line in done.stdout.splitlines() if line.startswith(("PASS", "FAIL", "SKIP"))]
+    assert lines == [["PASS", "zero2"], ["PASS", "shape:phi-4"], ["PASS", "report"]], done.stdout
+    out = tmp_path / "out"
+    zero = json.loads((out / "zero2.json").read_text())["methods"]["sft"]
+    assert zero["ok"] and zero["identical"] and zero["resumed_losses"] == zero["losses"][1:]
+    assert zero["checkpoint"]["path"].endswith("checkpoints/step-1") and "model.safetensors" in zero["final"]
+    shape = json.loads((out / "shape-phi-4.json").read_text())
+    assert shape["stages"]["sft"]["ok"] and shape["stages"]["sft"]["lora_r"] == 32
+    assert (out / "shapes/phi-4/sft-probe.json").is_file() and (out / "shapes/phi-4/sft-run.metrics.jsonl").is_file()
+    assert (out / "zero2/sft-resumed.metrics.jsonl").is_file()
+    table = (out / "gpu_table.md").read_text()
+    assert "| phi-4 | sft | plain | 2 of 40 | 2 x 1 | 32 | off |" in table
+    assert "| ZeRO-2 | sft | plain | 2 |" in table and "| identical | Accelerate | PASS |" in table
+    assert [row.split("\t")[:2] for row in (out / "phases.tsv").read_text().splitlines()] == [
+        ["zero2", "PASS"], ["shape:phi-4", "PASS"], ["report", "PASS"]]
+    assert not (tmp_path / "scratch").exists()
+    assert sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) < 5 * 2**20  # logs and figures only

@@ -1,15 +1,15 @@
 """Every failure a user can cause ends in one clear line: exit 2, no traceback, the path named.
 
-Distinct malformed-input cases (issue 14 asks for at least 30). In this file, 50:
+Distinct malformed-input cases (issue 14 asks for at least 30). In this file, 58:
 
-- outputs (19): the CLI walk puts every verb's output under a file (6 verbs) and in a folder
-  without write permission (6; skipped as root, which ignores permissions: run the file under
+- outputs (23): the CLI walk puts every verb's output under a file (8 verbs) and in a folder
+  without write permission (8; skipped as root, which ignores permissions: run the file under
   `unshare -U` to drop them); a file output that is a folder; an eval `out` that is a file; a
   full disk while writing a file and while appending to a log; a rename that fails; a folder
   without write permission in `check_writable`; the issue's own `fic shard` case, run as a user
   runs it;
-- unreadable inputs (25): the walk gives every verb's input as the wrong kind of path (a folder
-  for a file, a file for a model folder: 9 verbs), without read permission (9; not as root) and
+- unreadable inputs (29): the walk gives every verb's input as the wrong kind of path (a folder
+  for a file, a file for a model folder: 11 verbs), without read permission (11; not as root) and
   as bytes that are not UTF-8 text (7 verbs whose input is a file);
 - data files and YAML (5): non-UTF-8 JSONL, non-UTF-8 YAML, a key given twice at the top level
   and in a nested mapping, plus the OS-error wording for six errnos (one case);
@@ -110,6 +110,12 @@ WALK = {
     "bench vasd": {
         "out": None, "no_output": "prints figures; writes no file",
         "input": ["--model", "{bad}", "--memory-tokens", "0"], "input_kind": "folder"},
+    "bench shapes": {
+        "out": ["--backbone", "phi-4", "--tokenizer", "{missing}", "--work", "{out}/run"],
+        "input": ["--backbone", "phi-4", "--tokenizer", "{bad}", "--work", "{tmp}/run"], "input_kind": "folder"},
+    "bench zero": {
+        "out": ["--stage", "2", "--tokenizer", "{missing}", "--work", "{out}/run"],
+        "input": ["--stage", "2", "--tokenizer", "{bad}", "--work", "{tmp}/run"], "input_kind": "folder"},
     "launch-check": {
         "out": None, "no_output": "checks files; writes nothing",
         "input": ["--config_file", "{bad}", "--recipe", str(REPO / "recipes/smollm2-135m-instruct/sft.yaml")],
