@@ -265,6 +265,10 @@ def masks(args: argparse.Namespace) -> int:
         messages = record.get("messages")
         if not isinstance(messages, list) or not messages:
             raise FicError("expected a non-empty 'messages' list", path=args.data, record=number, field="messages")
+        try:
+            rendered = render_chat(tokenizer, messages)
+        except FicError as err:  # the template's or the record's fault: say which record of which file
+            raise FicError(err.message, path=args.data, record=number, field=err.field or "messages") from None
         print(f"== {args.data} record {number}")
-        print(format_masks(tokenizer, render_chat(tokenizer, messages)) + "\n")
+        print(format_masks(tokenizer, rendered) + "\n")
     return 0

@@ -24,7 +24,6 @@ stdout, the override that keeps B conversations per optimizer step at this GPU c
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ import yaml
 
 from fic.core.config import read_yaml
 from fic.core.errors import FicError
+from fic.core.files import read_json
 
 # The set-ups FiC's trainers are written and tested for (accelerate's names).
 DISTRIBUTED_TYPES = ("NO", "MULTI_GPU", "DEEPSPEED")
@@ -106,10 +106,7 @@ def _recipe_batch(recipe: Path, overrides: Sequence[str]) -> tuple[int | None, i
 def _deepspeed_json(name: str) -> dict:
     """The DeepSpeed JSON a launch config names (relative to the working directory, as accelerate reads it)."""
     path = _file(name, "DeepSpeed config file (deepspeed_config.deepspeed_config_file)")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as err:
-        raise FicError(f"not valid JSON ({err})", path=str(path)) from None
+    data = read_json(path, "a DeepSpeed JSON config")
     if not isinstance(data, dict):
         raise FicError("expected a JSON object", path=str(path))
     return data

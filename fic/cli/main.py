@@ -15,7 +15,7 @@ import logging
 import sys
 
 from fic import __version__
-from fic.core.errors import FicError, one_line, os_error
+from fic.core.errors import FicError, Terminated, one_line, os_error, terminate_on_sigterm
 
 # verb -> (module, one-line help)
 VERBS: dict[str, tuple[str, str]] = {
@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.verb is None:
         parser.print_help()
         return 2
+    terminate_on_sigterm()
     try:
         return int(importlib.import_module(args.module).run(args) or 0)
     except FicError as err:
@@ -71,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as err:  # a path under a file, a read-only folder, a full disk: the user's to fix
         print(f"fic {args.verb}: error: {one_line(os_error(err))}", file=sys.stderr)
         return 2
+    except Terminated:
+        print(f"fic {args.verb}: terminated (SIGTERM)", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print(f"fic {args.verb}: interrupted", file=sys.stderr)
         return 130

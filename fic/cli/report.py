@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 from fic.core.errors import FicError
-from fic.core.files import check_writable
+from fic.core.files import check_writable, read_json
 from fic.demo.report import PLOT, plot_demo
 from fic.evaluation.metrics import summarize
 from fic.evaluation.report import write_report
@@ -44,12 +44,7 @@ def kind_of(folder: Path) -> str | None:
 
 
 def _read_json(path: Path) -> dict:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError:
-        raise FicError("not valid JSON", path=str(path)) from None
-    except UnicodeDecodeError:
-        raise FicError("not UTF-8 text; expected JSON", path=str(path)) from None
+    value = read_json(path)  # the guarded reader: bad JSON, nesting, huge numbers, devices are one line
     if not isinstance(value, dict):
         raise FicError("expected a JSON object", path=str(path))
     return value
@@ -63,7 +58,7 @@ def _conversations(path: Path) -> list[dict]:
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
             record = json.loads(line)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # a line being written, or one no reader could take
             continue
         if isinstance(record, dict) and {"task", "view", "task_id", "score", "turns"} <= set(record):
             records.append(record)

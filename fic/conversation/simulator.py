@@ -52,7 +52,7 @@ from typing import Any, Callable, Sequence
 
 from fic import tasks
 from fic.core.chat import continue_ids, prompt_ids
-from fic.core.errors import FicError
+from fic.core.errors import FicError, one_line
 from fic.core.generation import Backend, Generation, SamplingParams
 from fic.core.instance import Instance
 from fic.core.seeding import derive_seed
@@ -304,13 +304,12 @@ def play(conversations: Sequence[Conversation], assistant: Backend, user: Any, c
         # 3. Single-turn replies are scored whatever they look like; multi-turn replies are
         # labelled and only answer attempts are extracted and scored.
         multi = [c for c in ready if c.view in MULTI_TURN_VIEWS]
-        labels = dict(zip(map(id, multi), classifier.classify(multi) if multi else []))
+        labels = dict(zip(map(id, multi), _classify(classifier, multi) if multi else []))
         for conv in ready:
             turn = conv.turns[-1]
             turn.label, turn.label_note = labels.get(id(conv), (NOT_CLASSIFIED, None))
             if turn.label in ("answer_attempt", NOT_CLASSIFIED):
-                turn.answer = conv.task.extract_answer(turn.reply)
-                turn.score, turn.score_note = conv.task.scored(turn.reply, conv.instance)
+                turn.answer, turn.score, turn.score_note = score_reply(conv.task, turn.reply, conv.instance)
             # 4. Stop at the first correct answer, or after the reply to the last user turn.
             if stop_at_correct and turn.score is not None and turn.score >= 1.0:
                 _finish(conv, "correct", on_finish)
@@ -319,6 +318,46 @@ def play(conversations: Sequence[Conversation], assistant: Backend, user: Any, c
             elif max_turns is not None and len(conv.turns) >= max_turns:
                 _finish(conv, "max_turns", on_finish)
         step += 1
+
+
+def score_reply(task: Any, reply: str, instance: Instance) -> tuple[str | None, float, str | None]:
+    """(answer, score, note) of one reply. A model reply must never end an evaluation or a
+    training run: a scorer that raises (a parse that recursed too deep, a bug in a task) gives
+    score 0, with the exception named in the note, and the run goes on. A `FicError` is the
+    user's to fix (a database folder missing, no sandbox) and still stops the run; so do Ctrl-C
+    and SIGTERM, which are no `Exception`."""
+    try:
+        answer = task.extract_answer(reply)
+        score, note = task.scored(reply, instance)
+        score = float(score)
+    except FicError:
+        raise
+    except Exception as err:
+        return None, 0.0, f"the scorer failed on this reply ({type(err).__name__}: {one_line(str(err))[:200]}); scored 0"
+    if not 0.0 <= score <= 1.0:  # NaN included
+        return answer, 0.0, f"the scorer returned {score!r}, not a score in [0, 1]; scored 0"
+    return answer, score, note
+
+
+def _classify(classifier: Any, conversations: list[Conversation]) -> list[tuple[str, str | None]]:
+    """The classifier's labels; a classifier that raises on a reply (the rule classifier reads code
+    and calls out of it) labels that reply an answer attempt, which is then scored (and scores 0
+    if the scorer fails on it too)."""
+    try:
+        return classifier.classify(conversations)
+    except FicError:
+        raise
+    except Exception:
+        labels = []
+        for conv in conversations:
+            try:
+                labels.append(classifier.classify([conv])[0])
+            except FicError:
+                raise
+            except Exception as err:
+                labels.append(("answer_attempt", f"the classifier failed on this reply ({type(err).__name__}); "
+                               "taken as an answer attempt"))
+        return labels
 
 
 def _finish(conv: Conversation, reason: str, on_finish: Callable[[Conversation], None] | None) -> None:

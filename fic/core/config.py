@@ -9,6 +9,7 @@ out-of-range values are `FicError`s that name the file, the key and what was exp
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from pathlib import Path
@@ -93,14 +94,16 @@ def _convert(value: Any, tp: Any, key: str, source: str) -> Any:
             if type(None) in args:
                 return None
             raise bad()
+        errors = []
         for arg in args:
             if arg is type(None):
                 continue
             try:
                 return _convert(value, arg, key, source)
-            except FicError:
-                continue
-        raise bad()
+            except FicError as err:
+                errors.append(err)
+        # A number that is no finite number says so, not "expected a number or null".
+        raise next((err for err in errors if err.message.startswith("expected a finite")), None) or bad()
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise bad()
@@ -134,14 +137,25 @@ def _convert(value: Any, tp: Any, key: str, source: str) -> Any:
             return value
         raise bad()
     if tp is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads `1e-4` (no dot) as a string
             try:
-                return float(value)
+                number = float(value)
+            except OverflowError:  # an integer too large for a float
+                raise FicError(f"expected a finite number, got an integer of {len(str(value))} digits",
+                               path=source, field=key) from None
+        elif isinstance(value, str):  # YAML 1.1 reads `1e-4` (no dot) as a string
+            try:
+                number = float(value)
             except ValueError:
                 pass
-        raise bad()
+        if number is None:
+            raise bad()
+        # NaN passes every range check (every comparison is false) and inf trains to NaN weights:
+        # no setting means either.
+        if not math.isfinite(number):
+            raise FicError(f"expected a finite number, got {value!r}", path=source, field=key)
+        return number
     if tp is str:
         if isinstance(value, str):
             return value

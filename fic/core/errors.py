@@ -7,6 +7,8 @@ it on one line and exits with status 2. Everything else is a bug and keeps its t
 from __future__ import annotations
 
 import errno
+import signal
+import threading
 
 
 class FicError(Exception):
@@ -64,3 +66,19 @@ def os_error(err: OSError) -> FicError:
 def one_line(text: str) -> str:
     """`text` on one line: messages from libraries (transformers, servers) may span several."""
     return " ".join(part.strip() for part in str(text).splitlines() if part.strip())
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a batch scheduler's cancel, `kill`), raised in the main thread like Ctrl-C so that
+    every cleanup runs: temporaries are removed, the resumable logs keep what finished."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+def terminate_on_sigterm() -> None:
+    """Turn SIGTERM into `Terminated` (its default kills the process with no cleanup, leaving
+    hidden `.NAME.*.tmp` files and half-written checkpoint folders). Main thread only."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminate)

@@ -1,7 +1,17 @@
-"""Reading records and writing outputs atomically.
+"""Reading records and writing outputs atomically; a lock on an output folder.
 
 Every output FiC writes goes to a temporary file in the same folder and is renamed into
 place, so an interrupted job never leaves a half-written file behind.
+
+Every JSON or JSONL data file is read through one guarded reader (`read_json`,
+`read_records`, `read_log`): a file that is no regular file (`/dev/zero`, a pipe), larger than
+`MAX_FILE_BYTES`, not UTF-8, nested deeper than the JSON decoder allows, or holding a number
+Python refuses (an integer over 4,300 digits) is a `FicError` naming the file and the line,
+never a traceback. Text is written with `backslashreplace`, so a lone surrogate read from a
+`\ud800` escape is written back as that escape (valid JSON) instead of failing the write.
+
+Runs that write into an output folder hold `folder_lock` on it: a second run into the same
+folder fails at once, naming the first's process.
 """
 
 from __future__ import annotations
@@ -9,13 +19,17 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import fcntl
 import hashlib
 import json
 import os
 import shutil
+import stat
+import sys
 import tempfile
+import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from fic.core.errors import FicError
 
@@ -51,13 +65,13 @@ def check_writable(path: str | os.PathLike, *, folder: bool = False, field: str 
         raise refuse(f"no permission to write in {deepest}")
 
 
-@contextlib.contextmanager
-def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[Any]:
-    """Open a temporary file next to `path`; rename it onto `path` only if the block succeeds."""
-    path = Path(path)
+def _temporary_next_to(path: Path) -> tuple[int, str]:
+    """A new temporary file in `path`'s folder (made if missing), with the mode a plain open()
+    would give it: (its descriptor, its name)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        # A legal name of up to 255 bytes must stay legal with the prefix and suffix added.
+        fd, tmp = tempfile.mkstemp(prefix=f".{_short(path.name)}.", suffix=".tmp", dir=path.parent)
     except OSError as err:  # name the folder the user chose, not our temporary file
         err.filename, err.filename2 = str(path.parent), None
         raise
@@ -65,9 +79,18 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None =
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o666 & ~umask)
+    return fd, tmp
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[Any]:
+    """Open a temporary file next to `path`; rename it onto `path` only if the block succeeds."""
+    path = Path(path)
+    fd, tmp = _temporary_next_to(path)
     binary = "b" in mode
     try:
-        with os.fdopen(fd, mode, encoding=None if binary else encoding) as handle:
+        with os.fdopen(fd, mode, encoding=None if binary else encoding,
+                       errors=None if binary else TEXT_ERRORS) as handle:
             yield handle
             handle.flush()
             os.fsync(handle.fileno())
@@ -79,6 +102,41 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None =
         # temporary file. Either way the user's error message should name `path`.
         if isinstance(err, OSError) and err.filename in (None, tmp):
             err.filename, err.filename2 = str(path), None
+        raise
+
+
+TEXT_ERRORS = "backslashreplace"  # a lone surrogate is written as `\udXXX`: in JSON, the escape it came from
+MAX_FILE_BYTES = 4 << 30  # the largest data file read whole
+
+
+def _short(name: str, limit: int = 200) -> str:
+    """At most `limit` bytes of `name` (a temporary file's prefix), cut at a character boundary."""
+    return name.encode("utf-8", "surrogateescape")[:limit].decode("utf-8", "ignore")
+
+
+def write_together(writers: dict[str | os.PathLike, Callable[[Any], None]]) -> None:
+    """Write files that belong together (a corpus and its data card): `writers[path](handle)`
+    writes each into a temporary next to it; only when every one is written are they renamed
+    into place. A failure on any (a full disk) leaves no temporary and none of the new files,
+    so the old set stays whole."""
+    staged: list[tuple[str, Path]] = []
+    try:
+        for path, write in writers.items():
+            path = Path(path)
+            fd, tmp = _temporary_next_to(path)
+            staged.append((tmp, path))
+            with os.fdopen(fd, "w", encoding="utf-8", errors=TEXT_ERRORS) as handle:
+                write(handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+        for tmp, path in staged:
+            os.replace(tmp, path)
+    except BaseException as err:
+        for tmp, path in staged:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        if isinstance(err, OSError) and staged and err.filename in (None, staged[-1][0]):
+            err.filename, err.filename2 = str(staged[-1][1]), None
         raise
 
 
@@ -104,7 +162,7 @@ def write_jsonl(path: str | os.PathLike, records: Iterable[dict]) -> int:
 def append_jsonl(path: str | os.PathLike, record: dict) -> None:
     """Append one record and fsync it: used by resumable logs, where each line is one finished unit."""
     try:
-        with open(path, "a", encoding="utf-8") as handle:
+        with open(path, "a", encoding="utf-8", errors=TEXT_ERRORS) as handle:
             handle.write(json.dumps(record, ensure_ascii=False) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
@@ -127,15 +185,7 @@ def read_numbered_records(path: str | os.PathLike) -> list[tuple[int, dict]]:
     position in a JSON list (1 for a single object). A UTF-8 byte-order mark (files saved on
     Windows) is skipped."""
     path = Path(path)
-    if not path.exists():
-        raise FicError("file not found", path=str(path))
-    if path.is_dir():
-        raise FicError("is a folder, expected a JSON or JSONL file", path=str(path))
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError as err:
-        raise FicError(f"not UTF-8 text (byte {err.start}); expected a JSON or JSONL file",
-                       path=str(path)) from None
+    text = read_data_text(path, "a JSON or JSONL file")
     stripped = text.lstrip()
     if not stripped:
         raise FicError("file is empty, expected JSON or JSONL records", path=str(path))
@@ -148,6 +198,10 @@ def read_numbered_records(path: str | os.PathLike) -> list[tuple[int, dict]]:
                 raise FicError(f"not valid JSON (line {err.lineno}, column {err.colno}: {err.msg})",
                                path=str(path)) from None
             # Not one object: JSONL, read line by line below.
+        except (ValueError, RecursionError, MemoryError) as err:
+            if stripped.startswith("["):
+                raise _unreadable(err, path) from None
+            # Perhaps JSONL whose first line is the problem: read line by line below.
     if isinstance(whole, list):
         numbered = list(enumerate(whole, start=1))
     elif isinstance(whole, dict):  # one object, possibly spread over several lines
@@ -155,17 +209,69 @@ def read_numbered_records(path: str | os.PathLike) -> list[tuple[int, dict]]:
     else:
         numbered = []
         for lineno, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                numbered.append((lineno, json.loads(line)))
-            except json.JSONDecodeError as err:
-                raise FicError(f"line {lineno} is not valid JSON ({err.msg})", path=str(path)) from None
+            if line.strip():
+                numbered.append((lineno, loads(line, path=path, line=lineno)))
     for index, (_, record) in enumerate(numbered, start=1):
         if not isinstance(record, dict):
             raise FicError(f"expected a JSON object, got {type(record).__name__}", path=str(path),
                            record=index)
     return numbered
+
+
+def read_data_text(path: str | os.PathLike, expected: str = "a text file") -> str:
+    """The text of a data file, checked: it exists, is a regular file (not `/dev/zero`, a pipe
+    or a folder), is at most `MAX_FILE_BYTES` and is UTF-8 (a byte-order mark is skipped)."""
+    path = Path(path)
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        raise FicError("file not found", path=str(path)) from None
+    if stat.S_ISDIR(info.st_mode):
+        raise FicError(f"is a folder, expected {expected}", path=str(path))
+    if not stat.S_ISREG(info.st_mode):
+        raise FicError(f"is not a regular file (a device, pipe or socket), expected {expected}", path=str(path))
+    if info.st_size > MAX_FILE_BYTES:
+        raise FicError(f"is {info.st_size / (1 << 30):.1f} GiB, more than the {MAX_FILE_BYTES >> 30} GiB FiC reads "
+                       "in one piece; split it", path=str(path))
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_FILE_BYTES + 1)
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise FicError(f"not UTF-8 text (byte {err.start}); expected {expected}", path=str(path)) from None
+    except MemoryError:
+        raise FicError("too large to read into memory", path=str(path)) from None
+
+
+def loads(text: str, *, path: str | os.PathLike | None = None, line: int | None = None) -> Any:
+    """`json.loads` for text read from a file: every way it can fail (bad JSON, nesting deeper
+    than the decoder allows, an integer of more than 4,300 digits, no memory) is a `FicError`
+    naming the file and the line."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError, MemoryError) as err:
+        raise _unreadable(err, path, line) from None
+
+
+def _unreadable(err: BaseException, path: str | os.PathLike | None, line: int | None = None) -> FicError:
+    where = f"line {line} " if line is not None else ""
+    if isinstance(err, json.JSONDecodeError):
+        what = f"is not valid JSON ({err.msg})" if line is not None else \
+            f"not valid JSON (line {err.lineno}, column {err.colno}: {err.msg})"
+    elif isinstance(err, RecursionError):
+        what = f"is nested too deeply to read (JSON nested more than about {sys.getrecursionlimit()} levels)"
+    elif isinstance(err, MemoryError):
+        what = "is too large to read into memory"
+    elif "digits" in str(err):
+        what = f"holds a number with more than {sys.get_int_max_str_digits()} digits, which Python refuses"
+    else:
+        what = f"cannot be read as JSON ({err})"
+    return FicError(f"{where}{what}" if where else what.removeprefix("is "), path=None if path is None else str(path))
+
+
+def read_json(path: str | os.PathLike, expected: str = "a JSON file") -> Any:
+    """One JSON document from a file, read through the same guards as `read_records`."""
+    return loads(read_data_text(path, expected), path=path)
 
 
 def file_sha256(path: str | os.PathLike) -> str:
@@ -186,18 +292,18 @@ def read_log(path: str | os.PathLike) -> list[dict]:
     path = Path(path)
     if not path.exists():
         return []
-    lines = path.read_text(encoding="utf-8").splitlines()
+    lines = read_data_text(path, "a JSONL log").splitlines()
     records = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
+            records.append(loads(line, path=path, line=number))
+        except FicError as err:
             if number == len(lines):
                 write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
                 break
-            raise FicError(f"line {number} is not valid JSON; the log is damaged", path=str(path)) from None
+            raise FicError(f"{err.message}; the log is damaged", path=str(path)) from None
     return records
 
 
@@ -237,3 +343,64 @@ def publish_folder(tmp: str | os.PathLike, final: str | os.PathLike) -> None:
     os.replace(final, aside / final.name)
     os.replace(tmp, final)
     shutil.rmtree(aside, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- output-folder locks
+
+LOCK_NAME = ".fic-lock"
+_held: dict[str, Any] = {}  # resolved folder -> the open lock file of this process
+
+
+def lock_folder(folder: str | os.PathLike, *, field: str | None = "out") -> bool:
+    """Take this process's lock on an output folder (made if missing), or fail at once with a
+    `FicError` naming the process that holds it. Return False when this process holds it already
+    (a recipe run again in one process), True when taken now.
+
+    The lock is `flock` on `<folder>/.fic-lock`, so the kernel drops it when its process ends,
+    whatever the way (kill -9 included): a stale lock never blocks a rerun. The file records the
+    holder's process id, start time and command line for the message.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    key = str(folder.resolve())
+    if key in _held:
+        return False
+    handle = open(folder / LOCK_NAME, "a+", encoding="utf-8")
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read(2000).strip() or "another process"
+        handle.close()
+        raise FicError(f"another FiC run is writing into this folder ({holder}); wait for it to end or choose "
+                       "another output folder", path=str(folder), field=field) from None
+    except OSError:
+        handle.close()
+        raise
+    handle.seek(0)
+    handle.truncate()
+    command = " ".join(sys.argv)[:500]
+    handle.write(f"process {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}: {command}\n")
+    handle.flush()
+    _held[key] = handle
+    return True
+
+
+def unlock_folder(folder: str | os.PathLike) -> None:
+    """Release this process's lock on `folder` (nothing when it holds none)."""
+    handle = _held.pop(str(Path(folder).resolve()), None)
+    if handle is not None:
+        with contextlib.suppress(OSError):
+            handle.truncate(0)
+        handle.close()  # closing the file releases the flock
+
+
+@contextlib.contextmanager
+def folder_lock(folder: str | os.PathLike, *, field: str | None = "out") -> Iterator[None]:
+    """`lock_folder` for the duration of a block; a lock this process held before stays held."""
+    taken = lock_folder(folder, field=field)
+    try:
+        yield
+    finally:
+        if taken:
+            unlock_folder(folder)

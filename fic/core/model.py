@@ -154,8 +154,11 @@ def load_tokenizer(path: str | os.PathLike, trust_remote_code: bool = False) -> 
     path = check_model_folder(path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as err:
-        raise FicError(f"cannot load the tokenizer: {one_line(err)}{_hub_hint(path)}", path=str(path)) from None
+    except Exception as err:  # a damaged tokenizer.json raises the tokenizers library's bare Exception
+        raise FicError(f"cannot load the tokenizer: {one_line(err)[:400]}{_hub_hint(path)}", path=str(path)) from None
+    if not getattr(tokenizer, "chat_template", None):
+        raise FicError("the tokenizer has no chat template (tokenizer_config.json or chat_template.jinja); FiC "
+                       "renders every conversation with it: use a chat/instruct model or add one", path=str(path))
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
             raise FicError("the tokenizer has neither a pad nor an eos token", path=str(path))
@@ -185,9 +188,25 @@ def load_model(path: str | os.PathLike, dtype: str | torch.dtype = "auto", devic
     kwargs = {_dtype_kwarg(): resolve_dtype(dtype, device), "trust_remote_code": trust_remote_code}
     try:
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    except OSError as err:  # missing or unreadable weight files: the user can fix the folder
-        raise FicError(f"cannot load the model: {one_line(err)}{_hub_hint(path)}", path=str(path)) from None
+    except Exception as err:  # the folder is the user's to fix, whatever transformers raises about it
+        raise FicError(f"cannot load the model: {_folder_problem(err)}{_hub_hint(path)}", path=str(path)) from None
     return model.to(device).eval()
+
+
+def _folder_problem(err: Exception) -> str:
+    """What is wrong with a model folder, in one line, from what transformers or safetensors raised:
+    a truncated weights file reads "incomplete metadata", an unknown `model_type` a long paragraph."""
+    text = one_line(err)
+    if type(err).__name__ == "SafetensorError" or "deserializing header" in text:
+        return (f"a weights file (*.safetensors) is damaged: truncated, or not a safetensors file ({text[:200]}); "
+                "copy or save the model again")
+    found = re.search(r"model type `([^`]*)` but Transformers does not recognize", text)
+    if found:
+        return (f"config.json names model_type {found.group(1)!r}, which this transformers does not know (a newer "
+                "transformers, or trust_remote_code for a model with its own code, may know it)")
+    if "ignore_mismatched_sizes" in text or "size mismatch" in text:
+        return "the weights do not fit the shapes config.json describes (a config from another model?)"
+    return f"{type(err).__name__}: {text[:400]}"
 
 
 # --------------------------------------------------------------------------- the bundled model

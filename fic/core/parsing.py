@@ -87,11 +87,19 @@ def find_json(text: str, *, lists: bool = False) -> Any:
     around it are ignored."""
     decoder = json.JSONDecoder()
     kinds = (dict, list) if lists else (dict,)
-    for match in re.finditer(r"[\[{]" if lists else r"\{", text or ""):
+    if len(text or "") > MAX_JSON_TEXT_CHARS:
+        return None
+    for tried, match in enumerate(re.finditer(r"[\[{]" if lists else r"\{", text or "")):
+        if tried == MAX_JSON_STARTS:  # each try reads to the end: bounded work on any text
+            return None
         try:
             value, _ = decoder.raw_decode(text, match.start())
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError, MemoryError):  # bad JSON, nested too deep, a 5,000-digit number
             continue
         if isinstance(value, kinds):
             return value
     return None
+
+
+MAX_JSON_TEXT_CHARS = 200_000  # a model's reply longer than this is not searched for JSON
+MAX_JSON_STARTS = 64           # `{` (or `[`) positions tried per text

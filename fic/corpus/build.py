@@ -29,6 +29,7 @@ builder enforces it on every reply it writes.
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import re
 from collections import Counter
@@ -42,7 +43,7 @@ from fic import tasks
 from fic.backends import make_backend
 from fic.core.config import add_config_arguments, config_to_dict, load_config, print_keys, setting
 from fic.core.errors import FicError
-from fic.core.files import check_writable, read_records, write_json, write_jsonl, write_text
+from fic.core.files import check_writable, read_records, write_together
 from fic.core.generation import BackendConfig, SamplingParams
 from fic.core.instance import Instance
 from fic.core.parsing import number_values
@@ -489,10 +490,11 @@ def build_corpus(cfg: SFTDataConfig, *, user_backend: Any = None, reply_backend:
     records, stats = make_corpus(instances, cfg, user_backend=user_backend, reply_backend=reply_backend,
                                  progress=progress)
     info = card(records, sources, stats, cfg)
-    write_jsonl(cfg.out, records)
     card_json, card_md = card_paths(cfg.out)
-    write_json(card_json, info)
-    write_text(card_md, card_markdown(info))
+    # The corpus and its card are renamed into place together: never a corpus without its card.
+    write_together({cfg.out: lambda h: h.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records),
+                    card_json: lambda h: h.write(json.dumps(info, indent=2, ensure_ascii=False) + "\n"),
+                    card_md: lambda h: h.write(card_markdown(info))})
     return info
 
 

@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fic.core.files import read_log, write_text
+from fic.core.files import read_json, read_log, write_text
 from fic.core.plots import pyplot, save_png
 from fic.core.stats import paired_bootstrap, sign_test
 
@@ -51,7 +51,7 @@ def _final_not_answer(run: Path) -> float | None:
 def stage_figures(cfg: Any, run: Path, start: dict) -> dict | None:
     if not (run / "metrics.json").is_file():
         return None
-    metrics = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
+    metrics = read_json(run / "metrics.json")
     scores = _scores(run)
     views = metrics["views"]
     base = start["scores"].get("full", {})

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import json
 import resource
 import shutil
 import subprocess
@@ -49,7 +48,7 @@ from fic import tasks, train_sft, train_vasd
 from fic.backends import make_backend
 from fic.core.config import load_config, setting
 from fic.core.errors import FicError
-from fic.core.files import check_writable, write_json, write_jsonl
+from fic.core.files import check_writable, folder_lock, read_json, write_json, write_jsonl
 from fic.core.model import BUNDLED_MODEL_DIR, prepare_model
 from fic.corpus.build import SFTDataConfig, build_corpus
 from fic.data.sources import load_source
@@ -389,6 +388,12 @@ def run_demo(cfg: DemoConfig, *, start_from: str | None = None, progress: bool =
     process of its own."""
 
     check_writable(cfg.out, folder=True, field="out")
+    with folder_lock(cfg.out):  # a second demo into the same folder fails at once
+        return _run_demo(cfg, start_from, progress, say, launch)
+
+
+def _run_demo(cfg: DemoConfig, start_from: str | None, progress: bool, say: Callable[[str], None],
+              launch: tuple[str, list[str]] | None) -> dict:
     markers = paths(cfg)["stages"]
     if start_from is not None:
         if start_from not in STAGES:
@@ -414,5 +419,5 @@ def stage_summaries(cfg: DemoConfig) -> dict[str, dict]:
     for stage in STAGES:
         marker = paths(cfg)["stages"] / f"{stage}.json"
         if marker.is_file():
-            found[stage] = json.loads(marker.read_text(encoding="utf-8"))
+            found[stage] = read_json(marker)
     return found

@@ -9,9 +9,13 @@ Output folder `out`:
 
 - `config.yaml`: the resolved config of the latest run.
 - `fingerprint.json`: the settings that decide what a conversation is (model, data, user,
-  classifier, decoding, seed). A re-run into the same folder resumes: conversations already
-  in the log, keyed by (task_id, view, run), are skipped; adding views or runs is allowed,
-  other changes are an error naming the keys that differ (use a new `out`).
+  classifier, decoding, seed) and a hash of every instance's content. A re-run into the same
+  folder resumes: conversations already in the log, keyed by (task_id, view, run), are
+  skipped; adding views or runs is allowed, other changes are an error naming the keys that
+  differ, and so is an edited data file (an instance changed, added or gone) even under the
+  same name (use a new `out`).
+- `.fic-lock`: held while a run writes (`fic.core.files.lock_folder`): a second evaluation
+  into the same folder fails at once, naming the first's process.
 - `conversations.jsonl`, `metrics.json`, `report.md`, `scores_by_view.png`, `answer_timing.png`,
   `tokens_per_conversation.png`.
 
@@ -33,7 +37,9 @@ as `sharded_over_full`.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -56,7 +62,7 @@ from fic.core.config import (
     setting,
 )
 from fic.core.errors import FicError
-from fic.core.files import append_jsonl, check_writable, read_log, write_json, write_text
+from fic.core.files import append_jsonl, check_writable, folder_lock, read_json, read_log, write_json, write_text
 from fic.core.generation import BackendConfig, SamplingParams
 from fic.core.instance import Instance
 from fic.core.progress import Progress
@@ -64,6 +70,7 @@ from fic.data.sources import InstancesSection, load_sources, shard_missing
 from fic.data.views import VIEWS
 from fic.evaluation.metrics import summarize
 from fic.evaluation.report import write_report
+from fic.tasks import sandbox
 from fic.tasks.base import PROMPT_STYLES
 
 LOG_NAME, METRICS_NAME, REPORT_NAME = "conversations.jsonl", "metrics.json", "report.md"
@@ -102,6 +109,10 @@ class EvalConfig:
     seed: int = setting(0, "Seed of sampling (per call) and of the shuffle-concat order.")
     batch_size: int = setting(64, "Most conversations advanced by one generation call (the backend splits "
                               "a call further into micro-batches of model.batch_size).", min=1)
+    sandbox: str = setting("default", "Where model-written code runs (the code task): bubblewrap, or rlimits, the "
+                           "weaker fallback without namespaces, warned about in the run's first lines, report and "
+                           "metrics.json; default: FIC_SANDBOX if set, else bubblewrap (a run refuses to start where "
+                           "bubblewrap cannot run). See docs/tasks.md.", choices=("default", "bubblewrap", "rlimits"))
 
     def check(self, source: str) -> None:
         if not self.model.model:
@@ -165,10 +176,29 @@ def _data_fingerprint(data: InstancesSection) -> dict:
     return parts
 
 
-def check_resume(out: Path, cfg: EvalConfig) -> None:
-    """Save the fingerprint on a fresh folder; on an existing one, refuse an incompatible config."""
+def instance_digests(instances: list[Instance]) -> dict[str, str]:
+    """Each instance's content (after sharding), hashed: resuming checks what it resumes, not
+    the data file's name (an edited file under the same name would otherwise mix two datasets)."""
+    return {i.task_id: hashlib.sha256(json.dumps(i.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+            for i in instances}
+
+
+def _instances_changed(saved: dict, now: dict) -> str | None:
+    """What differs between the instances a folder was played on and today's, in words."""
+    changed = sorted(k for k in saved.keys() & now.keys() if saved[k] != now[k])
+    added, gone = sorted(now.keys() - saved.keys()), sorted(saved.keys() - now.keys())
+    if not (changed or added or gone):
+        return None
+    parts = [f"{len(ids)} {what} (e.g. {ids[0]!r})" for ids, what in
+             ((changed, "changed"), (added, "added"), (gone, "gone")) if ids]
+    return "the instances are not those its conversations were played on: " + ", ".join(parts)
+
+
+def check_resume(out: Path, cfg: EvalConfig, instances: list[Instance]) -> None:
+    """Save the fingerprint on a fresh folder; on an existing one, refuse an incompatible config
+    or instances whose content changed."""
     path = out / FINGERPRINT_NAME
-    wanted = fingerprint(cfg)
+    wanted = {**fingerprint(cfg), "instances": instance_digests(instances)}
     log = out / LOG_NAME
     if not log.exists() or log.stat().st_size == 0:
         # Nothing played yet (e.g. the last try failed on a mistyped model path): the folder is
@@ -177,9 +207,15 @@ def check_resume(out: Path, cfg: EvalConfig) -> None:
         return
     if path.exists():
         try:
-            saved = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError:
-            raise FicError("unreadable fingerprint; delete the folder or pick another out", path=str(path)) from None
+            saved = read_json(path)
+        except FicError as err:
+            raise FicError(f"unreadable fingerprint ({err.message}); delete the folder or pick another out",
+                           path=str(path)) from None
+        if not isinstance(saved, dict):
+            raise FicError("unreadable fingerprint (not a JSON object); delete the folder or pick another out",
+                           path=str(path))
+        saved_instances = saved.pop("instances", None)
+        wanted_instances = wanted.pop("instances")
         saved = {**FINGERPRINT_DEFAULTS, **saved}
         if saved != wanted:
             old, new = flatten(saved), flatten(wanted)
@@ -187,6 +223,15 @@ def check_resume(out: Path, cfg: EvalConfig) -> None:
             details = "; ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff[:4])
             raise FicError(f"this folder holds conversations from a different config ({details}); resuming "
                            "would mix them. Use another out= or delete the folder", field="out")
+        if saved_instances is None:  # a folder from before instance hashes: it resumes, as it did, and says so
+            print(f"fic eval: {path} predates instance hashes: the data could not be checked against the "
+                  "conversations already played; it is recorded now", file=sys.stderr, flush=True)
+            write_json(path, {**saved, "instances": wanted_instances})
+            return
+        problem = _instances_changed(saved_instances, wanted_instances)
+        if problem is not None:
+            raise FicError(f"cannot resume in this folder: {problem}; resuming would mix them. Use another out= "
+                           "or delete the folder", path=str(out), field="data.source")
     else:
         raise FicError(f"{LOG_NAME} exists without {FINGERPRINT_NAME}; cannot tell which config made it. "
                        "Use another out= or delete the folder", field="out")
@@ -252,9 +297,9 @@ def read_baseline(spec: str) -> dict:
         raise FicError("baseline metrics not found (expected a run folder or its metrics.json)", path=str(path),
                        field="baseline")
     try:
-        metrics = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError:
-        raise FicError("baseline metrics are not valid JSON", path=str(path), field="baseline") from None
+        metrics = read_json(path)
+    except FicError as err:
+        raise FicError(f"baseline metrics are unreadable ({err.message})", path=str(path), field="baseline") from None
     if not isinstance(metrics, dict) or (metrics.get("views", {}).get("full") or {}).get("P") is None:
         raise FicError("the baseline run has no full-view score; evaluate it with the full view",
                        path=str(path), field="baseline")
@@ -315,12 +360,24 @@ def evaluate(cfg: EvalConfig, *, assistant: Any = None, user_backend: Any = None
 
     out = Path(cfg.out)
     check_writable(out, folder=True, field="out")
+    with folder_lock(out), sandbox.use_mode("" if cfg.sandbox == "default" else cfg.sandbox):
+        # a second evaluation into `out` fails at once instead of playing everything twice
+        return _evaluate(cfg, out, assistant, user_backend, classifier_backend, judge_backend, progress)
+
+
+def _evaluate(cfg: EvalConfig, out: Path, assistant: Any, user_backend: Any, classifier_backend: Any,
+              judge_backend: Any, progress: bool) -> dict:
     baseline = read_baseline(cfg.baseline) if cfg.baseline else None
     instances, skipped, origins = load_instances_and_origins(cfg)
     if baseline is not None:
         check_baseline(baseline, cfg, instances)  # before any model loads
+    runs_code = any(tasks.get(name).runs_code for name in {i.task for i in instances})
+    sandboxed = {"mode": sandbox.check_mode(), "isolation": sandbox.describe_isolation(),
+                 "warning": sandbox.weak_warning()} if runs_code else None
+    if sandboxed and sandboxed["warning"]:
+        print(f"fic eval: {sandboxed['warning']}", file=sys.stderr, flush=True)
     out.mkdir(parents=True, exist_ok=True)
-    check_resume(out, cfg)
+    check_resume(out, cfg, instances)
     write_text(out / CONFIG_NAME, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
 
     log_path = out / LOG_NAME
@@ -381,6 +438,7 @@ def evaluate(cfg: EvalConfig, *, assistant: Any = None, user_backend: Any = None
                                   if (caveats := tasks.get(task).scoring_caveats(judged))}
     if origins:
         metrics["data_origins"] = origins
+    metrics["sandbox"] = sandboxed
     metrics["settings"] = {"model": cfg.model.model, "source": cfg.data.source, "task": cfg.data.task,
                            "views": cfg.views, "runs": cfg.runs, "temperature": cfg.temperature,
                            "prompts": cfg.prompts,

@@ -139,6 +139,12 @@ def timing_figure(metrics: dict) -> Any:
     return fig
 
 
+def _sandbox_lines(sandbox: dict) -> list[str]:
+    """Where model-written code ran (runs with the code task), and the rlimits fallback's warning."""
+    lines = [f"- sandbox: {sandbox['isolation']}"] if sandbox.get("isolation") else []
+    return lines + (["", f"**{sandbox['warning']}**"] if sandbox.get("warning") else [])
+
+
 def tokens_figure(metrics: dict) -> Any:
     plt = pyplot()
     tasks = list(metrics["tasks"])
@@ -181,6 +187,7 @@ def render_markdown(metrics: dict, intervals: dict | None = None) -> str:
         f"- conversations: {metrics['conversations']}",
         *[f"- **Scoring caveat, {task}**: {caveat}." for task, caveats in (metrics.get("scoring_caveats") or {}).items()
           for caveat in caveats],
+        *_sandbox_lines(metrics.get("sandbox") or {}),
         "",
         "## Headline", "",
         *_headline(metrics),

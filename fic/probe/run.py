@@ -39,7 +39,6 @@ For every instance of every data source:
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import time
 from dataclasses import dataclass
@@ -50,10 +49,11 @@ import yaml
 
 from fic import tasks
 from fic.backends import make_backend
+from fic.conversation.simulator import score_reply
 from fic.core.chat import prompt_ids, user_turn_ids
 from fic.core.config import add_config_arguments, config_to_dict, load_cli_config, print_keys, setting
 from fic.core.errors import FicError
-from fic.core.files import check_writable, read_records, write_json, write_jsonl, write_text
+from fic.core.files import check_writable, read_json, read_records, write_json, write_jsonl, write_text
 from fic.core.generation import BackendConfig, Generation, SamplingParams
 from fic.core.instance import Instance
 from fic.core.progress import Progress
@@ -274,7 +274,8 @@ def single_turn_replies(cfg: ProbeConfig, model: Any, datasets: list[tuple[str, 
         records.append({"dataset": dataset, "task_id": instance.task_id, "task": instance.task,
                         "system": system_message(instance)["content"],  # the task's, with this instance's tools
                         "query": task.full_prompt(instance), "reply": text, "finish_reason": finish,
-                        "score": float(task.score(text, instance)), "source": cfg.replies.path or "model"})
+                        # guarded: a reply that makes the scorer raise scores 0, the probe goes on
+                        "score": score_reply(task, text, instance)[1], "source": cfg.replies.path or "model"})
     return records
 
 
@@ -373,9 +374,9 @@ def read_baseline(cfg: ProbeConfig) -> dict:
     if not path.is_file():
         raise FicError(f"not a probe run folder (no {METRICS_NAME})", path=str(folder), field="baseline")
     try:
-        metrics = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError:
-        raise FicError("not valid JSON", path=str(path), field="baseline") from None
+        metrics = read_json(path)
+    except FicError as err:
+        raise FicError(err.message, path=str(path), field="baseline") from None
     theirs, ours = metrics.get("fingerprint"), fingerprint(cfg)
     if theirs != ours:
         if not isinstance(theirs, dict):

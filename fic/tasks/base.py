@@ -60,6 +60,8 @@ class Task:
     replies_are_answers: bool = False
     # Tasks scored by an LLM judge (summary) get it from the evaluator as `judge`.
     needs_judge: bool = False
+    # Tasks whose scoring runs model-written code (code): a run checks the sandbox before it plays.
+    runs_code: bool = False
 
     def validate_fields(self, fields: dict[str, Any], error: ErrorFactory) -> None:
         """Raise `error(message, field)` for a missing or malformed task key."""

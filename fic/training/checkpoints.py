@@ -13,16 +13,17 @@ settings that changed but may (learning rate, logging, ...).
 
 from __future__ import annotations
 
-import json
+import contextlib
+import errno
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from fic import __version__
 from fic.core.config import config_to_dict, flatten
 from fic.core.errors import FicError
-from fic.core.files import publish_folder, write_json, write_text
+from fic.core.files import publish_folder, read_json, unlock_folder, write_json, write_text
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "chat_template.json", "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
@@ -79,27 +80,85 @@ def save_checkpoint(accelerator: Any, out: Path, step: int, state: dict, *, keep
     `extra(folder)` writes recipe-specific files (e.g. an EMA teacher) on the main process."""
     from accelerate.utils import DistributedType
 
+    check_finite_weights(accelerator, f"at step {step}")
     final = checkpoint_dir(out) / f"step-{step}"
     tmp = checkpoint_dir(out) / f".step-{step}.tmp"
     if accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
+        for stale in checkpoint_dir(out).glob(".step-*.tmp"):  # left by a run killed while writing
+            shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
     kwargs = {}
     if lora and accelerator.distributed_type == DistributedType.DEEPSPEED:
         kwargs["exclude_frozen_parameters"] = True
-    accelerator.save_state(str(tmp), safe_serialization=True, **kwargs)
-    accelerator.wait_for_everyone()
+    with _removed_on_failure(accelerator, tmp, f"checkpoint step-{step}"):
+        accelerator.save_state(str(tmp), safe_serialization=True, **kwargs)
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            if extra is not None:
+                extra(tmp)
+            write_json(tmp / "trainer_state.json", state)
+            write_text(tmp / "complete", f"step {step}\n")
+            publish_folder(tmp, final)
     if accelerator.is_main_process:
-        if extra is not None:
-            extra(tmp)
-        write_json(tmp / "trainer_state.json", state)
-        write_text(tmp / "complete", f"step {step}\n")
-        publish_folder(tmp, final)
         for old in complete_checkpoints(out)[:-keep_last]:
             shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
     return final
+
+
+DISK_FULL_TEXTS = ("No space left", "StorageFull", "Disk quota", "os error 28")
+# What torch's zip writer says when a write comes up short; a full disk unless space is plentiful.
+SHORT_WRITE_TEXTS = ("unexpected pos", "file write failed")
+
+
+def disk_full(err: BaseException, folder: Path) -> bool:
+    """Whether `err`, raised while writing into `folder`, means the disk (or quota) is full."""
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(err)
+    if any(t in text for t in DISK_FULL_TEXTS):
+        return True
+    if any(t in text for t in SHORT_WRITE_TEXTS):
+        try:
+            return shutil.disk_usage(folder).free < (256 << 20)
+        except OSError:
+            return True
+    return False
+
+
+@contextlib.contextmanager
+def _removed_on_failure(accelerator: Any, tmp: Path, what: str) -> Iterator[None]:
+    """Remove the half-written `tmp` when writing it fails (it would keep a full disk full), and
+    say "no space left" in one line instead of torch's "unexpected pos"."""
+    try:
+        yield
+    except BaseException as err:
+        full = isinstance(err, Exception) and disk_full(err, tmp.parent)
+        if accelerator.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if full:
+            raise FicError(f"no space left on the device while writing {what}; the partial copy was removed. Free "
+                           "some space and run again with resume=true", path=str(tmp.parent)) from None
+        raise
+
+
+def check_finite_weights(accelerator: Any, when: str) -> None:
+    """Refuse to save weights that hold NaN or inf (an update with a huge learning rate makes
+    them so before any loss shows it). Every rank checks its own parameters; the verdict is
+    shared so that all ranks stop together. Every rank must call it."""
+    import torch
+
+    bad = 0
+    for model in getattr(accelerator, "_models", []):
+        for name, param in model.named_parameters():
+            if param.requires_grad and param.numel() and not bool(torch.isfinite(param.detach()).all()):
+                bad += 1
+    if accelerator.num_processes > 1:
+        bad = int(accelerator.reduce(torch.tensor([bad], device=accelerator.device), reduction="sum").item())
+    if bad:
+        raise FicError(f"{bad} trained weight tensor(s) hold NaN or inf {when}: training diverged (try a lower "
+                       "optim.lr); nothing was saved", field="optim.lr")
 
 
 def find_resume(out: Path) -> tuple[Path, dict, list[str]]:
@@ -116,9 +175,9 @@ def find_resume(out: Path) -> tuple[Path, dict, list[str]]:
     skipped = sorted((p.name for p in folder.iterdir() if p.is_dir() and (_step_of(p) or 0) > _step_of(path)),
                      key=lambda name: int(name[5:]))
     try:
-        state = json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
+        state = read_json(path / "trainer_state.json")
         int(state["step"]), dict(state["config"])
-    except (OSError, ValueError, KeyError, TypeError) as err:
+    except (FicError, OSError, ValueError, KeyError, TypeError) as err:
         raise FicError(f"checkpoint is damaged (trainer_state.json: {err}); delete this folder to resume "
                        "from the one before it", path=str(path)) from None
     return path, state, skipped
@@ -175,6 +234,7 @@ def save_final(accelerator: Any, loss_model: Any, cfg: Any, out: Path, card: Cal
     for LoRA with save_merged, the merged model (`out/final-merged`), each with the model card
     `card(kind)`. Every rank must call it (ZeRO-3 gathers the weights). `loss_model.model` is
     the trained network."""
+    check_finite_weights(accelerator, "at the end of training")
     state = accelerator.get_state_dict(loss_model)  # full weights on the main process, also under ZeRO-3
     inner = accelerator.unwrap_model(loss_model).model
     final = out / "final"
@@ -182,10 +242,11 @@ def save_final(accelerator: Any, loss_model: Any, cfg: Any, out: Path, card: Cal
         state = {k[len("model."):]: v for k, v in state.items() if k.startswith("model.")}
         tmp = out / ".final.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
-        inner.save_pretrained(tmp, state_dict=state, safe_serialization=True)
-        copy_tokenizer(cfg.model.path, tmp)
-        write_text(tmp / "README.md", card("LoRA adapter" if cfg.lora.enabled else "full model"))
-        publish_folder(tmp, final)
+        with _removed_on_failure(accelerator, tmp, "the final model"):
+            inner.save_pretrained(tmp, state_dict=state, safe_serialization=True)
+            copy_tokenizer(cfg.model.path, tmp)
+            write_text(tmp / "README.md", card("LoRA adapter" if cfg.lora.enabled else "full model"))
+            publish_folder(tmp, final)
         if cfg.save_merged:
             from peft import PeftModel
 
@@ -195,10 +256,12 @@ def save_final(accelerator: Any, loss_model: Any, cfg: Any, out: Path, card: Cal
             merged = PeftModel.from_pretrained(base, final).merge_and_unload()
             tmp = out / ".final-merged.tmp"
             shutil.rmtree(tmp, ignore_errors=True)
-            merged.save_pretrained(tmp, safe_serialization=True)
-            copy_tokenizer(cfg.model.path, tmp)
-            write_text(tmp / "README.md", card("LoRA merged into the base model"))
-            publish_folder(tmp, out / "final-merged")
+            with _removed_on_failure(accelerator, tmp, "the merged model"):
+                merged.save_pretrained(tmp, safe_serialization=True)
+                copy_tokenizer(cfg.model.path, tmp)
+                write_text(tmp / "README.md", card("LoRA merged into the base model"))
+                publish_folder(tmp, out / "final-merged")
+        unlock_folder(out)  # taken by `fic.training.loop.make_accelerator`
     accelerator.wait_for_everyone()
     return final
 

@@ -43,7 +43,7 @@ def read_metrics(path: str | Path) -> list[dict]:
     for line in Path(path).read_text(encoding="utf-8").splitlines():
         try:
             record = json.loads(line)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # a line being written, or one no reader could take
             continue
         if isinstance(record, dict) and isinstance(record.get("step"), (int, float)):
             records.append(record)

@@ -35,8 +35,8 @@ from typing import Any, Callable
 import torch
 
 from fic.core.config import config_to_dict, describe, load_config
-from fic.core.errors import FicError, one_line, os_error
-from fic.core.files import append_jsonl, write_text
+from fic.core.errors import FicError, Terminated, one_line, os_error, terminate_on_sigterm
+from fic.core.files import append_jsonl, lock_folder, write_text
 from fic.core.model import default_device, fast_bf16, load_model
 from fic.core.plots import save_png
 from fic.core.progress import Progress
@@ -83,6 +83,8 @@ def make_accelerator(cfg: RunConfig) -> Any:
         gradient_accumulation_steps=cfg.train.grad_accum_steps, mixed_precision=mixed,
         step_scheduler_with_optimizer=False)  # the schedule counts optimizer steps, not steps x processes
     check_accumulation(accelerator, cfg.train.grad_accum_steps)
+    if accelerator.is_main_process:  # a second run into `out` fails now; released when the final model is saved
+        lock_folder(cfg.out)
     accelerator.print(said)
     return accelerator
 
@@ -188,6 +190,9 @@ def optimizer_step(accelerator: Any, loss_module: torch.nn.Module, optimizer: An
     if max_grad_norm > 0:
         grad_norm = accelerator.clip_grad_norm_([p for p in loss_module.parameters() if p.requires_grad],
                                                 max_grad_norm)
+        if grad_norm is not None and not math.isfinite(float(grad_norm)):  # the same on every rank
+            raise FicError(f"the gradient norm is {float(grad_norm)}: training diverged (try a lower optim.lr, "
+                           f"now {lr:g}); stopped before this update, without saving a model", field="optim.lr")
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
@@ -241,6 +246,17 @@ def maybe_checkpoint(accelerator: Any, cfg: RunConfig, step: int, steps: int, st
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def check_finite_loss(step: int, figures: dict) -> None:
+    """A NaN or infinite loss means the weights are broken: stop before a checkpoint or final
+    model saves them (the figures are reduced over ranks, so every rank stops)."""
+    loss = figures.get("loss")
+    if isinstance(loss, (int, float)) and not math.isfinite(loss):
+        lr = figures.get("lr")
+        raise FicError(f"the loss is {loss} at step {step}: training diverged"
+                       + (f" (try a lower optim.lr, now {lr:g})" if isinstance(lr, (int, float)) else "")
+                       + "; stopped without saving a model", field="optim.lr")
+
+
 class RunLog:
     """Per-step figures: `metrics.jsonl` (every step, main process), `curves.png` beside it
     (`fic.training.curves`, redrawn every `logging.curves_every_s` seconds and at the end), wandb
@@ -287,6 +303,7 @@ class RunLog:
         return board
 
     def step(self, step: int, figures: dict, tables: dict | None = None) -> None:
+        check_finite_loss(step, figures)  # on every rank: the loss is reduced over ranks
         if not self.main:
             return
         append_jsonl(self.path, {"step": step, **figures})
@@ -349,8 +366,15 @@ def recipe_main(config_class: type, train: Callable[[Any], Any], method: str, do
     if args.keys:
         print(describe(config_class))
         return 0
+    terminate_on_sigterm()
     try:
         train(load_config(config_class, args.config, args.overrides))
+    except Terminated:
+        print(f"fic train {method}: terminated (SIGTERM)", file=sys.stderr)
+        return 143
+    except KeyboardInterrupt:
+        print(f"fic train {method}: interrupted", file=sys.stderr)
+        return 130
     except FicError as err:
         print(f"fic train {method}: error: {err}", file=sys.stderr)
         return 2

@@ -126,3 +126,48 @@ def test_brackets_make_a_list_wherever_a_list_is_allowed_and_one_item_needs_none
     cfg = load_config(_Picks, None, ["task=[math, code]", "names=jsonl:x.jsonl"])
     assert cfg.task == ["math", "code"] and cfg.names == ["jsonl:x.jsonl"]
     assert load_config(_Picks, None, ["task=007"]).task == "007"  # text stays text
+
+
+@dataclass
+class Floats:
+    lr: float = setting(1e-4, "learning rate", min=0.0)
+    share: float = setting(0.5, "a share", min=0.0, max=1.0)
+    maybe: float | None = setting(None, "an optional number")
+
+
+@pytest.mark.parametrize("override", [
+    "lr=inf", "lr=.inf", "lr=nan", "lr=.nan", "lr=-inf", "lr=NaN", "share=nan", "share=.NaN", "maybe=inf",
+    "maybe=nan", "lr=1e400", "lr=" + "9" * 400,
+])
+def test_non_finite_numbers_are_refused_on_the_command_line(override):
+    # NaN passes every range check (all comparisons are false); inf trains to NaN weights.
+    with pytest.raises(FicError) as err:
+        load_config(Floats, None, [override])
+    assert "expected a finite number" in str(err.value)
+    assert f"field '{override.split('=')[0]}'" in str(err.value)
+
+
+@pytest.mark.parametrize("text", ["lr: .inf\n", "share: .nan\n", "maybe: -.inf\n", "lr: nan\n"])
+def test_non_finite_numbers_are_refused_in_yaml(tmp_path, text):
+    path = write(tmp_path, text)
+    with pytest.raises(FicError, match="expected a finite number") as err:
+        load_config(Floats, path)
+    assert str(path) in str(err.value)
+
+
+@pytest.mark.parametrize("cls_path,override", [
+    ("fic.train_sft:SFTConfig", "optim.lr=inf"),
+    ("fic.train_sft:SFTConfig", "optim.lr=nan"),
+    ("fic.train_sft:SFTConfig", "train.epochs=nan"),
+    ("fic.corpus.build:SFTDataConfig", "single_turn_share=nan"),
+    ("fic.evaluation.evaluate:EvalConfig", "temperature=nan"),
+    ("fic.evaluation.evaluate:EvalConfig", "top_p=inf"),
+])
+def test_every_real_float_setting_refuses_non_finite_values(cls_path, override):
+    import importlib
+
+    module, name = cls_path.split(":")
+    cls = getattr(importlib.import_module(module), name)
+    with pytest.raises(FicError, match="expected a finite number"):
+        load_config(cls, None, [override, "model.model=m", "data.source=gsm8k"] if name == "EvalConfig"
+                    else [override])

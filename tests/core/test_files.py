@@ -65,3 +65,103 @@ def test_file_sha256(tmp_path):
     data = os.urandom(3 << 20)  # several read blocks
     path.write_bytes(data)
     assert files.file_sha256(path) == hashlib.sha256(data).hexdigest()
+
+
+# --------------------------------------------------------------------------- the guarded reader
+
+DEEP = 100_000
+
+
+@pytest.mark.parametrize("name,text,needle", [
+    ("deep-list.jsonl", '{"a": 1}\n{"b": ' + "[" * DEEP + "]" * DEEP + "}\n", "line 2 is nested too deeply"),
+    ("deep-object.jsonl", '{"a": 1}\n' + '{"x": ' * DEEP + "1" + "}" * DEEP + "\n", "line 2 is nested too deeply"),
+    ("deep-mixed.json", "[" + '[{"a": ' * (DEEP // 2) + "1" + "}]" * (DEEP // 2) + "]", "nested too deeply"),
+    ("deep-first-line.jsonl", "[" * DEEP + "\n", "nested too deeply"),
+    ("digits.jsonl", '{"a": 1}\n{"n": ' + "7" * 5000 + "}\n", "line 2 holds a number with more than"),
+    ("digits.json", '[{"n": -' + "7" * 5000 + "}]", "holds a number with more than"),
+    ("broken.jsonl", '{"a": 1}\n{"a" 2}\n', "line 2 is not valid JSON"),
+])
+def test_hostile_data_files_are_one_line_errors_naming_file_and_line(tmp_path, name, text, needle):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(FicError) as err:
+        files.read_records(path)
+    assert needle in str(err.value) and str(path) in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("special", ["/dev/zero", "/dev/urandom", "fifo", "folder"])
+def test_files_that_are_no_regular_file_are_refused_before_reading(tmp_path, special):
+    if special == "fifo":
+        special = tmp_path / "pipe"
+        os.mkfifo(special)  # reading it would block for ever
+    elif special == "folder":
+        special = tmp_path
+    for read in (files.read_records, files.read_log, files.read_json):
+        with pytest.raises(FicError, match="regular file|is a folder"):
+            read(special)
+
+
+def test_a_file_over_the_size_limit_is_refused(tmp_path, monkeypatch):
+    path = tmp_path / "big.jsonl"
+    path.write_text('{"a": 1}\n' * 100)
+    monkeypatch.setattr(files, "MAX_FILE_BYTES", 64)
+    with pytest.raises(FicError, match="in one piece; split it"):
+        files.read_records(path)
+
+
+def test_read_json_and_read_log_use_the_same_guards(tmp_path):
+    path = tmp_path / "state.json"
+    path.write_text('{"step": ' + "[" * DEEP + "]" * DEEP + "}")
+    with pytest.raises(FicError, match="nested too deeply") as err:
+        files.read_json(path)
+    assert str(path) in str(err.value)
+    log = tmp_path / "log.jsonl"
+    log.write_text('{"a": 1}\n{"n": ' + "1" * 5000 + '}\n{"a": 3}\n')
+    with pytest.raises(FicError, match="line 2 holds a number .* the log is damaged"):
+        files.read_log(log)
+    log.write_text('{"a": 1}\n' + "[" * DEEP)  # a torn last line, however it is broken, is dropped
+    assert files.read_log(log) == [{"a": 1}]
+
+
+def test_a_lone_surrogate_is_written_as_its_escape_and_reads_back(tmp_path):
+    path = tmp_path / "in.jsonl"
+    path.write_text('{"text": "half a pair: \\ud800 here"}\n')
+    (record,) = files.read_records(path)
+    assert record["text"] == "half a pair: \ud800 here"
+    for write in (files.write_jsonl, lambda p, rs: [files.append_jsonl(p, r) for r in rs]):
+        out = tmp_path / "out.jsonl"
+        out.unlink(missing_ok=True)
+        write(out, [record])
+        assert files.read_records(out) == [record]
+    files.write_json(tmp_path / "one.json", record)
+    assert files.read_json(tmp_path / "one.json") == record
+
+
+def test_a_legal_250_character_name_can_be_written(tmp_path):
+    path = tmp_path / ("n" * 245 + ".json")
+    files.write_json(path, {"ok": True})
+    assert files.read_json(path) == {"ok": True}
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary left
+    longer = tmp_path / ("é" * 120 + ".jsonl")  # 240 bytes of two-byte characters
+    files.write_jsonl(longer, [{"a": 1}])
+    assert files.read_records(longer) == [{"a": 1}]
+
+
+# --------------------------------------------------------------------------- folder locks
+
+def test_a_folder_lock_refuses_a_second_process_naming_the_first(tmp_path):
+    from locks import held_by_another_process
+
+    folder = tmp_path / "out"
+    with held_by_another_process(folder) as pid:
+        with pytest.raises(FicError) as err:
+            files.lock_folder(folder)
+        assert f"process {pid}" in str(err.value) and str(folder) in str(err.value)
+        assert "another FiC run is writing into this folder" in str(err.value)
+    # The kernel dropped the lock with its process (kill -9): the folder is free at once.
+    with files.folder_lock(folder):
+        with files.folder_lock(folder):  # this process again: allowed (a recipe run twice in one process)
+            pass
+        assert str(folder.resolve()) in files._held
+    assert str(folder.resolve()) not in files._held

@@ -192,6 +192,30 @@ def test_data_card_and_files(tmp_path):
     assert "recovery" in card_md.read_text() and "gsm_symbolic" in card_md.read_text()
 
 
+def test_a_failed_card_write_leaves_the_old_corpus_and_card_whole(tmp_path, monkeypatch):
+    import errno
+
+    from fic.corpus import build
+
+    out = tmp_path / "corpus.sft.jsonl"
+    build_corpus(config("data.limit=20", out=out), progress=False)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+
+    def full_disk(info):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(build, "card_markdown", full_disk)  # the last of the three files fails
+    with pytest.raises(OSError):
+        build_corpus(config("data.limit=30", out=out), progress=False)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # no temporary, no new corpus
+    (tmp_path / out.name).unlink()
+    for card in card_paths(out):
+        card.unlink()
+    with pytest.raises(OSError):
+        build_corpus(config("data.limit=30", out=out), progress=False)
+    assert list(tmp_path.iterdir()) == []  # never a corpus without its card
+
+
 def test_the_file_loads_with_datasets(tmp_path):
     import datasets
 

@@ -131,3 +131,14 @@ def test_a_miniature_ablation_trains_every_variant_and_writes_its_table(tiny_mod
     config = yaml.safe_load((out / "ablation" / "per-turn" / "train" / "vasd.yaml").read_text())
     assert config["loss"]["turns"] == "all" and config["model"]["path"].endswith("sft/final")
     assert yaml.safe_load((out / "ablation" / "final" / "train" / "vasd.yaml").read_text())["loss"]["turns"] == "final"
+
+
+def test_a_second_demo_into_the_same_folder_fails_at_once(tmp_path, capsys):
+    from locks import held_by_another_process
+
+    out = tmp_path / "demo"
+    with held_by_another_process(out) as pid:
+        assert main(["demo", "--recipes", str(RECIPES), f"out={out}", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"another FiC run is writing into this folder (process {pid}" in err and len(err.splitlines()) == 1
+    assert not (out / "stages").exists()

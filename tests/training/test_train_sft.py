@@ -257,6 +257,35 @@ def test_full_fine_tuning_saves_a_loadable_model(tiny_model_dir, corpus, tmp_pat
     assert not (out / "checkpoints").exists()
 
 
+@pytest.mark.parametrize("extra", [
+    ["train.max_steps=1", "checkpoint.every=1", "optim.max_grad_norm=0"],  # weights broken, no loss shows it yet
+    ["train.max_steps=3", "checkpoint.every=0", "optim.max_grad_norm=0"],  # the loss of step 2 is NaN
+    ["train.max_steps=3", "checkpoint.every=0"],                           # so is the gradient norm
+])
+def test_a_diverging_run_stops_with_a_clear_error_and_saves_no_broken_model(tiny_model_dir, corpus, tmp_path, extra):
+    # A finite learning rate large enough to turn every weight into inf/NaN in one update.
+    out = tmp_path / "diverged"
+    with pytest.raises(FicError, match="diverged") as err:
+        run(*settings(tiny_model_dir, corpus, out, *extra), "optim.lr=1e38", "optim.warmup_steps=0")
+    assert err.value.field == "optim.lr"
+    assert not (out / "final").exists()
+    assert not list((out / "checkpoints").glob("step-*")) if (out / "checkpoints").exists() else True
+
+
+def test_a_second_training_run_into_the_same_folder_fails_before_loading_a_model(tiny_model_dir, corpus, tmp_path,
+                                                                                   monkeypatch):
+    from locks import held_by_another_process
+
+    from fic.training import loop
+
+    monkeypatch.setattr(loop, "build_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    out = tmp_path / "run"
+    with held_by_another_process(out) as pid:
+        with pytest.raises(FicError, match=f"another FiC run is writing into this folder \\(process {pid}"):
+            run(*settings(tiny_model_dir, corpus, out, "train.max_steps=1"))
+    assert not (out / "metrics.jsonl").exists()
+
+
 def test_lora_saves_adapter_and_merged_model(tiny_model_dir, corpus, tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM

@@ -1,0 +1,366 @@
+"""The sandbox's supervisor, run as `python -I -S -B sandbox_launcher.py CONFIG VERDICT_FD` by
+`fic.tasks.sandbox`, inside bubblewrap or (the rlimits fallback) directly. Standard library
+only: it runs with `-I -S`, outside FiC's environment.
+
+It makes itself a child subreaper (every orphan of the program, a `setsid` daemon included,
+becomes its child instead of init's), forks the program and, in the child before `exec`,
+applies the operating-system layers the config asks for:
+
+1. its own process group; resource limits (address space, CPU seconds per process, file size,
+   open files, no core files, and the number of processes: the kernel enforces it for any user
+   but root, which is why a root evaluator drops to a per-run user id);
+2. that user id (`setresuid`/`setresgid`, no supplementary groups), when the config gives one;
+3. death with the supervisor (`PR_SET_PDEATHSIG`) and `PR_SET_NO_NEW_PRIVS`;
+4. Landlock (Linux 5.13+), where the kernel has it: reading only the Python installation and the
+   system's libraries, writing only the run's folder; with ABI 4+ no TCP bind or connect; with
+   ABI 6+ no signals to processes outside the sandbox and no abstract unix sockets outside it;
+5. a seccomp filter (x86-64, arm64): no sockets, ptrace, process_vm_*, pidfd_*, namespaces
+   (unshare, setns, clone with CLONE_NEW*; clone3 answers ENOSYS so libc falls back to clone),
+   mounts, io_uring, bpf, perf, keyrings, kernel modules, kexec, reboot, clocks, swap, and no
+   kill/tkill/tgkill/rt_sig*queueinfo aimed at the supervisor, the evaluator, their process
+   groups or every process (-1).
+
+Then it watches the program: the CPU time of the whole process tree (live processes from
+/proc, finished ones from wait4) against the CPU limit, the wall clock against the wall limit.
+When the program ends, or a limit is reached, it kills every process still in its tree and
+counts those that were left running. The verdict goes to VERDICT_FD as one JSON object.
+"""
+
+import ctypes
+import json
+import os
+import platform
+import resource
+import signal
+import struct
+import sys
+import time
+
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, PR_SET_CHILD_SUBREAPER = 1, 38, 22, 36
+SECCOMP_MODE_FILTER = 2
+RET_ALLOW, RET_ERRNO, RET_KILL_PROCESS = 0x7FFF0000, 0x00050000, 0x80000000
+EPERM, ENOSYS = 1, 38
+LD_W_ABS, JEQ_K, JGE_K, JSET_K, RET_K = 0x20, 0x15, 0x35, 0x45, 0x06
+NAMESPACE_FLAGS = 0x10000000 | 0x00020000 | 0x20000000 | 0x40000000 | 0x08000000 | 0x04000000 | 0x02000000
+
+# (audit arch, denied syscalls, clone, clone3, signal syscalls aimed at a pid in argument 0)
+SYSCALLS = {
+    "x86_64": (0xC000003E, {
+        "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "pidfd_open": 434, "pidfd_getfd": 438,
+        "pidfd_send_signal": 424, "process_madvise": 440, "kcmp": 312, "mount": 165, "umount2": 166,
+        "pivot_root": 155, "chroot": 161, "unshare": 272, "setns": 308, "socket": 41, "io_uring_setup": 425,
+        "io_uring_enter": 426, "io_uring_register": 427, "bpf": 321, "perf_event_open": 298, "userfaultfd": 323,
+        "keyctl": 250, "add_key": 248, "request_key": 249, "kexec_load": 246, "kexec_file_load": 320,
+        "init_module": 175, "finit_module": 313, "delete_module": 176, "open_by_handle_at": 304,
+        "name_to_handle_at": 303, "fanotify_init": 300, "quotactl": 179, "swapon": 167, "swapoff": 168,
+        "reboot": 169, "acct": 163, "settimeofday": 164, "clock_settime": 227, "adjtimex": 159,
+        "clock_adjtime": 305, "iopl": 172, "ioperm": 173, "syslog": 103, "personality": 135,
+        "lookup_dcookie": 212, "vhangup": 153, "move_mount": 429, "open_tree": 428, "fsopen": 430,
+        "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442}, 56, 435, (62, 200, 234, 129, 297)),
+    "aarch64": (0xC00000B7, {
+        "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "pidfd_open": 434, "pidfd_getfd": 438,
+        "pidfd_send_signal": 424, "process_madvise": 440, "kcmp": 272, "mount": 40, "umount2": 39,
+        "pivot_root": 41, "chroot": 51, "unshare": 97, "setns": 268, "socket": 198, "io_uring_setup": 425,
+        "io_uring_enter": 426, "io_uring_register": 427, "bpf": 280, "perf_event_open": 241, "userfaultfd": 282,
+        "keyctl": 219, "add_key": 217, "request_key": 218, "kexec_load": 104, "kexec_file_load": 294,
+        "init_module": 105, "finit_module": 273, "delete_module": 106, "open_by_handle_at": 265,
+        "name_to_handle_at": 264, "fanotify_init": 262, "quotactl": 60, "swapon": 224, "swapoff": 225,
+        "reboot": 142, "acct": 89, "settimeofday": 170, "clock_settime": 112, "adjtimex": 171,
+        "clock_adjtime": 266, "syslog": 116, "personality": 92, "lookup_dcookie": 18, "vhangup": 58,
+        "move_mount": 429, "open_tree": 428, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
+        "mount_setattr": 442}, 220, 435, (129, 130, 131, 138, 240)),
+}
+
+# Landlock
+LL_CREATE_RULESET, LL_ADD_RULE, LL_RESTRICT_SELF = 444, 445, 446  # the same on x86-64 and arm64
+LL_VERSION, LL_PATH_BENEATH = 1, 1
+EXECUTE, WRITE_FILE, READ_FILE, READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+ALL_V1 = (1 << 13) - 1
+REFER, TRUNCATE, IOCTL_DEV = 1 << 13, 1 << 14, 1 << 15
+FILE_RIGHTS = EXECUTE | WRITE_FILE | READ_FILE | TRUNCATE | IOCTL_DEV
+MAKE_CHAR, MAKE_BLOCK = 1 << 6, 1 << 11
+NET_BIND_TCP, NET_CONNECT_TCP = 1 << 0, 1 << 1
+SCOPE_ABSTRACT_UNIX, SCOPE_SIGNAL = 1 << 0, 1 << 1
+
+libc = ctypes.CDLL(None, use_errno=True)
+
+
+def prctl(option, value):
+    if libc.prctl(option, ctypes.c_ulong(value), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0)) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(%d) failed: %s" % (option, os.strerror(ctypes.get_errno())))
+
+
+# --------------------------------------------------------------------------- seccomp
+
+def seccomp_program(protected):
+    """The filter as bytes of `struct sock_filter`, or None on an architecture without a table."""
+    table = SYSCALLS.get(platform.machine())
+    if table is None:
+        return None
+    arch, denied, clone, clone3, signals = table
+    code = []  # (opcode, k, true label or None, false label or None); labels resolved below
+    code.append((LD_W_ABS, 4, None, None))
+    code.append((JEQ_K, arch, None, "kill"))
+    code.append((LD_W_ABS, 0, None, None))
+    code.append((JGE_K, 0x40000000, "enosys", None))  # the x32 ABI on x86-64
+    code.append((JEQ_K, clone3, "enosys", None))
+    for number in sorted(set(denied.values())):
+        code.append((JEQ_K, number, "eperm", None))
+    code.append((JEQ_K, clone, "clone", None))
+    for number in signals:
+        code.append((JEQ_K, number, "signal", None))
+    code.append((RET_K, RET_ALLOW, None, None))
+    labels = {"clone": len(code)}
+    code.append((LD_W_ABS, 16, None, None))  # the low 32 bits of argument 0 (little-endian)
+    code.append((JSET_K, NAMESPACE_FLAGS, "eperm", None))
+    code.append((RET_K, RET_ALLOW, None, None))
+    labels["signal"] = len(code)
+    code.append((LD_W_ABS, 16, None, None))
+    targets = {0xFFFFFFFF}  # -1: every process the caller may signal
+    for pid in protected:
+        targets |= {pid & 0xFFFFFFFF, (-pid) & 0xFFFFFFFF}
+    for target in sorted(targets):
+        code.append((JEQ_K, target, "eperm", None))
+    code.append((RET_K, RET_ALLOW, None, None))
+    labels["eperm"] = len(code)
+    code.append((RET_K, RET_ERRNO | EPERM, None, None))
+    labels["enosys"] = len(code)
+    code.append((RET_K, RET_ERRNO | ENOSYS, None, None))
+    labels["kill"] = len(code)
+    code.append((RET_K, RET_KILL_PROCESS, None, None))
+    out = b""
+    for index, (op, k, true, false) in enumerate(code):
+        jt = 0 if true is None else labels[true] - index - 1
+        jf = 0 if false is None else labels[false] - index - 1
+        if not (0 <= jt <= 255 and 0 <= jf <= 255):
+            raise ValueError("seccomp jump out of range")
+        out += struct.pack("HBBI", op, jt, jf, k)
+    return out
+
+
+class SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def load_seccomp(program):
+    buffer = ctypes.create_string_buffer(program, len(program))
+    fprog = SockFprog(len(program) // 8, ctypes.cast(buffer, ctypes.c_void_p))
+    if libc.prctl(PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(fprog), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "seccomp: " + os.strerror(ctypes.get_errno()))
+
+
+# --------------------------------------------------------------------------- Landlock
+
+def landlock_abi():
+    libc.syscall.restype = ctypes.c_long
+    abi = libc.syscall(ctypes.c_long(LL_CREATE_RULESET), None, ctypes.c_size_t(0), ctypes.c_uint32(LL_VERSION))
+    return max(0, int(abi))
+
+
+def landlock(abi, read_paths, write_paths, file_paths):
+    """Restrict this process (and what it execs): read-only `read_paths`, read-write `write_paths`,
+    read-write files `file_paths` (/dev/null); nothing else of the file system; no TCP; scoped
+    signals and abstract unix sockets."""
+    handled = ALL_V1 | (REFER if abi >= 2 else 0) | (TRUNCATE if abi >= 3 else 0) | (IOCTL_DEV if abi >= 5 else 0)
+    net = (NET_BIND_TCP | NET_CONNECT_TCP) if abi >= 4 else 0
+    scoped = (SCOPE_ABSTRACT_UNIX | SCOPE_SIGNAL) if abi >= 6 else 0
+    attr = struct.pack("QQQ", handled, net, scoped)[:8 if abi < 4 else 16 if abi < 6 else 24]
+    buffer = ctypes.create_string_buffer(attr, len(attr))
+    ruleset = libc.syscall(ctypes.c_long(LL_CREATE_RULESET), buffer, ctypes.c_size_t(len(attr)), ctypes.c_uint32(0))
+    if ruleset < 0:
+        raise OSError(ctypes.get_errno(), "landlock_create_ruleset: " + os.strerror(ctypes.get_errno()))
+    readable = EXECUTE | READ_FILE | READ_DIR
+    writable = handled & ~(MAKE_CHAR | MAKE_BLOCK)
+    rules = [(p, readable) for p in read_paths] + [(p, writable) for p in write_paths] + \
+        [(p, (READ_FILE | WRITE_FILE | (TRUNCATE if abi >= 3 else 0)) & handled) for p in file_paths]
+    for path, access in rules:
+        try:
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        except OSError:
+            continue  # not on this machine
+        try:
+            if not os.path.isdir(path):
+                access &= FILE_RIGHTS
+            rule = struct.pack("=Qi", access & handled, fd)
+            rule_buffer = ctypes.create_string_buffer(rule, len(rule))
+            if libc.syscall(ctypes.c_long(LL_ADD_RULE), ctypes.c_int(ruleset), ctypes.c_int(LL_PATH_BENEATH),
+                            rule_buffer, ctypes.c_uint32(0)) != 0:
+                raise OSError(ctypes.get_errno(), "landlock_add_rule %s: %s" % (path, os.strerror(ctypes.get_errno())))
+        finally:
+            os.close(fd)
+    if libc.syscall(ctypes.c_long(LL_RESTRICT_SELF), ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0:
+        raise OSError(ctypes.get_errno(), "landlock_restrict_self: " + os.strerror(ctypes.get_errno()))
+    os.close(ruleset)
+
+
+# --------------------------------------------------------------------------- the process tree
+
+CLOCK = os.sysconf("SC_CLK_TCK")
+
+
+HAS_CHILDREN_FILE = os.path.exists("/proc/self/task/%d/children" % os.getpid())
+
+
+def children(pid):
+    if not HAS_CHILDREN_FILE:  # a kernel without CONFIG_PROC_CHILDREN: read every process's parent
+        found = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open("/proc/%s/stat" % entry) as handle:
+                        if int(handle.read().rsplit(")", 1)[1].split()[1]) == pid:
+                            found.append(int(entry))
+                except (OSError, IndexError, ValueError):
+                    pass
+        return found
+    found = []
+    try:
+        for task in os.listdir("/proc/%d/task" % pid):
+            with open("/proc/%d/task/%s/children" % (pid, task)) as handle:
+                found += [int(p) for p in handle.read().split()]
+    except OSError:
+        pass
+    return found
+
+
+def descendants(root):
+    found, todo = [], [root]
+    while todo:
+        for child in children(todo.pop()):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def cpu_of(pid):
+    """User + system CPU seconds of a live process and of the children it has waited for."""
+    try:
+        with open("/proc/%d/stat" % pid) as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        return sum(int(f) for f in fields[11:15]) / CLOCK
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+class Tree:
+    def __init__(self, program):
+        self.program, self.status, self.reaped_cpu = program, None, 0.0
+
+    def reap(self):
+        while True:
+            try:
+                pid, status, usage = os.wait4(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            self.reaped_cpu += usage.ru_utime + usage.ru_stime
+            if pid == self.program:
+                self.status = status
+
+    def cpu(self):
+        return self.reaped_cpu + sum(cpu_of(pid) for pid in descendants(os.getpid()))
+
+    def kill(self):
+        """SIGKILL every process of the tree until none is left; how many there were, the
+        program itself not counted."""
+        left = None
+        for _ in range(1000):
+            live = descendants(os.getpid())
+            if left is None:
+                left = len([pid for pid in live if pid != self.program])
+            if not live:
+                break
+            for pid in live:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.002)
+            self.reap()
+        self.reap()
+        return left or 0
+
+
+# --------------------------------------------------------------------------- main
+
+def child(config, setup):
+    """In the forked child: every layer, then exec the program. Never returns."""
+    try:
+        os.setpgid(0, 0)
+        for name, value in config["rlimits"].items():
+            resource.setrlimit(getattr(resource, name), (value, value))
+        if config.get("uid") is not None:
+            os.setgroups([])
+            os.setresgid(config["gid"], config["gid"], config["gid"])
+            os.setresuid(config["uid"], config["uid"], config["uid"])
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        prctl(PR_SET_NO_NEW_PRIVS, 1)
+        if config["landlock_abi"]:
+            landlock(config["landlock_abi"], config["read"], config["write"], config["files"])
+        if config["seccomp"]:
+            load_seccomp(bytes.fromhex(config["seccomp"]))
+        os.chdir(config["cwd"])
+        os.execve(config["argv"][0], config["argv"], config["env"])
+    except BaseException as err:
+        os.write(setup, ("%s: %s" % (type(err).__name__, err)).encode("utf-8", "replace")[:1000])
+    os._exit(127)
+
+
+def main():
+    with open(sys.argv[1]) as handle:
+        config = json.load(handle)
+    verdict = int(sys.argv[2])
+    os.set_inheritable(verdict, False)
+    started = time.monotonic()
+    prctl(PR_SET_CHILD_SUBREAPER, 1)
+    if config.get("die_with_parent"):
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != config["parent"]:  # the evaluator died before the line above
+            os._exit(1)
+    layers = {"uid": config.get("uid"), "nproc": config["rlimits"].get("RLIMIT_NPROC")}
+    abi = landlock_abi() if config.get("landlock") else 0
+    config["landlock_abi"] = abi
+    layers["landlock"] = abi
+    program = seccomp_program(config["protect"] + [os.getpid()]) if config.get("seccomp") else None
+    config["seccomp"] = program.hex() if program else ""
+    layers["seccomp"] = bool(program)
+    setup_read, setup_write = os.pipe()  # close-on-exec: it closes, empty, when the exec succeeds
+    pid = os.fork()
+    if pid == 0:
+        os.close(setup_read)
+        child(config, setup_write)
+    os.close(setup_write)
+    problem = b""
+    while True:
+        chunk = os.read(setup_read, 1000)
+        if not chunk:
+            break
+        problem += chunk
+    os.close(setup_read)
+    tree, reason = Tree(pid), None
+    while True:
+        tree.reap()
+        if tree.status is not None:
+            break
+        if tree.cpu() > config["cpu_seconds"]:
+            reason = "cpu"
+            break
+        if time.monotonic() - started > config["wall_seconds"]:
+            reason = "wall"
+            break
+        time.sleep(0.02)
+    cpu = tree.cpu()
+    left = tree.kill()
+    cpu = max(cpu, tree.reaped_cpu)
+    status = tree.status
+    out = {"reason": reason, "cpu_seconds": round(cpu, 3), "wall_seconds": round(time.monotonic() - started, 3),
+           "left": left, "layers": layers, "setup_error": problem.decode("utf-8", "replace") or None,
+           "exit_code": os.WEXITSTATUS(status) if status is not None and os.WIFEXITED(status) else None,
+           "signal": os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) else None}
+    os.write(verdict, json.dumps(out).encode())
+    os.close(verdict)
+
+
+if __name__ == "__main__":
+    main()
