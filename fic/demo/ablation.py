@@ -28,7 +28,7 @@ import yaml
 
 from fic.core.config import config_to_dict, with_overrides
 from fic.core.errors import FicError
-from fic.core.files import read_log, write_json, write_text
+from fic.core.files import folder_lock, read_log, write_json, write_text
 from fic.core.stats import sign_test
 from fic.demo.run import DemoConfig, control_steps, cpu_seconds, model_of, paths, run_stages, split_file
 
@@ -93,6 +93,12 @@ def vasd_config(cfg: DemoConfig, overrides: list[str], out: Path) -> object:
 def run_ablation(cfg: DemoConfig, *, progress: bool = True, say: Callable[[str], None] = print,
                  launch: tuple[str, list[str]] | None = None) -> dict:
     """Train and evaluate every variant (see the module docstring); return the table's figures."""
+    with folder_lock(cfg.out):  # the demo and a second ablation into the same folder fail at once
+        return _run_ablation(cfg, progress, say, launch)
+
+
+def _run_ablation(cfg: DemoConfig, progress: bool, say: Callable[[str], None],
+                  launch: tuple[str, list[str]] | None) -> dict:
     run_stages(cfg, ("data", "warmup", "sft"), progress=progress, say=say, launch=launch)
     root = ablation_dir(cfg)
     runs, seconds = {"sft": evaluate_dev(cfg, model_of(cfg, "sft"), root / "sft" / "dev", progress)}, {}
