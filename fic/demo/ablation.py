@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -31,6 +32,7 @@ from fic.core.errors import FicError
 from fic.core.files import folder_lock, read_log, write_json, write_text
 from fic.core.stats import sign_test
 from fic.demo.run import DemoConfig, control_steps, cpu_seconds, model_of, paths, run_stages, split_file
+from fic.training.checkpoints import complete_checkpoints, step_of
 
 ABLATION = "ablation"
 
@@ -55,12 +57,20 @@ def train(kind: str, config: object, folder: Path, progress: bool) -> dict:
     marker = folder / "trained.json"
     if marker.is_file():
         return json.loads(marker.read_text(encoding="utf-8"))
+    done = complete_checkpoints(folder)
+    resumed_at = step_of(done[-1]) if done else 0
+    if not done and folder.exists():
+        shutil.rmtree(folder)  # killed before its first checkpoint: nothing to keep
     folder.mkdir(parents=True, exist_ok=True)
     began, cpu = time.perf_counter(), cpu_seconds(resource.RUSAGE_CHILDREN)
     _run([sys.executable, "-m", "fic", "train", kind, "--config", str(_config_file(config, folder / f"{kind}.yaml")),
-          f"logging.progress={str(progress).lower()}"], f"{kind} run in {folder}")
-    spent = {"seconds": round(time.perf_counter() - began, 1),
-             "cpu_seconds": round(cpu_seconds(resource.RUSAGE_CHILDREN) - cpu, 1)}
+          f"logging.progress={str(progress).lower()}", f"resume={str(bool(done)).lower()}"], f"{kind} run in {folder}")
+    spent = {"seconds": time.perf_counter() - began, "cpu_seconds": cpu_seconds(resource.RUSAGE_CHILDREN) - cpu}
+    if resumed_at:  # only the steps after the checkpoint were timed: scale to the whole run, and say so
+        steps = config.train.max_steps
+        spent = {k: v * steps / (steps - resumed_at) for k, v in spent.items()} | {"resumed_at_step": resumed_at,
+                                                                                   "estimated": True}
+    spent = {k: round(v, 1) if isinstance(v, float) else v for k, v in spent.items()}
     write_json(marker, spent)
     return spent
 
@@ -141,6 +151,7 @@ def ablation_table(runs: dict[str, Path], seconds: dict[str, dict]) -> dict:
                       "premature_answer_rate": sharded["premature_answer_rate"],
                       "tokens_per_sharded_conversation": sharded["generated_tokens_per_conversation"],
                       "minutes": round(seconds[name]["seconds"] / 60, 1) if name in seconds else None,
+                      "time_estimated": bool(seconds.get(name, {}).get("estimated")),
                       "cpu_minutes": round(seconds[name]["cpu_seconds"] / 60, 1) if name in seconds else None}
         for other in ("sft", "control"):
             if other in runs and other != name:
@@ -155,6 +166,7 @@ def ablation_table(runs: dict[str, Path], seconds: dict[str, dict]) -> dict:
             t = row.get(f"vs_{other}")
             return "-" if t is None else f"{t['better']}-{t['worse']}, p = {t['p_value']:.3g}"
         minutes = "-" if row["minutes"] is None else f"{row['minutes']} / {row['cpu_minutes']}"
+        minutes += " (resumed: scaled)" if row["time_estimated"] else ""
         lines.append(f"| {name} | {row['P_full']:.1f} | {row['P_sharded']:.1f} | "
                      f"{row['first_answer_accuracy']:.1f} | {100 * row['premature_answer_rate']:.1f}% | "
                      f"{row['tokens_per_sharded_conversation']:.1f} | {minutes} | "

@@ -34,7 +34,8 @@ def checkpoint_dir(out: Path) -> Path:
     return out / "checkpoints"
 
 
-def _step_of(path: Path) -> int | None:
+def step_of(path: Path) -> int | None:
+    """The step a `step-N` checkpoint folder holds; None for any other name."""
     name = path.name
     if not name.startswith("step-") or not name[5:].isdigit():
         return None
@@ -46,8 +47,8 @@ def complete_checkpoints(out: Path) -> list[Path]:
     folder = checkpoint_dir(out)
     if not folder.is_dir():
         return []
-    found = [p for p in folder.iterdir() if p.is_dir() and _step_of(p) is not None and (p / "complete").is_file()]
-    return sorted(found, key=_step_of)
+    found = [p for p in folder.iterdir() if p.is_dir() and step_of(p) is not None and (p / "complete").is_file()]
+    return sorted(found, key=step_of)
 
 
 def lora_state_hooks(accelerator: Any, trainable: set[str]) -> None:
@@ -172,7 +173,7 @@ def find_resume(out: Path) -> tuple[Path, dict, list[str]]:
         raise FicError(f"resume=true but there is no complete checkpoint in {folder}{why}; "
                        "start without resume=true or point out= at the run to continue", field="resume")
     path = found[-1]
-    skipped = sorted((p.name for p in folder.iterdir() if p.is_dir() and (_step_of(p) or 0) > _step_of(path)),
+    skipped = sorted((p.name for p in folder.iterdir() if p.is_dir() and (step_of(p) or 0) > step_of(path)),
                      key=lambda name: int(name[5:]))
     try:
         state = read_json(path / "trainer_state.json")

@@ -142,3 +142,33 @@ def test_a_second_demo_into_the_same_folder_fails_at_once(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"another FiC run is writing into this folder (process {pid}" in err and len(err.splitlines()) == 1
     assert not (out / "stages").exists()
+
+
+def test_the_ablation_resumes_a_killed_variant_from_its_checkpoint_and_restarts_one_killed_before_any(
+        tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from fic.demo import ablation
+
+    commands = []
+    monkeypatch.setattr(ablation, "_run", lambda command, what: commands.append(command))
+    config = SimpleNamespace(train=SimpleNamespace(max_steps=4))
+    monkeypatch.setattr(ablation, "config_to_dict", lambda c: {"train": {"max_steps": 4}})
+
+    killed = tmp_path / "killed" / "train"
+    (killed / "checkpoints" / "step-3").mkdir(parents=True)
+    (killed / "checkpoints" / "step-3" / "complete").write_text("")
+    spent = ablation.train("vasd", config, killed, progress=False)
+    assert "resume=true" in commands[-1]
+    assert spent["resumed_at_step"] == 3 and spent["estimated"] is True
+    assert json.loads((killed / "trained.json").read_text()) == spent
+
+    early = tmp_path / "early" / "train"
+    (early / "checkpoints" / "step-2").mkdir(parents=True)  # no `complete` marker: a half-written checkpoint
+    (early / "metrics.jsonl").write_text("{}\n")
+    spent = ablation.train("vasd", config, early, progress=False)
+    assert "resume=false" in commands[-1] and not (early / "metrics.jsonl").exists()
+    assert "estimated" not in spent
+
+    assert ablation.train("vasd", config, killed, progress=False) == json.loads((killed / "trained.json").read_text())
+    assert len(commands) == 2  # a finished variant is not trained again
