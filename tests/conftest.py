@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
 import torch
+from transformers.utils import logging as transformers_logging
 
 from fic.core.model import load_tokenizer, prepare_model
 from fic.tasks import sandbox
@@ -87,3 +89,10 @@ def no_fast_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tests run the same on every CPU (and in the processes they start): `dtype: auto` means float32
     unless a test says the CPU has bfloat16 instructions, as tests/core/test_precision.py does."""
     monkeypatch.setenv("FIC_CPU_FLAGS", "")
+
+
+# transformers binds its own log handler to the `sys.stderr` of its first message; under pytest that
+# is an earlier test's capture, closed by a later test's warning, which then prints a logging error.
+# Its messages go through the root logger instead (the CLI's handler writes to the stderr of the moment).
+transformers_logging.disable_default_handler()
+transformers_logging.enable_propagation()

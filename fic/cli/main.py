@@ -15,7 +15,7 @@ import logging
 import sys
 
 from fic import __version__
-from fic.core.errors import FicError, Terminated, one_line, os_error, terminate_on_sigterm
+from fic.core.errors import exit_status
 
 # verb -> (module, one-line help)
 VERBS: dict[str, tuple[str, str]] = {
@@ -47,11 +47,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to the `sys.stderr` of the moment: `main` may run many times in one process (tests,
+    notebooks), and a handler bound to the first call's stream fails once that stream is closed."""
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: object) -> None:
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
-
-
     # fic's own progress lines (model preparation, training, evaluation) go through logging.
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    root = logging.getLogger()
+    if not any(isinstance(h, _StderrHandler) for h in root.handlers):
+        handler = _StderrHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        root.addHandler(handler)
+    root.setLevel(logging.INFO)
     logging.getLogger("httpx").setLevel(logging.WARNING)
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -63,21 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.verb is None:
         parser.print_help()
         return 2
-    terminate_on_sigterm()
-    try:
-        return int(importlib.import_module(args.module).run(args) or 0)
-    except FicError as err:
-        print(f"fic {args.verb}: error: {one_line(err)}", file=sys.stderr)
-        return 2
-    except OSError as err:  # a path under a file, a read-only folder, a full disk: the user's to fix
-        print(f"fic {args.verb}: error: {one_line(os_error(err))}", file=sys.stderr)
-        return 2
-    except Terminated:
-        print(f"fic {args.verb}: terminated (SIGTERM)", file=sys.stderr)
-        return 143
-    except KeyboardInterrupt:
-        print(f"fic {args.verb}: interrupted", file=sys.stderr)
-        return 130
+    module = importlib.import_module(args.module)
+    return exit_status(f"fic {args.verb}", lambda: module.run(args))
 
 
 if __name__ == "__main__":

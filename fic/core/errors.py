@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import errno
 import signal
+import sys
 import threading
+from typing import Callable
 
 
 class FicError(Exception):
@@ -82,3 +84,25 @@ def terminate_on_sigterm() -> None:
     hidden `.NAME.*.tmp` files and half-written checkpoint folders). Main thread only."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminate)
+
+
+def exit_status(prog: str, run: Callable[[], object]) -> int:
+    """Run a command-line entry point (`fic VERB`, a recipe script) to its exit status: bad input or
+    an operating-system refusal as one line on stderr and 2, SIGTERM 143, Ctrl-C 130; no traceback.
+    `run` returns its status, or anything else (a recipe's results) for 0."""
+    terminate_on_sigterm()
+    try:
+        status = run()
+        return status if isinstance(status, int) else 0
+    except FicError as err:
+        print(f"{prog}: error: {one_line(err)}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a path under a file, a read-only folder, a full disk: the user's to fix
+        print(f"{prog}: error: {one_line(os_error(err))}", file=sys.stderr)
+        return 2
+    except Terminated:
+        print(f"{prog}: terminated (SIGTERM)", file=sys.stderr)
+        return 143
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130

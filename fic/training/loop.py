@@ -35,7 +35,7 @@ from typing import Any, Callable
 import torch
 
 from fic.core.config import config_to_dict, describe, load_config
-from fic.core.errors import FicError, Terminated, one_line, os_error, terminate_on_sigterm
+from fic.core.errors import FicError, exit_status
 from fic.core.files import append_jsonl, lock_folder, write_text
 from fic.core.model import default_device, fast_bf16, load_model
 from fic.core.plots import save_png
@@ -366,19 +366,4 @@ def recipe_main(config_class: type, train: Callable[[Any], Any], method: str, do
     if args.keys:
         print(describe(config_class))
         return 0
-    terminate_on_sigterm()
-    try:
-        train(load_config(config_class, args.config, args.overrides))
-    except Terminated:
-        print(f"fic train {method}: terminated (SIGTERM)", file=sys.stderr)
-        return 143
-    except KeyboardInterrupt:
-        print(f"fic train {method}: interrupted", file=sys.stderr)
-        return 130
-    except FicError as err:
-        print(f"fic train {method}: error: {err}", file=sys.stderr)
-        return 2
-    except OSError as err:  # a full disk, a read-only folder: the path and the reason, not a traceback
-        print(f"fic train {method}: error: {one_line(os_error(err))}", file=sys.stderr)
-        return 2
-    return 0
+    return exit_status(f"fic train {method}", lambda: train(load_config(config_class, args.config, args.overrides)))
