@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 from importlib.util import find_spec
 from pathlib import Path
 
