@@ -5,8 +5,8 @@ yet), every variant of `ablation.variants` (overrides of the `vasd` section) tra
 same seeds and rollout tasks, then plays the dev split in the full and sharded views. The
 equal-compute control continues stage 1 for the variants' mean compute (CPU seconds). Each training run and
 each evaluation is a process of its own (`fic train ...`, `fic eval ...` on a resolved config
-written beside its outputs), so memory goes back between them, and a finished one is skipped on
-a second call.
+written beside its outputs), so memory goes back between them; on a second call a finished one
+is skipped and a killed one resumes from its last checkpoint.
 
 One table (`out/ablation/table.md`, `ablation.json`): P(full), P(sharded), first-answer
 accuracy, premature answers, tokens per sharded conversation, wall minutes, and each variant's
