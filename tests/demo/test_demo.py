@@ -172,3 +172,15 @@ def test_the_ablation_resumes_a_killed_variant_from_its_checkpoint_and_restarts_
 
     assert ablation.train("vasd", config, killed, progress=False) == json.loads((killed / "trained.json").read_text())
     assert len(commands) == 2  # a finished variant is not trained again
+
+
+def test_the_control_gets_vasds_cpu_seconds_at_sfts_cost_per_step_unless_its_steps_are_set(tmp_path):
+    from fic.demo.run import control_steps
+
+    cfg = load_demo(str(RECIPES), [f"out={tmp_path}"])
+    (tmp_path / "stages").mkdir()
+    (tmp_path / "stages" / "sft.json").write_text(json.dumps({"cpu_seconds": 1200.0, "figures": {"steps": 80}}))
+    (tmp_path / "stages" / "vasd.json").write_text(json.dumps({"cpu_seconds": 2400.0, "figures": {"steps": 32}}))
+    assert control_steps(cfg) == 160  # 2400 CPU s at 15 CPU s a step
+    assert control_steps(cfg, 300.0) == 20
+    assert control_steps(load_demo(str(RECIPES), [f"out={tmp_path}", "control_steps=170"])) == 170
