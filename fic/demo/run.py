@@ -114,7 +114,7 @@ class DemoConfig:
     control_steps: int = setting(0, "SFT steps of the control; 0: VASD's CPU seconds over the SFT stage's CPU "
                                  "seconds per step. That is right when both stages ran under the same load: CPU "
                                  "seconds are not load-free (an SFT step measured 30 CPU s on 2 cores shared with "
-                                 "other work, 15 quiet), so after a loaded stage set it from quiet figures.", min=0)
+                                 "other work, 16 quiet), so after a loaded stage set it from quiet figures.", min=0)
     eval: EvalConfig = setting(EvalConfig(), "Evaluation of every stage (fic eval); views, model, data, out and "
                                "baseline are set per run by the demo.")
     bootstrap: int = setting(2000, "Paired bootstrap resamples for the 95% intervals of R and retention.", min=100)
