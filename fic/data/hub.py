@@ -44,6 +44,7 @@ from typing import Any
 from fic import tasks
 from fic.core.errors import FicError, one_line
 from fic.core.instance import Instance
+from fic.tasks.math import BOXED, boxed_content
 
 # The keys a mapping may name, per task (`task_id` and `shards` for every task).
 TASK_KEYS = {
@@ -65,7 +66,6 @@ REQUIRED = {"math": ("question", "answer"), "database": ("db_id", "fully_specifi
             "summary": ("topic", "query", "documents", "insights", "insightid2ref_citations")}
 ANSWER_FROM = ("auto", "hash", "boxed", "value")
 SPLIT_NAMES = re.compile(r"(?:train|test|validation|valid|dev|eval)\b.*|.*\[.*\]")
-BOXED = "\\boxed{"
 PLAIN_NUMBER = re.compile(r"-?(?:\d[\d,]*(?:\.\d+)?|\.\d+)(?:/\d+)?")
 
 
@@ -317,14 +317,7 @@ def number_of(text: str) -> str | None:
 def _last_boxed(text: str) -> str | None:
     """The balanced content of the last `\\boxed{...}`, or None."""
     start = text.rfind(BOXED)
-    if start < 0:
-        return None
-    depth, begin = 1, start + len(BOXED)
-    for end in range(begin, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[end], 0)
-        if depth == 0:
-            return text[begin:end]
-    return None
+    return None if start < 0 else boxed_content(text, start)
 
 
 def _math(record: dict, mapping: dict, answer_from: str) -> tuple[str, str] | None:

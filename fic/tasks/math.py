@@ -44,7 +44,7 @@ SENTENCE_END = re.compile(r"[.!?;](?=\s|$)")
 LATEX_TEXT = re.compile(r"\\(?:text|mathrm|textbf|mbox)\s*\{([^{}]*)\}")
 
 
-def _boxed_content(text: str, start: int) -> str | None:
+def boxed_content(text: str, start: int) -> str | None:
     """The balanced content of the `\\boxed{` that starts at `start`, or None if it never closes."""
     depth, i = 1, start + len(BOXED)
     for j in range(i, len(text)):
@@ -70,7 +70,7 @@ def answer_span(text: str) -> str | None:
     when no marker is followed by a number or LaTeX."""
     for match in reversed(list(MARKER.finditer(text))):
         if match.group(0) == BOXED:
-            span = _boxed_content(text, match.start())
+            span = boxed_content(text, match.start())
         else:
             span = _span_after(text[match.end():])
         if span and (NUMBER.search(span) or "\\" in span):
