@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import sys
 import time
 from collections.abc import Callable
@@ -27,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from fic.core.model import peak_memory_mb
 
 
 def _cuda() -> bool:
@@ -36,16 +37,6 @@ def _cuda() -> bool:
 def _sync() -> None:
     if _cuda():
         torch.cuda.synchronize()
-
-
-def _peak_rss_bytes() -> int:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 class Probe:
@@ -139,7 +130,7 @@ class Probe:
     def record(self, method: str, rc: int, wall_s: float) -> dict:
         info: dict = {"method": method, "rc": rc, "wall_s": wall_s, "phases": self.calls,
                       "rollout_decode": self.decode, "rollout_prefill": self.prefill, "model": self.model_info,
-                      "peak_rss_bytes": _peak_rss_bytes(), "torch": torch.__version__}
+                      "peak_rss_bytes": int(peak_memory_mb("cpu") * 2**20), "torch": torch.__version__}
         try:
             import transformers
 

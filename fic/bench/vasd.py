@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -45,7 +44,7 @@ from fic.conversation.users import make_user
 from fic.core.config import load_config
 from fic.core.errors import FicError
 from fic.core.generation import SamplingParams
-from fic.core.model import BUNDLED_MODEL_DIR, load_tokenizer
+from fic.core.model import BUNDLED_MODEL_DIR, load_tokenizer, peak_memory_mb
 from fic.training.data import IGNORE, render_examples
 from fic.training.loop import build_model, make_optimizer, optimizer_step
 from fic.training.losses import divergence, divergence_rows, window_backward
@@ -220,23 +219,10 @@ def memory_child(way: str, tokens: int, vocab: int, hidden: int, chunk: int) -> 
     the inputs already hold. The parent sets MALLOC_MMAP_THRESHOLD_ so that glibc serves every
     large block by mmap and returns it when freed: the process's peak is then this computation's."""
     inputs = _memory_inputs(tokens, vocab, hidden)
-    before = _peak_rss_kb()
+    before = peak_memory_mb()
     head, student, teacher, sampled, weights = inputs
     _divergence(way, head, student, teacher, sampled=sampled, weights=weights, chunk=chunk).backward()
-    return {"peak_mb": (_peak_rss_kb() - before) / 1024}
-
-
-def _peak_rss_kb() -> int:
-    """This process's peak resident memory. Linux carries ru_maxrss across exec, so a child of a
-    large parent (the bench after its step) would report the parent's peak; VmHWM belongs to the
-    new address space alone."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"peak_mb": peak_memory_mb() - before}
 
 
 def memory_figures(tokens: int, vocab: int, hidden: int, chunk: int) -> dict:

@@ -79,6 +79,23 @@ def fast_bf16(device: str = "cpu") -> str | None:
     return f"a CPU with {' and '.join(found)}" if found else None
 
 
+def peak_memory_mb(device: str | torch.device = "cpu") -> float:
+    """The most memory this process has held, in MiB: on CUDA the allocator's peak on the device;
+    elsewhere the resident high-water mark (VmHWM, this address space alone: `ru_maxrss` would
+    carry over a parent's peak across fork and exec)."""
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated(torch.device(device)) / 2**20
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource  # not on Windows, where /proc is missing too
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def resolve_dtype(name: str | torch.dtype, device: str = "cpu") -> torch.dtype:
     """Map a dtype name to a torch dtype.
 

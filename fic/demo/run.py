@@ -49,7 +49,7 @@ from fic.backends import make_backend
 from fic.core.config import load_config, setting
 from fic.core.errors import FicError
 from fic.core.files import check_writable, folder_lock, read_json, write_json, write_jsonl
-from fic.core.model import BUNDLED_MODEL_DIR, prepare_model
+from fic.core.model import BUNDLED_MODEL_DIR, peak_memory_mb, prepare_model
 from fic.corpus.build import SFTDataConfig, build_corpus
 from fic.data.sources import load_source
 from fic.data.splits import prompt_key
@@ -349,7 +349,7 @@ def run_stage(cfg: DemoConfig, stage: str, progress: bool) -> None:
     began, cpu = time.perf_counter(), cpu_seconds()
     info = STAGE_RUNNERS[stage](cfg, progress)
     seconds, cpu = time.perf_counter() - began, cpu_seconds() - cpu
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = peak_memory_mb()
     write_json(paths(cfg)["stages"] / f"{stage}.json",
                {"stage": stage, "seconds": round(seconds, 1), "cpu_seconds": round(cpu, 1), "peak_rss_mb": round(peak),
                 "figures": info})

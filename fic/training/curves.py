@@ -1,9 +1,9 @@
 """`curves.png` beside a training run's `metrics.jsonl`: the figures of every step, drawn.
 
-- SFT: loss, learning rate, gradient norm (and tokens per second when logged).
+- SFT: loss, learning rate, gradient norm, tokens per second and the peak memory so far.
 - VASD: the divergence per answer token, the regulariser terms (anchor cross-entropy and
   reference divergence), rollout accuracy, premature-answer and final-not-answer rates,
-  tokens per rollout, and the held-out figures (`eval_*`) when the run evaluates as it trains.
+  tokens per rollout, the peak memory so far, and the held-out figures (`eval_*`) when the run evaluates as it trains.
 
 `RunLog` (fic.training.loop) redraws it every few minutes and at the end; `fic report RUN_DIR`
 redraws it from the file at any time, also while the run is writing it (a line being written
@@ -25,6 +25,7 @@ SFT_PANELS = [
     ("learning rate", "learning rate", ["lr"]),
     ("gradient norm", "gradient norm (before clipping)", ["grad_norm"]),
     ("throughput", "target tokens / s", ["target_tokens_per_s"]),
+    ("memory", "peak memory of the process (MiB)", ["peak_memory_mb"]),
 ]
 VASD_PANELS = [
     ("divergence (distillation term)", "divergence per answer token", ["divergence_per_token", "loss"]),
@@ -32,6 +33,7 @@ VASD_PANELS = [
     ("rollout accuracy", "share of rollouts correct", ["rollout_accuracy"]),
     ("premature answers", "share of rollouts", ["premature_answer_rate", "final_not_answer_rate"]),
     ("tokens", "generated tokens per rollout", ["rollout_tokens"]),
+    ("memory", "peak memory of the process (MiB)", ["peak_memory_mb"]),
     ("held-out evaluation", "value", None),  # every eval_* key
 ]
 

@@ -37,7 +37,7 @@ import torch
 from fic.core.config import config_to_dict, describe, load_config
 from fic.core.errors import FicError, exit_status
 from fic.core.files import append_jsonl, lock_folder, write_text
-from fic.core.model import default_device, fast_bf16, load_model
+from fic.core.model import default_device, fast_bf16, load_model, peak_memory_mb
 from fic.core.plots import save_png
 from fic.core.progress import Progress
 from fic.training.checkpoints import (
@@ -196,7 +196,9 @@ def optimizer_step(accelerator: Any, loss_module: torch.nn.Module, optimizer: An
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    return {"lr": lr, "grad_norm": None if grad_norm is None else float(grad_norm)}
+    # The process's peak so far: the step where it jumps is the batch that sets the run's memory.
+    return {"lr": lr, "grad_norm": None if grad_norm is None else float(grad_norm),
+            "peak_memory_mb": round(peak_memory_mb(accelerator.device))}
 
 
 def restore(accelerator: Any, cfg: RunConfig, resume_from: Path | None, saved: dict | None) -> tuple[int, str]:

@@ -183,3 +183,19 @@ def test_hub_ids_reach_transformers_and_fail_with_one_clear_line(monkeypatch, tm
     assert not is_hub_id("org/name")
     with pytest.raises(FicError, match="no config.json"):
         load_tokenizer("org/name")
+
+
+def test_peak_memory_is_this_process_high_water_mark():
+    """In a fresh process (the suite's own peak would hide a small block): a 256 MiB block written
+    there raises the peak by about its size, and the figure does not go down when the block is
+    freed (a high-water mark: what decides whether a run fits)."""
+    import subprocess
+    import sys
+
+    code = ("import gc, json, torch; from fic.core.model import peak_memory_mb; before = peak_memory_mb(); "
+            "block = torch.ones(64 * 2**20); during = peak_memory_mb(); del block; gc.collect(); "
+            "print(json.dumps([before, during, peak_memory_mb()]))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    before, during, after = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert during - before >= 200
+    assert after >= during - 16  # the kernel's RSS counters lag by a few pages; the freed 256 MiB are kept

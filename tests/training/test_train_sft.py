@@ -195,6 +195,16 @@ def test_two_ranks_train_exactly_like_one_rank_with_the_same_global_batch(tiny_m
     assert [r["grad_norm"] for r in records] == pytest.approx([r["grad_norm"] for r in expected], rel=1e-4)
 
 
+def test_every_step_logs_the_peak_memory_so_far(tiny_model_dir, corpus, tmp_path):
+    """metrics.jsonl carries the process's peak memory at each step (the curves' memory panel): a
+    high-water mark, so it never falls."""
+    out = tmp_path / "run"
+    run(*settings(tiny_model_dir, corpus, out, "train.max_steps=3", "checkpoint.every=0"))
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    peaks = [r["peak_memory_mb"] for r in records]
+    assert len(peaks) == 3 and peaks == sorted(peaks) and peaks[0] > 0
+
+
 # --------------------------------------------------------------------------- resume
 
 
