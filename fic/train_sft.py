@@ -131,7 +131,8 @@ def train(cfg: SFTConfig) -> dict:
     loss_model.train()
     for step in range(start + 1, steps + 1):
         began = time.perf_counter()
-        batches = [collate([examples[i] for i in order.micro_batch(k)], tokenizer.pad_token_id)
+        batches = [collate([examples[i] for i in order.micro_batch(k)], tokenizer.pad_token_id,
+                           cfg.train.pad_to_multiple)
                    for k in range((step - 1) * G, step * G)]
         window = window_backward(accelerator, loss_model, batches, [target_counts(b) for b in batches], {"ce": 1.0})
         figures = loop.optimizer_step(accelerator, loss_model, optimizer, scheduler, cfg.optim.max_grad_norm)

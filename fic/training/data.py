@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -92,9 +92,15 @@ def load_corpus(path: str, tokenizer: Any, max_seq_len: int, progress: bool = Tr
     return examples, stats
 
 
-def collate(examples: Sequence[Example], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-pad to the longest conversation of the micro-batch."""
-    width = max(len(e.input_ids) for e in examples)
+def padded_width(lengths: Iterable[int], multiple: int = 0) -> int:
+    """The longest length, rounded up to a multiple of `multiple` (0: not rounded)."""
+    width = max(lengths)
+    return -(-width // multiple) * multiple if multiple else width
+
+
+def collate(examples: Sequence[Example], pad_id: int, multiple: int = 0) -> dict[str, torch.Tensor]:
+    """Right-pad to the longest conversation of the micro-batch (up to a multiple of `multiple`)."""
+    width = padded_width((len(e.input_ids) for e in examples), multiple)
     input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
     targets = torch.full((len(examples), width), IGNORE, dtype=torch.long)
     attention_mask = torch.zeros((len(examples), width), dtype=torch.long)

@@ -152,6 +152,31 @@ def test_loss_normalised_over_the_accumulation_window(tiny_model_dir, smollm2_to
         assert torch.allclose(p.grad, q.grad, atol=1e-6, rtol=1e-4), name
 
 
+def test_padding_to_a_multiple_changes_the_shape_not_the_loss_or_gradients(tiny_model_dir, smollm2_tokenizer):
+    """`train.pad_to_multiple`: the width rounds up to 64 (fewer distinct shapes for oneDNN to keep
+    kernels for); the extra positions are masked and carry no target, so the loss and every
+    gradient equal the unpadded batch's."""
+    from fic.core.model import load_model
+
+    examples, _ = render_examples([{"messages": conversation(i)} for i in (0, 3, 6)], smollm2_tokenizer,
+                                  max_seq_len=4096, progress=False)
+    plain = collate(examples, smollm2_tokenizer.pad_token_id)
+    padded = collate(examples, smollm2_tokenizer.pad_token_id, 64)
+    width = plain["input_ids"].shape[1]
+    assert width % 64 and padded["input_ids"].shape[1] == -(-width // 64) * 64
+    assert int(padded["attention_mask"].sum()) == int(plain["attention_mask"].sum())
+    model = load_model(tiny_model_dir, dtype="float32").train()
+    twin = copy.deepcopy(model)
+    results = []
+    for net, batch in ((model, plain), (twin, padded)):
+        loss = TargetLoss(net, chunk_tokens=16)(**batch)["ce"]
+        loss.backward()
+        results.append(loss.item())
+    assert results[1] == pytest.approx(results[0], rel=1e-6)
+    for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-6, rtol=1e-4), name
+
+
 def test_lm_head_only_sees_target_rows_in_chunks(tiny_model_dir, smollm2_tokenizer):
     from fic.core.model import load_model
 

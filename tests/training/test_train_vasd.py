@@ -572,6 +572,29 @@ def test_a_step_with_an_over_long_rollout_trains_on(tiny_model_dir, anchor_corpu
     assert got[2]["answer_tokens"] > 0 and got[2]["loss"] == got[2]["loss"]  # trained, not NaN
 
 
+def test_smaller_micro_batches_and_padded_widths_give_the_same_step(tiny_model_dir, anchor_corpus, tmp_path):
+    """The memory knobs: 4 rollouts a step as 1 x 4, 2 x 2 or 4 x 1 (micro-batch x accumulation),
+    or with every width padded to a multiple of 64 (`train.pad_to_multiple`), play the same
+    rollouts and make the same update (losses, gradient norm), with anchors and deferral labels
+    split across the micro-batches; only the passes' shapes change."""
+    common = ("train.max_steps=2", "checkpoint.every=0", "regularizer.kind=anchor", "labels.weight=1.0")
+    runs = {}
+    for name, mbs, accum, multiple in (("4x1", 4, 1, 0), ("2x2", 2, 2, 0), ("1x4", 1, 4, 0), ("padded", 4, 1, 64)):
+        out = tmp_path / name
+        train(load_config(VASDConfig, None, settings(tiny_model_dir, anchor_corpus, out, *common,
+                                                     f"train.micro_batch_size={mbs}",
+                                                     f"train.grad_accum_steps={accum}",
+                                                     f"train.pad_to_multiple={multiple}")))
+        runs[name] = metrics(out)
+    whole = runs["4x1"]
+    assert all(m["labels_ce"] is not None and m["anchor_ce"] is not None for m in whole)
+    for name in ("2x2", "1x4", "padded"):
+        for a, b in zip(runs[name], whole):
+            assert a["rollout_tokens"] == b["rollout_tokens"] and a["answer_tokens"] == b["answer_tokens"]
+            assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-6)
+            assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-3)
+
+
 def test_two_processes_train_like_one_with_the_same_global_batch(tiny_model_dir, anchor_corpus, tmp_path):
     """Greedy rollouts (the same replies however they are batched), DDP over 2 CPU processes
     with half the rollouts and anchors each: the same losses as 1 process with all of them."""

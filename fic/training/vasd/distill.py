@@ -45,7 +45,7 @@ import torch
 
 from fic.core.chat import prompt_ids
 from fic.data.views import partial_instance, system_message, user_turns
-from fic.training.data import IGNORE, Example
+from fic.training.data import IGNORE, Example, padded_width
 from fic.training.losses import causal_lm, decoder_and_head, divergence_rows, softcap_of, weighted_ce_rows
 
 
@@ -186,9 +186,9 @@ def student_rows(rollouts: Sequence[Rollout], anchors: Sequence[Example], labels
     return rows
 
 
-def collate_rows(rows: Sequence[dict], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-pad the rows of `student_rows` into one batch."""
-    width = max(len(r["input_ids"]) for r in rows)
+def collate_rows(rows: Sequence[dict], pad_id: int, multiple: int = 0) -> dict[str, torch.Tensor]:
+    """Right-pad the rows of `student_rows` into one batch (up to a multiple of `multiple`)."""
+    width = padded_width((len(r["input_ids"]) for r in rows), multiple)
     batch = {"input_ids": torch.full((len(rows), width), pad_id, dtype=torch.long),
              "attention_mask": torch.zeros((len(rows), width), dtype=torch.long)}
     for name in ("distill_targets", "reference_targets", "anchor_targets", "label_targets"):
@@ -213,14 +213,15 @@ def batch_counts(batch: dict[str, torch.Tensor]) -> dict[str, float]:
 
 
 def hidden_at(net: torch.nn.Module, sequences: Sequence[list[int]], positions: Sequence[Sequence[int]],
-              pad_id: int, device: Any) -> torch.Tensor:
+              pad_id: int, device: Any, multiple: int = 0) -> torch.Tensor:
     """Hidden states of `net` (no gradient) at the given positions of each sequence, rows in
-    order: sequence by sequence, positions as listed. One right-padded forward pass."""
+    order: sequence by sequence, positions as listed. One forward pass, right-padded (up to a
+    multiple of `multiple`)."""
     if not sequences:  # in the weights' dtype, as the rows of a forward pass would be
         dtype = next(net.parameters()).dtype
         return torch.zeros((0, causal_lm(net).config.hidden_size), device=device, dtype=dtype)
     body, _ = decoder_and_head(net)
-    width = max(len(s) for s in sequences)
+    width = padded_width((len(s) for s in sequences), multiple)
     ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(sequences), width), dtype=torch.long)
     for i, s in enumerate(sequences):

@@ -199,20 +199,21 @@ def step_batches(cfg: VASDConfig, convs: list, anchors: list, tokenizer: Any, pa
             # the accumulation window stays in step with accelerate's gradient sync.
             counts["empty_micro_batches"] += 1
             rows = [empty_row(tokenizer.pad_token_id)]
-        batch = collate_rows(rows, tokenizer.pad_token_id)
+        batch = collate_rows(rows, tokenizer.pad_token_id, cfg.train.pad_to_multiple)
         views = []
         with parts.context(), autocast():
             for v in range(len(teacher_views(cfg))):
                 pairs = [pair for r, _ in part for pair in r.teacher_rows(v)]
                 sequences = [prompt + reply for prompt, reply in pairs]
                 positions = [range(len(prompt) - 1, len(prompt) - 1 + len(reply)) for prompt, reply in pairs]
-                views.append(hidden_at(parts.net, sequences, positions, tokenizer.pad_token_id, device))
+                views.append(hidden_at(parts.net, sequences, positions, tokenizer.pad_token_id, device,
+                                       cfg.train.pad_to_multiple))
         batch["teacher_hidden"] = _stack_views(views)
         if reference:
             with parts.ref_context(), autocast():
                 positions = [[t - 1 for s, e in r.earlier for t in range(s, e)] for r, _ in part]
                 batch["reference_hidden"] = hidden_at(parts.ref_net, [r.ids for r, _ in part], positions,
-                                                      tokenizer.pad_token_id, device)
+                                                      tokenizer.pad_token_id, device, cfg.train.pad_to_multiple)
         batch["counts"] = batch_counts(batch)
         if not part and not mine and not labels:
             batch["counts"]["tokens"] = 0.0
