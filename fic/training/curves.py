@@ -3,7 +3,8 @@
 - SFT: loss, learning rate, gradient norm, tokens per second and the peak memory so far.
 - VASD: the divergence per answer token, the regulariser terms (anchor cross-entropy and
   reference divergence), rollout accuracy, premature-answer and final-not-answer rates,
-  tokens per rollout, the peak memory so far, and the held-out figures (`eval_*`) when the run evaluates as it trains.
+  tokens per rollout, the peak memory so far, and the held-out figures (`eval_*`) when the
+  run evaluates as it trains.
 
 `RunLog` (fic.training.loop) redraws it every few minutes and at the end; `fic report RUN_DIR`
 redraws it from the file at any time, also while the run is writing it (a line being written
