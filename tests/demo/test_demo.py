@@ -184,3 +184,27 @@ def test_the_control_gets_vasds_cpu_seconds_at_sfts_cost_per_step_unless_its_ste
     assert control_steps(cfg) == 160  # 2400 CPU s at 15 CPU s a step
     assert control_steps(cfg, 300.0) == 20
     assert control_steps(load_demo(str(RECIPES), [f"out={tmp_path}", "control_steps=170"])) == 170
+
+
+def test_the_documented_low_memory_overrides_are_valid_demo_keys():
+    """docs/demo.md's "In less memory" command, its shell braces expanded, loads as demo settings
+    and sets what docs/performance.md measured: VASD at 4 x 2 rollouts, gradient checkpointing
+    and widths padded to 64 in every training stage."""
+    import itertools
+    import re
+    import shlex
+
+    text = (ROOT / "docs" / "demo.md").read_text(encoding="utf-8")
+    block = re.search(r"### In less memory.*?```bash\n(.*?)```", text, re.S)
+    assert block, "docs/demo.md lost its low-memory command"
+    words = shlex.split(block.group(1).replace("\\\n", " "))
+    assert words[:2] == ["fic", "demo"]
+    overrides = []
+    for word in words[2:]:  # what the shell's {a,b} expansion hands the command
+        parts = re.split(r"\{([^}]*)\}", word)
+        choices = [p.split(",") if i % 2 else [p] for i, p in enumerate(parts)]
+        overrides += ["".join(c) for c in itertools.product(*choices)]
+    cfg = load_demo(str(ROOT / "recipes" / "smollm2-135m-instruct"), overrides)
+    assert (cfg.vasd.train.micro_batch_size, cfg.vasd.train.grad_accum_steps) == (4, 2)
+    for stage in (cfg.warmup, cfg.sft, cfg.vasd, cfg.control):
+        assert stage.model.gradient_checkpointing and stage.train.pad_to_multiple == 64
