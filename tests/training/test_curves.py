@@ -43,7 +43,8 @@ def test_a_run_figure_has_one_named_axis_per_quantity(records, kind, panels):
     titles = [ax.get_title() for ax in fig.get_axes()]
     drawn = {line.get_label() for ax in fig.get_axes() for line in ax.get_lines()}
     if kind == "sft":
-        assert titles[:3] == ["loss", "learning rate", "gradient norm"] and {"loss", "lr", "grad_norm", "peak_memory_mb"} <= drawn
+        assert titles[:3] == ["loss", "learning rate", "gradient norm"]
+        assert {"loss", "lr", "grad_norm", "peak_memory_mb"} <= drawn
     else:
         assert {"divergence_per_token", "anchor_ce", "rollout_accuracy", "premature_answer_rate", "rollout_tokens",
                 "eval_sharded_P", "peak_memory_mb"} <= drawn
