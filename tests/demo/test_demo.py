@@ -204,7 +204,7 @@ def test_the_documented_low_memory_overrides_are_valid_demo_keys():
         parts = re.split(r"\{([^}]*)\}", word)
         choices = [p.split(",") if i % 2 else [p] for i, p in enumerate(parts)]
         overrides += ["".join(c) for c in itertools.product(*choices)]
-    cfg = load_demo(str(ROOT / "recipes" / "smollm2-135m-instruct"), overrides)
+    cfg = load_demo(str(RECIPES), overrides)
     assert (cfg.vasd.train.micro_batch_size, cfg.vasd.train.grad_accum_steps) == (4, 2)
     for stage in (cfg.warmup, cfg.sft, cfg.vasd, cfg.control):
         assert stage.model.gradient_checkpointing and stage.train.pad_to_multiple == 64

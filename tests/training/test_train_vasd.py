@@ -572,12 +572,23 @@ def test_a_step_with_an_over_long_rollout_trains_on(tiny_model_dir, anchor_corpu
     assert got[2]["answer_tokens"] > 0 and got[2]["loss"] == got[2]["loss"]  # trained, not NaN
 
 
-def test_smaller_micro_batches_and_padded_widths_give_the_same_step(tiny_model_dir, anchor_corpus, tmp_path):
+def test_smaller_micro_batches_and_padded_widths_give_the_same_step(tiny_model_dir, anchor_corpus, tmp_path,
+                                                                    monkeypatch):
     """The memory knobs: 4 rollouts a step as 1 x 4, 2 x 2 or 4 x 1 (micro-batch x accumulation),
     or with every width padded to a multiple of 64 (`train.pad_to_multiple`), play the same
     rollouts and make the same update (losses, gradient norm), with anchors and deferral labels
     split across the micro-batches; only the passes' shapes change."""
     common = ("train.max_steps=2", "checkpoint.every=0", "regularizer.kind=anchor", "labels.weight=1.0")
+    import fic.training.vasd.step as step_module
+
+    widths = []  # the student batches' widths, to see that the padded run really pads
+
+    def recording_collate(rows, pad_id, multiple=0):
+        batch = collate_rows(rows, pad_id, multiple)
+        widths.append((multiple, batch["input_ids"].shape[1], max(len(r["input_ids"]) for r in rows)))
+        return batch
+
+    monkeypatch.setattr(step_module, "collate_rows", recording_collate)
     runs = {}
     for name, mbs, accum, multiple in (("4x1", 4, 1, 0), ("2x2", 2, 2, 0), ("1x4", 1, 4, 0), ("padded", 4, 1, 64)):
         out = tmp_path / name
@@ -588,6 +599,8 @@ def test_smaller_micro_batches_and_padded_widths_give_the_same_step(tiny_model_d
         runs[name] = metrics(out)
     whole = runs["4x1"]
     assert all(m["labels_ce"] is not None and m["anchor_ce"] is not None for m in whole)
+    padded = [(width, longest) for multiple, width, longest in widths if multiple == 64]
+    assert padded and all(width % 64 == 0 for width, _ in padded) and any(width > longest for width, longest in padded)
     for name in ("2x2", "1x4", "padded"):
         for a, b in zip(runs[name], whole):
             assert a["rollout_tokens"] == b["rollout_tokens"] and a["answer_tokens"] == b["answer_tokens"]
