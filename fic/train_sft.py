@@ -25,70 +25,19 @@ LoRA) plus `final-merged/` for LoRA with `save_merged=true`, each with a model c
 from __future__ import annotations
 
 import json
-import math
 import sys
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from accelerate.utils import set_seed
 
-from fic.core.config import config_to_dict, setting
-from fic.core.errors import FicError
-from fic.core.files import check_writable, file_sha256
-from fic.core.model import check_model_folder, load_template_checked_tokenizer
+from fic.core.config import config_to_dict
+from fic.core.files import file_sha256
+from fic.core.model import load_template_checked_tokenizer
 from fic.training import checkpoints, loop
 from fic.training.checkpoints import model_card as card
-from fic.training.config import RunConfig
-from fic.training.data import DataOrder, collate, load_corpus
-from fic.training.losses import TargetLoss, check_target_path, target_counts, window_backward
-
-# Settings a resumed run must share with the checkpoint: anything else changes what the
-# saved optimizer state, RNG and data position mean.
-MUST_MATCH = ("model.path", "model.dtype", "lora", "data.max_seq_len", "data.seed", "data.shuffle", "data.bucket",
-              "train.micro_batch_size", "train.grad_accum_steps", "train.seed", "train.loss_chunk_tokens")
-
-
-@dataclass
-class DataSection:
-    path: str = setting("data/gsm_symbolic.sft.jsonl", "The SFT corpus (JSONL from `fic sft-data`): records with "
-                        "`messages`; assistant turns with `train: false` stay in context, out of the loss.")
-    max_seq_len: int = setting(2048, "Conversations longer than this many tokens are skipped (and counted): "
-                               "cutting one would drop its final answer.", min=8)
-    shuffle: bool = setting(True, "Visit records in a seeded random order, a new permutation each epoch.")
-    seed: int = setting(0, "Seed of the per-epoch permutations.")
-    bucket: int = setting(16, "Group conversations of similar length into micro-batches, within windows of this "
-                          "many optimizer steps' worth of data (less padding, fewer wasted FLOPs; 0: off).", min=0)
-
-
-@dataclass
-class SFTConfig(RunConfig):
-    """Settings of the SFT recipe (`fic/train_sft.py`, `fic train sft`)."""
-
-    data: DataSection = setting(DataSection(), "The SFT corpus.")
-    out: str = setting("runs/sft", "Output folder: config, metrics, checkpoints, final model.")
-
-    def check(self, source: str) -> None:
-        super().check(source)
-        if self.train.max_steps is None and self.train.epochs <= 0:
-            raise FicError("set train.max_steps or a positive train.epochs", path=source, field="train.epochs")
-
-
-def total_steps(cfg: SFTConfig, n_examples: int, world: int) -> int:
-    if cfg.train.max_steps is not None:
-        return cfg.train.max_steps
-    per_step = cfg.train.micro_batch_size * cfg.train.grad_accum_steps * world
-    return max(1, math.ceil(cfg.train.epochs * n_examples / per_step))
-
-
-def check_inputs(cfg: SFTConfig) -> None:
-    """Missing files and an output folder that cannot be written fail here, in a second, before
-    the model loads."""
-
-    check_writable(cfg.out, folder=True, field="out")
-    check_model_folder(cfg.model.path)
-    if not Path(cfg.data.path).is_file():
-        raise FicError("SFT corpus not found (make one with `fic sft-data`)", path=cfg.data.path, field="data.path")
+from fic.training.data import load_corpus
+from fic.training.losses import check_target_path
+from fic.training.sft import MUST_MATCH, SFTConfig, SFTStep, check_inputs, total_steps
 
 
 def train(cfg: SFTConfig) -> dict:
@@ -112,34 +61,21 @@ def train(cfg: SFTConfig) -> dict:
     say(f"{corpus['used']} conversations ({corpus['skipped_too_long']} skipped as too long), "
         f"{corpus['target_tokens']} target tokens; {steps} steps of {cfg.train.micro_batch_size} x {G} x {world} "
         "conversations")
-    order = DataOrder(len(examples), cfg.train.micro_batch_size, world, accelerator.process_index,
-                      cfg.data.seed, cfg.data.shuffle, lengths=[len(e.input_ids) for e in examples],
-                      bucket=cfg.data.bucket * G)
 
     set_seed(cfg.train.seed)
     model = loop.build_model(cfg, device=str(accelerator.device))
     if not loop.is_zero3(accelerator):  # under ZeRO-3 the weights are partitioned already
         check_target_path(model.eval(), len(tokenizer))
         model.train()
-    loss_model, optimizer, scheduler = loop.prepare(accelerator, TargetLoss(model, cfg.train.loss_chunk_tokens),
-                                                    cfg, steps)
+    sft = SFTStep(cfg, accelerator, model, examples, tokenizer.pad_token_id, steps)
     start, run_id = loop.restore(accelerator, cfg, resume_from, saved)
     log = loop.RunLog(cfg, accelerator, steps, start, run_id, desc="sft", data_card=data_card(cfg, corpus),
                       postfix=lambda f: {"loss": f"{f['loss']:.4f}", "tok_s": f"{f['target_tokens_per_s']:.0f}"})
 
     last = {"loss": float("nan")}
-    loss_model.train()
+    sft.loss_model.train()
     for step in range(start + 1, steps + 1):
-        began = time.perf_counter()
-        batches = [collate([examples[i] for i in order.micro_batch(k)], tokenizer.pad_token_id,
-                           cfg.train.pad_to_multiple)
-                   for k in range((step - 1) * G, step * G)]
-        window = window_backward(accelerator, loss_model, batches, [target_counts(b) for b in batches], {"ce": 1.0})
-        figures = loop.optimizer_step(accelerator, loss_model, optimizer, scheduler, cfg.optim.max_grad_norm)
-        seconds = time.perf_counter() - began
-        last = {"loss": window["loss"], **figures, "target_tokens": int(window["n_ce"]),
-                "tokens": int(window["n_tokens"]), "epoch": round(order.epoch_at(step * G), 4),
-                "target_tokens_per_s": window["n_ce"] / seconds, "tokens_per_s": window["n_tokens"] / seconds}
+        last = sft.step(step)
         log.step(step, last)
         loop.maybe_checkpoint(accelerator, cfg, step, steps,
                               {"micro_batches": step * G, "world_size": world, "data_sha256": corpus["sha256"],
@@ -150,11 +86,11 @@ def train(cfg: SFTConfig) -> dict:
         say(f"the checkpoint is at step {start} of {steps}: nothing left to train, saving the final model")
         last = {"loss": saved.get("loss", float("nan"))}
     result = {"steps": steps, "world_size": world, "final_loss": last["loss"]}
-    final = checkpoints.save_final(accelerator, loss_model, cfg, Path(cfg.out),
+    final = checkpoints.save_final(accelerator, sft.loss_model, cfg, Path(cfg.out),
                                    lambda kind: model_card(cfg, corpus, result, kind))
     say(f"saved {final}" + (f" and {Path(cfg.out) / 'final-merged'}" if cfg.save_merged else ""))
     accelerator.end_training()
-    return {"model_dir": final, "model": accelerator.unwrap_model(loss_model).model, **result}
+    return {"model_dir": final, "model": sft.model, **result}
 
 
 def data_card(cfg: SFTConfig, corpus: dict) -> dict:

@@ -30,12 +30,11 @@ from fic.bench.roofline import matmul_rate, shape, train_flops
 from fic.core.errors import FicError
 from fic.core.model import BUNDLED_MODEL_DIR, fast_bf16, load_model, load_tokenizer
 from fic.corpus.build import SFTDataConfig, load_instances, make_corpus
-from fic.training.config import OptimSection
-from fic.training.data import IGNORE, collate, render_examples
-from fic.training.loop import make_optimizer, optimizer_step
-from fic.training.losses import TargetLoss, target_counts, window_backward
+from fic.training.data import IGNORE, render_examples
+from fic.training.losses import TargetLoss
 
 PRECISIONS = ("auto", "fp32", "bf16")
+PRECISION_SETTING = {"fp32": "no", "bf16": "bf16"}  # --precision (after auto) -> train.mixed_precision
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,27 +65,28 @@ def make_records(n: int, seed: int) -> list[dict]:
     return records[:n]
 
 
-class _FicStepper:
-    """FiC's training step (the recipe's loss, AdamW and `train_step`) on its own copy of the model."""
+class FicStepper:
+    """FiC's SFT step as the recipe takes it (`fic.training.sft.SFTStep`: its loss, AdamW, clipping
+    and precision) on its own copy of the model, at a constant learning rate of 1e-5."""
 
-    def __init__(self, model_dir: str, pad_id: int, precision: str):
-        from accelerate import Accelerator
+    def __init__(self, model_dir: str, pad_id: int, precision: str, micro_batch_size: int):
+        from fic.core.config import load_config
+        from fic.training.loop import build_model, make_accelerator
+        from fic.training.sft import SFTConfig, SFTStep
 
-
-        self.accelerator = Accelerator(mixed_precision="bf16" if precision == "bf16" else "no")
-        loss_model = TargetLoss(load_model(model_dir, dtype="float32").train())
-        optimizer = make_optimizer(loss_model, OptimSection(lr=1e-5))  # the recipe's AdamW (fused)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-        self.parts = self.accelerator.prepare(loss_model, optimizer, scheduler)
-        self.pad_id = pad_id
+        self.out = tempfile.TemporaryDirectory()
+        cfg = load_config(SFTConfig, None, [
+            f"model.path={model_dir}", f"out={self.out.name}", "train.max_steps=1000000",
+            f"train.micro_batch_size={micro_batch_size}", "train.grad_accum_steps=1",
+            f"train.mixed_precision={PRECISION_SETTING[precision]}", "optim.lr=1e-5", "optim.schedule=constant",
+            "optim.max_grad_norm=1.0", "logging.wandb=false"])
+        with contextlib.redirect_stdout(sys.stderr):  # its precision line: stdout is the figures'
+            accelerator = make_accelerator(cfg)
+        self.sft = SFTStep(cfg, accelerator, build_model(cfg, device="cpu"), [], pad_id, cfg.train.max_steps)
 
     def step(self, examples: list) -> float:
-
         began = time.perf_counter()
-        loss_model, optimizer, scheduler = self.parts
-        batch = collate(examples, self.pad_id)
-        window_backward(self.accelerator, loss_model, [batch], [target_counts(batch)], {"ce": 1.0})
-        optimizer_step(self.accelerator, loss_model, optimizer, scheduler, max_grad_norm=1.0)
+        self.sft.train_on([examples])
         return time.perf_counter() - began
 
 
@@ -100,7 +100,7 @@ def interleaved_times(model_dir: str, batches: list[list], tokenizer: Any, preci
     from trl import SFTConfig, SFTTrainer
 
 
-    fic = _FicStepper(model_dir, tokenizer.pad_token_id, precision)
+    fic = FicStepper(model_dir, tokenizer.pad_token_id, precision, len(batches[0]))
     if not with_trl:
         return [fic.step(examples) for examples in batches], []
     rows = []

@@ -61,7 +61,7 @@ from fic.bench.random_models import (
 from fic.core.config import load_config
 from fic.core.errors import FicError
 from fic.core.files import check_writable
-from fic.train_sft import SFTConfig
+from fic.training.sft import SFTConfig
 from fic.training.vasd.config import VASDConfig
 
 RECIPES_DIR = REPO / "recipes"

@@ -56,7 +56,7 @@ from fic.data.splits import prompt_key
 from fic.demo.report import write_demo_report
 from fic.evaluation.evaluate import EvalConfig, evaluate
 from fic.evaluation.premise import ask_or_answer
-from fic.train_sft import SFTConfig
+from fic.training.sft import SFTConfig
 from fic.training.checkpoints import complete_checkpoints
 from fic.training.vasd.config import VASDConfig
 

@@ -17,7 +17,7 @@ from fic.bench import random_models, report, shapes
 from fic.cli.launch_check import check as launch_check
 from fic.cli.main import main
 from fic.core.config import load_config
-from fic.train_sft import SFTConfig
+from fic.training.sft import SFTConfig
 from fic.training.vasd.config import VASDConfig
 
 REPO = Path(__file__).resolve().parents[2]

@@ -407,7 +407,7 @@ def test_gpu_check_dry_run_prints_every_command(tmp_path, tools):
     from fic.cli.launch_check import check as launch_check
     from fic.core.config import load_config
     from fic.corpus.build import SFTDataConfig
-    from fic.train_sft import SFTConfig
+    from fic.training.sft import SFTConfig
     from fic.training.vasd.config import VASDConfig
 
     both = tools == "vllm+deepspeed"
@@ -475,7 +475,7 @@ def test_gpu_check_random_weights_needs_nothing_prepared(tmp_path, deepspeed):
     steps start from that model and VASD plays actions-gen instances; the log-prob check is skipped."""
     from fic.cli.launch_check import check as launch_check
     from fic.core.config import load_config
-    from fic.train_sft import SFTConfig
+    from fic.training.sft import SFTConfig
     from fic.training.vasd.config import VASDConfig
 
     done = gpu_check(tmp_path, WEIGHTS="random", TOKENIZER="carry/tokenizer", VLLM="1", DEEPSPEED=deepspeed)
@@ -532,7 +532,7 @@ def test_gpu_session_dry_run_prints_every_phase(tmp_path):
     and every DeepSpeed one passes the launch check."""
     from fic.cli.launch_check import check as launch_check
     from fic.core.config import load_config
-    from fic.train_sft import SFTConfig
+    from fic.training.sft import SFTConfig
     from fic.training.vasd.config import VASDConfig
 
     env = {"OUT": str(tmp_path / "out"), "CARRY": "carry", "SCRATCH": str(tmp_path / "scratch"),

@@ -7,7 +7,7 @@ import torch
 
 from fic.core.config import load_config
 from fic.core.model import fast_bf16, resolve_dtype
-from fic.train_sft import SFTConfig
+from fic.training.sft import SFTConfig
 from fic.training.loop import training_precision
 
 

@@ -160,7 +160,8 @@ def test_a_full_disk_while_checkpointing_is_one_line_and_removes_the_partial_cop
     from accelerate import Accelerator
 
     from fic.core.config import load_config
-    from fic.train_sft import SFTConfig, train
+    from fic.train_sft import train
+    from fic.training.sft import SFTConfig
 
     def full_disk(self, output_dir, **kwargs):
         Path(output_dir, "model.safetensors").write_bytes(b"\0" * 4096)  # what was written before the disk filled

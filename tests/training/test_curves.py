@@ -14,7 +14,7 @@ import pytest
 from fic.cli.main import main
 from fic.core.config import load_config
 from fic.core.errors import FicError
-from fic.train_sft import SFTConfig
+from fic.training.sft import SFTConfig
 from fic.training.curves import SFT_PANELS, VASD_PANELS, curves_figure, read_metrics, run_kind
 from fic.training.loop import RunLog
 
