@@ -3,7 +3,7 @@
     accelerate launch fic/train_vasd.py --config recipes/<backbone>/vasd.yaml [key=value ...]
     fic train vasd --config recipes/<backbone>/vasd.yaml [key=value ...]      (one process)
 
-Each optimizer step:
+Each optimizer step (`fic.training.vasd.step.VASDStep`, the one step `fic bench vasd` times too):
 
 1. Rollouts, on-policy: the current weights play a batch of sharded conversations
    (`fic.conversation.simulator.play`: lockstep, keys and values kept between turns) with every assistant
@@ -38,56 +38,32 @@ checkpoints hold weights, optimizer, RNG and the EMA teacher: losses after a kil
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
-import torch
 from accelerate.utils import set_seed
-from safetensors.torch import load_file, save_file
 
-from fic.backends import make_backend
 from fic.backends.hf import HFBackend
-from fic.conversation.classify import make_classifier
-from fic.conversation.simulator import make_conversations, play
-from fic.conversation.users import make_user
 from fic.core.config import config_to_dict
-from fic.core.errors import FicError
 from fic.core.files import append_jsonl, file_sha256, write_json
-from fic.core.generation import BackendConfig, SamplingParams
+from fic.core.generation import BackendConfig
 from fic.core.model import load_template_checked_tokenizer
-from fic.core.seeding import derive_seed
 from fic.evaluation.evaluate import EvalConfig, evaluate
 from fic.training import checkpoints, loop
 from fic.training.checkpoints import model_card as card
-from fic.training.data import DataOrder, load_corpus
-from fic.training.losses import check_target_path, window_backward
+from fic.training.data import load_corpus
+from fic.training.losses import check_target_path
 from fic.training.vasd.config import MUST_MATCH, VASDConfig
-from fic.training.vasd.distill import DistillLoss
 from fic.training.vasd.inputs import check_against_tokenizer, check_inputs, load_held_out, load_rollout_tasks
-from fic.training.vasd.step import (
-    TeacherParts,
-    held_out_divergence,
-    make_rollout_backend,
-    rollout_figures,
-    sample_rows,
-    step_batches,
-    sync_rollout_backend,
-    teacher_parts,
-)
+from fic.training.vasd.step import VASDStep, held_out_divergence, sample_rows
 
 
 def train(cfg: VASDConfig) -> dict:
     """Run the recipe; return the final model folder (`model_dir`), the trained model in memory
     (`model`), `steps` and the last step's figures (`last`)."""
+    # Set-up: inputs checked before the model loads, then data, model, the step.
     check_inputs(cfg)
     accelerator = loop.make_accelerator(cfg)
-    main, world, rank, say = (accelerator.is_main_process, accelerator.num_processes, accelerator.process_index,
-                              accelerator.print)
-    if loop.is_zero3(accelerator) and (cfg.teacher.mode == "ema" or (not cfg.lora.enabled and
-                                                                      cfg.teacher.mode == "frozen")):
-        raise FicError("under ZeRO-3 the teacher must not be a second copy of the model: use LoRA (the frozen "
-                       "teacher is the adapter-free model) or teacher.mode=live", field="teacher.mode")
+    main, world, say = accelerator.is_main_process, accelerator.num_processes, accelerator.print
     resume_from, saved = loop.resume_point(cfg, say)
     tokenizer = load_template_checked_tokenizer(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
     instances, data_sha, overlap = load_rollout_tasks(cfg)
@@ -106,43 +82,19 @@ def train(cfg: VASDConfig) -> dict:
                                                where=resume_from)
         if changed:
             say(f"resuming with changed settings: {', '.join(changed)}")
-    steps, G, mbs = cfg.train.max_steps, cfg.train.grad_accum_steps, cfg.train.micro_batch_size
-    per_rank = mbs * G
-    n_anchor = round(cfg.regularizer.anchor_share * per_rank) if anchors else 0
-    say(f"{len(instances)} rollout tasks, {anchor_stats['used']} anchor conversations; {steps} steps of "
-        f"{per_rank} rollouts (+{n_anchor} anchors) x {world} process(es); teacher {cfg.teacher.mode}/"
-        f"{cfg.teacher.view}, {cfg.loss.divergence} ({cfg.loss.estimator}), regulariser {cfg.regularizer.kind}")
-    order = DataOrder(len(instances), per_rank, world, rank, cfg.data.seed, cfg.rollout.shuffle)
-    anchor_order = DataOrder(len(anchors), n_anchor, world, rank, cfg.data.seed + 1, True) if n_anchor else None
+    steps = cfg.train.max_steps
 
     set_seed(cfg.train.seed)
     model = loop.build_model(cfg, device=str(accelerator.device))
     if not loop.is_zero3(accelerator):
         check_target_path(model.eval(), len(tokenizer))
         model.train()
-    parts = teacher_parts(cfg, model)
-    loss = DistillLoss(model, parts.head, parts.ref_head, divergence=cfg.loss.divergence,
-                       estimator=cfg.loss.estimator, beta=cfg.loss.beta, temperature=cfg.loss.temperature,
-                       top_k=cfg.loss.top_k, chunk_tokens=cfg.train.loss_chunk_tokens)
-    loss_model, optimizer, scheduler = loop.prepare(accelerator, loss, cfg, steps)
+    vasd = VASDStep(cfg, accelerator, model, tokenizer, instances, anchors, steps)
+    say(f"{steps} steps: " + vasd.describe())
     start, run_id = loop.restore(accelerator, cfg, resume_from, saved)
+    vasd.resumed(resume_from)
     if main:
         write_json(Path(cfg.out) / "data_overlap.json", overlap)
-    if resume_from is not None and parts.ema is not None:
-        parts.ema.load(load_file(str(resume_from / "ema.safetensors")))
-    policy = accelerator.unwrap_model(loss_model).model
-    compute = torch.bfloat16 if accelerator.mixed_precision == "bf16" else next(policy.parameters()).dtype
-    generator, masters = make_rollout_backend(cfg, policy, tokenizer, compute)
-    user = (make_user("llm", make_backend(cfg.rollout.user.backend), temperature=cfg.rollout.user.temperature,
-                      max_new_tokens=cfg.rollout.user.max_new_tokens)
-            if cfg.rollout.user.kind == "llm" else make_user("verbatim"))
-    classifier = make_classifier("rule")
-    params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
-                            top_p=cfg.rollout.top_p)
-    weights = {"distill": 1.0, "anchor": cfg.regularizer.anchor_weight if n_anchor else 0.0,
-               "reference": cfg.regularizer.reference_weight if parts.ref_head is not None else 0.0,
-               "labels": cfg.labels.weight}
-    weights = {k: v for k, v in weights.items() if v > 0}
     data_card = {"rollout_tasks": len(instances), "data": config_to_dict(cfg.data), "held_out": len(held_out),
                  "evaluation_overlap": overlap, "anchor_conversations": anchor_stats.get("used", 0)}
     log = loop.RunLog(cfg, accelerator, steps, start, run_id, desc="vasd", data_card=data_card, postfix=lambda f: {
@@ -150,50 +102,19 @@ def train(cfg: VASDConfig) -> dict:
     out = Path(cfg.out)
 
     def held_out_figures(step: int) -> dict:
-        return evaluate_now(cfg, held_out, policy=policy, generator=generator, tokenizer=tokenizer, parts=parts,
-                            loss=loss, accelerator=accelerator, out=out / "eval" / f"step-{step}")
+        return evaluate_now(cfg, held_out, vasd, out=out / "eval" / f"step-{step}")
 
     if held_out and start == 0 and main:  # the point the held-out figures are compared with
         before = held_out_figures(0)
         append_jsonl(out / "metrics.jsonl", {"step": 0, **before})
         say("before training: " + ", ".join(f"{k}={v:.4g}" for k, v in before.items() if v is not None))
+
+    # The loop: one VASD step (rollouts, teacher, student, update), then samples, held-out
+    # figures, the log line and a checkpoint.
     last: dict = {}
-    loss_model.train()
+    vasd.loss_model.train()
     for step in range(start + 1, steps + 1):
-        seconds = {}
-        # 1. Rollouts: the current weights play the sharded conversations, every shard.
-        began = time.perf_counter()
-        convs = make_conversations([instances[i] for i in order.micro_batch(step - 1)], ["sharded"], 1)
-        with accelerator.autocast():  # the run's compute precision (bf16 where it is fast)
-            play(convs, generator, user, classifier, params, batch_size=len(convs), stop_at_correct=False,
-                 seed=derive_seed(cfg.train.seed, "rollout", step, rank),
-                 max_context=cfg.rollout.max_conversation_tokens)
-        seconds["rollout_s"] = time.perf_counter() - began
-        # 2. Teacher (and reference): single-turn views + the student's own final-reply ids.
-        began = time.perf_counter()
-        chosen = [anchors[i] for i in anchor_order.micro_batch(step - 1)] if anchor_order else []
-        model.eval()  # no dropout in the teacher and reference passes
-        batches, left_out = step_batches(cfg, convs, chosen, tokenizer, parts, device=accelerator.device,
-                                         autocast=accelerator.autocast)
-        model.train()
-        seconds["teacher_s"] = time.perf_counter() - began
-        # 3-4. Student: the divergence on answer tokens plus the regulariser, over the window.
-        began = time.perf_counter()
-        counts = [b.pop("counts") for b in batches]
-        window = window_backward(accelerator, loss_model, batches, counts, weights)
-        seconds["student_s"] = time.perf_counter() - began
-        began = time.perf_counter()
-        figures = loop.optimizer_step(accelerator, loss_model, optimizer, scheduler, cfg.optim.max_grad_norm)
-        if parts.ema is not None:
-            parts.ema.update(accelerator.unwrap_model(loss_model).model, cfg.teacher.ema_rate)
-        sync_rollout_backend(generator, policy, cfg, convs, say, masters=masters)
-        seconds["optimizer_s"] = time.perf_counter() - began
-        last = {"loss": window["loss"], "divergence_per_token": window.get("distill"),
-                "anchor_ce": window.get("anchor"), "labels_ce": window.get("labels"),
-                "reference_divergence": window.get("reference"),
-                "answer_tokens": int(window.get("n_distill", 0)), **figures, **rollout_figures(convs),
-                **{f"left_out_{k}": v for k, v in left_out.items() if k != "empty_micro_batches"},
-                "empty_micro_batches": left_out["empty_micro_batches"], **seconds}
+        last, convs = vasd.step(step)
         tables = None
         if cfg.logging.samples_every and step % cfg.logging.samples_every == 0:
             rows = sample_rows(convs)
@@ -207,35 +128,32 @@ def train(cfg: VASDConfig) -> dict:
         log.step(step, last, tables)
         state = {"world_size": world, "data_sha256": data_sha, "config": config_to_dict(cfg), "wandb_id": run_id,
                  "loss": last["loss"]}
-        extra = None
-        if parts.ema is not None:
-            def extra(folder: Path) -> None:
-                save_file(parts.ema.state(), str(folder / "ema.safetensors"))
-        loop.maybe_checkpoint(accelerator, cfg, step, steps, state, extra)
+        loop.maybe_checkpoint(accelerator, cfg, step, steps, state, vasd.save_extra)
     log.close({"final_loss": last.get("loss"), "steps": steps})
 
+    # Save: the final model with its card.
     result = {"steps": steps, "world_size": world, "final_loss": last.get("loss", (saved or {}).get("loss"))}
-    final = checkpoints.save_final(accelerator, loss_model, cfg, out, lambda kind: model_card(cfg, result, kind))
+    final = checkpoints.save_final(accelerator, vasd.loss_model, cfg, out, lambda kind: model_card(cfg, result, kind))
     say(f"saved {final}" + (f" and {out / 'final-merged'}" if cfg.save_merged else ""))
     accelerator.end_training()
-    return {"model_dir": final, "model": accelerator.unwrap_model(loss_model).model, "last": last, **result}
+    return {"model_dir": final, "model": vasd.policy, "last": last, **result}
 
 
-def evaluate_now(cfg: VASDConfig, held_out: list, *, policy: Any, generator: Any, tokenizer: Any,
-                 parts: TeacherParts, loss: Any, accelerator: Any, out: Path) -> dict:
+def evaluate_now(cfg: VASDConfig, held_out: list, vasd: VASDStep, *, out: Path) -> dict:
     """On the held-out tasks (main process): the divergence per answer token (`eval_divergence_per_token`)
     and, for each of `eval.views`, a `fic eval` of the live model (`out/eval/step-N/`)."""
+    accelerator = vasd.accelerator
     if not accelerator.is_main_process:
         return {}
-    policy.eval()
-    figures = {"eval_divergence_per_token": held_out_divergence(cfg, held_out, generator, tokenizer, parts, loss,
-                                                                device=accelerator.device,
+    vasd.policy.eval()
+    figures = {"eval_divergence_per_token": held_out_divergence(cfg, held_out, vasd.generator, vasd.tokenizer,
+                                                                vasd.parts, vasd.loss, device=accelerator.device,
                                                                 autocast=accelerator.autocast)}
-    policy.train()
+    vasd.policy.train()
     if cfg.eval.views:
         eval_cfg = EvalConfig(model=BackendConfig(model=str(out)), data=cfg.eval.data, views=list(cfg.eval.views),
                               runs=1, temperature=0.0, max_new_tokens=cfg.eval.max_new_tokens, out=str(out))
-        metrics = evaluate(eval_cfg, assistant=HFBackend(policy, tokenizer, batch_size=cfg.rollout.batch_size),
+        metrics = evaluate(eval_cfg, assistant=HFBackend(vasd.policy, vasd.tokenizer, batch_size=cfg.rollout.batch_size),
                            progress=False)
         for view, values in metrics["views"].items():
             figures[f"eval_{view}_P"] = values.get("P")

@@ -156,8 +156,8 @@ class Probe:
 
 
 def install(probe: Probe, method: str) -> Any:
-    """Wrap the recipe's phase calls (module attributes it looks up at call time) and the model
-    builder; return the recipe module."""
+    """Wrap the recipe's phase calls (SFT: module attributes it looks up at call time; VASD: the
+    phase methods of `VASDStep`) and the model builder; return the recipe module."""
     from fic.training import loop
 
     build_model = loop.build_model
@@ -165,14 +165,16 @@ def install(probe: Probe, method: str) -> Any:
     loop.optimizer_step = probe.phased("optimizer", loop.optimizer_step)
     if method == "sft":
         import fic.train_sft as recipe
+        from fic.training import sft
 
-        recipe.window_backward = probe.phased("student", recipe.window_backward)
+        sft.window_backward = probe.phased("student", sft.window_backward)
     else:
         import fic.train_vasd as recipe
+        from fic.training.vasd.step import VASDStep
 
-        recipe.play = probe.phased("rollout", recipe.play)
-        recipe.step_batches = probe.phased("teacher", recipe.step_batches)
-        recipe.window_backward = probe.phased("student", recipe.window_backward)
+        VASDStep.rollouts = probe.phased("rollout", VASDStep.rollouts)
+        VASDStep.micro_batches = probe.phased("teacher", VASDStep.micro_batches)
+        VASDStep.student = probe.phased("student", VASDStep.student)
     return recipe
 
 

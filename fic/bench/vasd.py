@@ -1,16 +1,24 @@
-"""`fic bench vasd`: where a VASD step's time goes, what it costs over bare passes, and the
-memory of the chunked divergence.
+"""`fic bench vasd`: where the recipe's VASD step spends its time, what it costs over bare
+passes and against an SFT step, and the memory of the chunked divergence.
 
-Phases, on the bundled model (or `--model`) with `--rollouts` sharded gsm_symbolic rollouts and
-anchor conversations from the SFT corpus builder: rollout generation, the teacher pass, the
-student pass (forward and backward of every loss term) and the optimizer step, in seconds;
-`rollout_share` = rollout seconds / step seconds.
+The step is the recipe's own (`fic.training.vasd.step.VASDStep`, built as `fic/train_vasd.py`
+builds it), at the precision the recipe would pick here, from `--config` (any VASD YAML, e.g.
+the demo's `runs/demo/vasd/config.yaml`, with `--set key=value` overrides) or, without one,
+from the recipe's defaults on `--rollouts` sharded gsm_symbolic rollouts of `--max-new-tokens`
+and anchor conversations the SFT corpus builder writes. Phases, in seconds: rollout generation,
+the teacher pass (the step's micro-batches with the teacher's and reference's hidden states),
+the student pass (forward and backward of every loss term) and the optimizer step;
+`rollout_share` = rollout seconds / step seconds. Each timed phase also has its CPU seconds
+(`*_cpu_s`, all threads), the unit the demo's equal-compute control is counted in.
 
-`overhead_ratio`: the VASD step without rollout generation (teacher pass + student pass, as
-the recipe runs them) over a bare student forward+backward on the same multi-turn ids (the
-model's own full-logits forward and a cross-entropy at the same loss positions) plus a bare
-teacher forward on the same single-turn ids, the two alternating `--repeats` times on the same
-batches so that load from other processes weighs on both alike.
+`overhead_ratio`: the teacher and student passes over a bare student forward+backward on the
+same rows (the model's own full-logits forward and a cross-entropy at the same loss positions)
+plus a bare teacher forward on the same single-turn ids, the two alternating `--repeats` times
+on the same batches so that load from other processes weighs on both alike.
+
+`sft_step_cpu_s` and `vasd_over_sft`: an SFT step (`fic.training.sft.SFTStep`) of
+`--sft-micro-batch-size` conversations of the anchor corpus at the same precision, timed after
+the VASD step, and the VASD step's CPU seconds over it.
 
 `memory_ratio`: the peak memory of the chunked divergence (`fic.training.losses.divergence_rows`,
 `--chunk-tokens` rows per chunk) over a naive one that builds both sides' full logits, forward
@@ -24,168 +32,212 @@ hidden states and of the LM head.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
-from fic.backends.hf import HFBackend
 from fic.bench.roofline import forward_flops, matmul_rate, shape, train_flops
 from fic.bench.sft import make_records
-from fic.conversation.classify import make_classifier
-from fic.conversation.simulator import make_conversations, play
-from fic.conversation.users import make_user
 from fic.core.config import load_config
 from fic.core.errors import FicError
-from fic.core.generation import SamplingParams
-from fic.core.model import BUNDLED_MODEL_DIR, load_tokenizer, peak_memory_mb
-from fic.training.data import IGNORE, render_examples
-from fic.training.loop import build_model, make_optimizer, optimizer_step
-from fic.training.losses import divergence, divergence_rows, window_backward
+from fic.core.files import write_jsonl
+from fic.core.model import BUNDLED_MODEL_DIR, check_model_folder, load_tokenizer, peak_memory_mb
+from fic.training.data import IGNORE, load_corpus
+from fic.training.loop import build_model, make_accelerator
+from fic.training.losses import divergence, divergence_rows
+from fic.training.sft import SFTConfig, SFTStep
 from fic.training.vasd.config import VASDConfig
-from fic.training.vasd.distill import DistillLoss, rollout_from, teacher_prompts
-from fic.training.vasd.inputs import load_rollout_tasks
-from fic.training.vasd.step import step_batches, teacher_parts
+from fic.training.vasd.distill import TERMS, rollout_from, teacher_prompts
+from fic.training.vasd.inputs import check_inputs, load_rollout_tasks
+from fic.training.vasd.step import VASDStep
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
 
-    parser.add_argument("--model", default=str(BUNDLED_MODEL_DIR), help="model folder (default: the bundled SmolLM2)")
-    parser.add_argument("--rollouts", type=int, default=8, help="rollout conversations in the step")
-    parser.add_argument("--micro-batch-size", type=int, default=4, help="rollouts per student forward pass")
-    parser.add_argument("--max-new-tokens", type=int, default=48, help="most tokens of one rollout reply")
+    parser.add_argument("--config", default=None, help="a VASD config YAML to time (default: the recipe's defaults "
+                        "on generated gsm_symbolic rollouts and anchors)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a setting of the timed config (repeatable)")
+    parser.add_argument("--model", default=None, help="model folder (default: the config's model.path, or the "
+                        "bundled SmolLM2 without --config)")
+    parser.add_argument("--rollouts", type=int, default=8, help="without --config: rollout conversations in the step")
+    parser.add_argument("--micro-batch-size", type=int, default=4, help="without --config: rollouts per micro-batch")
+    parser.add_argument("--max-new-tokens", type=int, default=48, help="without --config: most tokens of one reply")
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats of the step without rollouts")
+    parser.add_argument("--sft-micro-batch-size", type=int, default=8,
+                        help="conversations of the timed SFT step (0: skip it)")
     parser.add_argument("--chunk-tokens", type=int, default=None,
-                        help="LM-head rows per chunk (default: the VASD recipe's train.loss_chunk_tokens)")
+                        help="LM-head rows per chunk of the memory figure (default: the VASD recipe's "
+                        "train.loss_chunk_tokens)")
     parser.add_argument("--memory-tokens", type=int, default=1024, help="answer tokens of the memory figure (0: skip)")
     parser.add_argument("--memory-vocab", type=int, default=131072, help="vocabulary of the memory figure")
     parser.add_argument("--memory-hidden", type=int, default=576, help="hidden size of the memory figure")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the generated problems and of sampling")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the generated problems")
 
 
 def _recipe_chunk() -> int:
-
-
     recipe = Path(__file__).resolve().parents[2] / "recipes" / "smollm2-135m-instruct" / "vasd.yaml"
     return load_config(VASDConfig, recipe).train.loss_chunk_tokens if recipe.is_file() else 256
 
 
 def measure(args: argparse.Namespace) -> dict:
-    if min(args.rollouts, args.micro_batch_size, args.max_new_tokens, args.repeats) < 1 or args.memory_tokens < 0:
+    if min(args.rollouts, args.micro_batch_size, args.max_new_tokens, args.repeats) < 1 or \
+            min(args.memory_tokens, args.sft_micro_batch_size) < 0:
         raise FicError("--rollouts, --micro-batch-size, --max-new-tokens and --repeats must be at least 1")
-    chunk = args.chunk_tokens or _recipe_chunk()
-    figures: dict[str, Any] = {"model": args.model, "rollouts": args.rollouts, "chunk_tokens": chunk,
-                               "threads": torch.get_num_threads()}
-    figures.update(step_figures(args, chunk))
+    with tempfile.TemporaryDirectory() as scratch:
+        cfg = timed_config(args, Path(scratch))
+        figures: dict[str, Any] = {"config": args.config or "recipe defaults", "model": cfg.model.path,
+                                   "threads": torch.get_num_threads()}
+        figures.update(step_figures(cfg, args.repeats, args.sft_micro_batch_size))
     if args.memory_tokens:
+        chunk = args.chunk_tokens or _recipe_chunk()
         figures.update(memory_figures(args.memory_tokens, args.memory_vocab, args.memory_hidden, chunk))
     return figures
 
 
-# --------------------------------------------------------------------------- time
-
-def step_figures(args: argparse.Namespace, chunk: int) -> dict:
-    """Seconds per phase of one VASD step and the overhead over bare passes."""
-    from accelerate import Accelerator
-
-
+def timed_config(args: argparse.Namespace, scratch: Path) -> VASDConfig:
+    """The VASD config the bench times: `--config` (or the recipe's defaults on generated data,
+    with an anchor corpus written to `scratch`), then `--set`, run for one step into `scratch`."""
+    run = [f"out={scratch / 'run'}", "train.max_steps=1", "resume=false", "checkpoint.every=0", "eval.every=0",
+           "logging.wandb=false", "logging.tensorboard=false", "logging.progress=false"]
+    model = [f"model.path={args.model}"] if args.model else []
+    if args.config:
+        return load_config(VASDConfig, args.config, [*model, *args.overrides, *run])
+    if args.model:
+        check_model_folder(args.model)  # before the corpus builder's minute
+    anchors = scratch / "anchors.sft.jsonl"
+    write_jsonl(anchors, make_records(args.rollouts + 8, args.seed))
     G = max(1, args.rollouts // args.micro_batch_size)
-    cfg = load_config(VASDConfig, None, [
-        f"model.path={args.model}", f"data.limit={3 * args.rollouts}", f"data.seed={args.seed + 1}",
-        "regularizer.kind=none", "train.max_steps=1",  # anchors come from the corpus builder, below
-        f"train.micro_batch_size={args.micro_batch_size}", f"train.grad_accum_steps={G}",
-        f"train.loss_chunk_tokens={chunk}", f"rollout.max_new_tokens={args.max_new_tokens}"])
-    tokenizer = load_tokenizer(args.model)
-    instances, _, _ = load_rollout_tasks(cfg)
-    n_anchor = round(0.5 * args.rollouts)  # the recipe's regularizer.anchor_share
-    anchors, _ = render_examples(make_records(4 * n_anchor + 8, args.seed), tokenizer, max_seq_len=4096,
-                                 progress=False, targets="non_final")
-    anchors = anchors[:n_anchor]
+    defaults = [f"model.path={args.model or BUNDLED_MODEL_DIR}", f"data.limit={3 * args.rollouts}",
+                f"data.seed={args.seed + 1}", f"regularizer.anchor_path={anchors}",
+                f"train.micro_batch_size={args.micro_batch_size}", f"train.grad_accum_steps={G}",
+                f"rollout.max_new_tokens={args.max_new_tokens}", "loss.keep_truncated=true"]  # time every final reply
+    return load_config(VASDConfig, None, [*defaults, *args.overrides, *run])
 
-    accelerator = Accelerator(gradient_accumulation_steps=G)
-    model = build_model(cfg, device=str(accelerator.device))
-    parts = teacher_parts(cfg, model)
-    loss = DistillLoss(model, parts.head, None, divergence=cfg.loss.divergence, estimator=cfg.loss.estimator,
-                       beta=cfg.loss.beta, temperature=cfg.loss.temperature, top_k=cfg.loss.top_k, chunk_tokens=chunk)
-    loss_model, optimizer = accelerator.prepare(loss, make_optimizer(loss, cfg.optim))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
 
-    began = time.perf_counter()
-    convs = make_conversations(instances[:args.rollouts], ["sharded"], 1)
-    play(convs, HFBackend(model, tokenizer, batch_size=args.rollouts, kv_reuse_mb=1024), make_user("verbatim"),
-         make_classifier("rule"), SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0, seed=args.seed),
-         batch_size=len(convs), stop_at_correct=False)
-    rollout_s = time.perf_counter() - began
-    cfg.loss.keep_truncated = True  # time every final reply, cut or not
+class _Clock:
+    """Wall and CPU seconds (all threads of this process) of timed calls."""
 
-    def no_autocast() -> Any:
-        return torch.autocast("cpu", enabled=False)
+    def __init__(self) -> None:
+        self.wall: dict[str, list[float]] = {}
+        self.cpu: dict[str, list[float]] = {}
 
-    vasd, bare, teacher, student = [], [], [], []
-    for _ in range(args.repeats):
-        began = time.perf_counter()
-        model.eval()
-        batches, _ = step_batches(cfg, convs, anchors, tokenizer, parts, device=accelerator.device, autocast=no_autocast)
-        model.train()
-        teacher.append(time.perf_counter() - began)
-        began = time.perf_counter()
-        counts = [b.pop("counts") for b in batches]
-        window_backward(accelerator, loss_model, batches, counts, {"distill": 1.0, "anchor": 1.0})
-        student.append(time.perf_counter() - began)
-        vasd.append(teacher[-1] + student[-1])
-        model.zero_grad(set_to_none=True)
-        bare.append(_bare_passes(model, convs, anchors, batches, tokenizer, parts))
-        model.zero_grad(set_to_none=True)
-    batches, _ = step_batches(cfg, convs, anchors, tokenizer, parts, device=accelerator.device, autocast=no_autocast)
-    window_backward(accelerator, loss_model, batches, [b.pop("counts") for b in batches], {"distill": 1.0})
-    began = time.perf_counter()
-    optimizer_step(accelerator, loss_model, optimizer, scheduler, 1.0)
-    optimizer_s = time.perf_counter() - began
-    step_s = rollout_s + statistics.median(teacher) + statistics.median(student) + optimizer_s
+    def time(self, name: str, fn: Callable[[], Any]) -> Any:
+        wall, cpu = time.perf_counter(), time.process_time()
+        result = fn()
+        self.wall.setdefault(name, []).append(time.perf_counter() - wall)
+        self.cpu.setdefault(name, []).append(time.process_time() - cpu)
+        return result
+
+    def median(self, name: str, cpu: bool = False) -> float:
+        return statistics.median((self.cpu if cpu else self.wall)[name])
+
+
+def step_figures(cfg: VASDConfig, repeats: int, sft_micro_batch_size: int) -> dict:
+    """Seconds per phase of one VASD step of `cfg`, its overhead over bare passes, and its CPU
+    seconds against an SFT step's."""
+    check_inputs(cfg)  # a wrong model folder or corpus path fails in a second, as in the recipe
+    with contextlib.redirect_stdout(sys.stderr):  # the recipe's lines; stdout is the figures'
+        accelerator = make_accelerator(cfg)
+        tokenizer = load_tokenizer(cfg.model.path)
+        instances, _, _ = load_rollout_tasks(cfg)
+        anchors = []
+        if cfg.regularizer.kind in ("anchor", "both"):
+            anchors, _ = load_corpus(cfg.regularizer.anchor_path, tokenizer, cfg.regularizer.anchor_max_seq_len,
+                                     progress=False, targets=cfg.regularizer.anchor_targets)
+        model = build_model(cfg, device=str(accelerator.device))
+        vasd = VASDStep(cfg, accelerator, model, tokenizer, instances, anchors, cfg.train.max_steps)
+    clock = _Clock()
+    convs = clock.time("rollout", lambda: vasd.rollouts(1))
+    batches: list[dict] = []
+    for _ in range(repeats):
+        batches = clock.time("teacher", lambda: vasd.micro_batches(convs, 1)[0])
+        kept = [dict(b) for b in batches]  # the student pops the counts
+        clock.time("student", lambda: vasd.student(kept))
+        vasd.optimizer.zero_grad(set_to_none=True)
+        clock.time("bare", lambda: _bare_passes(vasd, convs, batches))
+        vasd.optimizer.zero_grad(set_to_none=True)
+    vasd.student([dict(b) for b in vasd.micro_batches(convs, 1)[0]])
+    clock.time("optimizer", lambda: vasd.update(convs))
+    phases = ("rollout", "teacher", "student", "optimizer")
+    step_s = sum(clock.median(name) for name in phases)
+    step_cpu_s = sum(clock.median(name, cpu=True) for name in phases)
+    figures = {"rollouts": len(convs), "precision": accelerator.mixed_precision,
+               **{f"{name}_s": clock.median(name) for name in phases},
+               **{f"{name}_cpu_s": clock.median(name, cpu=True) for name in phases},
+               "step_s": step_s, "step_cpu_s": step_cpu_s, "rollout_share": clock.median("rollout") / step_s,
+               "bare_passes_s": clock.median("bare"),
+               "overhead_ratio": (sum(clock.wall["teacher"]) + sum(clock.wall["student"])) / sum(clock.wall["bare"])}
     # The roofline of the passes without rollouts: the teacher's forward over its single-turn rows,
-    # the student's forward and backward, the heads on answer and anchor rows only.
-    dims = shape(model)
+    # the student's forward and backward, the heads on the loss rows only.
+    dims = shape(vasd.policy)
+    counts = [b["counts"] for b in batches]
     lengths = [int(n) for b in batches for n in b["attention_mask"].sum(1)]
-    head_rows = int(sum(c["distill"] + c["anchor"] for c in counts))
-    teacher_lengths = [len(p) + len(rollout_from(c).answer_ids) for c in convs
+    head_rows = int(sum((b[f"{term}_targets"] != IGNORE).sum() for b in batches for term in TERMS))
+    teacher_lengths = [len(p) + len(rollout_from(c).answer_ids) for c in convs if c.stop_reason == "last_turn"
                        for p in teacher_prompts(tokenizer, c.instance, ["full"])]
     flops = train_flops(dims, lengths, head_rows) + forward_flops(dims, teacher_lengths, 0)
-    passes_s = statistics.median(teacher) + statistics.median(student)
+    passes_s = clock.median("teacher") + clock.median("student")
     peak = matmul_rate(torch.bfloat16)
-    return {"passes_tflops": flops / passes_s / 1e12, "bf16_matmul_2048_tflops": peak / 1e12,
-            "passes_roofline_share": flops / passes_s / peak,
-            "rollout_s": rollout_s, "teacher_s": statistics.median(teacher), "student_s": statistics.median(student),
-            "optimizer_s": optimizer_s, "step_s": step_s, "rollout_share": rollout_s / step_s,
-            "bare_passes_s": statistics.median(bare), "overhead_ratio": sum(vasd) / sum(bare),
-            "answer_tokens": int(sum(c["distill"] for c in counts)),
-            "student_tokens": int(sum(c["tokens"] for c in counts))}
+    figures.update({"passes_tflops": flops / passes_s / 1e12, "bf16_matmul_2048_tflops": peak / 1e12,
+                    "passes_roofline_share": flops / passes_s / peak,
+                    "answer_tokens": int(sum(c["distill"] for c in counts)),
+                    "student_rows": sum(len(b["input_ids"]) for b in batches),
+                    "student_positions": sum(b["input_ids"].numel() for b in batches),
+                    "student_tokens": int(sum(c["tokens"] for c in counts))})
+    if sft_micro_batch_size and anchors:
+        figures.update(_sft_figures(cfg, anchors, tokenizer.pad_token_id, sft_micro_batch_size, repeats, step_cpu_s))
+    return figures
 
 
-def _bare_passes(model: Any, convs: list, anchors: list, batches: list[dict], tokenizer: Any, parts: Any) -> float:
-    """Seconds of the plain passes the VASD step is measured against: the model's full-logits
-    forward and backward on the student batches (cross-entropy at the same loss positions), and
-    its full-logits forward on the teacher's single-turn ids."""
+def _sft_figures(cfg: VASDConfig, anchors: list, pad_id: int, micro_batch_size: int, repeats: int,
+                 vasd_cpu_s: float) -> dict:
+    """An SFT step of `micro_batch_size` anchor conversations (the SFT corpus) on the same model
+    and precision, as `fic.training.sft.SFTStep` takes it."""
+    sft_cfg = load_config(SFTConfig, None, [f"model.path={cfg.model.path}", f"out={Path(cfg.out).parent / 'sft'}",
+                                            "train.max_steps=1000", f"train.micro_batch_size={micro_batch_size}",
+                                            f"train.mixed_precision={cfg.train.mixed_precision}",
+                                            f"train.pad_to_multiple={cfg.train.pad_to_multiple}"])
+    with contextlib.redirect_stdout(sys.stderr):
+        accelerator = make_accelerator(sft_cfg)
+    sft = SFTStep(sft_cfg, accelerator, build_model(sft_cfg, device=str(accelerator.device)), anchors, pad_id, 1000)
+    clock = _Clock()
+    for k in range(repeats + 1):  # the first step warms up
+        clock.time("sft" if k else "warmup", lambda: sft.step(k + 1))
+    return {"sft_step_s": clock.median("sft"), "sft_step_cpu_s": clock.median("sft", cpu=True),
+            "vasd_over_sft": vasd_cpu_s / clock.median("sft", cpu=True)}
 
-    began = time.perf_counter()
-    for batch in batches:
-        labels = torch.where(batch["distill_targets"] != IGNORE, batch["distill_targets"], batch["anchor_targets"])
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE)
-        ce.backward()
-    model.eval()
-    with torch.no_grad():
-        for conv in convs:
-            rollout = rollout_from(conv)
-            (prompt,) = teacher_prompts(tokenizer, conv.instance, ["full"])
-            model(input_ids=torch.tensor([prompt + rollout.answer_ids]))
-    model.train()
-    return time.perf_counter() - began
+
+def _bare_passes(vasd: VASDStep, convs: list, batches: list[dict]) -> None:
+    """The plain passes the VASD step is measured against: the model's full-logits forward and
+    backward on the student batches (cross-entropy at the same loss positions), and its
+    full-logits forward on the teacher's single-turn ids."""
+    model = vasd.policy
+    with vasd.accelerator.autocast():
+        for batch in batches:
+            labels = batch["distill_targets"].clone()
+            for term in ("anchor", "labels"):
+                labels = torch.where(labels != IGNORE, labels, batch[f"{term}_targets"])
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE)
+            ce.backward()
+        model.eval()
+        with torch.no_grad():
+            for conv in convs:
+                if conv.stop_reason != "last_turn":
+                    continue
+                (prompt,) = teacher_prompts(vasd.tokenizer, conv.instance, ["full"])
+                model(input_ids=torch.tensor([prompt + rollout_from(conv).answer_ids]))
+        model.train()
 
 
 # --------------------------------------------------------------------------- memory

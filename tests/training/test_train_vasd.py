@@ -31,7 +31,8 @@ from fic.training.loop import KILL_ENV
 from fic.training.losses import divergence
 from fic.training.vasd.config import VASDConfig
 from fic.training.vasd.distill import DistillLoss, collate_rows, rollout_from, runs_of, student_rows, teacher_prompts
-from fic.training.vasd.step import EmaTeacher, step_batches, teacher_parts
+from fic.training.vasd.step import step_batches
+from fic.training.vasd.teacher import EmaTeacher, teacher_parts
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "smollm2-135m-instruct" / "vasd.yaml"
@@ -655,6 +656,7 @@ def test_fic_train_vasd_runs_the_shipped_recipe(tiny_model_dir, anchor_corpus, t
     ("regularizer.kind=anchor regularizer.anchor_path=", "regularizer.anchor_path"),
     ("model.path=/nonexistent/sft/final", "not found"),
     ("lora.enabled=false teacher.mode=ema regularizer.kind=both", "third copy"),
+    ("eval.views=[fulll,sharded]", "eval.views[0]"),
 ])
 def test_bad_settings_exit_2_with_one_line_before_any_model_loads(override, message, capsys, monkeypatch):
     import fic.training.loop as loop
@@ -923,7 +925,7 @@ def test_deferral_labels_train_only_the_students_earlier_turns_on_a_gold_early_r
         text = smollm2_tokenizer.decode(row.reply, skip_special_tokens=True)
         assert row.reply == reply_ids(smollm2_tokenizer, text) and "####" not in text and "3360" not in text
     (label_row,) = student_rows([], [], rows[:1], reference=False, first_tokens=0, first_weight=1.0)
-    trained = [y for y in label_row["label_targets"] if y != IGNORE]
+    trained = [y for y in label_row["labels_targets"] if y != IGNORE]
     assert trained == rows[0].reply and all(y == IGNORE for y in label_row["distill_targets"])
     assert label_rows(load_config(VASDConfig, None, ["regularizer.kind=none", "train.max_steps=1"]), conv,
                       smollm2_tokenizer) == []  # off by default
@@ -942,19 +944,34 @@ def test_the_recipe_trains_with_per_turn_views_and_deferral_labels(tiny_model_di
     assert last["labels_ce"] > 0 and math.isfinite(last["loss"]) and last["divergence_per_token"] > 0
 
 
-def test_bench_vasd_times_each_phase_and_reports_the_roofline(tiny_model_dir):
+def test_bench_vasd_times_the_recipes_own_step(tiny_model_dir, anchor_corpus, tmp_path):
+    """`fic bench vasd --config` builds the step the recipe takes (`VASDStep`, deferral labels and
+    anchors included): its first step's answer tokens are the recipe's, and its phases add up."""
     import argparse
 
-    from fic.bench import vasd as bench_vasd
+    import yaml
 
+    from fic.bench import vasd as bench_vasd
+    from fic.core.config import config_to_dict
+
+    common = ("train.max_steps=1", "checkpoint.every=0", "labels.weight=1.0", "regularizer.kind=anchor")
+    cfg = load_config(VASDConfig, None, settings(tiny_model_dir, anchor_corpus, tmp_path / "recipe", *common))
+    train(cfg)
+    (recipe,) = metrics(tmp_path / "recipe")
+    config = tmp_path / "vasd.yaml"
+    config.write_text(yaml.safe_dump(config_to_dict(cfg)))
     parser = argparse.ArgumentParser()
     bench_vasd.add_arguments(parser)
-    args = parser.parse_args(["--model", str(tiny_model_dir), "--rollouts", "2", "--micro-batch-size", "1",
-                              "--max-new-tokens", "4", "--repeats", "1", "--memory-tokens", "0"])
-    figures = bench_vasd.step_figures(args, chunk=16)
+    args = parser.parse_args(["--config", str(config), "--set", f"out={tmp_path / 'ignored'}", "--repeats", "1",
+                              "--memory-tokens", "0", "--sft-micro-batch-size", "2"])
+    figures = bench_vasd.measure(args)
+    assert figures["answer_tokens"] == recipe["answer_tokens"] > 0
+    assert figures["rollouts"] == 4 and figures["student_rows"] > 4  # anchors and label rows beside the rollouts
     assert figures["step_s"] == pytest.approx(figures["rollout_s"] + figures["teacher_s"] + figures["student_s"]
                                               + figures["optimizer_s"])
     assert figures["bf16_matmul_2048_tflops"] > 0 and figures["passes_roofline_share"] > 0
+    assert figures["sft_step_cpu_s"] > 0 and figures["vasd_over_sft"] == pytest.approx(
+        figures["step_cpu_s"] / figures["sft_step_cpu_s"])
 
 
 def test_bf16_rollouts_run_on_a_decoding_copy_refreshed_after_every_step(tiny_model_dir, smollm2_tokenizer):

@@ -9,6 +9,7 @@ from fic.conversation.users import UserSimulatorSection
 from fic.core.config import setting
 from fic.core.errors import FicError
 from fic.data.sources import InstancesSection
+from fic.data.views import VIEWS, check_views
 from fic.data.splits import ExcludeSection
 from fic.training.config import LoggingSection, RunConfig
 from fic.training.data import TARGET_KINDS
@@ -123,7 +124,8 @@ class EvalSection:
                          "`fic eval` of eval.views.", min=0)
     data: InstancesSection = setting(InstancesSection(limit=32), "Held-out instances, with their own seed; they "
                                      "must not overlap the rollout tasks (checked).")
-    views: list[str] = setting(["full", "sharded"], "Views `fic eval` plays (empty: the divergence only).")
+    views: list[str] = setting(["full", "sharded"], f"Views `fic eval` plays, from: {', '.join(VIEWS)} (empty: the "
+                               "divergence only).")
     max_new_tokens: int = setting(256, "Most tokens of one evaluation reply.", min=1)
 
 
@@ -171,5 +173,6 @@ class VASDConfig(RunConfig):
                            path=source, field="regularizer.anchor_path")
         if self.teacher.mode == "ema" and not self.lora.enabled and self.regularizer.kind in ("reference", "both"):
             raise FicError(EMA_WITH_REFERENCE, path=source, field="teacher.mode")
+        check_views(self.eval.views, source, "eval.views", allow_empty=True)
         if self.eval.every and not self.eval.data.source:
             raise FicError("eval.every is set but eval.data.source is empty", path=source, field="eval.data.source")

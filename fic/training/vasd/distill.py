@@ -23,7 +23,7 @@ Rows of one micro-batch (right-padded, one forward of the student):
   `teacher_hidden` holds the teacher's hidden states at the same tokens, in the same
   row-major order, shaped [n_reply_tokens, views, hidden] (an earlier reply's one view fills
   every slot).
-- `label_targets`/`label_weights` (`labels.weight`): the student's own context at one of its
+- `labels_targets`/`labels_weights` (`labels.weight`): the student's own context at one of its
   earlier turns followed by a gold ask or deferral for that state (`Task.early_reply`), trained
   with cross-entropy: imitation on the states the policy visits (DAgger), premature answers
   included in the context.
@@ -47,6 +47,12 @@ from fic.core.chat import prompt_ids
 from fic.data.views import partial_instance, system_message, user_turns
 from fic.training.data import IGNORE, Example, padded_width
 from fic.training.losses import causal_lm, decoder_and_head, divergence_rows, softcap_of, weighted_ce_rows
+
+# VASD's loss terms, each named once: the key of its targets, weights and positions in a
+# micro-batch (`<term>_targets`, `<term>_weights`, counts) and of its sum in `DistillLoss`'s
+# output, mapped to the name of its per-position mean in metrics.jsonl.
+TERMS = {"distill": "divergence_per_token", "anchor": "anchor_ce", "labels": "labels_ce",
+         "reference": "reference_divergence"}
 
 
 @dataclass
@@ -154,12 +160,15 @@ def decision_weighted(spans: Sequence[tuple[tuple[int, int], float]], length: in
     return targets, weights
 
 
-def _row(ids: list[int], **filled: list) -> dict:
+def _row(ids: list[int], term: str | None = None, targets: list[int] = (), weights: list[float] = ()) -> dict:
+    """A student row that trains `term` at `targets` with `weights` (None: nothing), the other
+    terms' targets empty."""
     n = len(ids)
-    row = {"input_ids": ids, "distill_targets": [IGNORE] * n, "distill_weights": [0.0] * n,
-           "reference_targets": [IGNORE] * n, "reference_weights": [0.0] * n, "anchor_targets": [IGNORE] * n,
-           "anchor_weights": [0.0] * n, "label_targets": [IGNORE] * n, "label_weights": [0.0] * n}
-    return {**row, **filled}
+    row: dict = {"input_ids": ids}
+    for name in TERMS:
+        row[f"{name}_targets"], row[f"{name}_weights"] = (list(targets), list(weights)) if name == term else \
+            ([IGNORE] * n, [0.0] * n)
+    return row
 
 
 def student_rows(rollouts: Sequence[Rollout], anchors: Sequence[Example], labels: Sequence[LabelRow] = (), *,
@@ -172,17 +181,18 @@ def student_rows(rollouts: Sequence[Rollout], anchors: Sequence[Example], labels
         n = len(rollout.ids)
         distill_t, distill_w = decision_weighted(rollout.distilled, n, rollout.ids, decision_tokens, decision_weight)
         ref_t, ref_w = weighted_spans(n, rollout.earlier if reference else [], rollout.ids, first_tokens, first_weight)
-        rows.append(_row(rollout.ids, distill_targets=distill_t, distill_weights=distill_w, reference_targets=ref_t,
-                         reference_weights=ref_w))
+        row = _row(rollout.ids, "distill", distill_t, distill_w)
+        row["reference_targets"], row["reference_weights"] = ref_t, ref_w
+        rows.append(row)
     for example in anchors:
         anchor_t, anchor_w = weighted_spans(len(example.input_ids), runs_of(example.targets), example.input_ids,
                                             first_tokens, first_weight)
-        rows.append(_row(example.input_ids, anchor_targets=anchor_t, anchor_weights=anchor_w))
+        rows.append(_row(example.input_ids, "anchor", anchor_t, anchor_w))
     for label in labels:
         ids = label.context + label.reply
         span = (len(label.context), len(ids))
         label_t, label_w = weighted_spans(len(ids), [span], ids, first_tokens, first_weight)
-        rows.append(_row(ids, label_targets=label_t, label_weights=label_w))
+        rows.append(_row(ids, "labels", label_t, label_w))
     return rows
 
 
@@ -191,10 +201,9 @@ def collate_rows(rows: Sequence[dict], pad_id: int, multiple: int = 0) -> dict[s
     width = padded_width((len(r["input_ids"]) for r in rows), multiple)
     batch = {"input_ids": torch.full((len(rows), width), pad_id, dtype=torch.long),
              "attention_mask": torch.zeros((len(rows), width), dtype=torch.long)}
-    for name in ("distill_targets", "reference_targets", "anchor_targets", "label_targets"):
-        batch[name] = torch.full((len(rows), width), IGNORE, dtype=torch.long)
-    for name in ("distill_weights", "reference_weights", "anchor_weights", "label_weights"):
-        batch[name] = torch.zeros((len(rows), width), dtype=torch.float32)
+    for term in TERMS:
+        batch[f"{term}_targets"] = torch.full((len(rows), width), IGNORE, dtype=torch.long)
+        batch[f"{term}_weights"] = torch.zeros((len(rows), width), dtype=torch.float32)
     for i, row in enumerate(rows):
         n = len(row["input_ids"])
         batch["attention_mask"][i, :n] = 1
@@ -205,10 +214,7 @@ def collate_rows(rows: Sequence[dict], pad_id: int, multiple: int = 0) -> dict[s
 
 def batch_counts(batch: dict[str, torch.Tensor]) -> dict[str, float]:
     """Positions (or total weight) of each loss term in a collated micro-batch."""
-    return {"distill": float(batch["distill_weights"].sum()),
-            "anchor": float(batch["anchor_weights"].sum()),
-            "labels": float(batch["label_weights"].sum()),
-            "reference": float(batch["reference_weights"].sum()),
+    return {**{term: float(batch[f"{term}_weights"].sum()) for term in TERMS},
             "tokens": float(batch["attention_mask"].sum())}
 
 
@@ -239,6 +245,10 @@ class DistillLoss(torch.nn.Module):
     corpus turns), `labels` (cross-entropy on gold replies at the student's own states) and
     `reference` (divergence to the starting model on earlier replies).
 
+    `weights` (term -> weight, the terms the run trains) is what `window_backward` combines the
+    terms with, each divided by its positions over the window and all ranks: a term, its weight
+    and its normalisation are read in one place. `for_run` builds it from a VASD config.
+
     `teacher_head` and `reference_head` map hidden rows to logits with no gradient (the same
     head for a live teacher or LoRA with adapters off, a frozen copy's head otherwise). They are
     kept out of the module tree (a module assigned as an attribute would be registered as a
@@ -247,13 +257,26 @@ class DistillLoss(torch.nn.Module):
     """
 
     def __init__(self, model: torch.nn.Module, teacher_head: Callable, reference_head: Callable | None, *,
-                 divergence: str, estimator: str, beta: float, temperature: float, top_k: int, chunk_tokens: int):
+                 divergence: str, estimator: str, beta: float, temperature: float, top_k: int, chunk_tokens: int,
+                 weights: dict[str, float] | None = None):
         super().__init__()
         self.model = model
+        self.weights = {"distill": 1.0} if weights is None else {k: v for k, v in weights.items() if v > 0}
         self._heads = (teacher_head, reference_head)  # a tuple: nn.Module does not register what it holds
         self.kind, self.estimator, self.beta = divergence, estimator, beta
         self.temperature, self.top_k, self.chunk_tokens = temperature, top_k, chunk_tokens
         self.softcap = softcap_of(model)
+
+    @classmethod
+    def for_run(cls, cfg: Any, model: torch.nn.Module, parts: Any, *, anchors: bool) -> DistillLoss:
+        """The loss of a VASD run (`VASDConfig` `cfg`, teacher and reference `parts`): its
+        divergence settings and each term's weight, 0 (left out) where the run has no such rows."""
+        weights = {"distill": 1.0, "anchor": cfg.regularizer.anchor_weight if anchors else 0.0,
+                   "reference": cfg.regularizer.reference_weight if parts.ref_head is not None else 0.0,
+                   "labels": cfg.labels.weight}
+        return cls(model, parts.head, parts.ref_head, divergence=cfg.loss.divergence, estimator=cfg.loss.estimator,
+                   beta=cfg.loss.beta, temperature=cfg.loss.temperature, top_k=cfg.loss.top_k,
+                   chunk_tokens=cfg.train.loss_chunk_tokens, weights=weights)
 
     @property
     def teacher_head(self) -> Callable:
@@ -282,14 +305,14 @@ class DistillLoss(torch.nn.Module):
     def forward(self, *, input_ids: torch.Tensor, attention_mask: torch.Tensor, distill_targets: torch.Tensor,
                 distill_weights: torch.Tensor, teacher_hidden: torch.Tensor, anchor_targets: torch.Tensor,
                 anchor_weights: torch.Tensor, reference_targets: torch.Tensor, reference_weights: torch.Tensor,
-                label_targets: torch.Tensor, label_weights: torch.Tensor,
+                labels_targets: torch.Tensor, labels_weights: torch.Tensor,
                 reference_hidden: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         body, head = decoder_and_head(self.model)
         hidden = body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
         terms = {"distill": self._term(hidden, distill_targets, distill_weights, teacher_hidden, head,
                                        self.teacher_head),
                  "anchor": self._anchor(hidden, anchor_targets, anchor_weights, head),
-                 "labels": self._anchor(hidden, label_targets, label_weights, head)}
+                 "labels": self._anchor(hidden, labels_targets, labels_weights, head)}
         if reference_hidden is not None and self.reference_head is not None:
             terms["reference"] = self._term(hidden, reference_targets, reference_weights, reference_hidden[:, None],
                                             head, self.reference_head)

@@ -1,19 +1,26 @@
-"""The parts of a VASD step that read the recipe's settings (`VASDConfig`): who plays teacher and
-reference, the rollout engine, one step's micro-batches, and the figures logged about the
-rollouts. The token layout and the loss module are in `fic.training.vasd.distill`.
+"""VASD's step as one unit (`VASDStep`), taken by the recipe (`fic/train_vasd.py`) and timed by
+`fic bench vasd`: rollouts on the current weights, the teacher (and reference) passes, the
+student's forward and backward over the accumulation window, the optimizer step and the
+rollout engine's refresh. Also the pieces it is made of: one step's micro-batches, the on-policy
+labels, the rollout engine, and the figures logged about the rollouts.
+
+Who plays teacher and reference is `fic.training.vasd.teacher`; the token layout and the loss
+module are `fic.training.vasd.distill`.
 """
 
 from __future__ import annotations
 
 import copy
+import time
 from collections import Counter
-from contextlib import nullcontext
-from dataclasses import dataclass
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from fic import tasks
+from fic.backends import make_backend
 from fic.backends.hf import HFBackend, column_major_linears
 from fic.backends.vllm import colocated_engine, sync_weights
 from fic.conversation.classify import make_classifier
@@ -22,10 +29,14 @@ from fic.conversation.users import make_user
 from fic.core.chat import reply_ids
 from fic.core.errors import FicError
 from fic.core.generation import SamplingParams
-from fic.core.seeding import seeded_rng
-from fic.training.losses import decoder_and_head
-from fic.training.vasd.config import EMA_WITH_REFERENCE, VASDConfig
+from fic.core.seeding import derive_seed, seeded_rng
+from fic.training import loop
+from fic.training.data import DataOrder, Example
+from fic.training.losses import window_backward
+from fic.training.vasd.config import VASDConfig
 from fic.training.vasd.distill import (
+    TERMS,
+    DistillLoss,
     LabelRow,
     batch_counts,
     collate_rows,
@@ -35,120 +46,146 @@ from fic.training.vasd.distill import (
     student_rows,
     teacher_prompts,
 )
+from fic.training.vasd.teacher import TeacherParts, teacher_parts, teacher_views
 
 # Why a rollout is left out of the distillation: it ended before the last shard (the
 # conversation outgrew rollout.max_conversation_tokens), the teacher's prompt is over
 # teacher.max_prompt_tokens, or its final reply was cut by rollout.max_new_tokens (unless
 # loss.keep_truncated).
 LEFT_OUT = ("cut_before_last_shard", "teacher_prompt_too_long", "truncated_final")
+EMA_FILE = "ema.safetensors"
 
 
-def teacher_views(cfg: VASDConfig) -> list[str]:
-    """The single-turn views the teacher reads (`teacher.view: both` reads two)."""
-    return ["full", "concat"] if cfg.teacher.view == "both" else [cfg.teacher.view]
+class VASDStep:
+    """One VASD optimizer step, `step(k)`, and what it holds between steps: the trained model
+    behind `accelerator.prepare` (`loss_model`, `optimizer`, `scheduler`), the teacher and
+    reference (`parts`), the rollout engine (`generator`, a bfloat16 decoding copy refreshed
+    from the float32 masters after every update where the run computes in bf16), the simulated
+    user and the data orders of rollout tasks and anchors.
 
+    A step's phases are methods, so the recipe reads them in order and `fic bench` can time
+    each: `rollouts` (play the sharded conversations on-policy, every shard), `micro_batches`
+    (student rows with the teacher's and reference's hidden states), `student` (forward and
+    backward of every loss term over the window, each term normalised by its positions on all
+    ranks), `update` (clip, step, EMA, refresh the rollout engine)."""
 
-@dataclass
-class TeacherParts:
-    """The networks and heads that play teacher and reference, without a gradient.
+    def __init__(self, cfg: VASDConfig, accelerator: Any, model: torch.nn.Module, tokenizer: Any,
+                 instances: list, anchors: list[Example], steps: int):
+        if loop.is_zero3(accelerator) and (cfg.teacher.mode == "ema" or (not cfg.lora.enabled and
+                                                                          cfg.teacher.mode == "frozen")):
+            raise FicError("under ZeRO-3 the teacher must not be a second copy of the model: use LoRA (the frozen "
+                           "teacher is the adapter-free model) or teacher.mode=live", field="teacher.mode")
+        self.cfg, self.accelerator, self.tokenizer, self.instances, self.anchors = (
+            cfg, accelerator, tokenizer, instances, anchors)
+        self.parts = teacher_parts(cfg, model)
+        world, rank = accelerator.num_processes, accelerator.process_index
+        per_rank = cfg.train.micro_batch_size * cfg.train.grad_accum_steps
+        self.n_anchor = round(cfg.regularizer.anchor_share * per_rank) if anchors else 0
+        self.order = DataOrder(len(instances), per_rank, world, rank, cfg.data.seed, cfg.rollout.shuffle)
+        self.anchor_order = (DataOrder(len(anchors), self.n_anchor, world, rank, cfg.data.seed + 1, True)
+                             if self.n_anchor else None)
+        loss = DistillLoss.for_run(cfg, model, self.parts, anchors=self.n_anchor > 0)
+        self.loss_model, self.optimizer, self.scheduler = loop.prepare(accelerator, loss, cfg, steps)
+        self.policy = accelerator.unwrap_model(self.loss_model).model
+        compute = torch.bfloat16 if accelerator.mixed_precision == "bf16" else next(self.policy.parameters()).dtype
+        self.generator, self.masters = make_rollout_backend(cfg, self.policy, tokenizer, compute)
+        self.user = (make_user("llm", make_backend(cfg.rollout.user.backend), temperature=cfg.rollout.user.temperature,
+                               max_new_tokens=cfg.rollout.user.max_new_tokens)
+                     if cfg.rollout.user.kind == "llm" else make_user("verbatim"))
+        self.classifier = make_classifier("rule")
+        self.params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
+                                     top_p=cfg.rollout.top_p)
 
-    `net`/`ref_net` run the decoder over teacher (or student) ids; `context`/`ref_context` switch
-    LoRA adapters off around it when that network is the adapter-free model; `copy` is a frozen
-    or moving-average copy (full fine-tuning's frozen teacher, or any EMA teacher); `head` and
-    `ref_head` map hidden rows to logits. No reference term: `ref_net` and `ref_head` are None."""
+    @property
+    def loss(self) -> DistillLoss:
+        return self.accelerator.unwrap_model(self.loss_model)
 
-    net: Any
-    context: Callable[[], Any]
-    head: Callable
-    copy: Any = None
-    ref_net: Any = None
-    ref_context: Callable[[], Any] = nullcontext
-    ref_head: Callable | None = None
-    ema: EmaTeacher | None = None  # teacher.mode=ema: the float32 average written into `copy`
+    def describe(self) -> str:
+        cfg, world = self.cfg, self.accelerator.num_processes
+        per_rank = cfg.train.micro_batch_size * cfg.train.grad_accum_steps
+        return (f"{len(self.instances)} rollout tasks, {len(self.anchors)} anchor conversations; {per_rank} rollouts "
+                f"(+{self.n_anchor} anchors) x {world} process(es) a step; teacher {cfg.teacher.mode}/"
+                f"{cfg.teacher.view}, {cfg.loss.divergence} ({cfg.loss.estimator}), loss terms "
+                + ", ".join(f"{name} x{weight:g}" for name, weight in self.loss.weights.items()))
 
+    # ------------------------------------------------------------------ one step
 
-def teacher_parts(cfg: VASDConfig, model: Any) -> TeacherParts:
-    """Who plays teacher and reference for `cfg` (see `TeacherParts`). The reference always reads
-    the starting weights: with LoRA the adapter-free model, in full fine-tuning a frozen copy,
-    which is never the moving average (that would take a third copy: refused)."""
-    lora = cfg.lora.enabled
-    needs_reference = cfg.regularizer.kind in ("reference", "both")
-    if needs_reference and not lora and cfg.teacher.mode == "ema":
-        raise FicError(EMA_WITH_REFERENCE, field="teacher.mode")
-    copy_model = None
-    if cfg.teacher.mode == "ema" or (not lora and (cfg.teacher.mode == "frozen" or needs_reference)):
-        copy_model = copy.deepcopy(model).eval()
-        copy_model.requires_grad_(False)
-    adapters_off = model.disable_adapter if lora else nullcontext
-    frozen_net = model if lora else copy_model
-    frozen_context = adapters_off if lora else nullcontext
+    def step(self, step: int) -> tuple[dict, list]:
+        """Optimizer step `step` (1-based): its figures (losses, rollout figures, what was left
+        out and why, seconds per phase) and the rollouts it played."""
+        seconds: dict[str, float] = {}
 
-    def head_of(net: Any, context: Any) -> Any:
-        _, head = decoder_and_head(net)
-        if not hasattr(head, "lora_A"):  # adapters only matter where the head has one
-            return head
+        def timed(name: str, began: float) -> None:
+            seconds[name] = time.perf_counter() - began
 
-        def run(hidden: Any) -> Any:
-            with context():
-                return head(hidden)
-        return run
+        began = time.perf_counter()
+        convs = self.rollouts(step)
+        timed("rollout_s", began)
+        began = time.perf_counter()
+        batches, left_out = self.micro_batches(convs, step)
+        timed("teacher_s", began)
+        began = time.perf_counter()
+        window = self.student(batches)
+        timed("student_s", began)
+        began = time.perf_counter()
+        figures = self.update(convs)
+        timed("optimizer_s", began)
+        return {"loss": window["loss"], **{figure: window.get(name) for name, figure in TERMS.items()},
+                "answer_tokens": int(window.get("n_distill", 0)), **figures, **rollout_figures(convs),
+                **{f"left_out_{k}": v for k, v in left_out.items() if k != "empty_micro_batches"},
+                "empty_micro_batches": left_out["empty_micro_batches"], **seconds}, convs
 
-    if cfg.teacher.mode == "live":
-        net, context = model, nullcontext
-    elif cfg.teacher.mode == "ema":
-        net, context = copy_model, nullcontext
-    else:
-        net, context = frozen_net, frozen_context
-    parts = TeacherParts(net=net, context=context, head=head_of(net, context), copy=copy_model,
-                         ema=EmaTeacher(copy_model, model) if cfg.teacher.mode == "ema" else None)
-    if needs_reference:
-        parts.ref_net, parts.ref_context = frozen_net, frozen_context
-        parts.ref_head = head_of(frozen_net, frozen_context)
-    return parts
+    def rollouts(self, step: int) -> list:
+        """The current weights play this rank's rollout tasks of `step`, sharded, every shard,
+        sampled from a seed of (train.seed, step, rank)."""
+        cfg = self.cfg
+        convs = make_conversations([self.instances[i] for i in self.order.micro_batch(step - 1)], ["sharded"], 1)
+        with self.accelerator.autocast():  # the run's compute precision (bf16 where it is fast)
+            play(convs, self.generator, self.user, self.classifier, self.params, batch_size=len(convs),
+                 stop_at_correct=False, seed=derive_seed(cfg.train.seed, "rollout", step, self.accelerator.process_index),
+                 max_context=cfg.rollout.max_conversation_tokens)
+        return convs
 
+    def micro_batches(self, convs: list, step: int) -> tuple[list[dict], Counter]:
+        """The window's micro-batches for `convs` plus this step's anchors (see `step_batches`),
+        the teacher and reference read without dropout."""
+        chosen = [self.anchors[i] for i in self.anchor_order.micro_batch(step - 1)] if self.anchor_order else []
+        self.policy.eval()
+        try:
+            return step_batches(self.cfg, convs, chosen, self.tokenizer, self.parts, device=self.accelerator.device,
+                                autocast=self.accelerator.autocast)
+        finally:
+            self.policy.train()
 
-class EmaTeacher:
-    """The moving average of the trained weights, accumulated in float32.
+    def student(self, batches: list[dict]) -> dict:
+        counts = [b.pop("counts") for b in batches]
+        return window_backward(self.accelerator, self.loss_model, batches, counts, self.loss.weights)
 
-    `update` sets average = rate * average + (1 - rate) * model for every trained weight and
-    writes it into the copy the teacher runs (cast to the copy's dtype). In bf16 the step
-    (1 - rate) * (model - average) is mostly under half a unit in the last place and rounds away
-    (after 50 updates at 0.99, 2.5% of the entries had moved, against 39% in float32), so weights
-    below float32 get a float32 master (4 bytes per trained weight: the adapter with LoRA); float32
-    weights are their own master. `state` (the masters, saved as `ema.safetensors`) and `load`
-    make a resume exact."""
+    def update(self, convs: list) -> dict:
+        figures = loop.optimizer_step(self.accelerator, self.loss_model, self.optimizer, self.scheduler,
+                                      self.cfg.optim.max_grad_norm)
+        if self.parts.ema is not None:
+            self.parts.ema.update(self.policy, self.cfg.teacher.ema_rate)
+        sync_rollout_backend(self.generator, self.policy, self.cfg, convs, self.accelerator.print,
+                             masters=self.masters)
+        return figures
 
-    def __init__(self, copy_model: Any, model: Any):
-        trained = [n for n, p in model.named_parameters() if p.requires_grad]
-        weights = dict(copy_model.named_parameters())
-        self.weights = {n: weights[n] for n in trained}
-        self.master = {n: p.data if p.dtype == torch.float32 else p.detach().float().clone()
-                       for n, p in self.weights.items()}
+    # ------------------------------------------------------------------ checkpoints
 
-    def update(self, model: Any, rate: float) -> None:
-        current = dict(model.named_parameters())
-        with torch.no_grad():
-            for name, master in self.master.items():
-                master.mul_(rate).add_(current[name].detach().float(), alpha=1 - rate)
-                self._write(name)
+    def save_extra(self, folder: Path) -> None:
+        """What a checkpoint holds beyond the accelerator's state: the EMA teacher's masters."""
+        if self.parts.ema is not None:
+            save_file(self.parts.ema.state(), str(folder / EMA_FILE))
 
-    def state(self) -> dict:
-        return {n: m.detach().cpu().contiguous() for n, m in self.master.items()}
-
-    def load(self, state: dict) -> None:
-        missing = sorted(set(self.master) - set(state))
-        if missing:
-            raise FicError(f"the EMA teacher's saved weights lack {len(missing)} trained weight(s), e.g. {missing[0]}",
-                           field="resume")
-        with torch.no_grad():
-            for name, master in self.master.items():
-                master.copy_(state[name].to(master.device, torch.float32))
-                self._write(name)
-
-    def _write(self, name: str) -> None:
-        weight, master = self.weights[name], self.master[name]
-        if weight.data_ptr() != master.data_ptr():
-            weight.data.copy_(master)
+    def resumed(self, folder: Path | None) -> None:
+        """After `loop.restore` loaded checkpoint `folder` (None: a new run): the EMA teacher takes
+        its saved masters, and the rollout engine, built from the weights before the load, takes
+        the restored ones."""
+        if folder is None:
+            return
+        if self.parts.ema is not None:
+            self.parts.ema.load(load_file(str(folder / EMA_FILE)))
+        sync_rollout_backend(self.generator, self.policy, self.cfg, [], self.accelerator.print, masters=self.masters)
 
 
 def step_batches(cfg: VASDConfig, convs: list, anchors: list, tokenizer: Any, parts: TeacherParts, *, device: Any,
@@ -208,7 +245,7 @@ def step_batches(cfg: VASDConfig, convs: list, anchors: list, tokenizer: Any, pa
                 positions = [range(len(prompt) - 1, len(prompt) - 1 + len(reply)) for prompt, reply in pairs]
                 views.append(hidden_at(parts.net, sequences, positions, tokenizer.pad_token_id, device,
                                        cfg.train.pad_to_multiple))
-        batch["teacher_hidden"] = _stack_views(views)
+        batch["teacher_hidden"] = torch.stack(views, dim=1)  # [answer tokens, views, hidden]
         if reference:
             with parts.ref_context(), autocast():
                 positions = [[t - 1 for s, e in r.earlier for t in range(s, e)] for r, _ in part]
@@ -245,10 +282,6 @@ def label_rows(cfg: VASDConfig, conv: Any, tokenizer: Any) -> list[LabelRow]:
                                    ask=rng.random() < cfg.labels.ask_share, used=set())
         rows.append(LabelRow(list(conv.ids[:conv.turns[k].prompt_tokens]), reply_ids(tokenizer, text)))
     return rows
-
-
-def _stack_views(views: list) -> Any:
-    return torch.stack(views, dim=1)  # [answer tokens, views, hidden]
 
 
 def rollout_figures(convs: list) -> dict:
