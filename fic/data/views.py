@@ -35,6 +35,17 @@ RECAP_HEADER = "Just to recap, here is everything I told you:"
 SNOWBALL_HEADER = "To restate what I said so far:"
 
 
+def check_views(views: list[str], source: str, field: str = "views", allow_empty: bool = False) -> None:
+    """Every name a view, none twice (and at least one unless `allow_empty`)."""
+    if not views and not allow_empty:
+        raise FicError("expected at least one view", path=source, field=field)
+    for index, view in enumerate(views):
+        if view not in VIEWS:
+            raise FicError(f"expected one of {', '.join(VIEWS)}, got {view!r}", path=source, field=f"{field}[{index}]")
+    if len(set(views)) != len(views):
+        raise FicError("a view is listed twice", path=source, field=field)
+
+
 def check_prompts(prompts: str, field: str = "prompts") -> None:
     if prompts not in PROMPT_STYLES:
         raise FicError(f"expected one of {', '.join(PROMPT_STYLES)}, got {prompts!r}", field=field)

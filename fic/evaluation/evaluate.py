@@ -67,7 +67,7 @@ from fic.core.generation import BackendConfig, SamplingParams
 from fic.core.instance import Instance
 from fic.core.progress import Progress
 from fic.data.sources import InstancesSection, load_sources, shard_missing
-from fic.data.views import VIEWS
+from fic.data.views import VIEWS, check_views
 from fic.evaluation.metrics import summarize
 from fic.evaluation.report import write_report
 from fic.tasks import sandbox
@@ -121,14 +121,7 @@ class EvalConfig:
         if not self.data.source:
             raise FicError("missing: where instances come from, e.g. lic:PATH or reasoning-gym:gsm_symbolic",
                            path=source, field="data.source")
-        if not self.views:
-            raise FicError("expected at least one view", path=source, field="views")
-        for index, view in enumerate(self.views):
-            if view not in VIEWS:
-                raise FicError(f"expected one of {', '.join(VIEWS)}, got {view!r}", path=source,
-                               field=f"views[{index}]")
-        if len(set(self.views)) != len(self.views):
-            raise FicError("a view is listed twice", path=source, field="views")
+        check_views(self.views, source)
         if self.top_p <= 0:
             raise FicError("expected a value in (0, 1]", path=source, field="top_p")
         for role in ("user", "classifier"):
