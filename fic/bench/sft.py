@@ -2,12 +2,14 @@
 
 Throughput: the same model, the same conversations (a corpus built in-process by the SFT
 corpus builder from reasoning-gym problems), the same micro-batches in the same order, the
-same precision, optimizer (AdamW, constant lr, clipping at 1.0) and number of steps. TRL gets
-pre-tokenised `input_ids` and `labels` (-100 outside FiC's assistant mask), so both train on
-exactly the same target tokens. The two alternate step by step in one process (FiC's step on
-a batch runs right after TRL's step on it), so drifting load from other processes weighs on
-both alike. Figures are target tokens per second over the timed steps (after warm-up steps);
-`ratio` is FiC / TRL.
+same optimizer (AdamW, constant lr, clipping at 1.0) and number of steps. FiC runs the recipe's
+own step (`fic.training.sft.SFTStep`) at `--precision` (auto: what the recipe picks here), and
+again in float32; TRL runs at its best precision here (bf16 autocast where bf16 is fast, else
+float32). TRL gets pre-tokenised `input_ids` and `labels` (-100 outside FiC's assistant mask),
+so all train on exactly the same target tokens. They alternate step by step in one process
+(FiC's steps on a batch run right after TRL's step on it), so drifting load from other
+processes weighs on all alike. Figures are target tokens per second over the timed steps (after
+warm-up steps); `ratio` is FiC / TRL, `fp32_ratio` FiC / FiC in float32.
 
 Memory: for one 2k-token conversation on the model, the bytes autograd keeps for backward
 with FiC's target-only chunked loss and with the usual full-logits loss (`model(...,
@@ -33,8 +35,8 @@ from fic.corpus.build import SFTDataConfig, load_instances, make_corpus
 from fic.training.data import IGNORE, render_examples
 from fic.training.losses import TargetLoss
 
-PRECISIONS = ("auto", "fp32", "bf16")
-PRECISION_SETTING = {"fp32": "no", "bf16": "bf16"}  # --precision (after auto) -> train.mixed_precision
+PRECISIONS = ("auto", "fp32", "bf16", "bf16_copy")
+PRECISION_SETTING = {"auto": "auto", "fp32": "no", "bf16": "bf16", "bf16_copy": "bf16_copy"}  # -> train.mixed_precision
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,12 +47,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
     parser.add_argument("--micro-batch-size", type=int, default=4, help="conversations per step")
     parser.add_argument("--precision", choices=PRECISIONS, default="auto",
-                        help="auto: what training uses here (bf16 autocast over float32 weights where bf16 is fast, "
-                        "else fp32); fp32; bf16 autocast. Both trainers get the same.")
+                        help="FiC's precision: auto (what the recipe picks here: bf16_copy where bf16 is fast, else "
+                        "fp32), fp32, bf16 (autocast) or bf16_copy (fic.training.precision)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the generated problems")
     parser.add_argument("--memory-tokens", type=int, default=2048,
                         help="length of the conversation of the memory figure (0: skip it)")
     parser.add_argument("--skip-trl", action="store_true", help="time FiC only")
+    parser.add_argument("--skip-fp32", action="store_true", help="do not time FiC in float32 too")
 
 
 def make_records(n: int, seed: int) -> list[dict]:
@@ -80,6 +83,12 @@ class FicStepper:
             f"train.micro_batch_size={micro_batch_size}", "train.grad_accum_steps=1",
             f"train.mixed_precision={PRECISION_SETTING[precision]}", "optim.lr=1e-5", "optim.schedule=constant",
             "optim.max_grad_norm=1.0", "logging.wandb=false"])
+        # Each stepper is prepared under its own precision: accelerate keeps one process-wide state
+        # and refuses a second precision, so it is reset first. What a stepper needs of it is fixed
+        # at prepare (the autocast around the forward) and in its own Accelerator.
+        from accelerate.state import AcceleratorState
+
+        AcceleratorState._reset_state(True)
         with contextlib.redirect_stdout(sys.stderr):  # its precision line: stdout is the figures'
             accelerator = make_accelerator(cfg)
         self.sft = SFTStep(cfg, accelerator, build_model(cfg, device="cpu"), [], pad_id, cfg.train.max_steps)
@@ -90,50 +99,64 @@ class FicStepper:
         return time.perf_counter() - began
 
 
-def interleaved_times(model_dir: str, batches: list[list], tokenizer: Any, precision: str,
-                      with_trl: bool = True) -> tuple[list[float], list[float]]:
-    """Seconds per step of FiC and of TRL's SFTTrainer on the same batches, alternating step by
-    step (FiC's step runs right after TRL's step on the same batch, from a trainer callback), so
-    both see the same machine load; on a shared machine the load drifts by several times."""
+def interleaved_times(model_dir: str, batches: list[list], tokenizer: Any, precision: str, with_trl: bool = True,
+                      with_fp32: bool = True) -> dict[str, list[float]]:
+    """Seconds per step of FiC (at `precision`, and in float32 too with `with_fp32`) and of TRL's
+    SFTTrainer on the same batches, alternating step by step (FiC's steps run
+    right after TRL's step on the same batch, from a trainer callback), so all see the same
+    machine load; on a shared machine the load drifts by several times."""
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import SFTConfig, SFTTrainer
 
+    steppers = {"fic": FicStepper(model_dir, tokenizer.pad_token_id, precision, len(batches[0]))}
+    if with_fp32:
+        steppers["fic_fp32"] = FicStepper(model_dir, tokenizer.pad_token_id, "fp32", len(batches[0]))
+    times: dict[str, list[float]] = {name: [] for name in steppers}
 
-    fic = FicStepper(model_dir, tokenizer.pad_token_id, precision, len(batches[0]))
+    def step_fic(examples: list) -> None:
+        for name, stepper in steppers.items():
+            times[name].append(stepper.step(examples))
+
     if not with_trl:
-        return [fic.step(examples) for examples in batches], []
+        for examples in batches:
+            step_fic(examples)
+        return times
     rows = []
     for examples in batches:
         for e in examples:  # TRL shifts labels itself: label t is the token at t, trained where FiC targets it
             rows.append({"input_ids": e.input_ids, "labels": [IGNORE] + e.targets[:-1]})
+    times["trl"] = []
 
     class Alternate(TrainerCallback):
         def __init__(self) -> None:
-            self.trl, self.fic, self.began = [], [], 0.0
+            self.began = 0.0
 
         def on_step_begin(self, args, state, control, **kwargs):
             self.began = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kwargs):
-            self.trl.append(time.perf_counter() - self.began)
-            self.fic.append(fic.step(batches[state.global_step - 1]))
+            times["trl"].append(time.perf_counter() - self.began)
+            step_fic(batches[state.global_step - 1])
 
-    clock = Alternate()
     with tempfile.TemporaryDirectory() as out:
         # TRL's defaults changed to match FiC's recipe: no gradient checkpointing, and bf16 only
-        # when asked (TRL turns it on by default; CPUs without native bf16 emulate it slowly).
+        # where it is fast (TRL turns it on by default; CPUs without native bf16 emulate it slowly).
         args = SFTConfig(output_dir=out, per_device_train_batch_size=len(batches[0]), gradient_accumulation_steps=1,
                          max_steps=len(batches), learning_rate=1e-5, lr_scheduler_type="constant", warmup_steps=0,
-                         weight_decay=0.0, max_grad_norm=1.0, bf16=precision == "bf16", use_cpu=True,
+                         weight_decay=0.0, max_grad_norm=1.0, bf16=fast_bf16("cpu") is not None, use_cpu=True,
                          report_to="none", save_strategy="no", logging_steps=10_000, disable_tqdm=True,
                          train_sampling_strategy="sequential", dataloader_num_workers=0, max_length=None, seed=0,
                          gradient_checkpointing=False)
         trainer = SFTTrainer(model=load_model(model_dir, dtype="float32"), args=args,
-                             train_dataset=Dataset.from_list(rows), processing_class=tokenizer, callbacks=[clock])
+                             train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
+                             callbacks=[Alternate()])
         with contextlib.redirect_stdout(sys.stderr):  # TRL prints {'train_runtime': ...}: stdout is the figures'
             trainer.train()
-    return clock.fic, clock.trl
+        if trainer.accelerator.mixed_precision != ("bf16" if args.bf16 else "no"):
+            raise FicError(f"TRL trained with mixed_precision={trainer.accelerator.mixed_precision}, not the "
+                           f"{'bf16' if args.bf16 else 'no'} it was given: the comparison would be off")
+    return times
 
 
 def _saved_bytes(fn, model: torch.nn.Module) -> int:
@@ -180,7 +203,7 @@ def measure(args: argparse.Namespace) -> dict:
 
     if args.steps < 1 or args.micro_batch_size < 1 or args.warmup < 0:
         raise FicError("--steps and --micro-batch-size must be at least 1, --warmup at least 0")
-    precision = args.precision if args.precision != "auto" else "bf16" if fast_bf16("cpu") else "fp32"
+    precision = args.precision
     tokenizer = load_tokenizer(args.model)
     n = (args.steps + args.warmup) * args.micro_batch_size
     examples, _ = render_examples(make_records(n, args.seed), tokenizer, max_seq_len=1 << 30, progress=False)
@@ -188,25 +211,44 @@ def measure(args: argparse.Namespace) -> dict:
     batches = [examples[i:i + mbs] for i in range(0, n, mbs)]
     timed = batches[args.warmup:]
     target_tokens = sum(e.n_targets for b in timed for e in b)
-    figures = {"model": args.model, "precision": precision, "micro_batch_size": mbs, "steps": args.steps,
-               "target_tokens_per_step": target_tokens / args.steps,
-               "tokens_per_step": sum(len(e.input_ids) for b in timed for e in b) / args.steps,
-               "threads": torch.get_num_threads()}
-
-    fic, trl = interleaved_times(args.model, batches, tokenizer, precision, with_trl=not args.skip_trl)
+    resolved = _resolved(precision)
+    times = interleaved_times(args.model, batches, tokenizer, precision, with_trl=not args.skip_trl,
+                              with_fp32=not args.skip_fp32 and resolved["precision"] != "fp32")
     AcceleratorState._reset_state(True)
-    fic, trl = fic[args.warmup:], trl[args.warmup:]
-    figures.update({"fic_target_tokens_per_s": target_tokens / sum(fic), "fic_median_step_s": statistics.median(fic)})
+    times = {name: seconds[args.warmup:] for name, seconds in times.items()}
+    fic = times["fic"]
+    figures = {"model": args.model, **resolved,
+               "trl_precision": "bf16" if fast_bf16("cpu") else "fp32", "micro_batch_size": mbs,
+               "steps": args.steps, "target_tokens_per_step": target_tokens / args.steps,
+               "tokens_per_step": sum(len(e.input_ids) for b in timed for e in b) / args.steps,
+               "threads": torch.get_num_threads(),
+               "fic_target_tokens_per_s": target_tokens / sum(fic), "fic_median_step_s": statistics.median(fic)}
     # The roofline: the step's FLOP/s (padding not counted) against this machine's bf16 matmul rate, now.
     dims = shape(load_model(args.model, dtype="float32"))
     flops = sum(train_flops(dims, [len(e.input_ids) for e in b], sum(e.n_targets for e in b)) for b in timed)
     peak = matmul_rate(torch.bfloat16)
     figures.update({"fic_tflops": flops / sum(fic) / 1e12, "bf16_matmul_2048_tflops": peak / 1e12,
                     "fic_roofline_share": flops / sum(fic) / peak})
-    if trl:
-        figures.update({"trl_target_tokens_per_s": target_tokens / sum(trl),
-                        "trl_median_step_s": statistics.median(trl),
-                        "ratio": sum(trl) / sum(fic)})
+    if "fic_fp32" in times:
+        figures.update({"fic_fp32_target_tokens_per_s": target_tokens / sum(times["fic_fp32"]),
+                        "fp32_ratio": sum(times["fic_fp32"]) / sum(fic)})
+    if "trl" in times:
+        figures.update({"trl_target_tokens_per_s": target_tokens / sum(times["trl"]),
+                        "trl_median_step_s": statistics.median(times["trl"]),
+                        "ratio": sum(times["trl"]) / sum(fic)})
     if args.memory_tokens:
         figures.update(memory_figures(args.model, args.memory_tokens))
     return figures
+
+
+def _resolved(precision: str) -> dict:
+    """What FiC computes in at `--precision` (`precision`: fp32, bf16 or bf16_copy) and the line
+    the recipe says it with (`fic_precision`)."""
+    from fic.core.config import load_config
+    from fic.training.precision import training_precision
+    from fic.training.sft import SFTConfig
+
+    cfg = load_config(SFTConfig, None, [f"train.mixed_precision={PRECISION_SETTING[precision]}"])
+    mixed, copy, said = training_precision(cfg)
+    return {"precision": "bf16_copy" if copy else "bf16" if mixed == "bf16" else "fp32",
+            "fic_precision": said.removeprefix("precision: ")}

@@ -37,7 +37,7 @@ import torch
 from fic.core.config import config_to_dict, describe, load_config
 from fic.core.errors import FicError, exit_status
 from fic.core.files import append_jsonl, lock_folder, write_text
-from fic.core.model import default_device, fast_bf16, load_model, peak_memory_mb
+from fic.core.model import load_model, peak_memory_mb
 from fic.core.plots import save_png
 from fic.core.progress import Progress
 from fic.training.checkpoints import (
@@ -49,44 +49,51 @@ from fic.training.checkpoints import (
 )
 from fic.training.config import OptimSection, RunConfig
 from fic.training.curves import curves_figure, read_metrics, run_kind
+from fic.training.precision import COPY, Bf16Copy, training_precision
 
 KILL_ENV = "FIC_DEBUG_KILL_AFTER_STEP"  # tests: SIGKILL this process after the given step
 
 
-def training_precision(cfg: RunConfig) -> tuple[str | None, str]:
-    """The Accelerator's mixed precision for `cfg` (None: what a launch config says, or none) and a
-    line saying what the run computes in and why."""
-    wanted = cfg.train.mixed_precision
-    if wanted != "auto":
-        return wanted, f"precision: {cfg.model.dtype} weights, mixed_precision={wanted} (set by the recipe)"
-    launched = os.environ.get("ACCELERATE_MIXED_PRECISION")
-    if launched:
-        return None, f"precision: {cfg.model.dtype} weights, mixed_precision={launched} (from the launch config)"
-    if cfg.model.dtype != "auto":
-        return None, f"precision: {cfg.model.dtype} weights and compute (model.dtype={cfg.model.dtype})"
-    reason = fast_bf16(default_device())
-    if reason:
-        return "bf16", f"precision: float32 master weights, bfloat16 autocast ({reason}: bf16 is fast here)"
-    return None, "precision: float32 (no fast bfloat16 on this machine)"
-
-
 def make_accelerator(cfg: RunConfig) -> Any:
     from accelerate import Accelerator
+    from accelerate.utils import DistributedType
 
     # accelerate narrates every checkpoint at INFO and warns that tied embeddings are stored once
     # (expected; they are re-tied on load): keep the console to FiC's own lines.
     logging.getLogger("accelerate.checkpointing").setLevel(logging.WARNING)
     logging.getLogger("accelerate.accelerator").setLevel(logging.WARNING)
     logging.getLogger("accelerate.utils.other").setLevel(logging.ERROR)
-    mixed, said = training_precision(cfg)
+    mixed, copy, said = training_precision(cfg, int(os.environ.get("WORLD_SIZE", "1")))
     accelerator = Accelerator(
         gradient_accumulation_steps=cfg.train.grad_accum_steps, mixed_precision=mixed,
         step_scheduler_with_optimizer=False)  # the schedule counts optimizer steps, not steps x processes
     check_accumulation(accelerator, cfg.train.grad_accum_steps)
+    if copy and (accelerator.num_processes > 1 or accelerator.distributed_type != DistributedType.NO):
+        raise FicError(f"train.mixed_precision={COPY} runs on one process (DDP and DeepSpeed keep gradient buckets "
+                       "of the weights' dtype); use bf16 (autocast) under a multi-process launch",
+                       field="train.mixed_precision")
     if accelerator.is_main_process:  # a second run into `out` fails now; released when the final model is saved
         lock_folder(cfg.out)
     accelerator.print(said)
     return accelerator
+
+
+def computes_on_copy(cfg: RunConfig, accelerator: Any) -> bool:
+    """Whether the run's passes run on a bfloat16 copy of the weights (`train.mixed_precision`
+    bf16_copy, or auto where that is the pick)."""
+    return training_precision(cfg, accelerator.num_processes)[1]
+
+
+def compute_copy(cfg: RunConfig, accelerator: Any, model: torch.nn.Module) -> Bf16Copy:
+    """The bfloat16 compute copy of `model` where the run computes on one, else a no-op one."""
+    return Bf16Copy(model, enabled=computes_on_copy(cfg, accelerator))
+
+
+def compute_dtype(accelerator: Any, copy: Bf16Copy, model: torch.nn.Module) -> torch.dtype:
+    """The dtype forward passes compute in: bfloat16 under autocast or on the copy, else the weights'."""
+    if accelerator.mixed_precision == "bf16" or copy.params:
+        return torch.bfloat16
+    return next(model.parameters()).dtype
 
 
 def check_accumulation(accelerator: Any, wanted: int) -> None:

@@ -188,13 +188,23 @@ def _topk_bins(student: torch.Tensor, teacher: torch.Tensor, k: int) -> tuple[to
     return torch.cat([s, tail(s)], -1), torch.cat([t, tail(t)], -1)
 
 
+def trust_region(teacher: torch.Tensor, student: torch.Tensor, max_log_ratio: float) -> torch.Tensor:
+    """The teacher's log-probs with log p_T - log p_S clipped to [-c, c] per token and renormalised:
+    a target no further than a factor e^c from what the student (no gradient) gives each token."""
+    base = student.detach()
+    return torch.log_softmax(base + (teacher - base).clamp(-max_log_ratio, max_log_ratio), dim=-1)
+
+
 def divergence(student_logits: torch.Tensor, teacher_logprobs: torch.Tensor, kind: str, *, beta: float = 0.5,
                temperature: float = 1.0, estimator: str = "full", top_k: int = 64,
-               sampled: torch.Tensor | None = None) -> torch.Tensor:
+               sampled: torch.Tensor | None = None, max_log_ratio: float = 0.0) -> torch.Tensor:
     """Per-row divergence between the student (raw logits) and the teacher (log-probs already
-    taken at `temperature`); see the module docstring. fp32 throughout."""
+    taken at `temperature`), the teacher inside a trust region when `max_log_ratio` > 0
+    (`trust_region`); see the module docstring. fp32 throughout."""
     student = torch.log_softmax(_at_least_fp32(student_logits) / temperature, dim=-1)
     teacher = _at_least_fp32(teacher_logprobs)
+    if max_log_ratio > 0:
+        teacher = trust_region(teacher, student, max_log_ratio)
     if estimator == "sampled":
         if kind != "reverse_kl":
             raise FicError("the sampled-token estimator estimates reverse_kl only", field="loss.estimator")
@@ -241,8 +251,11 @@ class _FusedHead(torch.autograd.Function):
     def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 chunk_loss: Callable, chunk_tokens: int, *rows: torch.Tensor) -> torch.Tensor:
         grad_hidden = torch.zeros_like(hidden)
-        grad_weight = torch.zeros_like(weight) if weight.requires_grad else None
-        grad_bias = torch.zeros_like(bias) if bias is not None and bias.requires_grad else None
+        # Summed over chunks in float32 whatever the weight's dtype (a bf16 compute copy's head
+        # gradient would otherwise be rounded at every chunk); handed back in the weight's dtype.
+        wide = torch.promote_types(weight.dtype, torch.float32)
+        grad_weight = torch.zeros_like(weight, dtype=wide) if weight.requires_grad else None
+        grad_bias = torch.zeros_like(bias, dtype=wide) if bias is not None and bias.requires_grad else None
         total = torch.zeros((), dtype=torch.promote_types(torch.float32, hidden.dtype), device=hidden.device)
         for start in range(0, hidden.shape[0], chunk_tokens):
             h = hidden[start:start + chunk_tokens]
@@ -252,12 +265,15 @@ class _FusedHead(torch.autograd.Function):
                 (grad_logits,) = torch.autograd.grad(loss, logits)
             grad_logits = grad_logits.to(weight.dtype)
             grad_hidden[start:start + chunk_tokens] = (grad_logits @ weight).to(hidden.dtype)
-            if grad_weight is not None:
+            if grad_weight is not None and grad_weight.dtype == weight.dtype:
                 grad_weight.addmm_(grad_logits.T, h.to(weight.dtype))
+            elif grad_weight is not None:  # the product in the weight's dtype, the sum in float32
+                grad_weight += grad_logits.T @ h.to(weight.dtype)
             if grad_bias is not None:
                 grad_bias += grad_logits.sum(0)
             total += loss.detach().to(total.dtype)
-        ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
+        ctx.save_for_backward(grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype),
+                              None if grad_bias is None else grad_bias.to(bias.dtype))
         return total
 
     @staticmethod
@@ -294,7 +310,7 @@ def head_loss_sum(head: Any, hidden: torch.Tensor, rows: tuple[torch.Tensor, ...
 def divergence_rows(head: Callable, student_hidden: torch.Tensor, teacher_head: Callable, teacher_hidden: torch.Tensor,
                     sampled: torch.Tensor, weights: torch.Tensor, *, chunk_tokens: int, softcap: float | None,
                     kind: str, estimator: str = "full", beta: float = 0.5, temperature: float = 1.0,
-                    top_k: int = 64) -> torch.Tensor:
+                    top_k: int = 64, max_log_ratio: float = 0.0) -> torch.Tensor:
     """sum_i weights[i] * divergence(student row i, teacher row i), LM heads applied in chunks.
 
     `student_hidden` [n, H] carries the gradient; `teacher_hidden` [n, views, H] does not, and
@@ -305,7 +321,7 @@ def divergence_rows(head: Callable, student_hidden: torch.Tensor, teacher_head: 
                    row_weights: torch.Tensor) -> torch.Tensor:
         logprobs = teacher_logprobs(teacher.transpose(0, 1), teacher_head, softcap, temperature)
         per_row = divergence(logits, logprobs, kind, beta=beta, temperature=temperature, estimator=estimator,
-                             top_k=top_k, sampled=tokens)
+                             top_k=top_k, sampled=tokens, max_log_ratio=max_log_ratio)
         return (per_row * row_weights).sum()
 
     return head_loss_sum(head, student_hidden, (teacher_hidden, sampled, weights), chunk_tokens, chunk_loss, softcap)
@@ -314,7 +330,8 @@ def divergence_rows(head: Callable, student_hidden: torch.Tensor, teacher_head: 
 # --------------------------------------------------------------------------- the window
 
 def window_backward(accelerator: Any, loss_module: torch.nn.Module, batches: list[dict],
-                    counts: list[dict[str, float]], weights: dict[str, float]) -> dict[str, float]:
+                    counts: list[dict[str, float]], weights: dict[str, float],
+                    after_backward: Callable[[], None] | None = None) -> dict[str, float]:
     """Forward and backward over one accumulation window; return each term's mean and `loss`.
 
     `loss_module(**batch)` returns a dict of summed loss terms; `counts[i][term]` is the number
@@ -324,6 +341,8 @@ def window_backward(accelerator: Any, loss_module: torch.nn.Module, batches: lis
     accumulation steps (DeepSpeed's engine does the same) and DDP/ZeRO average gradients over
     ranks; the factor `steps * world` undoes both, so the gradient is that of the loss as written.
     Counts of names that are not loss terms (e.g. `tokens`) are only summed and returned.
+    `after_backward` runs after each micro-batch's backward pass (the bf16 compute copy moves its
+    gradients into the float32 masters there).
     """
     device = accelerator.device
     names = sorted({name for c in counts for name in c})
@@ -339,6 +358,8 @@ def window_backward(accelerator: Any, loss_module: torch.nn.Module, batches: lis
             if not torch.is_tensor(loss):  # no positions anywhere: still run backward so ranks stay in step
                 loss = sum(terms[name] * 0.0 for name in weights)
             accelerator.backward(loss * scale)
+            if after_backward is not None:
+                after_backward()
             for name in weights:
                 sums[name] += terms[name].detach().double()
         if accelerator.sync_gradients != (index == len(batches) - 1):

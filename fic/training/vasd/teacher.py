@@ -39,16 +39,20 @@ class TeacherParts:
     ema: EmaTeacher | None = None  # teacher.mode=ema: the float32 average written into `copy`
 
 
-def teacher_parts(cfg: VASDConfig, model: Any) -> TeacherParts:
+def teacher_parts(cfg: VASDConfig, model: Any, copy_dtype: torch.dtype | None = None) -> TeacherParts:
     """Who plays teacher and reference for `cfg` (see `TeacherParts`). The reference always reads
     the starting weights: with LoRA the adapter-free model, in full fine-tuning a frozen copy,
-    which is never the moving average (that would take a third copy: refused)."""
+    which is never the moving average (that would take a third copy: refused). `copy_dtype`: the
+    dtype a frozen or moving-average copy is held in (the run's compute dtype on a bf16 compute
+    copy: it is never trained, and the EMA keeps float32 masters of its own)."""
     lora = cfg.lora.enabled
     needs_reference = cfg.regularizer.kind in ("reference", "both")  # EMA with it: refused by VASDConfig.check
     copy_model = None
     if cfg.teacher.mode == "ema" or (not lora and (cfg.teacher.mode == "frozen" or needs_reference)):
         copy_model = copy.deepcopy(model).eval()
         copy_model.requires_grad_(False)
+        if copy_dtype is not None:
+            copy_model.to(copy_dtype)
     adapters_off = model.disable_adapter if lora else nullcontext
     frozen_net = model if lora else copy_model
     frozen_context = adapters_off if lora else nullcontext

@@ -1,0 +1,126 @@
+"""What a training run computes in, and the bfloat16 compute copy.
+
+`train.mixed_precision` picks one of three ways:
+
+- `no`: forward and backward in the weights' dtype (float32 unless `model.dtype` says otherwise);
+- `bf16`: float32 master weights under bfloat16 autocast, which casts every float32 weight to
+  bfloat16 again in every forward and backward op that uses it;
+- `bf16_copy`: float32 master weights and optimizer state, and a bfloat16 copy of every weight,
+  cast once per optimizer step, that the forward and backward passes run on (`Bf16Copy`). Each
+  micro-batch's bfloat16 gradients are added into float32 gradients of the masters, so the
+  window's sum, the clipping and the AdamW update are float32, as under autocast; what differs is
+  that activations between ops stay bfloat16 (no per-op float32 residual stream) and that the LM
+  head's backward runs in bfloat16 too (under autocast it ran in float32). One process only: DDP
+  and DeepSpeed hold gradient buckets of the weights' dtype.
+
+`auto` is `bf16_copy` on one CPU process with fast bfloat16 (AMX or AVX-512 BF16), where per-op
+casts are a measured share of the step; bf16 autocast on a bf16 GPU or under several processes;
+else none.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from fic.core.model import default_device, fast_bf16
+from fic.training.config import RunConfig
+
+COPY = "bf16_copy"
+
+
+def training_precision(cfg: RunConfig, world: int = 1) -> tuple[str | None, bool, str]:
+    """The Accelerator's mixed precision for `cfg` (None: what a launch config says, or none),
+    whether forward and backward run on a bfloat16 copy (`Bf16Copy`), and a line saying what the
+    run computes in and why. `world`: the processes the launch starts."""
+    wanted = cfg.train.mixed_precision
+    launched = os.environ.get("ACCELERATE_MIXED_PRECISION")
+    if wanted == COPY:
+        return "no", True, (f"precision: float32 master weights, forward and backward on a bfloat16 copy cast once "
+                            f"per optimizer step (train.mixed_precision={COPY}, set by the recipe)")
+    if wanted != "auto":
+        return wanted, False, (f"precision: {cfg.model.weights_dtype} weights, mixed_precision={wanted} (set by the "
+                               "recipe)")
+    if launched:
+        return None, False, (f"precision: {cfg.model.weights_dtype} weights, mixed_precision={launched} (from the "
+                             "launch config)")
+    if cfg.model.dtype != "auto":
+        return None, False, f"precision: {cfg.model.dtype} weights and compute (model.dtype={cfg.model.dtype})"
+    device = default_device()
+    reason = fast_bf16(device)
+    if reason and device == "cpu" and world == 1:
+        return "no", True, (f"precision: float32 master weights, forward and backward on a bfloat16 copy cast once "
+                            f"per optimizer step ({reason}: bf16 is fast here)")
+    if reason:
+        return "bf16", False, f"precision: float32 master weights, bfloat16 autocast ({reason}: bf16 is fast here)"
+    return None, False, "precision: float32 (no fast bfloat16 on this machine)"
+
+
+class Bf16Copy:
+    """Forward and backward of the trained model on a bfloat16 copy of its float32 weights.
+
+        copy = Bf16Copy(model)
+        with copy:                      # the weights are the bfloat16 copy inside
+            for batch in window:
+                loss(batch).backward()
+                copy.accumulate()       # bf16 gradients into the float32 masters' gradients
+        optimizer.step()                # on the float32 masters, outside
+        copy.refresh()                  # the next block casts the new masters: once a step
+
+    Inside the block every float32 parameter's `.data` is its bfloat16 copy (a tied weight is one
+    parameter, so ties hold); on leaving, the float32 masters are back, holding the accumulated
+    float32 gradients. Checkpoints, clipping and the optimizer see only the masters. The copy is
+    cast from the masters when the block is entered after `refresh` (and the first time), so a
+    checkpoint loaded into the masters in between is what the next pass reads. Weights already
+    below float32 (a LoRA run's frozen bf16 base) are used as they are. `enabled=False` makes
+    every call a no-op, so callers need no branch."""
+
+    def __init__(self, model: torch.nn.Module, enabled: bool = True):
+        self.params = [p for p in model.parameters() if p.dtype == torch.float32] if enabled else []
+        self.copies = [torch.empty_like(p, dtype=torch.bfloat16) for p in self.params]
+        self.masters: list[torch.Tensor] = []
+        self.grads: list[torch.Tensor | None] = []
+        self.stale = True
+        self.inside = False
+
+    def __enter__(self) -> Bf16Copy:
+        if not self.params or self.inside:
+            return self
+        self.masters = [p.data for p in self.params]
+        self.grads = [p.grad for p in self.params]  # float32 gradients already there are added to
+        with torch.no_grad():
+            for param, copy, master in zip(self.params, self.copies, self.masters):
+                if self.stale:
+                    copy.copy_(master)
+                param.grad = None
+                param.data = copy
+        self.stale, self.inside = False, True
+        return self
+
+    def accumulate(self) -> None:
+        """Move the gradients of the last backward pass into the float32 accumulators."""
+        if not self.inside:
+            return
+        for k, param in enumerate(self.params):
+            if param.grad is None:
+                continue
+            if self.grads[k] is None:
+                self.grads[k] = param.grad.float()
+            else:
+                self.grads[k].add_(param.grad)
+            param.grad = None
+
+    def __exit__(self, *exc: Any) -> None:
+        if not self.inside:
+            return
+        self.accumulate()
+        for param, master, grad in zip(self.params, self.masters, self.grads):
+            param.data = master
+            param.grad = grad
+        self.masters, self.grads, self.inside = [], [], False
+
+    def refresh(self) -> None:
+        """The masters changed (an optimizer step, a checkpoint load): cast them again next time."""
+        self.stale = True
