@@ -26,18 +26,25 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 from accelerate.utils import set_seed
 
 from fic.core.config import config_to_dict
-from fic.core.files import file_sha256
+from fic.core.errors import FicError
+from fic.core.files import append_jsonl, file_sha256, write_json
 from fic.core.model import load_template_checked_tokenizer
+from fic.evaluation.live import evaluate_live
 from fic.training import checkpoints, loop
 from fic.training.checkpoints import model_card as card
 from fic.training.data import load_corpus
 from fic.training.losses import check_target_path
-from fic.training.sft import MUST_MATCH, SFTConfig, SFTStep, check_inputs, total_steps
+from fic.training.curves import read_metrics
+from fic.training.sft import MUST_MATCH, SFTConfig, SFTStep, check_inputs, plateau, total_steps
+
+DEV_CURVE = "dev_curve.json"  # the dev curve, the plateau rule and where the run stopped
 
 
 def train(cfg: SFTConfig) -> dict:
@@ -72,25 +79,89 @@ def train(cfg: SFTConfig) -> dict:
     log = loop.RunLog(cfg, accelerator, steps, start, run_id, desc="sft", data_card=data_card(cfg, corpus),
                       postfix=lambda f: {"loss": f"{f['loss']:.4f}", "tok_s": f"{f['target_tokens_per_s']:.0f}"})
 
+    out = Path(cfg.out)
+    curve = DevCurve(cfg, out, start) if cfg.dev.every else None
+    if curve is not None and start == 0 and main:  # the starting point of the curve
+        append_jsonl(out / "metrics.jsonl", {"step": 0, **curve.score(sft.model, tokenizer, 0)})
+
     last = {"loss": float("nan")}
+    stopped = None
     sft.loss_model.train()
     for step in range(start + 1, steps + 1):
         last = sft.step(step)
+        if curve is not None and (step % cfg.dev.every == 0 or step == steps):
+            last.update(curve.score(sft.model, tokenizer, step) if main else {})
+            stopped = step if curve.flat(accelerator) else None
         log.step(step, last)
-        loop.maybe_checkpoint(accelerator, cfg, step, steps,
+        loop.maybe_checkpoint(accelerator, cfg, step, steps if stopped is None else step,
                               {"micro_batches": step * G, "world_size": world, "data_sha256": corpus["sha256"],
                                "config": config_to_dict(cfg), "wandb_id": run_id, "loss": last["loss"]})
-    log.close({"final_loss": last["loss"], "steps": steps})
+        if stopped is not None:
+            say(f"the dev curve has stopped rising at step {step} ({cfg.dev.metric}: "
+                f"{', '.join(f'{v:.1f}' for v in curve.values)}; patience {cfg.dev.patience}, min_delta "
+                f"{cfg.dev.min_delta:g}): stopping here, {steps - step} steps before train.max_steps")
+            break
+    log.close({"final_loss": last["loss"], "steps": stopped or steps})
 
     if start >= steps:
         say(f"the checkpoint is at step {start} of {steps}: nothing left to train, saving the final model")
         last = {"loss": saved.get("loss", float("nan"))}
-    result = {"steps": steps, "world_size": world, "final_loss": last["loss"]}
-    final = checkpoints.save_final(accelerator, sft.loss_model, cfg, Path(cfg.out),
+    result = {"steps": stopped or steps, "world_size": world, "final_loss": last["loss"],
+              "plateau": None if curve is None else curve.record(stopped)}
+    if curve is not None and main:
+        write_json(out / DEV_CURVE, result["plateau"])
+    final = checkpoints.save_final(accelerator, sft.loss_model, cfg, out,
                                    lambda kind: model_card(cfg, corpus, result, kind))
-    say(f"saved {final}" + (f" and {Path(cfg.out) / 'final-merged'}" if cfg.save_merged else ""))
+    say(f"saved {final}" + (f" and {out / 'final-merged'}" if cfg.save_merged else ""))
     accelerator.end_training()
     return {"model_dir": final, "model": sft.model, **result}
+
+
+class DevCurve:
+    """The dev curve of an SFT run (`dev.*`): the live model scored on the dev instances every
+    `dev.every` steps (`fic.evaluation.live`, float32 masters, greedy: the same replies whatever the
+    batch), its `dev.metric` values, and the plateau rule read on them. A resumed run reads the
+    scores it had logged back from metrics.jsonl."""
+
+    def __init__(self, cfg: SFTConfig, out: Path, start: int):
+        self.cfg, self.out = cfg, out
+        self.key = f"dev_{cfg.dev.metric}"
+        records = read_metrics(out / "metrics.jsonl") if start and (out / "metrics.jsonl").exists() else []
+        self.steps = [r["step"] for r in records if self.key in r]
+        self.values = [float(r[self.key]) for r in records if self.key in r]
+        self.cpu_seconds = 0.0  # this process's seconds scoring (a stage sized by CPU time leaves them out)
+
+    def score(self, model: Any, tokenizer: Any, step: int) -> dict:
+        dev = self.cfg.dev
+        began = time.process_time()
+        figures = evaluate_live(model, tokenizer, dev.data, dev.views, max_new_tokens=dev.max_new_tokens,
+                                batch_size=dev.batch_size, out=self.out / "dev" / f"step-{step}", prefix="dev_")
+        if self.key not in figures:
+            raise FicError(f"the dev probe gave no {dev.metric} (it gave {', '.join(sorted(figures)) or 'nothing'})",
+                           field="dev.metric")
+        self.steps.append(step)
+        self.values.append(float(figures[self.key]))
+        self.cpu_seconds += time.process_time() - began
+        return figures
+
+    def flat(self, accelerator: Any) -> bool:
+        """The plateau rule on the main process's curve, the same answer on every rank."""
+        import torch
+        from accelerate.utils import broadcast
+
+        dev = self.cfg.dev
+        higher = not dev.metric.endswith("premature_answer_rate")
+        flag = torch.tensor([float(accelerator.is_main_process
+                                   and plateau(self.values, dev.patience, dev.min_delta, higher))],
+                            device=accelerator.device)
+        return bool(broadcast(flag, from_process=0).item()) if accelerator.num_processes > 1 else bool(flag.item())
+
+    def record(self, stopped: int | None) -> dict:
+        dev = self.cfg.dev
+        return {"metric": dev.metric, "every": dev.every, "patience": dev.patience, "min_delta": dev.min_delta,
+                "curve": [{"step": s, "value": v} for s, v in zip(self.steps, self.values)],
+                "stopped_at": stopped, "reason": "plateau" if stopped else "train.max_steps",
+                "instances": dev.data.limit, "views": list(dev.views), "cpu_seconds": round(self.cpu_seconds, 1)}
 
 
 def data_card(cfg: SFTConfig, corpus: dict) -> dict:
@@ -115,7 +186,16 @@ def model_card(cfg: SFTConfig, corpus: dict, result: dict, kind: str) -> str:
                        f"{cfg.data.max_seq_len} tokens skipped), {corpus['target_tokens']} target tokens per epoch",
                        f"Training: {result['steps']} optimizer steps, {result['world_size']} process(es), "
                        f"{cfg.train.micro_batch_size} x {cfg.train.grad_accum_steps} conversations per process per "
-                       f"step; final loss {result['final_loss']:.4f}"])
+                       f"step; final loss {result['final_loss']:.4f}", *_plateau_fact(result.get("plateau"))])
+
+
+def _plateau_fact(plateau: dict | None) -> list[str]:
+    if not plateau:
+        return []
+    curve = ", ".join(f"{p['value']:.1f} (step {p['step']})" for p in plateau["curve"])
+    end = (f"stopped at step {plateau['stopped_at']}: no gain of {plateau['min_delta']:g} in {plateau['patience']} "
+           "scores" if plateau["stopped_at"] else "ran to train.max_steps without reaching the plateau rule")
+    return [f"Dev curve ({plateau['metric']} on {plateau['instances']} dev instances): {curve}; {end}"]
 
 
 def main(argv: list[str] | None = None) -> int:

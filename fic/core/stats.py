@@ -17,6 +17,10 @@ import numpy as np
 
 Z95 = 1.959963984540054
 
+# The per-view figures a training curve keeps of a live evaluation (SFT's dev curve, VASD's
+# held-out evaluation): P and first-answer accuracy (0-100), the premature-answer rate (0-1).
+CURVE_FIGURES = ("P", "first_answer_accuracy", "premature_answer_rate")
+
 
 def wilson_interval(successes: float, n: float, z: float = Z95) -> tuple[float, float]:
     """The Wilson score interval of a proportion (successes and n may be effective, non-integer)."""

@@ -124,7 +124,7 @@ def _run_ablation(cfg: DemoConfig, progress: bool, say: Callable[[str], None],
         control = dataclasses.replace(cfg.control)
         control.model.path, control.data.path = str(model_of(cfg, "sft")), str(paths(cfg)["data"] / "sft.sft.jsonl")
         control.out = str(root / "control" / "train")
-        control.train.max_steps = control_steps(cfg, mean)
+        control.train.max_steps, control.dev.every = control_steps(cfg, mean), 0
         say(f"[ablation] control: {control.train.max_steps} more SFT steps (the variants' mean "
             f"{mean / 60:.1f} CPU minutes)")
         seconds["control"] = train("sft", control, Path(control.out), progress)

@@ -27,7 +27,9 @@ from fic.core.stats import paired_bootstrap, sign_test
 
 STAGE_NAMES = {"start": "starting point", "sft": "FiC stage 1 (SFT)", "vasd": "FiC stage 1+2 (SFT + VASD)",
                "control": "control: more SFT for VASD's time"}
-COMPARISONS = (("vasd", "sft", "VASD vs SFT alone"), ("vasd", "control", "VASD vs the equal-compute SFT control"))
+COMPARISONS = (("vasd", "sft", "VASD vs SFT alone"), ("vasd", "control", "VASD vs the equal-compute SFT control"),
+               ("control", "sft", "The control vs SFT (the plateau check: a gain here means stage 1 had not stopped "
+                                  "improving)"))
 PLOT = "demo_scores.png"
 
 
@@ -157,13 +159,14 @@ def render_table(summary: dict, split: str) -> str:
                      f"{_pct(row['premature_answer_rate'])} | "
                      f"{_pct(row['final_not_answer_rate'])} | {_interval(row.get('recovery_rate'))} | "
                      f"{_interval(row.get('retention'))} | {_p(row['tokens_per_sharded_conversation'])} |")
+    lines.append("")  # the paired tests are sentences, not table rows
     for stage, other, name in COMPARISONS:
         paired = summary["sets"][split][f"{stage}_vs_{other}"]
         if paired is not None:
             verdict = "shown" if paired["shown"] else "NOT shown (p >= 0.05 or no more wins than losses)"
             lines.append(f"{name} on the same {paired['instances']} instances (sharded): {paired['better']} wins, "
                          f"{paired['worse']} losses, {paired['tied']} ties, exact sign test p = "
-                         f"{paired['p_value']:.3g}: gain {verdict}")
+                         f"{paired['p_value']:.3g}: gain {verdict}.")
     return "\n".join(lines)
 
 
@@ -176,11 +179,22 @@ def render_markdown(cfg: Any, summary: dict, stages: dict) -> str:
              f"({cfg.bootstrap} resamples). Premature answers: an answer attempt before the last shard.", ""]
     for split in summary["sets"]:
         parts += [f"## {split}", "", render_table(summary, split), ""]
-    parts += ["## Time, memory, disk", "", "| stage | minutes |", "|---|---|"]
-    parts += [f"| {s} | {info['seconds'] / 60:.1f} |" for s, info in stages.items() if "seconds" in info]
+    plateau = (stages.get("sft", {}).get("figures") or {}).get("plateau")
+    if plateau:
+        curve = ", ".join(f"{p['value']:.1f} at step {p['step']}" for p in plateau["curve"])
+        end = (f"it stopped at step {plateau['stopped_at']} (no gain of {plateau['min_delta']:g} in "
+               f"{plateau['patience']} scores)" if plateau["stopped_at"] else
+               "it ran to its cap (train.max_steps) without meeting the plateau rule: stage 2 starts before the "
+               "plateau")
+        parts += ["## Stage 1's dev curve", "", f"`{plateau['metric']}` on {plateau['instances']} dev instances: "
+                  f"{curve}; {end}. The curve is drawn in `sft/curves.png`.", ""]
+    parts += ["## Time, memory, disk", "", "| stage | minutes | CPU minutes | peak resident memory (MiB) |",
+              "|---|---|---|---|"]
+    parts += [f"| {s} | {info['seconds'] / 60:.1f} | {info.get('cpu_seconds', 0) / 60:.1f} | "
+              f"{info.get('peak_rss_mb', 'n/a')} |" for s, info in stages.items() if "seconds" in info]
     total = sum(info.get("seconds", 0) for info in stages.values())
-    parts += ["", f"Total {total / 60:.1f} min; peak resident memory {summary['peak_rss_mb']} MB; "
-              f"{summary['disk_mb']} MB on disk in `{cfg.out}`.", "", f"![scores]({PLOT})", ""]
+    parts += ["", f"Total {total / 60:.1f} min; peak resident memory {summary['peak_rss_mb']} MiB; "
+              f"{summary['disk_mb']} MiB on disk in `{cfg.out}`.", "", f"![scores]({PLOT})", ""]
     return "\n".join(parts)
 
 

@@ -225,7 +225,8 @@ def _train(stage: str, cfg: Any, run: Callable[[Any], dict]) -> dict:
     result = run(cfg)
     shutil.rmtree(out / "checkpoints", ignore_errors=True)  # the demo keeps only the final model
     _free_memory()
-    return {"steps": result["steps"], "final_loss": result["final_loss"], "model": str(result["model_dir"])}
+    return {"steps": result["steps"], "final_loss": result["final_loss"], "model": str(result["model_dir"]),
+            **({"plateau": result["plateau"]} if result.get("plateau") else {})}
 
 
 def _free_memory() -> None:
@@ -249,6 +250,8 @@ def stage_sft(cfg: DemoConfig, progress: bool) -> dict:
 
     cfg.sft.model.path, cfg.sft.data.path = str(model_of(cfg, "warmup")), str(paths(cfg)["data"] / "sft.sft.jsonl")
     cfg.sft.out, cfg.sft.logging.progress = str(paths(cfg)["sft"]), progress
+    if cfg.sft.dev.every:  # stage 1 to its plateau on the dev split (never test)
+        cfg.sft.dev.data.source, cfg.sft.dev.data.task = [f"jsonl:{split_file(cfg, 'dev')}"], cfg.data.task
     return _train("sft", cfg.sft, train_sft.train)
 
 
@@ -272,7 +275,8 @@ def control_steps(cfg: DemoConfig, stage2_cpu_seconds: float | None = None) -> i
     stages = stage_summaries(cfg)
     sft = stages["sft"]
     spent = stages["vasd"]["cpu_seconds"] if stage2_cpu_seconds is None else stage2_cpu_seconds
-    return max(1, round(spent / (sft["cpu_seconds"] / max(sft["figures"]["steps"], 1))))
+    training = sft["cpu_seconds"] - (sft["figures"].get("plateau") or {}).get("cpu_seconds", 0.0)  # not its dev scores
+    return max(1, round(spent / (training / max(sft["figures"]["steps"], 1))))
 
 
 def stage_control(cfg: DemoConfig, progress: bool) -> dict:
@@ -281,6 +285,7 @@ def stage_control(cfg: DemoConfig, progress: bool) -> dict:
     c = cfg.control
     c.model.path, c.data.path = str(model_of(cfg, "sft")), str(paths(cfg)["data"] / "sft.sft.jsonl")
     c.out, c.logging.progress, c.train.max_steps = str(paths(cfg)["control"]), progress, control_steps(cfg)
+    c.dev.every = 0  # the control runs exactly its steps: it is also the check that stage 1 had stopped improving
     return _train("control", c, train_sft.train)
 
 

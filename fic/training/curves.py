@@ -1,6 +1,7 @@
 """`curves.png` beside a training run's `metrics.jsonl`: the figures of every step, drawn.
 
-- SFT: loss, learning rate, gradient norm, tokens per second and the peak memory so far.
+- SFT: loss, learning rate, gradient norm, tokens per second, the peak memory so far, and the
+  dev curve (`dev_*`) when the run scores itself on dev instances as it trains.
 - VASD: the divergence per answer token, the regulariser terms (anchor cross-entropy and
   reference divergence), rollout accuracy, premature-answer and final-not-answer rates,
   tokens per rollout, the peak memory so far, and the held-out figures (`eval_*`) when the
@@ -20,13 +21,14 @@ from typing import Any
 from fic.core.plots import integer_axis, no_data, pyplot, save_png
 
 CURVES_PNG = "curves.png"
-# (title, y label, metric keys drawn on the panel)
+# (title, y label, metric keys drawn on the panel, or the prefix of the keys it draws)
 SFT_PANELS = [
     ("loss", "cross-entropy per target token", ["loss"]),
     ("learning rate", "learning rate", ["lr"]),
     ("gradient norm", "gradient norm (before clipping)", ["grad_norm"]),
     ("throughput", "target tokens / s", ["target_tokens_per_s"]),
     ("memory", "peak memory of the process (MiB)", ["peak_memory_mb"]),
+    ("dev curve", "points (rates: share)", "dev_"),  # every dev_* key (dev.every: the plateau rule reads it)
 ]
 VASD_PANELS = [
     ("divergence (distillation term)", "divergence per answer token", ["divergence_per_token", "loss"]),
@@ -35,7 +37,7 @@ VASD_PANELS = [
     ("premature answers", "share of rollouts", ["premature_answer_rate", "final_not_answer_rate"]),
     ("tokens", "generated tokens per rollout", ["rollout_tokens"]),
     ("memory", "peak memory of the process (MiB)", ["peak_memory_mb"]),
-    ("held-out evaluation", "value", None),  # every eval_* key
+    ("held-out evaluation", "value", "eval_"),  # every eval_* key
 ]
 
 
@@ -73,8 +75,8 @@ def curves_figure(records: list[dict], *, kind: str | None = None, title: str = 
     rows = -(-len(panels) // columns)
     fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 2.9 * rows), squeeze=False)
     for ax, (name, ylabel, keys) in zip(axes.flat, panels):
-        if keys is None:
-            keys = sorted({k for r in records for k in r if k.startswith("eval_")})
+        if isinstance(keys, str):
+            keys = sorted({k for r in records for k in r if k.startswith(keys)})
         drawn = False
         for key in keys:
             steps, values = _series(records, key)

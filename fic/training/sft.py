@@ -17,6 +17,9 @@ from fic.core.config import setting
 from fic.core.errors import FicError
 from fic.core.files import check_writable
 from fic.core.model import check_model_folder
+from fic.core.stats import CURVE_FIGURES
+from fic.data.sources import InstancesSection
+from fic.data.views import VIEWS, check_views
 from fic.training import loop
 from fic.training.config import RunConfig
 from fic.training.data import DataOrder, Example, collate
@@ -41,16 +44,53 @@ class DataSection:
 
 
 @dataclass
+class DevCurveSection:
+    every: int = setting(0, "Score the live model every this many steps on the dev instances (0: never), and stop "
+                         "at the plateau rule (patience, min_delta) or at train.max_steps, whichever comes first: "
+                         "a stage trained to where it stops improving, not to a step count.", min=0)
+    data: InstancesSection = setting(InstancesSection(limit=32), "Dev instances; never evaluation data (name "
+                                     "the evaluation's recipes in the corpus's exclude.sources).")
+    views: list[str] = setting(["sharded"], f"Views the dev probe plays, from: {', '.join(VIEWS)}.")
+    metric: str = setting("sharded_P", "The figure the plateau rule reads: <view>_P, <view>_first_answer_accuracy "
+                          "(0-100) or <view>_premature_answer_rate (lower is better).")
+    patience: int = setting(2, "Stop after this many dev scores in a row without a gain of min_delta over the best "
+                            "so far.", min=1)
+    min_delta: float = setting(2.0, "The smallest gain that counts, in the metric's units (points of P).", min=0.0)
+    max_new_tokens: int = setting(256, "Most tokens of one dev reply.", min=1)
+    batch_size: int = setting(16, "Most dev conversations per generation forward pass.", min=1)
+
+
+@dataclass
 class SFTConfig(RunConfig):
     """Settings of the SFT recipe (`fic/train_sft.py`, `fic train sft`)."""
 
     data: DataSection = setting(DataSection(), "The SFT corpus.")
+    dev: DevCurveSection = setting(DevCurveSection(), "The dev curve and the plateau rule that ends the run.")
     out: str = setting("runs/sft", "Output folder: config, metrics, checkpoints, final model.")
 
     def check(self, source: str) -> None:
         super().check(source)
         if self.train.max_steps is None and self.train.epochs <= 0:
             raise FicError("set train.max_steps or a positive train.epochs", path=source, field="train.epochs")
+        if self.dev.every:
+            if not self.dev.data.source:
+                raise FicError("dev.every is set but dev.data.source is empty", path=source, field="dev.data.source")
+            check_views(self.dev.views, source, "dev.views")
+            view, _, figure = self.dev.metric.partition("_")
+            if view not in self.dev.views or figure not in CURVE_FIGURES:
+                raise FicError(f"expected <view>_<figure> with a view of dev.views ({', '.join(self.dev.views)}) "
+                               f"and a figure of {', '.join(CURVE_FIGURES)}, got {self.dev.metric!r}", path=source,
+                               field="dev.metric")
+
+
+def plateau(scores: Sequence[float], patience: int, min_delta: float, higher_is_better: bool = True) -> bool:
+    """Whether a dev curve has stopped rising: its last `patience` scores all fall short of the
+    best score before them by a gain of at least `min_delta`."""
+    if len(scores) <= patience:
+        return False
+    sign = 1.0 if higher_is_better else -1.0
+    best = max(sign * s for s in scores[:-patience])
+    return all(sign * s < best + min_delta for s in scores[-patience:])
 
 
 def total_steps(cfg: SFTConfig, n_examples: int, world: int) -> int:
@@ -72,8 +112,9 @@ def check_inputs(cfg: SFTConfig) -> None:
 
 class SFTStep:
     """One SFT optimizer step over `examples`, and what it holds between steps: the trained model
-    behind `accelerator.prepare` (`loss_model`, `optimizer`, `scheduler`) and the data order
-    (seeded, length-bucketed; a pure function of the step, so a resume is exact)."""
+    behind `accelerator.prepare` (`loss_model`, `optimizer`, `scheduler`), its bfloat16 compute
+    copy where the run uses one (`fic.training.precision`), and the data order (seeded,
+    length-bucketed; a pure function of the step, so a resume is exact)."""
 
     def __init__(self, cfg: SFTConfig, accelerator: Any, model: torch.nn.Module, examples: Sequence[Example],
                  pad_id: int, steps: int):
@@ -84,6 +125,7 @@ class SFTStep:
                                lengths=[len(e.input_ids) for e in examples], bucket=cfg.data.bucket * G)
         self.loss_model, self.optimizer, self.scheduler = loop.prepare(
             accelerator, TargetLoss(model, cfg.train.loss_chunk_tokens), cfg, steps)
+        self.copy = loop.compute_copy(cfg, accelerator, self.model)  # bf16_copy: the passes' weights
 
     @property
     def model(self) -> torch.nn.Module:
@@ -104,10 +146,12 @@ class SFTStep:
         """Forward and backward over these micro-batches (one accumulation window), then the update."""
         began = time.perf_counter()
         batches = [collate(examples, self.pad_id, self.cfg.train.pad_to_multiple) for examples in micro_batches]
-        window = window_backward(self.accelerator, self.loss_model, batches, [target_counts(b) for b in batches],
-                                 {"ce": 1.0})
+        with self.copy:
+            window = window_backward(self.accelerator, self.loss_model, batches,
+                                     [target_counts(b) for b in batches], {"ce": 1.0}, self.copy.accumulate)
         figures = loop.optimizer_step(self.accelerator, self.loss_model, self.optimizer, self.scheduler,
                                       self.cfg.optim.max_grad_norm)
+        self.copy.refresh()
         seconds = time.perf_counter() - began
         return {"loss": window["loss"], **figures, "target_tokens": int(window["n_ce"]),
                 "tokens": int(window["n_tokens"]), "target_tokens_per_s": window["n_ce"] / seconds,

@@ -184,6 +184,29 @@ def test_the_control_gets_vasds_cpu_seconds_at_sfts_cost_per_step_unless_its_ste
     assert control_steps(cfg) == 160  # 2400 CPU s at 15 CPU s a step
     assert control_steps(cfg, 300.0) == 20
     assert control_steps(load_demo(str(RECIPES), [f"out={tmp_path}", "control_steps=170"])) == 170
+    # Stage 1's dev scores are not training: the control's steps are priced without them.
+    (tmp_path / "stages" / "sft.json").write_text(json.dumps(
+        {"cpu_seconds": 1500.0, "figures": {"steps": 80, "plateau": {"cpu_seconds": 300.0}}}))
+    assert control_steps(cfg) == 160
+
+
+def test_stage_1_trains_to_its_dev_plateau_and_the_report_shows_the_curve(tiny_model_dir, tmp_path, capsys):
+    """sft.dev.every: the demo scores stage 1 on the dev split as it trains (never test), the
+    report draws the curve and tests the control against SFT (the plateau check), and the
+    control itself runs exactly its steps."""
+    out = tmp_path / "demo"
+    settings = [s for s in small(tiny_model_dir, out)[:-1] if not s.startswith("sft.train.max_steps")]
+    assert main(["demo", "--recipes", str(RECIPES), *settings, "sft.train.max_steps=3", "sft.dev.every=1",
+                 "sft.dev.patience=1", "sft.dev.min_delta=200", "sft.dev.max_new_tokens=4", "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "The control vs SFT (the plateau check" in printed
+    sft = json.loads((out / "stages" / "sft.json").read_text())["figures"]
+    # a gain of 200 points is impossible: the rule stops at the first score after the start
+    assert sft["steps"] == 1 and sft["plateau"]["stopped_at"] == 1 and len(sft["plateau"]["curve"]) == 2
+    dev = yaml.safe_load((out / "sft" / "dev" / "step-1" / "config.yaml").read_text())
+    assert dev["data"]["source"] == [f"jsonl:{out / 'data' / 'dev.jsonl'}"]
+    assert "## Stage 1's dev curve" in (out / "report.md").read_text()
+    assert yaml.safe_load((out / "control" / "config.yaml").read_text())["dev"]["every"] == 0
 
 
 def test_the_documented_low_memory_overrides_are_valid_demo_keys():

@@ -489,6 +489,7 @@ def test_bench_sft_times_fic_and_trl_on_the_same_batches(tiny_model_dir):
     figures = bench_sft.measure(args)
     assert figures["target_tokens_per_step"] > 0
     assert figures["ratio"] == pytest.approx(figures["fic_target_tokens_per_s"] / figures["trl_target_tokens_per_s"])
+    assert "fp32_ratio" not in figures  # the tests' CPU has no fast bf16: FiC runs in float32 already
     # Half of the 64 tokens are targets: FiC builds logits for those rows only.
     assert figures["memory_targets"] == 32
     assert figures["fic_largest_logits_mb"] * 2 == pytest.approx(figures["full_largest_logits_mb"])
@@ -506,6 +507,24 @@ def test_bench_sft_json_is_one_object_on_stdout_with_the_roofline(tiny_model_dir
     assert figures["fic_tflops"] == pytest.approx(figures["fic_roofline_share"] * figures["bf16_matmul_2048_tflops"])
 
 
+@pytest.mark.parametrize("precision, resolved", [("auto", "bf16_copy"), ("bf16", "bf16")])
+def test_bench_sft_puts_the_ratios_against_trl_and_float32_in_one_object_where_bf16_is_fast(
+        tiny_model_dir, capsys, monkeypatch, precision, resolved):
+    """FiC at its precision and in float32, and TRL at bf16, in one process (each prepared under
+    its own precision) and in one JSON object."""
+    from fic.cli.main import main
+
+    monkeypatch.setenv("FIC_CPU_FLAGS", "avx512_bf16")
+    assert main(["bench", "sft", "--json", "--model", str(tiny_model_dir), "--steps", "1", "--warmup", "0",
+                 "--micro-batch-size", "2", "--memory-tokens", "0", "--precision", precision]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert figures["precision"] == resolved and figures["trl_precision"] == "bf16"
+    assert figures["fp32_ratio"] == pytest.approx(figures["fic_target_tokens_per_s"]
+                                                  / figures["fic_fp32_target_tokens_per_s"])
+    assert figures["ratio"] == pytest.approx(figures["fic_target_tokens_per_s"] / figures["trl_target_tokens_per_s"])
+    assert 0 < figures["fic_roofline_share"]
+
+
 def test_roofline_counts_the_body_attention_and_the_head_on_target_rows_only():
     from fic.bench.roofline import forward_flops, train_flops
 
@@ -514,7 +533,7 @@ def test_roofline_counts_the_body_attention_and_the_head_on_target_rows_only():
     assert train_flops(dims, [3, 5], 4) == 3 * forward_flops(dims, [3, 5], 4)
 
 
-def test_auto_precision_trains_in_bf16_autocast_over_float32_weights_where_bf16_is_fast(
+def test_auto_precision_trains_on_a_bf16_copy_of_float32_weights_where_bf16_is_fast(
         tiny_model_dir, corpus, tmp_path, monkeypatch, capsys):
     from safetensors.torch import load_file
 
@@ -525,7 +544,8 @@ def test_auto_precision_trains_in_bf16_autocast_over_float32_weights_where_bf16_
     out = tmp_path / "bf16"
     assert main(["train", "sft", "--config", str(RECIPE), f"model.path={tiny_model_dir}", f"data.path={corpus}",
                  f"out={out}", "train.max_steps=2", "train.micro_batch_size=2", "logging.progress=false"]) == 0
-    assert "float32 master weights, bfloat16 autocast (a CPU with avx512_bf16" in capsys.readouterr().out
+    assert ("float32 master weights, forward and backward on a bfloat16 copy cast once per optimizer step (a CPU "
+            "with avx512_bf16") in capsys.readouterr().out
     assert all(math.isfinite(v) for v in losses(out).values())
     weights = load_file(str(out / "final" / "model.safetensors"))
     assert {t.dtype for t in weights.values()} == {torch.float32}  # master weights saved as they train
@@ -571,3 +591,51 @@ def test_padding_changes_neither_the_loss_nor_the_gradients(tiny_model_dir, smol
     together, alone = run([examples[:2]]), run([examples[:1], examples[1:2]])
     assert together[0] == pytest.approx(alone[0], rel=1e-10)
     assert all(torch.allclose(a, b, rtol=1e-8, atol=1e-12) for a, b in zip(together[1], alone[1]))
+
+
+def test_the_plateau_rule_reads_the_curve_after_its_best():
+    from fic.training.sft import plateau
+
+    assert not plateau([10, 20, 30], patience=2, min_delta=2)  # still rising
+    assert plateau([10, 20, 30, 31, 30.5], patience=2, min_delta=2)  # two scores without +2 over 30
+    assert not plateau([10, 20, 30, 31, 33], patience=2, min_delta=2)  # 33 is a gain of 3
+    assert not plateau([10, 11], patience=2, min_delta=2)  # too short to tell
+    assert plateau([0.9, 0.5, 0.49, 0.5], patience=2, min_delta=0.05, higher_is_better=False)
+
+
+def test_sft_stops_where_its_scripted_dev_curve_flattens(tiny_model_dir, corpus, tmp_path, monkeypatch):
+    """dev.every=2 on a scripted dev probe (10, 20, 30, 31, 30.5 at steps 0-8): the run stops at
+    step 8 of its cap of 20, saves the model trained so far, and records the curve, the rule and
+    the stop in metrics.jsonl, dev_curve.json, curves.png's dev panel and the model card."""
+    import fic.train_sft as recipe
+
+    scripted = iter([10.0, 20.0, 30.0, 31.0, 30.5, 99.0])
+    seen = []
+
+    def probe(model, tokenizer, data, views, *, max_new_tokens, batch_size, out, prefix):
+        seen.append(out.name)
+        return {f"{prefix}sharded_P": next(scripted), f"{prefix}sharded_premature_answer_rate": 0.5}
+
+    monkeypatch.setattr(recipe, "evaluate_live", probe)
+    out = tmp_path / "run"
+    result = run(*settings(tiny_model_dir, corpus, out, "train.max_steps=20", "checkpoint.every=0", "dev.every=2",
+                           "dev.data.source=reasoning-gym:gsm_symbolic", "dev.patience=2", "dev.min_delta=2"))
+    assert result["steps"] == 8 and seen == [f"step-{k}" for k in (0, 2, 4, 6, 8)]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(9))
+    assert [r["dev_sharded_P"] for r in records if "dev_sharded_P" in r] == [10.0, 20.0, 30.0, 31.0, 30.5]
+    plateau = json.loads((out / "dev_curve.json").read_text())
+    assert plateau["stopped_at"] == 8 and plateau["reason"] == "plateau" and len(plateau["curve"]) == 5
+    assert (out / "final" / "config.json").exists() and (out / "curves.png").exists()
+    assert "Dev curve (sharded_P on 32 dev instances): 10.0 (step 0)" in (out / "final" / "README.md").read_text()
+
+
+@pytest.mark.parametrize("override, message", [
+    ("dev.every=2", "dev.data.source"),
+    ("dev.every=2 dev.data.source=reasoning-gym:gsm_symbolic dev.metric=full_P", "dev.metric"),
+    ("dev.every=2 dev.data.source=reasoning-gym:gsm_symbolic dev.metric=sharded_score", "dev.metric"),
+])
+def test_a_dev_curve_that_cannot_be_read_is_refused_at_load_time(override, message):
+    with pytest.raises(FicError) as err:
+        load_config(SFTConfig, None, ["train.max_steps=4", *override.split()])
+    assert err.value.field == message
