@@ -42,12 +42,10 @@ from pathlib import Path
 
 from accelerate.utils import set_seed
 
-from fic.backends.hf import HFBackend
 from fic.core.config import config_to_dict
 from fic.core.files import append_jsonl, file_sha256, write_json
-from fic.core.generation import BackendConfig
 from fic.core.model import load_template_checked_tokenizer
-from fic.evaluation.evaluate import EvalConfig, evaluate
+from fic.evaluation.live import evaluate_live
 from fic.training import checkpoints, loop
 from fic.training.checkpoints import model_card as card
 from fic.training.data import load_corpus
@@ -146,19 +144,15 @@ def evaluate_now(cfg: VASDConfig, held_out: list, vasd: VASDStep, *, out: Path) 
     if not accelerator.is_main_process:
         return {}
     vasd.policy.eval()
-    figures = {"eval_divergence_per_token": held_out_divergence(cfg, held_out, vasd.generator, vasd.tokenizer,
-                                                                vasd.parts, vasd.loss, device=accelerator.device,
-                                                                autocast=accelerator.autocast)}
+    with vasd.copy:
+        figures = {"eval_divergence_per_token": held_out_divergence(cfg, held_out, vasd.generator, vasd.tokenizer,
+                                                                    vasd.parts, vasd.loss, device=accelerator.device,
+                                                                    autocast=accelerator.autocast)}
     vasd.policy.train()
     if cfg.eval.views:
-        eval_cfg = EvalConfig(model=BackendConfig(model=str(out)), data=cfg.eval.data, views=list(cfg.eval.views),
-                              runs=1, temperature=0.0, max_new_tokens=cfg.eval.max_new_tokens, out=str(out))
-        metrics = evaluate(eval_cfg, assistant=HFBackend(vasd.policy, vasd.tokenizer, batch_size=cfg.rollout.batch_size),
-                           progress=False)
-        for view, values in metrics["views"].items():
-            figures[f"eval_{view}_P"] = values.get("P")
-            if values.get("premature_answer_rate") is not None:
-                figures[f"eval_{view}_premature_answer_rate"] = values["premature_answer_rate"]
+        figures.update(evaluate_live(vasd.policy, vasd.tokenizer, cfg.eval.data, cfg.eval.views,
+                                     max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.rollout.batch_size,
+                                     out=out, prefix="eval_"))
     return figures
 
 

@@ -277,7 +277,8 @@ def test_a_micro_batch_with_no_usable_rollout_still_runs_and_contributes_zero(ti
     assert len(batches) == 2
     assert left_out["cut_before_last_shard"] == 1 == left_out["rollouts"] == left_out["empty_micro_batches"]
     empty = batches[0]
-    assert empty.pop("counts") == {"distill": 0.0, "anchor": 0.0, "labels": 0.0, "reference": 0.0, "tokens": 0.0}
+    assert empty.pop("counts") == {"distill": 0.0, "anchor": 0.0, "labels": 0.0, "corrections": 0.0, "reference": 0.0,
+                                   "tokens": 0.0}
     assert empty["input_ids"].shape == (1, 1) and empty["teacher_hidden"].dtype == torch.bfloat16
     loss = DistillLoss(model, parts.head, parts.ref_head, divergence="forward_kl", estimator="full", beta=0.5,
                        temperature=1.0, top_k=8, chunk_tokens=4)
@@ -916,19 +917,143 @@ def test_deferral_labels_train_only_the_students_earlier_turns_on_a_gold_early_r
     cfg = load_config(VASDConfig, None, ["regularizer.kind=none", "labels.weight=1.0", "labels.max_turns=2",
                                          "train.max_steps=1", "train.micro_batch_size=1"])
     rows = label_rows(cfg, conv, smollm2_tokenizer)
-    assert len(rows) == 2
-    contexts = [len(r.context) for r in rows]
-    assert contexts[-1] == conv.turns[2].prompt_tokens  # the premature answer's state comes first
-    for row in rows:
-        assert row.context == conv.ids[:len(row.context)]  # the student's own ids, as it saw them
-        assert any(row.context == conv.ids[:t.prompt_tokens] for t in conv.turns[:-1])  # never the last turn
-        text = smollm2_tokenizer.decode(row.reply, skip_special_tokens=True)
-        assert row.reply == reply_ids(smollm2_tokenizer, text) and "####" not in text and "3360" not in text
+    assert len(rows) == 2 and all(len(r.spans) == 1 for r in rows)
+    contexts = [r.ids[:r.spans[0][0]] for r in rows]
+    assert len(contexts[-1]) == conv.turns[2].prompt_tokens  # the premature answer's state comes first
+    for row, context in zip(rows, contexts):
+        assert context == conv.ids[:len(context)]  # the student's own ids, as it saw them
+        assert any(context == conv.ids[:t.prompt_tokens] for t in conv.turns[:-1])  # never the last turn
+        reply = row.ids[row.spans[0][0]:row.spans[0][1]]
+        text = smollm2_tokenizer.decode(reply, skip_special_tokens=True)
+        assert reply == reply_ids(smollm2_tokenizer, text) and "####" not in text and "3360" not in text
     (label_row,) = student_rows([], [], rows[:1], reference=False, first_tokens=0, first_weight=1.0)
     trained = [y for y in label_row["labels_targets"] if y != IGNORE]
-    assert trained == rows[0].reply and all(y == IGNORE for y in label_row["distill_targets"])
+    assert trained == rows[0].ids[rows[0].spans[0][0]:] and all(y == IGNORE for y in label_row["distill_targets"])
     assert label_rows(load_config(VASDConfig, None, ["regularizer.kind=none", "train.max_steps=1"]), conv,
                       smollm2_tokenizer) == []  # off by default
+
+
+def test_labels_at_every_premature_turn_and_else_at_the_last_non_final_turn(smollm2_tokenizer):
+    """labels.select=premature: each premature answer gets a label (turns 1 and 2 here), and a
+    rollout with none gets one at the turn before its final one."""
+    from fic.training.vasd.step import label_rows
+
+    cfg = load_config(VASDConfig, None, ["regularizer.kind=none", "labels.weight=1.0", "labels.select=premature",
+                                         "labels.max_turns=8", "train.max_steps=1"])
+    early = FunctionBackend(lambda p: "So it is 4 * 40 = 160.\n#### 160" if "4 years" in p else "Go on.",
+                            smollm2_tokenizer)  # answers from turn 2 on (indices 1, 2 premature)
+    patient = FunctionBackend(lambda p: "So 4 * 40 * 21 = 3360.\n#### 3360" if "21 points" in p else "Go on.",
+                              smollm2_tokenizer)
+    for backend, labelled in ((early, [1, 2]), (patient, [2])):
+        (conv,) = make_conversations([ara()], ["sharded"], 1)
+        play([conv], backend, VerbatimUser(), RuleClassifier(), SamplingParams(max_new_tokens=64),
+             stop_at_correct=False)
+        rows = label_rows(cfg, conv, smollm2_tokenizer)
+        assert [r.spans[0][0] for r in rows] == [conv.turns[k].prompt_tokens for k in labelled]
+
+
+def test_a_correction_continues_the_students_own_context_with_the_gold_replies(smollm2_tokenizer):
+    """corrections.weight: a rollout that answered at turn 2 of 4 keeps its own ids up to that
+    turn's prompt; from there the gold early reply, the user's next turn, and the gold answer,
+    each gold reply trained, nothing of the student's premature answer left. A rollout that waited
+    but ended wrong gets the gold answer in its own context."""
+    from fic.core.chat import prompt_ids, reply_ids
+    from fic import tasks
+    from fic.training.vasd.step import correction_rows
+
+    cfg = load_config(VASDConfig, None, ["regularizer.kind=none", "corrections.weight=1.0", "train.max_steps=1"])
+    task = tasks.get("math")
+    backend = FunctionBackend(lambda p: "So 4 * 40 * 21 = 3360.\n#### 3360" if "40 games" in p else "Go on.",
+                              smollm2_tokenizer)  # premature at turn index 2
+    (conv,) = make_conversations([ara()], ["sharded"], 1)
+    play([conv], backend, VerbatimUser(), RuleClassifier(), SamplingParams(max_new_tokens=64), stop_at_correct=False)
+    (row,) = correction_rows(cfg, conv, smollm2_tokenizer)
+    start = conv.turns[2].prompt_tokens
+    assert row.ids[:start] == conv.ids[:start] and len(row.spans) == 2 and row.spans[0][0] == start
+    ask = smollm2_tokenizer.decode(row.ids[row.spans[0][0]:row.spans[0][1]], skip_special_tokens=True)
+    final = row.ids[row.spans[1][0]:row.spans[1][1]]
+    assert "3360" not in ask and "####" not in ask
+    assert final == reply_ids(smollm2_tokenizer, task.gold_reply(ara()))
+    between = smollm2_tokenizer.decode(row.ids[row.spans[0][1]:row.spans[1][0]])
+    assert conv.turns[3].user in between and "3360" not in between  # the user's turn, not the student's answer
+    # With text-faithful ids the row is exactly the rendered gold conversation.
+    gold = conv.messages[:6] + [{"role": "assistant", "content": ask}, {"role": "user", "content": conv.turns[3].user}]
+    assert row.ids[:row.spans[1][0]] == prompt_ids(smollm2_tokenizer, gold)
+    (trained,) = student_rows([], [], [], [row], reference=False, first_tokens=0, first_weight=1.0)
+    targets = [y for y in trained["corrections_targets"] if y != IGNORE]
+    assert targets == row.ids[row.spans[0][0]:row.spans[0][1]] + final
+
+    wrong = FunctionBackend(lambda p: "So the total is 7.\n#### 7" if "21 points" in p else "Go on.", smollm2_tokenizer)
+    (conv,) = make_conversations([ara()], ["sharded"], 1)
+    play([conv], wrong, VerbatimUser(), RuleClassifier(), SamplingParams(max_new_tokens=64), stop_at_correct=False)
+    (row,) = correction_rows(cfg, conv, smollm2_tokenizer)
+    assert row.ids == conv.ids[:conv.turns[-1].prompt_tokens] + final and len(row.spans) == 1
+    assert correction_rows(cfg, played(smollm2_tokenizer), smollm2_tokenizer) == []  # right, and on time
+
+
+def test_per_turn_distillation_of_the_first_k_tokens_of_each_earlier_reply(smollm2_tokenizer):
+    """loss.turns=all with loss.nonfinal_tokens=2: the divergence is taken at exactly the first two
+    tokens of each earlier reply and at every token of the final one; the teacher reads those
+    same two tokens after each partial request."""
+    from fic.training.vasd.step import distilled_spans
+
+    cfg = load_config(VASDConfig, None, ["regularizer.kind=none", "loss.turns=all", "loss.nonfinal_tokens=2",
+                                         "train.max_steps=1"])
+    conv = played(smollm2_tokenizer)
+    rollout = rollout_from(conv)
+    rollout.distilled, reason = distilled_spans(cfg, rollout, conv, smollm2_tokenizer)
+    assert reason is None
+    (row,) = student_rows([rollout], [], reference=False, first_tokens=0, first_weight=1.0)
+    trained = {t + 1 for t, y in enumerate(row["distill_targets"]) if y != IGNORE}  # token positions
+    expected = {t for s, e in rollout.earlier for t in range(s, s + 2)} | set(range(*rollout.final))
+    assert trained == expected and all(e - s > 2 for s, e in rollout.earlier)
+    pairs = rollout.teacher_rows(0)
+    assert [len(reply) for _, reply in pairs] == [2] * len(rollout.earlier) + [rollout.final[1] - rollout.final[0]]
+    assert pairs[0][1] == conv.ids[rollout.earlier[0][0]:rollout.earlier[0][0] + 2]
+
+
+def test_the_hinted_teacher_reads_the_full_request_and_the_reference_answer_and_nothing_else(smollm2_tokenizer):
+    from fic.training.vasd.distill import HINT
+
+    (full, hinted) = teacher_prompts(smollm2_tokenizer, ara(), ["full", "hinted"])
+    full_text, hinted_text = smollm2_tokenizer.decode(full), smollm2_tokenizer.decode(hinted)
+    cut = full_text.rindex("<|im_end|>")  # the end of the user turn
+    assert hinted_text == full_text[:cut] + HINT.format(answer="3360") + full_text[cut:]
+
+
+def test_the_trust_region_bounds_each_tokens_pull_and_is_exact_when_wide():
+    from fic.training.losses import trust_region
+
+    g = torch.Generator().manual_seed(0)
+    student = torch.log_softmax(torch.randn(6, 50, generator=g), -1)
+    teacher = torch.log_softmax(3 * torch.randn(6, 50, generator=g), -1)
+    assert torch.allclose(trust_region(teacher, student, 1e3), teacher, atol=1e-6)
+    bounded = trust_region(teacher, student, 0.5)
+    ratio = bounded - student
+    assert torch.allclose(bounded.exp().sum(-1), torch.ones(6))
+    assert float((ratio.max(-1).values - ratio.min(-1).values).max()) <= 1.0 + 1e-5  # a shift of a [-c, c] clip
+    assert divergence(student, bounded, "forward_kl").sum() < divergence(student, teacher, "forward_kl").sum()
+
+
+def test_length_groups_cut_the_sorted_rows_with_the_least_padding():
+    from itertools import combinations
+
+    from fic.training.vasd.step import length_groups
+
+    lengths = [700, 120, 90, 640, 110, 95, 680, 100]
+    groups = length_groups(lengths, 2)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    def padded(gs):
+        return sum(len(g) * max(lengths[i] for i in g) for g in gs if g)
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    best = min(padded([order[:c], order[c:]]) for c in range(len(order) + 1))
+    assert padded(groups) == best == 3 * 700 + 5 * 120
+    assert all(len(g) == 0 for g in length_groups([], 3)) and len(length_groups([], 3)) == 3
+    for count in (1, 3, 4):  # every cut of the sorted order is no better
+        got = length_groups(lengths, count)
+        cuts = [padded([order[a:b] for a, b in zip((0,) + c, c + (len(order),))])
+                for c in combinations(range(len(order) + 1), count - 1) if list(c) == sorted(c)]
+        assert padded(got) == min(cuts)
 
 
 def test_the_recipe_trains_with_per_turn_views_and_deferral_labels(tiny_model_dir, anchor_corpus, tmp_path):
@@ -996,8 +1121,12 @@ def test_bf16_rollouts_run_on_a_decoding_copy_refreshed_after_every_step(tiny_mo
     assert copy_model.model.layers[0].self_attn.q_proj.weight.stride(0) == 1
 
 
-def test_the_recipe_trains_under_bf16_autocast_with_bf16_rollouts(tiny_model_dir, anchor_corpus, tmp_path,
-                                                                 monkeypatch, capsys):
+@pytest.mark.parametrize("precision, said", [("auto", "bfloat16 copy"), ("bf16", "float32 weights, mixed_precision=bf16")])
+def test_the_recipe_trains_in_bf16_with_bf16_rollouts(tiny_model_dir, anchor_corpus, tmp_path, monkeypatch, capsys,
+                                                      precision, said):
+    """On a CPU with fast bf16 the recipe computes on a bf16 copy of the float32 masters (auto) or
+    under autocast (bf16); either way the rollouts play on a bf16 decoding copy, and the saved
+    model holds the float32 masters."""
     from fic.cli.main import main
 
     monkeypatch.setenv("FIC_CPU_FLAGS", "avx512_bf16")
@@ -1005,7 +1134,11 @@ def test_the_recipe_trains_under_bf16_autocast_with_bf16_rollouts(tiny_model_dir
     assert main(["train", "vasd", "--config", str(RECIPE), f"model.path={tiny_model_dir}",
                  f"regularizer.anchor_path={anchor_corpus}", f"out={out}", "train.max_steps=2",
                  "train.micro_batch_size=2", "rollout.max_new_tokens=6", "logging.wandb=false", "data.limit=8",
-                 "loss.keep_truncated=true", "logging.progress=false"]) == 0
-    assert "bfloat16 autocast" in capsys.readouterr().out
+                 "loss.keep_truncated=true", "logging.progress=false", "labels.weight=1.0",
+                 f"train.mixed_precision={precision}"]) == 0
+    assert said in capsys.readouterr().out
     _, last = metrics(out)
-    assert math.isfinite(last["loss"]) and last["divergence_per_token"] > 0
+    assert math.isfinite(last["loss"]) and last["divergence_per_token"] > 0 and last["labels_ce"] > 0
+    from safetensors.torch import load_file
+
+    assert {t.dtype for t in load_file(str(out / "final" / "model.safetensors")).values()} == {torch.float32}

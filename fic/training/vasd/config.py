@@ -23,7 +23,7 @@ REGULARIZERS = ("anchor", "reference", "both", "none")
 EMA_WITH_REFERENCE = ("in full fine-tuning teacher.mode=ema with a reference term would need a third copy of the model "
                       "(the average, and the starting weights the reference reads): use LoRA, teacher.mode=frozen "
                       "or live, or regularizer.kind=anchor")
-TEACHER_VIEWS = ("full", "concat", "both")
+TEACHER_VIEWS = ("full", "concat", "both", "hinted")
 TURNS = ("final", "all")
 
 
@@ -56,7 +56,10 @@ class TeacherSection:
                         "weights under no-grad; ema: a moving average of the weights (accumulated in float32).",
                         choices=("frozen", "live", "ema"))
     view: str = setting("full", "The teacher's single-turn view: full (the original instruction), concat (the shards "
-                        "as one list) or both (their next-token distributions averaged).", choices=TEACHER_VIEWS)
+                        "as one list), both (their next-token distributions averaged) or hinted (the full view "
+                        "followed by the reference answer: a teacher that knows what is right; pair it with "
+                        "loss.max_log_ratio, since a privileged teacher pulls the student towards answering "
+                        "at once).", choices=TEACHER_VIEWS)
     ema_rate: float = setting(0.99, "ema: weight of the old average at each step.", min=0.0, max=1.0)
     max_prompt_tokens: int = setting(4096, "The teacher's own context budget for its prompt (never cut to the "
                                      "student's); a rollout whose teacher prompt is longer is left out.", min=8)
@@ -64,6 +67,8 @@ class TeacherSection:
 
 @dataclass
 class LossSection:
+    weight: float = setting(1.0, "Weight of the divergence term (0: no teacher pass at all, e.g. on-policy "
+                            "corrections alone: corrections.weight).", min=0.0)
     divergence: str = setting("forward_kl", "forward_kl: KL(teacher || student); reverse_kl: KL(student || teacher); "
                               "jsd: generalised Jensen-Shannon with loss.beta.", choices=DIVERGENCES)
     beta: float = setting(0.5, "jsd: weight of the teacher in the mixture (0.5: symmetric JSD).", min=0.0, max=1.0)
@@ -80,6 +85,13 @@ class LossSection:
                          "one, where asking is easier to get right).", choices=TURNS)
     nonfinal_weight: float = setting(1.0, "turns=all: weight of an earlier reply's tokens next to the final reply's.",
                                      min=0.0)
+    nonfinal_tokens: int = setting(0, "turns=all: distill only the first this many tokens of each earlier reply, "
+                                   "where it asks or answers (0: the whole reply); the final reply is distilled "
+                                   "whole.", min=0)
+    max_log_ratio: float = setting(0.0, "Trust region on the teacher (0: off): at each distilled token the target is "
+                                   "the teacher's distribution with log p_teacher - log p_student clipped to "
+                                   "[-c, c] and renormalised, so no token's pull exceeds a factor e^c over what the "
+                                   "student already gives it (a guard for the hinted teacher's drift).", min=0.0)
     decision_tokens: int = setting(0, "The first this many tokens of each distilled reply weigh decision_weight: "
                                    "the ask-or-answer decision is made there.", min=0)
     decision_weight: float = setting(1.0, "Weight of those first tokens.", min=0.0)
@@ -91,10 +103,24 @@ class LabelsSection:
                             "(its own replies, premature answers included, in the context), cross-entropy on the "
                             "reply the corpus builder writes for that state (an ask for the next detail or a "
                             "deferral): imitation on the states the policy visits, as in DAgger.", min=0.0)
-    max_turns: int = setting(1, "Labelled turns per rollout: its earliest premature answers first, then other "
-                             "earlier turns.", min=1)
+    select: str = setting("earliest", "Which earlier turns get a label. earliest: up to max_turns, its premature "
+                          "answers first, then its earliest other turns; premature: every premature answer (up to "
+                          "max_turns), or the last turn before the final one when nothing was premature.",
+                          choices=("earliest", "premature"))
+    max_turns: int = setting(1, "Labelled turns per rollout, at most.", min=1)
     ask_share: float = setting(0.5, "Share of labels that ask for the next detail rather than defer.", min=0.0,
                                max=1.0)
+
+
+@dataclass
+class CorrectionsSection:
+    weight: float = setting(0.0, "Weight of on-policy corrections (0: off), DAgger-style with the corpus builder as "
+                            "the expert: a rollout that answered before the last shard is continued from its first "
+                            "premature turn with the gold asks and deferrals and the gold answer at the end (the "
+                            "student's own earlier ids kept, out of the loss); one whose final answer scored 0 gets "
+                            "the gold answer in its own context. Cross-entropy on the gold replies.", min=0.0)
+    ask_share: float = setting(0.5, "Share of gold early replies that ask for the next detail rather than defer.",
+                               min=0.0, max=1.0)
 
 
 @dataclass
@@ -148,6 +174,8 @@ class VASDConfig(RunConfig):
     teacher: TeacherSection = setting(TeacherSection(), "The single-turn teacher.")
     loss: LossSection = setting(LossSection(), "The divergence to the single-turn teacher.")
     labels: LabelsSection = setting(LabelsSection(), "On-policy deferral labels at the student's earlier turns.")
+    corrections: CorrectionsSection = setting(CorrectionsSection(), "On-policy corrections: gold continuations from "
+                                              "the student's own premature or wrong turns.")
     regularizer: RegularizerSection = setting(RegularizerSection(), "What keeps the deferral SFT taught.")
     eval: EvalSection = setting(EvalSection(), "Held-out evaluation during training.")
     logging: VASDLoggingSection = setting(VASDLoggingSection(), "wandb, metrics, progress and samples.")
@@ -174,5 +202,11 @@ class VASDConfig(RunConfig):
         if self.teacher.mode == "ema" and not self.lora.enabled and self.regularizer.kind in ("reference", "both"):
             raise FicError(EMA_WITH_REFERENCE, path=source, field="teacher.mode")
         check_views(self.eval.views, source, "eval.views", allow_empty=True)
+        if not (self.loss.weight or self.labels.weight or self.corrections.weight):
+            raise FicError("nothing to train: loss.weight, labels.weight and corrections.weight are all 0", path=source,
+                           field="loss.weight")
+        if self.loss.max_log_ratio and self.loss.estimator != "full":
+            raise FicError("loss.max_log_ratio needs the full-vocabulary estimator", path=source,
+                           field="loss.max_log_ratio")
         if self.eval.every and not self.eval.data.source:
             raise FicError("eval.every is set but eval.data.source is empty", path=source, field="eval.data.source")

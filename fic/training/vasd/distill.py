@@ -10,10 +10,12 @@ reply is the reply to the last shard. For a distilled reply the teacher reads
 so reply token j sits at student position p + j and teacher position q + j, where p and q
 are the two prompt lengths: the loss at position t predicts token t + 1, and both sides are
 read at the same reply tokens, one for one. The final reply's single-turn view is
-`teacher.view` (the whole request); with `loss.turns: all` every earlier reply k is distilled
-too, against the single-turn view of what the user had revealed by turn k (the concat view of
-those shards, `fic.data.views.partial_instance`): a teacher that reads an incomplete request
-in one turn, where it is easier to see that something is missing.
+`teacher.view` (the whole request; `hinted` adds the reference answer after it); with
+`loss.turns: all` every earlier reply k is distilled too (its first `loss.nonfinal_tokens`
+tokens, where set: the ask-or-answer decision), against the single-turn view of what the user
+had revealed by turn k (the concat view of those shards, `fic.data.views.partial_instance`): a
+teacher that reads an incomplete request in one turn, where it is easier to see that something
+is missing.
 
 Rows of one micro-batch (right-padded, one forward of the student):
 
@@ -27,6 +29,10 @@ Rows of one micro-batch (right-padded, one forward of the student):
   earlier turns followed by a gold ask or deferral for that state (`Task.early_reply`), trained
   with cross-entropy: imitation on the states the policy visits (DAgger), premature answers
   included in the context.
+- `corrections_targets`/`corrections_weights` (`corrections.weight`): the student's own context
+  up to its first premature turn, continued with the gold replies to the end (or, when nothing
+  was premature but the final reply is wrong, the gold answer in its own context); cross-entropy
+  on the gold replies.
 - `anchor_targets`/`anchor_weights`: an SFT-corpus conversation's non-final assistant turns
   (its deferrals and asks), trained with cross-entropy to keep what SFT taught.
 - `reference_targets`/`reference_weights`: a rollout's non-final replies, pulled towards the
@@ -43,6 +49,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from fic import tasks
 from fic.core.chat import prompt_ids
 from fic.data.views import partial_instance, system_message, user_turns
 from fic.training.data import IGNORE, Example, padded_width
@@ -52,7 +59,7 @@ from fic.training.losses import causal_lm, decoder_and_head, divergence_rows, so
 # micro-batch (`<term>_targets`, `<term>_weights`, counts) and of its sum in `DistillLoss`'s
 # output, mapped to the name of its per-position mean in metrics.jsonl.
 TERMS = {"distill": "divergence_per_token", "anchor": "anchor_ce", "labels": "labels_ce",
-         "reference": "reference_divergence"}
+         "corrections": "corrections_ce", "reference": "reference_divergence"}
 
 
 @dataclass
@@ -74,8 +81,8 @@ class Rollout:
     def teacher_rows(self, view: int) -> list[tuple[list[int], list[int]]]:
         """(teacher prompt, reply ids) of each distilled reply, in order, for teacher view slot
         `view`: the final reply reads that view, an earlier reply its partial request."""
-        earlier = {span: k for k, span in enumerate(self.earlier)}
-        return [(self.teacher_prompts[view] if span == self.final else self.partial_prompts[earlier[span]],
+        earlier = {start: k for k, (start, _) in enumerate(self.earlier)}  # a distilled span may be cut short
+        return [(self.teacher_prompts[view] if span == self.final else self.partial_prompts[earlier[span[0]]],
                  self.ids[span[0]:span[1]]) for span, _ in self.distilled]
 
 
@@ -106,11 +113,21 @@ def partial_prompts(tokenizer: Any, conv: Any) -> list[list[int]]:
         for shown in revealed_by_turn(conv)[:-1]]
 
 
+HINT = "\n\n(For reference, the correct final answer is: {answer})"  # teacher.view: hinted
+
+
+def teacher_request(instance: Any, view: str) -> str:
+    """The teacher's one user turn for a single-turn view; `hinted` is the full view followed by
+    the reference answer (`HINT`) and nothing else."""
+    if view == "hinted":
+        return user_turns(instance, "full")[0] + HINT.format(answer=tasks.get(instance.task).reference_answer(instance))
+    return user_turns(instance, view)[0]
+
+
 def teacher_prompts(tokenizer: Any, instance: Any, views: Sequence[str]) -> list[list[int]]:
     """The teacher's prompt ids for each single-turn view: the task's system prompt, the view as
-    one user turn, and the generation prompt, rendered by the chat template."""
-
-    return [prompt_ids(tokenizer, [system_message(instance), {"role": "user", "content": user_turns(instance, v)[0]}])
+    one user turn (`teacher_request`), and the generation prompt, rendered by the chat template."""
+    return [prompt_ids(tokenizer, [system_message(instance), {"role": "user", "content": teacher_request(instance, v)}])
             for v in views]
 
 
@@ -140,12 +157,18 @@ def runs_of(targets: Sequence[int]) -> list[tuple[int, int]]:
 
 
 @dataclass
-class LabelRow:
-    """The student's own ids up to the generation prompt of one of its earlier turns, and the
-    gold reply's ids for that state (labels: imitation on the states the policy visits)."""
+class GoldRow:
+    """The student's own ids up to one of its turns, continued with gold replies (labels: one
+    reply at an earlier turn; corrections: every reply from there to the final one, with the user
+    turns between): `ids`, and the `spans` of the gold replies in them, trained with
+    cross-entropy (imitation on the states the policy visits)."""
 
-    context: list[int]
-    reply: list[int]
+    ids: list[int]
+    spans: list[tuple[int, int]]
+
+    @classmethod
+    def single(cls, context: list[int], reply: list[int]) -> GoldRow:
+        return cls(context + reply, [(len(context), len(context) + len(reply))])
 
 
 def decision_weighted(spans: Sequence[tuple[tuple[int, int], float]], length: int, ids: Sequence[int],
@@ -171,11 +194,11 @@ def _row(ids: list[int], term: str | None = None, targets: list[int] = (), weigh
     return row
 
 
-def student_rows(rollouts: Sequence[Rollout], anchors: Sequence[Example], labels: Sequence[LabelRow] = (), *,
-                 reference: bool, first_tokens: int, first_weight: float, decision_tokens: int = 0,
-                 decision_weight: float = 1.0) -> list[dict]:
-    """One row per rollout, then per anchor example, then per label row, as lists (see the module
-    docstring). A rollout's distilled replies are its `distilled` (span, weight) pairs."""
+def student_rows(rollouts: Sequence[Rollout], anchors: Sequence[Example], labels: Sequence[GoldRow] = (),
+                 corrections: Sequence[GoldRow] = (), *, reference: bool, first_tokens: int, first_weight: float,
+                 decision_tokens: int = 0, decision_weight: float = 1.0) -> list[dict]:
+    """One row per rollout, then per anchor example, label row and correction row, as lists (see
+    the module docstring). A rollout's distilled replies are its `distilled` (span, weight) pairs."""
     rows = []
     for rollout in rollouts:
         n = len(rollout.ids)
@@ -188,11 +211,10 @@ def student_rows(rollouts: Sequence[Rollout], anchors: Sequence[Example], labels
         anchor_t, anchor_w = weighted_spans(len(example.input_ids), runs_of(example.targets), example.input_ids,
                                             first_tokens, first_weight)
         rows.append(_row(example.input_ids, "anchor", anchor_t, anchor_w))
-    for label in labels:
-        ids = label.context + label.reply
-        span = (len(label.context), len(ids))
-        label_t, label_w = weighted_spans(len(ids), [span], ids, first_tokens, first_weight)
-        rows.append(_row(ids, "labels", label_t, label_w))
+    for term, gold in (("labels", labels), ("corrections", corrections)):
+        for row in gold:
+            gold_t, gold_w = weighted_spans(len(row.ids), row.spans, row.ids, first_tokens, first_weight)
+            rows.append(_row(row.ids, term, gold_t, gold_w))
     return rows
 
 
@@ -258,25 +280,26 @@ class DistillLoss(torch.nn.Module):
 
     def __init__(self, model: torch.nn.Module, teacher_head: Callable, reference_head: Callable | None, *,
                  divergence: str, estimator: str, beta: float, temperature: float, top_k: int, chunk_tokens: int,
-                 weights: dict[str, float] | None = None):
+                 weights: dict[str, float] | None = None, max_log_ratio: float = 0.0):
         super().__init__()
         self.model = model
         self.weights = {"distill": 1.0} if weights is None else {k: v for k, v in weights.items() if v > 0}
         self._heads = (teacher_head, reference_head)  # a tuple: nn.Module does not register what it holds
         self.kind, self.estimator, self.beta = divergence, estimator, beta
         self.temperature, self.top_k, self.chunk_tokens = temperature, top_k, chunk_tokens
+        self.max_log_ratio = max_log_ratio
         self.softcap = softcap_of(model)
 
     @classmethod
     def for_run(cls, cfg: Any, model: torch.nn.Module, parts: Any, *, anchors: bool) -> DistillLoss:
         """The loss of a VASD run (`VASDConfig` `cfg`, teacher and reference `parts`): its
         divergence settings and each term's weight, 0 (left out) where the run has no such rows."""
-        weights = {"distill": 1.0, "anchor": cfg.regularizer.anchor_weight if anchors else 0.0,
+        weights = {"distill": cfg.loss.weight, "anchor": cfg.regularizer.anchor_weight if anchors else 0.0,
                    "reference": cfg.regularizer.reference_weight if parts.ref_head is not None else 0.0,
-                   "labels": cfg.labels.weight}
+                   "labels": cfg.labels.weight, "corrections": cfg.corrections.weight}
         return cls(model, parts.head, parts.ref_head, divergence=cfg.loss.divergence, estimator=cfg.loss.estimator,
                    beta=cfg.loss.beta, temperature=cfg.loss.temperature, top_k=cfg.loss.top_k,
-                   chunk_tokens=cfg.train.loss_chunk_tokens, weights=weights)
+                   chunk_tokens=cfg.train.loss_chunk_tokens, weights=weights, max_log_ratio=cfg.loss.max_log_ratio)
 
     @property
     def teacher_head(self) -> Callable:
@@ -296,7 +319,7 @@ class DistillLoss(torch.nn.Module):
         return divergence_rows(head, hidden[where], other_head, other, targets[where], weights[where].float(),
                                chunk_tokens=self.chunk_tokens, softcap=self.softcap, kind=self.kind,
                                estimator=self.estimator, beta=self.beta, temperature=self.temperature,
-                               top_k=self.top_k)
+                               top_k=self.top_k, max_log_ratio=self.max_log_ratio)
 
     def _anchor(self, hidden: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, head: Callable) -> torch.Tensor:
         where = targets != IGNORE
@@ -305,14 +328,16 @@ class DistillLoss(torch.nn.Module):
     def forward(self, *, input_ids: torch.Tensor, attention_mask: torch.Tensor, distill_targets: torch.Tensor,
                 distill_weights: torch.Tensor, teacher_hidden: torch.Tensor, anchor_targets: torch.Tensor,
                 anchor_weights: torch.Tensor, reference_targets: torch.Tensor, reference_weights: torch.Tensor,
-                labels_targets: torch.Tensor, labels_weights: torch.Tensor,
-                reference_hidden: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+                labels_targets: torch.Tensor, labels_weights: torch.Tensor, corrections_targets: torch.Tensor,
+                corrections_weights: torch.Tensor, reference_hidden: torch.Tensor | None = None
+                ) -> dict[str, torch.Tensor]:
         body, head = decoder_and_head(self.model)
         hidden = body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
         terms = {"distill": self._term(hidden, distill_targets, distill_weights, teacher_hidden, head,
                                        self.teacher_head),
                  "anchor": self._anchor(hidden, anchor_targets, anchor_weights, head),
-                 "labels": self._anchor(hidden, labels_targets, labels_weights, head)}
+                 "labels": self._anchor(hidden, labels_targets, labels_weights, head),
+                 "corrections": self._anchor(hidden, corrections_targets, corrections_weights, head)}
         if reference_hidden is not None and self.reference_head is not None:
             terms["reference"] = self._term(hidden, reference_targets, reference_weights, reference_hidden[:, None],
                                             head, self.reference_head)

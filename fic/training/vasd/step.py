@@ -26,7 +26,7 @@ from fic.backends.vllm import colocated_engine, sync_weights
 from fic.conversation.classify import make_classifier
 from fic.conversation.simulator import make_conversations, play
 from fic.conversation.users import make_user
-from fic.core.chat import reply_ids
+from fic.core.chat import continue_ids, reply_ids
 from fic.core.errors import FicError
 from fic.core.generation import SamplingParams
 from fic.core.seeding import derive_seed, seeded_rng
@@ -37,7 +37,8 @@ from fic.training.vasd.config import VASDConfig
 from fic.training.vasd.distill import (
     TERMS,
     DistillLoss,
-    LabelRow,
+    GoldRow,
+    Rollout,
     batch_counts,
     collate_rows,
     hidden_at,
@@ -61,7 +62,9 @@ class VASDStep:
     behind `accelerator.prepare` (`loss_model`, `optimizer`, `scheduler`), the teacher and
     reference (`parts`), the rollout engine (`generator`, a bfloat16 decoding copy refreshed
     from the float32 masters after every update where the run computes in bf16), the simulated
-    user and the data orders of rollout tasks and anchors.
+    user and the data orders of rollout tasks and anchors. Where the run computes on a bfloat16
+    copy of the weights (`fic.training.precision.Bf16Copy`), the teacher and student passes run
+    on it and the frozen or moving-average teacher is held in bfloat16.
 
     A step's phases are methods, so the recipe reads them in order and `fic bench` can time
     each: `rollouts` (play the sharded conversations on-policy, every shard), `micro_batches`
@@ -77,7 +80,7 @@ class VASDStep:
                            "teacher is the adapter-free model) or teacher.mode=live", field="teacher.mode")
         self.cfg, self.accelerator, self.tokenizer, self.instances, self.anchors = (
             cfg, accelerator, tokenizer, instances, anchors)
-        self.parts = teacher_parts(cfg, model)
+        self.parts = teacher_parts(cfg, model, torch.bfloat16 if loop.computes_on_copy(cfg, accelerator) else None)
         world, rank = accelerator.num_processes, accelerator.process_index
         per_rank = cfg.train.micro_batch_size * cfg.train.grad_accum_steps
         self.n_anchor = round(cfg.regularizer.anchor_share * per_rank) if anchors else 0
@@ -87,7 +90,8 @@ class VASDStep:
         loss = DistillLoss.for_run(cfg, model, self.parts, anchors=self.n_anchor > 0)
         self.loss_model, self.optimizer, self.scheduler = loop.prepare(accelerator, loss, cfg, steps)
         self.policy = accelerator.unwrap_model(self.loss_model).model
-        compute = torch.bfloat16 if accelerator.mixed_precision == "bf16" else next(self.policy.parameters()).dtype
+        self.copy = loop.compute_copy(cfg, accelerator, self.policy)
+        compute = loop.compute_dtype(accelerator, self.copy, self.policy)
         self.generator, self.masters = make_rollout_backend(cfg, self.policy, tokenizer, compute)
         self.user = (make_user("llm", make_backend(cfg.rollout.user.backend), temperature=cfg.rollout.user.temperature,
                                max_new_tokens=cfg.rollout.user.max_new_tokens)
@@ -152,18 +156,22 @@ class VASDStep:
         chosen = [self.anchors[i] for i in self.anchor_order.micro_batch(step - 1)] if self.anchor_order else []
         self.policy.eval()
         try:
-            return step_batches(self.cfg, convs, chosen, self.tokenizer, self.parts, device=self.accelerator.device,
-                                autocast=self.accelerator.autocast)
+            with self.copy:  # a live teacher reads the weights the student computes with
+                return step_batches(self.cfg, convs, chosen, self.tokenizer, self.parts,
+                                    device=self.accelerator.device, autocast=self.accelerator.autocast)
         finally:
             self.policy.train()
 
     def student(self, batches: list[dict]) -> dict:
         counts = [b.pop("counts") for b in batches]
-        return window_backward(self.accelerator, self.loss_model, batches, counts, self.loss.weights)
+        with self.copy:
+            return window_backward(self.accelerator, self.loss_model, batches, counts, self.loss.weights,
+                                   self.copy.accumulate)
 
     def update(self, convs: list) -> dict:
         figures = loop.optimizer_step(self.accelerator, self.loss_model, self.optimizer, self.scheduler,
                                       self.cfg.optim.max_grad_norm)
+        self.copy.refresh()
         if self.parts.ema is not None:
             self.parts.ema.update(self.policy, self.cfg.teacher.ema_rate)
         sync_rollout_backend(self.generator, self.policy, self.cfg, convs, self.accelerator.print,
@@ -193,54 +201,55 @@ def step_batches(cfg: VASDConfig, convs: list, anchors: list, tokenizer: Any, pa
     """The G micro-batches of one step, always G of them: student rows with teacher (and
     reference) hidden states; and counts of the rollouts left out of the distillation, once each
     under the first reason that applies (`LEFT_OUT`), their total (`rollouts`) and the
-    micro-batches that had nothing to train (`empty_micro_batches`)."""
-    G, mbs = cfg.train.grad_accum_steps, cfg.train.micro_batch_size
+    micro-batches that had nothing to train (`empty_micro_batches`).
+
+    Every row of the step (rollouts, anchors, labels, corrections) is one sequence; rows that
+    train nothing are dropped, and the rest are cut, by length, into G groups of similar widths
+    (`length_groups`), so a short label row is never padded to the longest rollout. The loss is
+    normalised over the whole window, so the grouping changes the passes' shapes, not the update."""
+    G = cfg.train.grad_accum_steps
     counts: Counter = Counter({name: 0 for name in (*LEFT_OUT, "empty_micro_batches")})
-    rollouts, use = [], []
+    rollouts = []
     for conv in convs:
         if conv.stop_reason != "last_turn":
             counts["cut_before_last_shard"] += 1
-            rollouts.append(None)
-            use.append(False)
             continue
         rollout = rollout_from(conv)
-        rollout.teacher_prompts = teacher_prompts(tokenizer, conv.instance, teacher_views(cfg))
-        if cfg.loss.turns == "all":
-            rollout.partial_prompts = partial_prompts(tokenizer, conv)
-        keep = True
-        if max(len(p) for p in rollout.teacher_prompts + rollout.partial_prompts) > cfg.teacher.max_prompt_tokens:
-            counts["teacher_prompt_too_long"] += 1
-            keep = False
-        elif not rollout.finished and not cfg.loss.keep_truncated:
-            counts["truncated_final"] += 1  # distilled anyway under keep_truncated: not left out
-            keep = False
-        if keep:
-            earlier = rollout.earlier if cfg.loss.turns == "all" else []
-            rollout.distilled = [(span, cfg.loss.nonfinal_weight) for span in earlier] + [(rollout.final, 1.0)]
+        if cfg.loss.weight > 0:
+            distilled, reason = distilled_spans(cfg, rollout, conv, tokenizer)
+            if reason:
+                counts[reason] += 1
+            rollout.distilled = distilled
         rollouts.append(rollout)
-        use.append(keep)
     counts["rollouts"] = sum(counts[reason] for reason in LEFT_OUT)
+    reference = parts.ref_head is not None
+    labels = [row for conv in convs for row in label_rows(cfg, conv, tokenizer)]
+    corrections = [row for conv in convs for row in correction_rows(cfg, conv, tokenizer)]
+    # (length, kind, item): a rollout trains something when it is distilled or read by the reference
+    items = [(len(r.ids), "rollout", r) for r in rollouts if r.distilled or (reference and r.earlier)]
+    items += [(len(a.input_ids), "anchor", a) for a in anchors]
+    items += [(len(g.ids), "labels", g) for g in labels] + [(len(g.ids), "corrections", g) for g in corrections]
     batches = []
-    for g in range(G):
-        part = [(r, u) for r, u in zip(rollouts[g * mbs:(g + 1) * mbs], use[g * mbs:(g + 1) * mbs]) if r is not None]
-        mine = [a for k, a in enumerate(anchors) if k % G == g]
-        labels = [row for conv in convs[g * mbs:(g + 1) * mbs] for row in label_rows(cfg, conv, tokenizer)]
-        reference = parts.ref_head is not None
-        rows = student_rows([r for r, _ in part], mine, labels, reference=reference,
+    for group in length_groups([length for length, _, _ in items], G):
+        chosen = [items[i] for i in group]
+        part = [item for _, kind, item in chosen if kind == "rollout"]
+        rows = student_rows(part, [item for _, kind, item in chosen if kind == "anchor"],
+                            [item for _, kind, item in chosen if kind == "labels"],
+                            [item for _, kind, item in chosen if kind == "corrections"], reference=reference,
                             first_tokens=cfg.regularizer.first_tokens, first_weight=cfg.regularizer.first_token_weight,
                             decision_tokens=cfg.loss.decision_tokens, decision_weight=cfg.loss.decision_weight)
         if not rows:
-            # Every rollout of this micro-batch was left out and no anchor landed here. It still
-            # runs (one token, no target: every term a zero with a gradient graph), so each rank
-            # does the same G forward and backward passes with the same collective calls, and
-            # the accumulation window stays in step with accelerate's gradient sync.
+            # Nothing of the step landed here. It still runs (one token, no target: every term a
+            # zero with a gradient graph), so each rank does the same G forward and backward
+            # passes with the same collective calls, and the accumulation window stays in step
+            # with accelerate's gradient sync.
             counts["empty_micro_batches"] += 1
             rows = [empty_row(tokenizer.pad_token_id)]
         batch = collate_rows(rows, tokenizer.pad_token_id, cfg.train.pad_to_multiple)
         views = []
         with parts.context(), autocast():
             for v in range(len(teacher_views(cfg))):
-                pairs = [pair for r, _ in part for pair in r.teacher_rows(v)]
+                pairs = [pair for r in part for pair in r.teacher_rows(v)]
                 sequences = [prompt + reply for prompt, reply in pairs]
                 positions = [range(len(prompt) - 1, len(prompt) - 1 + len(reply)) for prompt, reply in pairs]
                 views.append(hidden_at(parts.net, sequences, positions, tokenizer.pad_token_id, device,
@@ -248,40 +257,131 @@ def step_batches(cfg: VASDConfig, convs: list, anchors: list, tokenizer: Any, pa
         batch["teacher_hidden"] = torch.stack(views, dim=1)  # [answer tokens, views, hidden]
         if reference:
             with parts.ref_context(), autocast():
-                positions = [[t - 1 for s, e in r.earlier for t in range(s, e)] for r, _ in part]
-                batch["reference_hidden"] = hidden_at(parts.ref_net, [r.ids for r, _ in part], positions,
+                positions = [[t - 1 for s, e in r.earlier for t in range(s, e)] for r in part]
+                batch["reference_hidden"] = hidden_at(parts.ref_net, [r.ids for r in part], positions,
                                                       tokenizer.pad_token_id, device, cfg.train.pad_to_multiple)
         batch["counts"] = batch_counts(batch)
-        if not part and not mine and not labels:
+        if not chosen:
             batch["counts"]["tokens"] = 0.0
         batches.append(batch)
     return batches, counts
 
 
+def distilled_spans(cfg: VASDConfig, rollout: Rollout, conv: Any, tokenizer: Any
+                    ) -> tuple[list[tuple[tuple[int, int], float]], str | None]:
+    """The (span, weight) pairs of a rollout the divergence is taken on, with the teacher's
+    prompts filled in, or ([], the `LEFT_OUT` reason it is not distilled). With `loss.turns: all`
+    every earlier reply is distilled too (its first `loss.nonfinal_tokens`, where set)."""
+    rollout.teacher_prompts = teacher_prompts(tokenizer, conv.instance, teacher_views(cfg))
+    if cfg.loss.turns == "all":
+        rollout.partial_prompts = partial_prompts(tokenizer, conv)
+    if max(len(p) for p in rollout.teacher_prompts + rollout.partial_prompts) > cfg.teacher.max_prompt_tokens:
+        return [], "teacher_prompt_too_long"
+    if not rollout.finished and not cfg.loss.keep_truncated:
+        return [], "truncated_final"  # distilled anyway under keep_truncated: not left out
+    earlier = rollout.earlier if cfg.loss.turns == "all" else []
+    if cfg.loss.nonfinal_tokens:
+        earlier = [(start, min(end, start + cfg.loss.nonfinal_tokens)) for start, end in earlier]
+    return [(span, cfg.loss.nonfinal_weight) for span in earlier] + [(rollout.final, 1.0)], None
+
+
+def length_groups(lengths: list[int], groups: int) -> list[list[int]]:
+    """Indices of `lengths` cut into `groups` runs of the length-sorted order (some possibly
+    empty) with the fewest padded positions in all (sum over runs of rows x longest row; ties:
+    the smaller largest run), found exactly by dynamic programming over the cut points. Rows of
+    one run are kept in their original order."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    sizes = [lengths[i] for i in order]
+    n = len(order)
+
+    def padded(a: int, b: int) -> int:  # the run order[a:b], padded to its longest (the last: sorted)
+        return (b - a) * sizes[b - 1] if b > a else 0
+
+    # best[(g, end)]: the least (total padded, largest run) splitting order[:end] into g runs, and its cuts
+    best: dict[tuple[int, int], tuple[tuple[int, int], list[int]]] = {(0, 0): ((0, 0), [])}
+    for g in range(1, groups + 1):
+        for end in range(n + 1):
+            options = [((total + padded(start, end), max(largest, padded(start, end))), cuts + [end])
+                       for start in range(end + 1) if (g - 1, start) in best
+                       for (total, largest), cuts in [best[(g - 1, start)]]]
+            if options:
+                best[(g, end)] = min(options, key=lambda option: option[0])
+    cuts = [0] + best[(groups, n)][1]
+    return [sorted(order[cuts[k]:cuts[k + 1]]) for k in range(groups)]
+
+
 def empty_row(pad_id: int) -> dict:
     """A one-token student row that trains nothing (the stand-in for an empty micro-batch); the
     token is attended, so no attention row is fully masked."""
-    return student_rows([], [], [LabelRow([pad_id], [])], reference=False, first_tokens=0, first_weight=1.0)[0]
+    return student_rows([], [], [GoldRow([pad_id], [])], reference=False, first_tokens=0, first_weight=1.0)[0]
 
 
-def label_rows(cfg: VASDConfig, conv: Any, tokenizer: Any) -> list[LabelRow]:
-    """On-policy deferral labels (`labels.weight`): at up to `labels.max_turns` of the student's
-    earlier turns, its own ids up to that turn's generation prompt and the gold reply for that
+def _revealed(task: Any, conv: Any, k: int) -> set:
+    """The values the user had given by turn k of a played conversation."""
+    return {v for turn in conv.turns[:k + 1] for v in task.values_in(turn.user, conv.instance)}
+
+
+def label_rows(cfg: VASDConfig, conv: Any, tokenizer: Any) -> list[GoldRow]:
+    """On-policy deferral labels (`labels.weight`): at earlier turns of the student's rollout
+    (`labels.select`), its own ids up to that turn's generation prompt and the gold reply for that
     state, an ask for the next shard's detail or a deferral (`Task.early_reply`, no value not
-    given yet). Its earliest premature answers are labelled first: those are the states to fix."""
+    given yet)."""
     if not cfg.labels.weight or len(conv.turns) < 2 or conv.stop_reason != "last_turn":
         return []
     task = tasks.get(conv.instance.task)
     earlier = list(range(len(conv.turns) - 1))
-    chosen = sorted(earlier, key=lambda k: (conv.turns[k].label != "answer_attempt", k))[:cfg.labels.max_turns]
+    premature = [k for k in earlier if conv.turns[k].label == "answer_attempt"]
+    if cfg.labels.select == "premature":
+        chosen = premature[:cfg.labels.max_turns] or [earlier[-1]]
+    else:
+        chosen = sorted(earlier, key=lambda k: (k not in premature, k))[:cfg.labels.max_turns]
     rows = []
     for k in sorted(chosen):
         rng = seeded_rng(cfg.train.seed, "labels", conv.instance.task_id, conv.run, k)
-        revealed = {v for turn in conv.turns[:k + 1] for v in task.values_in(turn.user, conv.instance)}
-        text, _ = task.early_reply(conv.turns[k + 1].user, revealed, rng, conv.instance,
+        text, _ = task.early_reply(conv.turns[k + 1].user, _revealed(task, conv, k), rng, conv.instance,
                                    ask=rng.random() < cfg.labels.ask_share, used=set())
-        rows.append(LabelRow(list(conv.ids[:conv.turns[k].prompt_tokens]), reply_ids(tokenizer, text)))
+        rows.append(GoldRow.single(list(conv.ids[:conv.turns[k].prompt_tokens]), reply_ids(tokenizer, text)))
     return rows
+
+
+def correction_rows(cfg: VASDConfig, conv: Any, tokenizer: Any) -> list[GoldRow]:
+    """On-policy corrections (`corrections.weight`), the corpus builder as the expert. A rollout
+    that answered before the last shard: its own ids up to its first premature turn, then the
+    gold replies from there on (asks or deferrals while details are missing, the gold answer at
+    the end) with the user turns it was sent between them. Otherwise, a rollout whose final reply
+    is not a correct answer: the gold answer in its own context, its earlier replies kept. The
+    student's own replies are context only; the gold replies are trained."""
+    if not cfg.corrections.weight or not conv.turns or conv.stop_reason != "last_turn":
+        return []
+    task = tasks.get(conv.instance.task)
+    last = len(conv.turns) - 1
+    premature = [k for k in range(last) if conv.turns[k].label == "answer_attempt"]
+    if premature:
+        start = premature[0]
+    elif (conv.turns[last].score or 0.0) < 1.0:
+        start = last
+    else:
+        return []
+    ids = list(conv.ids[:conv.turns[start].prompt_tokens])
+    messages = list(conv.messages[:2 + 2 * start])  # the system message, then (user, assistant) pairs to user `start`
+    spans, used = [], set()
+    for k in range(start, last + 1):
+        if k < last:
+            rng = seeded_rng(cfg.train.seed, "corrections", conv.instance.task_id, conv.run, k)
+            text, _ = task.early_reply(conv.turns[k + 1].user, _revealed(task, conv, k), rng, conv.instance,
+                                       ask=rng.random() < cfg.corrections.ask_share, used=used)
+            used.add(text)
+        else:
+            text = task.gold_reply(conv.instance)
+        reply = reply_ids(tokenizer, text)
+        spans.append((len(ids), len(ids) + len(reply)))
+        ids += reply
+        messages.append({"role": "assistant", "content": text})
+        if k < last:
+            user = {"role": "user", "content": conv.turns[k + 1].user}
+            ids = continue_ids(tokenizer, messages, ids, [user])
+            messages.append(user)
+    return [GoldRow(ids, spans)]
 
 
 def rollout_figures(convs: list) -> dict:
