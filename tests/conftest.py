@@ -20,7 +20,7 @@ import torch
 from transformers.utils import logging as transformers_logging
 
 from fic.core.model import load_tokenizer, prepare_model
-from fic.tasks import sandbox
+from fic.sandbox import python as sandbox
 
 # Model-written code runs only in bubblewrap unless the weaker fallback is asked for. On a machine
 # where bubblewrap cannot run, the suite asks for it (as a user would, FIC_SANDBOX=rlimits) so that

@@ -70,7 +70,7 @@ from fic.data.sources import InstancesSection, load_sources, shard_missing
 from fic.data.views import VIEWS
 from fic.evaluation.metrics import summarize
 from fic.evaluation.report import write_report
-from fic.tasks import sandbox
+from fic.sandbox import python as sandbox
 from fic.tasks.base import PROMPT_STYLES
 
 LOG_NAME, METRICS_NAME, REPORT_NAME = "conversations.jsonl", "metrics.json", "report.md"

@@ -145,7 +145,7 @@ def stray_processes(signature: str | None) -> list[str]:
     """Processes a run left behind: of a run's user id, working in one of this suite's run folders
     (TMPDIR is the suite's own), or holding the case's signature on their command line."""
     ours = os.path.realpath(os.environ["TMPDIR"])
-    from fic.tasks.sandbox import RUN_UIDS
+    from fic.sandbox.python import RUN_UIDS
 
     found = []
     for entry in os.listdir("/proc"):
@@ -174,7 +174,7 @@ def main(out: Path, scratch: Path) -> None:
     from fic import tasks
     from fic.conversation.simulator import score_reply
     from fic.tasks import code as code_module
-    from fic.tasks import sandbox
+    from fic.sandbox import python as sandbox
 
     connections = []
     server = socket.create_server(("127.0.0.1", 0))

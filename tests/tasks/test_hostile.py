@@ -24,8 +24,9 @@ import pytest
 
 from fic import tasks
 from fic.core.errors import FicError
-from fic.tasks import sandbox
-from fic.tasks.sandbox import Limits, SQLLimits, run_python, run_sql
+from fic.sandbox import python as sandbox
+from fic.sandbox.python import Limits, run_python
+from fic.sandbox.sql import SQL_GRACE_S, SQLLimits, run_sql
 
 LIC_SAMPLE = Path(__file__).resolve().parents[3] / "shared/data/lost_in_conversation/sample_5_per_task.json"
 needs_lic = pytest.mark.skipif(not LIC_SAMPLE.exists(), reason="../shared (LiC sample data) is not present")
@@ -115,7 +116,7 @@ def test_sql_that_spends_its_time_in_one_function_call_is_killed_at_the_limit(da
     started = time.monotonic()
     rows, _, reason = run_sql(database, SLOW_SQL[name], SQLLimits(seconds=1.0))
     assert rows is None and reason.startswith("time limit: still running after 1 s")
-    assert time.monotonic() - started < 1.0 + sandbox.SQL_GRACE_S + 1.0
+    assert time.monotonic() - started < 1.0 + SQL_GRACE_S + 1.0
     assert run_sql(database, "SELECT count(*) FROM pets")[0] == [(2,)]  # a new worker answers the next query
 
 
@@ -290,7 +291,7 @@ def test_python_cannot_kill_its_parent_or_the_evaluator(isolation, guard):
     # The evaluator is a child Python in its own session here, so that a failure of containment
     # kills it, not pytest; it runs every way to reach the parent and says what happened to each.
     targets = [t for t in sorted(KILLS) if not (guard and "raw" in t)]  # the guard refuses ctypes first
-    evaluator = ("import json, os, sys\nfrom fic.tasks.sandbox import Limits, run_python\n"
+    evaluator = ("import json, os, sys\nfrom fic.sandbox.python import Limits, run_python\n"
                  "head = 'import os, signal\\nEVALUATOR, GROUP = %d, %d\\n' % (os.getpid(), os.getpgid(0))\n"
                  "for body in json.loads(sys.argv[1]):\n"
                  f"    r = run_python(head + body, Limits(seconds=10), isolation={isolation!r}, guard={guard!r})\n"

@@ -1,5 +1,5 @@
-"""The sandbox's supervisor, run as `python -I -S -B sandbox_launcher.py CONFIG VERDICT_FD` by
-`fic.tasks.sandbox`, inside bubblewrap or (the rlimits fallback) directly. Standard library
+"""The sandbox's supervisor, run as `python -I -S -B launcher.py CONFIG VERDICT_FD` by
+`fic.sandbox.python`, inside bubblewrap or (the rlimits fallback) directly. Standard library
 only: it runs with `-I -S`, outside FiC's environment.
 
 It makes itself a child subreaper (every orphan of the program, a `setsid` daemon included,
