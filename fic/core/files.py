@@ -12,6 +12,12 @@ never a traceback. Text is written with `backslashreplace`, so a lone surrogate 
 
 Runs that write into an output folder hold `folder_lock` on it: a second run into the same
 folder fails at once, naming the first's process.
+
+No write follows a link: a new file is a temporary renamed into place (a rename replaces a
+link, never writes through it), and the few files written in place (the lock, appended logs)
+are opened by `open_in_place`, which refuses a symbolic link, a hard link and anything but a
+regular file. A copied run folder or a shared `runs/` holding `.fic-lock -> ~/.bashrc` makes
+FiC refuse, never empty the file it points to.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import errno
 import fcntl
 import hashlib
 import json
@@ -78,7 +85,7 @@ def _temporary_next_to(path: Path) -> tuple[int, str]:
     # mkstemp creates the file 0600; give it the mode a plain open() would (0666 minus umask).
     umask = os.umask(0)
     os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
+    os.fchmod(fd, 0o666 & ~umask)  # by descriptor: the name may have been swapped for a link since
     return fd, tmp
 
 
@@ -159,10 +166,37 @@ def write_jsonl(path: str | os.PathLike, records: Iterable[dict]) -> int:
     return count
 
 
+def open_in_place(path: str | os.PathLike, mode: str = "a") -> Any:
+    """Open a file FiC writes in place in an output folder ("a": append, "r+": read and write,
+    both creating it), without following a link: a symbolic link, a file with another name
+    (a hard link) or anything but a regular file (a FIFO, a device) is a `FicError` naming it,
+    so that nothing outside the folder is ever written or truncated."""
+    flags = {"a": os.O_WRONLY | os.O_APPEND, "r+": os.O_RDWR}[mode]
+    try:
+        fd = os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o666)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise FicError("is a symbolic link; FiC does not write through links in an output folder (remove it)",
+                           path=str(path)) from None
+        if err.errno == errno.EISDIR:
+            raise FicError("is a folder, expected a file", path=str(path)) from None
+        if err.errno == errno.ENXIO:  # a FIFO without a reader (O_NONBLOCK: it does not hang)
+            raise FicError("is not a regular file (a pipe), so FiC does not write it", path=str(path)) from None
+        raise
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
+        os.close(fd)
+        what = "has another name (a hard link)" if stat.S_ISREG(info.st_mode) else \
+            "is not a regular file (a device, pipe or socket)"
+        raise FicError(f"{what}, so FiC does not write it in place (remove it)", path=str(path))
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, mode, encoding="utf-8", errors=TEXT_ERRORS)
+
+
 def append_jsonl(path: str | os.PathLike, record: dict) -> None:
     """Append one record and fsync it: used by resumable logs, where each line is one finished unit."""
     try:
-        with open(path, "a", encoding="utf-8", errors=TEXT_ERRORS) as handle:
+        with open_in_place(path) as handle:
             handle.write(json.dumps(record, ensure_ascii=False) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
@@ -290,8 +324,9 @@ def read_log(path: str | os.PathLike) -> list[dict]:
     without it, so the unit is redone; a broken line elsewhere means the log is damaged.
     """
     path = Path(path)
-    if not path.exists():
+    if not os.path.lexists(path):
         return []
+    open_in_place(path).close()  # it will be appended to: a link is refused now, before any work
     lines = read_data_text(path, "a JSONL log").splitlines()
     records = []
     for number, line in enumerate(lines, start=1):
@@ -365,7 +400,7 @@ def lock_folder(folder: str | os.PathLike, *, field: str | None = "out") -> bool
     key = str(folder.resolve())
     if key in _held:
         return False
-    handle = open(folder / LOCK_NAME, "a+", encoding="utf-8")
+    handle = open_in_place(folder / LOCK_NAME, "r+")
     try:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
