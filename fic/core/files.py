@@ -252,9 +252,10 @@ def read_numbered_records(path: str | os.PathLike) -> list[tuple[int, dict]]:
     return numbered
 
 
-def read_data_text(path: str | os.PathLike, expected: str = "a text file") -> str:
+def read_data_text(path: str | os.PathLike, expected: str = "a text file", *, limit: int | None = None) -> str:
     """The text of a data file, checked: it exists, is a regular file (not `/dev/zero`, a pipe
-    or a folder), is at most `MAX_FILE_BYTES` and is UTF-8 (a byte-order mark is skipped)."""
+    or a folder), is at most `limit` bytes (`MAX_FILE_BYTES`, or a config's bound) and is UTF-8
+    (a byte-order mark is skipped)."""
     path = Path(path)
     try:
         info = path.stat()
@@ -264,12 +265,21 @@ def read_data_text(path: str | os.PathLike, expected: str = "a text file") -> st
         raise FicError(f"is a folder, expected {expected}", path=str(path))
     if not stat.S_ISREG(info.st_mode):
         raise FicError(f"is not a regular file (a device, pipe or socket), expected {expected}", path=str(path))
-    if info.st_size > MAX_FILE_BYTES:
-        raise FicError(f"is {info.st_size / (1 << 30):.1f} GiB, more than the {MAX_FILE_BYTES >> 30} GiB FiC reads "
-                       "in one piece; split it", path=str(path))
+    limit = MAX_FILE_BYTES if limit is None else limit
+
+    def too_large(size: int) -> FicError:
+        if limit == MAX_FILE_BYTES:
+            return FicError(f"is {size / (1 << 30):.1f} GiB, more than the {limit >> 30} GiB FiC reads in one piece; "
+                            "split it", path=str(path))
+        return FicError(f"is more than the {limit >> 10} KiB FiC reads as {expected}", path=str(path))
+
+    if info.st_size > limit:
+        raise too_large(info.st_size)
     try:
         with open(path, "rb") as handle:
-            raw = handle.read(MAX_FILE_BYTES + 1)
+            raw = handle.read(limit + 1)
+        if len(raw) > limit:  # it grew, or it reports no size (/proc)
+            raise too_large(len(raw))
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as err:
         raise FicError(f"not UTF-8 text (byte {err.start}); expected {expected}", path=str(path)) from None

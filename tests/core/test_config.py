@@ -171,3 +171,68 @@ def test_every_real_float_setting_refuses_non_finite_values(cls_path, override):
     with pytest.raises(FicError, match="expected a finite number"):
         load_config(cls, None, [override, "model.model=m", "data.source=gsm8k"] if name == "EvalConfig"
                     else [override])
+
+
+# --------------------------------------------------------------------------- the bounded YAML reader
+
+@dataclass
+class Fields:
+    fields: dict[str, str] = setting({}, "a mapping setting, flattened as data.fields is")
+    views: list[str] = setting([], "a list setting")
+
+
+DEEP = 5000
+BOMB = ('fields:\n  a0: &a0 "lol"\n' + "".join(f"  a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n"
+                                              for i in range(1, 10)))
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("views: " + "[" * DEEP + "]" * DEEP + "\n", "nested more than 64 levels deep (line 1)"),
+    ("views:\n" + "".join("  " * i + "- \n" for i in range(1, 200)), "nested more than 64 levels deep"),
+    (BOMB, "expands to more than 100,000 values (aliases)"),
+    ("views: &a [1, *a]\n", "the alias *a refers to a value that contains it"),
+])
+def test_yaml_nested_deeply_or_an_alias_bomb_is_one_line_at_once(tmp_path, text, needle):
+    import time
+
+    started = time.monotonic()
+    with pytest.raises(FicError) as err:
+        load_config(Fields, write(tmp_path, text))
+    assert needle in str(err.value) and "c.yaml" in str(err.value) and "\n" not in str(err.value)
+    assert time.monotonic() - started < 5  # the bomb never finished: flattening expanded every alias
+
+
+def test_a_yaml_file_larger_than_the_bound_is_refused_before_pyyaml_reads_it(tmp_path, monkeypatch):
+    import time
+
+    import yaml
+
+    from fic.core import config
+
+    path = tmp_path / "big.yaml"
+    path.write_text("views:\n" + "  - x\n" * 2_000_000)  # 12 MB: PyYAML would take minutes
+    monkeypatch.setattr(yaml, "load", lambda *a, **k: pytest.fail("PyYAML was asked to read it"))
+    started = time.monotonic()
+    with pytest.raises(FicError, match=f"more than the {config.MAX_YAML_BYTES >> 10} KiB FiC reads as a YAML file"):
+        load_config(Fields, path)
+    assert time.monotonic() - started < 1
+    with pytest.raises(FicError, match="is not a regular file"):
+        load_config(Fields, "/dev/zero")  # it would be read for ever
+
+
+def test_a_nested_command_line_value_is_one_line_naming_the_key():
+    with pytest.raises(FicError) as err:
+        load_config(Fields, None, ["views=" + "[" * DEEP + "]" * DEEP])
+    assert "nested more than 64 levels deep" in str(err.value) and "views" in str(err.value)
+    with pytest.raises(FicError, match="expands to more than"):
+        load_config(Fields, None, ["views=" + BOMB.replace("fields:\n", "[").replace("\n  ", ", ").rstrip("\n") + "]"])
+
+
+def test_a_mapping_too_deep_for_python_is_one_line_not_a_recursion_error():
+    from fic.core.config import from_mapping
+
+    nested: dict = {"x": "y"}  # a mapping setting is flattened key by key
+    for _ in range(DEEP):
+        nested = {"k": nested}
+    with pytest.raises(FicError, match="nested too deeply to check"):
+        from_mapping(Fields, {"fields": nested}, "run.json")
