@@ -24,8 +24,8 @@ LoRA) plus `final-merged/` for LoRA with `save_merged=true`, each with a model c
 
 from __future__ import annotations
 
-import json
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -35,7 +35,7 @@ from accelerate.utils import set_seed
 
 from fic.core.config import config_to_dict, setting
 from fic.core.errors import FicError
-from fic.core.files import check_writable, file_sha256
+from fic.core.files import check_writable, file_sha256, read_json
 from fic.core.model import check_model_folder, load_template_checked_tokenizer
 from fic.training import checkpoints, loop
 from fic.training.checkpoints import model_card as card
@@ -102,6 +102,7 @@ def train(cfg: SFTConfig) -> dict:
     tokenizer = load_template_checked_tokenizer(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
     examples, corpus = load_corpus(cfg.data.path, tokenizer, cfg.data.max_seq_len, progress=main and cfg.logging.progress)
     corpus["sha256"] = file_sha256(cfg.data.path)
+    shown_card = data_card(cfg, corpus)  # before the model loads: a damaged card is one line, at once
     if saved is not None:
         changed = checkpoints.check_compatible(saved, cfg, MUST_MATCH, corpus["sha256"],
                                                data_name=cfg.data.path, world=world, where=resume_from)
@@ -124,7 +125,7 @@ def train(cfg: SFTConfig) -> dict:
     loss_model, optimizer, scheduler = loop.prepare(accelerator, TargetLoss(model, cfg.train.loss_chunk_tokens),
                                                     cfg, steps)
     start, run_id = loop.restore(accelerator, cfg, resume_from, saved)
-    log = loop.RunLog(cfg, accelerator, steps, start, run_id, desc="sft", data_card=data_card(cfg, corpus),
+    log = loop.RunLog(cfg, accelerator, steps, start, run_id, desc="sft", data_card=shown_card,
                       postfix=lambda f: {"loss": f"{f['loss']:.4f}", "tok_s": f"{f['target_tokens_per_s']:.0f}"})
 
     last = {"loss": float("nan")}
@@ -161,10 +162,13 @@ def data_card(cfg: SFTConfig, corpus: dict) -> dict:
     """What wandb and TensorBoard show of the data: the corpus file, its counts, and the card
     `fic sft-data` wrote beside it (sources, hf: repository, revision and mapping, kinds)."""
     card_file = Path(cfg.data.path).with_suffix(".card.json")
-    try:
-        written = json.loads(card_file.read_text(encoding="utf-8")) if card_file.is_file() else None
-    except (OSError, json.JSONDecodeError):
-        written = None
+    written = None
+    if os.path.lexists(card_file):
+        try:
+            written = read_json(card_file, "the corpus's data card (JSON)")
+        except FicError as err:
+            raise FicError(f"{err.message}; remove it or build the corpus again with fic sft-data",
+                           path=str(card_file)) from None
     return {"path": cfg.data.path, **{k: v for k, v in corpus.items() if isinstance(v, (int, float, str))},
             "card": written}
 

@@ -256,6 +256,14 @@ def read_data_text(path: str | os.PathLike, expected: str = "a text file", *, li
     """The text of a data file, checked: it exists, is a regular file (not `/dev/zero`, a pipe
     or a folder), is at most `limit` bytes (`MAX_FILE_BYTES`, or a config's bound) and is UTF-8
     (a byte-order mark is skipped)."""
+    try:
+        return read_data_bytes(path, expected, limit=limit).decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise FicError(f"not UTF-8 text (byte {err.start}); expected {expected}", path=str(path)) from None
+
+
+def read_data_bytes(path: str | os.PathLike, expected: str = "a file", *, limit: int | None = None) -> bytes:
+    """The bytes of a data file, through the checks of `read_data_text` but the decoding."""
     path = Path(path)
     try:
         info = path.stat()
@@ -280,9 +288,7 @@ def read_data_text(path: str | os.PathLike, expected: str = "a text file", *, li
             raw = handle.read(limit + 1)
         if len(raw) > limit:  # it grew, or it reports no size (/proc)
             raise too_large(len(raw))
-        return raw.decode("utf-8-sig")
-    except UnicodeDecodeError as err:
-        raise FicError(f"not UTF-8 text (byte {err.start}); expected {expected}", path=str(path)) from None
+        return raw
     except MemoryError:
         raise FicError("too large to read into memory", path=str(path)) from None
 
@@ -350,6 +356,28 @@ def read_log(path: str | os.PathLike) -> list[dict]:
                 break
             raise FicError(f"{err.message}; the log is damaged", path=str(path)) from None
     return records
+
+
+def read_growing_log(path: str | os.PathLike, expected: str = "a JSONL log") -> list[tuple[int, Any]]:
+    """(line, value) of every line of a JSONL log another process may be appending to, read only
+    (`fic report` on a running job): the last line, the one being written, is passed over when
+    it is torn (cut inside a character or a value); a broken line elsewhere is a `FicError`
+    naming it (the log is damaged). The checks of `read_data_text` apply (a regular file, a size)."""
+    lines = read_data_bytes(path, expected).splitlines()
+    found = []
+    for number, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        try:
+            found.append((number, loads(raw.decode("utf-8-sig" if number == 1 else "utf-8"), path=path, line=number)))
+        except UnicodeDecodeError as err:
+            if number < len(lines):
+                raise FicError(f"line {number} is not UTF-8 text (byte {err.start} of the line); the log is damaged",
+                               path=str(path)) from None
+        except FicError as err:
+            if number < len(lines):
+                raise FicError(f"{err.message}; the log is damaged", path=str(path)) from None
+    return found
 
 
 _RENAME_EXCHANGE = 2  # renameat2 flag (Linux >= 3.15): swap two paths in one step
