@@ -35,7 +35,8 @@ MAX_YAML_VALUES = 100_000   # values (scalars, mappings, lists) with every alias
 
 def setting(default: Any = _MISSING, help: str = "", *, choices: Sequence[Any] | None = None,
             min: float | None = None, max: float | None = None, factory: Any = _MISSING) -> Any:
-    """Declare a config field with its help text and optional allowed values or range."""
+    """Declare a config field with its help text and optional allowed values or range. Fields
+    are also held to the physical bounds their name implies (`PHYSICAL_BOUNDS`)."""
     metadata = {"help": help, "choices": tuple(choices) if choices else None, "min": min, "max": max}
     if factory is not _MISSING:
         return dataclasses.field(default_factory=factory, metadata=metadata)
@@ -174,6 +175,26 @@ def _convert(value: Any, tp: Any, key: str, source: str) -> Any:
     raise bad()
 
 
+# Bounds a field's name implies, whatever its declaration: a setting past them is accepted by no
+# library FiC hands it to (the OpenAI client overflows on a timeout of 1e12 s, numpy refuses a
+# seed of -1 or 2**32, nucleus sampling keeps no token at top_p 0). (suffix, low, high, low excluded)
+WEEK_S = 7 * 24 * 3600
+MAX_TOKENS = 1 << 24  # more tokens than any model's context
+PHYSICAL_BOUNDS = (("_s", 0, WEEK_S, False), ("tokens", 0, MAX_TOKENS, False), ("seq_len", 1, MAX_TOKENS, False),
+                   ("seed", 0, 2**32 - 1, False), ("top_p", 0, 1, True))
+
+
+def _check_physical(value: Any, name: str, key: str, source: str) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return
+    for suffix, low, high, excluded in PHYSICAL_BOUNDS:
+        if name.endswith(suffix) and (value <= low if excluded else value < low):
+            raise FicError(f"expected a value {'>' if excluded else '>='} {low}, got {value!r}", path=source, field=key)
+        if name.endswith(suffix) and value > high:
+            unit = {"_s": " seconds (a week)", "seed": " (a seed is 32 bits)"}.get(suffix, "")
+            raise FicError(f"expected a value <= {high:,}{unit}, got {value!r}", path=source, field=key)
+
+
 def _check_range(value: Any, meta: dict, key: str, source: str) -> None:
     choices, low, high = meta.get("choices"), meta.get("min"), meta.get("max")
     if choices is not None and value is not None and value not in choices:
@@ -225,6 +246,7 @@ def _build(cls: type, data: dict, source: str, prefix: str = "") -> Any:
             value = _merge(_declared(f.default_factory()), value)
         converted = _convert(value, hints[name], key, source)
         _check_range(converted, dict(fields[name].metadata), key, source)
+        _check_physical(converted, name, key, source)
         kwargs[name] = converted
     for name, f in fields.items():
         if name not in kwargs and f.default is _MISSING and f.default_factory is _MISSING:

@@ -1,5 +1,6 @@
 """The config loader: YAML + key=value overrides, with errors naming file, key and expectation."""
 
+import re
 from dataclasses import dataclass
 
 import pytest
@@ -236,3 +237,57 @@ def test_a_mapping_too_deep_for_python_is_one_line_not_a_recursion_error():
         nested = {"k": nested}
     with pytest.raises(FicError, match="nested too deeply to check"):
         from_mapping(Fields, {"fields": nested}, "run.json")
+
+
+# --------------------------------------------------------------------------- physical bounds
+
+CONFIGS = ["fic.train_sft:SFTConfig", "fic.train_vasd:VASDConfig", "fic.evaluation.evaluate:EvalConfig",
+           "fic.corpus.build:SFTDataConfig", "fic.probe.run:ProbeConfig", "fic.demo.run:DemoConfig"]
+
+
+def bounded_keys(cls, prefix=""):
+    """Every numeric field of a config (nested sections too) a physical bound applies to by its name."""
+    import dataclasses
+    import typing
+
+    from fic.core.config import PHYSICAL_BOUNDS
+
+    found = []
+    for name, hint in typing.get_type_hints(cls).items():
+        if dataclasses.is_dataclass(hint):
+            found += bounded_keys(hint, f"{prefix}{name}.")
+        elif {int, float} & set(typing.get_args(hint) or (hint,)) and any(name.endswith(s) for s, *_ in PHYSICAL_BOUNDS):
+            found.append(prefix + name)
+    return found
+
+
+def config_class(path):
+    import importlib
+
+    module, name = path.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+@pytest.mark.parametrize("path", CONFIGS)
+def test_every_timeout_token_count_and_seed_has_its_physical_bound(path):
+    cls = config_class(path)
+    keys = bounded_keys(cls)
+    assert keys  # the walk is not vacuous
+    for key in keys:
+        name = key.rsplit(".", 1)[-1]
+        for value in ("1000000000000", "-1") if not name.endswith("top_p") else ("0", "-0.5"):
+            with pytest.raises(FicError) as err:
+                load_config(cls, None, [f"{key}={value}"])
+            assert err.value.field == key and "expected a value" in str(err.value), (key, value, str(err.value))
+
+
+def test_the_issue_s_values_are_refused_at_load_time_naming_the_field():
+    cases = [("fic.evaluation.evaluate:EvalConfig", "model.timeout_s=1e12", "<= 604,800 seconds (a week)"),
+             ("fic.train_sft:SFTConfig", "train.seed=-1", ">= 0"),
+             ("fic.train_sft:SFTConfig", "train.seed=4294967296", "<= 4,294,967,295 (a seed is 32 bits)"),
+             ("fic.train_vasd:VASDConfig", "rollout.top_p=0", "> 0"),
+             ("fic.evaluation.evaluate:EvalConfig", "max_new_tokens=1000000000", "<= 16,777,216")]
+    for path, override, needle in cases:
+        with pytest.raises(FicError, match=f"field '{override.split('=')[0]}': expected a value {re.escape(needle)}"):
+            load_config(config_class(path), None, [override])
+    load_config(config_class("fic.train_sft:SFTConfig"), None, ["train.seed=4294967295", "model.path=x"])
