@@ -469,6 +469,46 @@ def unlock_folder(folder: str | os.PathLike) -> None:
 
 
 @contextlib.contextmanager
+def removed_if_failed(folder: str | os.PathLike, bookkeeping: Iterable[str] = ()) -> Iterator[None]:
+    """For a command that may create `folder` (and folders above it): when the block fails, the
+    folders it created are removed again if they hold nothing but the lock, the `bookkeeping`
+    files named (the saved config) and empty files, so a failed command leaves no new output
+    folder behind. A folder that existed before, or now holds results (conversations saved for
+    a resume), stays as it is."""
+    folder = Path(folder)
+    top = None  # the highest folder of the path that does not exist yet
+    for part in [folder, *folder.parents]:
+        if os.path.lexists(part):
+            break
+        top = part
+    try:
+        yield
+    except BaseException:
+        if top is not None:
+            _remove_created(folder, top, {LOCK_NAME, *bookkeeping})
+        raise
+
+
+def _remove_created(folder: Path, top: Path, bookkeeping: set[str]) -> None:
+    try:
+        entries = list(os.scandir(folder)) if folder.is_dir() and not folder.is_symlink() else None
+    except OSError:
+        return
+    if entries is None or any(not (e.is_file(follow_symlinks=False) and (e.name in bookkeeping or
+                                                                      e.stat(follow_symlinks=False).st_size == 0))
+                              for e in entries):
+        return  # something of value is there (or it is not ours): keep it all
+    for entry in entries:
+        with contextlib.suppress(OSError):
+            os.unlink(entry.path)
+    for part in [folder, *folder.parents]:
+        with contextlib.suppress(OSError):
+            part.rmdir()  # only while empty
+        if part == top:
+            break
+
+
+@contextlib.contextmanager
 def folder_lock(folder: str | os.PathLike, *, field: str | None = "out") -> Iterator[None]:
     """`lock_folder` for the duration of a block; a lock this process held before stays held."""
     taken = lock_folder(folder, field=field)

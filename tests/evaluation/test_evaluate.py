@@ -498,3 +498,24 @@ def test_database_without_spider_databases_says_so_in_metrics_and_the_report(tmp
     assert "no Spider databases" in caveat and "any query that runs" in caveat
     assert json.loads((tmp_path / "o" / "metrics.json").read_text())["scoring_caveats"] == metrics["scoring_caveats"]
     assert "**Scoring caveat, database**: no Spider databases" in (tmp_path / "o" / "report.md").read_text()
+
+
+def test_a_failed_eval_leaves_no_new_output_folder_behind(lic_file, tmp_path, tiny_model_dir, tiny_backend):
+    out = tmp_path / "runs" / "new" / "run"
+    with pytest.raises(FicError, match="not found"):
+        evaluate(config(tmp_path / "missing.json", out, tiny_model_dir), assistant=tiny_backend, progress=False)
+    assert not (tmp_path / "runs").exists()  # not the run folder, its lock and config, nor the folders above
+    # Failing after the config and fingerprint are written (before any conversation finished): gone too.
+    with pytest.raises(KeyboardInterrupt):
+        evaluate(config(lic_file, out, tiny_model_dir), assistant=Counting(tiny_backend, fail_after=0), progress=False)
+    assert not (tmp_path / "runs").exists()
+    # Conversations saved for a resume stay, and so does a folder that was there before.
+    with pytest.raises(KeyboardInterrupt):
+        evaluate(config(lic_file, out, tiny_model_dir, "batch_size=4"), assistant=Counting(tiny_backend, fail_after=6),
+                 progress=False)
+    assert len(log(out)) > 0 and (out / "config.yaml").is_file()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    with pytest.raises(FicError):
+        evaluate(config(tmp_path / "missing.json", kept, tiny_model_dir), assistant=tiny_backend, progress=False)
+    assert kept.is_dir()
