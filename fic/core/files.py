@@ -4,7 +4,7 @@ Every output FiC writes goes to a temporary file in the same folder and is renam
 place, so an interrupted job never leaves a half-written file behind.
 
 Every JSON or JSONL data file is read through one guarded reader (`read_json`,
-`read_records`, `read_log`): a file that is no regular file (`/dev/zero`, a pipe), larger than
+`read_records`, `read_log`, `read_growing_log`): a file that is no regular file (`/dev/zero`, a pipe), larger than
 `MAX_FILE_BYTES`, not UTF-8, nested deeper than the JSON decoder allows, or holding a number
 Python refuses (an integer over 4,300 digits) is a `FicError` naming the file and the line,
 never a traceback. Text is written with `backslashreplace`, so a lone surrogate read from a
