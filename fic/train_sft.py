@@ -24,7 +24,7 @@ LoRA) plus `final-merged/` for LoRA with `save_merged=true`, each with a model c
 
 from __future__ import annotations
 
-import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -34,7 +34,7 @@ from accelerate.utils import set_seed
 
 from fic.core.config import config_to_dict
 from fic.core.errors import FicError
-from fic.core.files import append_jsonl, file_sha256, write_json
+from fic.core.files import append_jsonl, file_sha256, read_json, write_json
 from fic.core.model import load_template_checked_tokenizer
 from fic.evaluation.live import evaluate_live
 from fic.training import checkpoints, loop
@@ -58,6 +58,7 @@ def train(cfg: SFTConfig) -> dict:
     tokenizer = load_template_checked_tokenizer(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
     examples, corpus = load_corpus(cfg.data.path, tokenizer, cfg.data.max_seq_len, progress=main and cfg.logging.progress)
     corpus["sha256"] = file_sha256(cfg.data.path)
+    shown_card = data_card(cfg, corpus)  # before the model loads: a damaged card is one line, at once
     if saved is not None:
         changed = checkpoints.check_compatible(saved, cfg, MUST_MATCH, corpus["sha256"],
                                                data_name=cfg.data.path, world=world, where=resume_from)
@@ -76,7 +77,7 @@ def train(cfg: SFTConfig) -> dict:
         model.train()
     sft = SFTStep(cfg, accelerator, model, examples, tokenizer.pad_token_id, steps)
     start, run_id = loop.restore(accelerator, cfg, resume_from, saved)
-    log = loop.RunLog(cfg, accelerator, steps, start, run_id, desc="sft", data_card=data_card(cfg, corpus),
+    log = loop.RunLog(cfg, accelerator, steps, start, run_id, desc="sft", data_card=shown_card,
                       postfix=lambda f: {"loss": f"{f['loss']:.4f}", "tok_s": f"{f['target_tokens_per_s']:.0f}"})
 
     out = Path(cfg.out)
@@ -168,10 +169,13 @@ def data_card(cfg: SFTConfig, corpus: dict) -> dict:
     """What wandb and TensorBoard show of the data: the corpus file, its counts, and the card
     `fic sft-data` wrote beside it (sources, hf: repository, revision and mapping, kinds)."""
     card_file = Path(cfg.data.path).with_suffix(".card.json")
-    try:
-        written = json.loads(card_file.read_text(encoding="utf-8")) if card_file.is_file() else None
-    except (OSError, json.JSONDecodeError):
-        written = None
+    written = None
+    if os.path.lexists(card_file):
+        try:
+            written = read_json(card_file, "the corpus's data card (JSON)")
+        except FicError as err:
+            raise FicError(f"{err.message}; remove it or build the corpus again with fic sft-data",
+                           path=str(card_file)) from None
     return {"path": cfg.data.path, **{k: v for k, v in corpus.items() if isinstance(v, (int, float, str))},
             "card": written}
 

@@ -42,6 +42,7 @@ from fic.core.generation import (
     chat_by_generate,
     check_prompts,
     finish,
+    request_seeds,
     stop_ids,
 )
 from fic.core.model import default_device, load_model, load_tokenizer
@@ -109,9 +110,11 @@ class HFBackend:
         if self.kv_store is not None:
             self.kv_store.check_weights(self.model)
         # fork_rng scopes the per-call seed: the caller's global RNG state is restored afterwards.
+        # With per-prompt seeds, each row draws from a generator of its own (`_decode`).
         fork_devices = []
         if device.type == "cuda":
             fork_devices = [device.index if device.index is not None else torch.cuda.current_device()]
+        seeds = request_seeds(params, len(prompts)) if params.seeds is not None else None
         try:
             with torch.random.fork_rng(devices=fork_devices, enabled=sampling and params.seed is not None), \
                     _grad_off(self.model):
@@ -119,7 +122,8 @@ class HFBackend:
                     torch.manual_seed(params.seed)
                 for start in range(0, len(order), self.batch_size):
                     batch = order[start:start + self.batch_size]
-                    outputs = self._generate_batch([prompts[i] for i in batch], params, device)
+                    outputs = self._generate_batch([prompts[i] for i in batch], params, device,
+                                                   None if seeds is None else [seeds[i] for i in batch])
                     for i, out in zip(batch, outputs):
                         results[i] = out
         finally:
@@ -127,13 +131,13 @@ class HFBackend:
         return results  # type: ignore[return-value]
 
     def _generate_batch(self, prompts: list[list[int]], params: SamplingParams,
-                        device: torch.device) -> list[Generation]:
+                        device: torch.device, seeds: list[int] | None = None) -> list[Generation]:
         if self.kv_store is not None:
             self._prefill(prompts, device)  # then every row feeds only its last prompt token
         rows = self._assemble(prompts, params.max_new_tokens, device)
         new_ids, logprobs, row_kvs = _decode(self.model, rows.cache, rows.input_ids, rows.attention_mask,
                                              params, stops=self.stop_ids, pad_id=self.pad_id,
-                                             keep_rows=self.kv_store is not None)
+                                             keep_rows=self.kv_store is not None, seeds=seeds)
         results = [finish(self.tokenizer, ids, lps, self.stop_ids)
                    for ids, lps in zip(new_ids.cpu().tolist(), logprobs.cpu().tolist())]
         # The last reply token was sampled but never fed: its keys and values do not exist.
@@ -251,14 +255,17 @@ def prefill_groups(lengths: list[int], pass_cost: int) -> list[list[int]]:
 
 def _decode(model: Any, cache: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
             params: SamplingParams, *, stops: frozenset[int], pad_id: int,
-            keep_rows: bool = False) -> tuple[torch.Tensor, torch.Tensor, list[KV] | None]:
+            keep_rows: bool = False, seeds: list[int] | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor, list[KV] | None]:
     """Feed `input_ids` after what `cache` already holds (`attention_mask` covers both), then
     sample up to `params.max_new_tokens` tokens per row until every row has written a stop id.
 
     Rows that have finished leave the batch once they are a quarter of it, so a long reply does
     not keep paying for the short ones beside it (each departure copies the cache once).
     Returns (batch, steps) ids (finished rows padded with `pad_id`), their raw log-probs, and
-    with `keep_rows` each row's keys and values as they stood when it left the batch."""
+    with `keep_rows` each row's keys and values as they stood when it left the batch. With
+    `seeds`, row i samples from a generator seeded `seeds[i]` alone, one draw per step: its
+    reply does not depend on the rows beside it."""
     warpers = []
     if params.temperature > 0:
         if params.temperature != 1.0:
@@ -266,6 +273,8 @@ def _decode(model: Any, cache: Any, input_ids: torch.Tensor, attention_mask: tor
         if params.top_p < 1.0:
             warpers.append(TopPLogitsWarper(params.top_p))
     rows, device = input_ids.shape[0], input_ids.device
+    generators = None if seeds is None or params.temperature == 0 else \
+        [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
     stop_tensor = torch.tensor(sorted(stops), device=device)
     out_ids = torch.full((rows, params.max_new_tokens), pad_id, dtype=torch.long, device=device)
     out_logprobs = torch.zeros((rows, params.max_new_tokens), dtype=torch.float32, device=device)
@@ -282,7 +291,12 @@ def _decode(model: Any, cache: Any, input_ids: torch.Tensor, attention_mask: tor
         if params.temperature > 0:
             for warper in warpers:
                 scores = warper(None, scores)
-            chosen = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1)
+            probs = torch.softmax(scores, dim=-1)
+            if generators is None:
+                chosen = torch.multinomial(probs, num_samples=1)
+            else:  # one draw from each row's own generator (`active` maps batch rows to rows)
+                chosen = torch.stack([torch.multinomial(probs[k], 1, generator=generators[row])
+                                      for k, row in enumerate(active.tolist())])
         else:
             chosen = scores.argmax(dim=-1, keepdim=True)
         chosen = chosen.masked_fill(finished[:, None], pad_id)

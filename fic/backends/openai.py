@@ -9,9 +9,9 @@ are retried with exponential backoff and jitter (a server's `Retry-After` is hon
 any other 4xx is a `FicError` at once with the status and the server's message, since sending
 the same bad request again cannot help. `concurrency` requests run at once in threads.
 
-Parameters sent: model, messages, max_tokens, temperature, top_p, seed (seed + i for the i-th
-conversation of a call, so repeated conversations are sampled independently yet reproducibly
-where the server honours seeds), and `logprobs: true` when `request_logprobs` is set.
+Parameters sent: model, messages, max_tokens, temperature, top_p, seed (`params.seeds[i]`, else
+seed + i for the i-th conversation of a call, so repeated conversations are sampled independently
+yet reproducibly where the server honours seeds), and `logprobs: true` when `request_logprobs` is set.
 `max_tokens` rather than `max_completion_tokens`: it is the field every compatible server reads.
 """
 
@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from fic.core.errors import FicError
-from fic.core.generation import BackendConfig, Generation, SamplingParams
+from fic.core.generation import BackendConfig, Generation, SamplingParams, request_seeds
 
 
 class _Transient(Exception):
@@ -65,7 +65,7 @@ class OpenAIBackend:
     def chat(self, conversations: list[list[dict]], params: SamplingParams) -> list[Generation]:
         if not conversations:
             return []
-        seeds = [None if params.seed is None else params.seed + i for i in range(len(conversations))]
+        seeds = request_seeds(params, len(conversations))
         with ThreadPoolExecutor(max_workers=min(self.concurrency, len(conversations)),
                                 thread_name_prefix="fic-openai") as pool:
             futures = [pool.submit(self._complete, conv, params, seed)

@@ -17,8 +17,9 @@ nothing is re-tokenized. What vLLM returns, as read in its source (vllm/v1/core/
   mode it is the log-softmax of the raw logits, before temperature and top-p, the same quantity
   the hf backend reports.
 
-Seeds: each request gets its own seed (params.seed + its index in the call), so a prompt's
-sample does not depend on what else is in the batch, and repeated prompts still differ.
+Seeds: each request gets its own seed (`params.seeds[i]`, else params.seed + its index in the
+call), so a prompt's sample does not depend on what else is in the batch, and repeated prompts
+still differ.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from fic.core.generation import (
     chat_by_generate,
     check_prompts,
     finish,
+    request_seeds,
     stop_ids,
 )
 
@@ -67,15 +69,15 @@ class VLLMBackend:
         check_prompts(prompts)
         if not prompts:
             return []
-        per_request = [self._sampling(params, i) for i in range(len(prompts))]
+        per_request = [self._sampling(params, seed) for seed in request_seeds(params, len(prompts))]
         inputs = [{"prompt_token_ids": list(p)} for p in prompts]
         outputs = self.llm.generate(inputs, per_request, use_tqdm=False)
         return [self._to_generation(out.outputs[0]) for out in outputs]
 
-    def _sampling(self, params: SamplingParams, index: int) -> Any:
+    def _sampling(self, params: SamplingParams, seed: int | None) -> Any:
         return self.vllm.SamplingParams(
             n=1, max_tokens=params.max_new_tokens, temperature=params.temperature,
-            top_p=params.top_p, seed=None if params.seed is None else params.seed + index,
+            top_p=params.top_p, seed=seed,
             stop_token_ids=sorted(self.stop_ids), logprobs=0, skip_special_tokens=True)
 
     def _to_generation(self, completion: Any) -> Generation:

@@ -60,7 +60,7 @@ from fic.bench.random_models import (
 )
 from fic.core.config import load_config
 from fic.core.errors import FicError
-from fic.core.files import check_writable
+from fic.core.files import check_writable, open_in_place
 from fic.training.sft import SFTConfig
 from fic.training.vasd.config import VASDConfig
 
@@ -351,7 +351,7 @@ class Runner:
         if limit <= 5:
             return 124, 0.0, "no time left in --budget-s"
         began = time.monotonic()
-        with open(log, "a", encoding="utf-8") as out:
+        with open_in_place(log) as out:
             out.write(f"$ {shlex.join(command)}\n")
             out.flush()
             proc = subprocess.Popen(command, cwd=REPO, env=self.env, stdout=out, stderr=subprocess.STDOUT,

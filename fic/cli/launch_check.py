@@ -29,9 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-import yaml
-
-from fic.core.config import read_yaml
+from fic.core.config import read_yaml, yaml_value
 from fic.core.errors import FicError
 from fic.core.files import read_json
 
@@ -96,7 +94,7 @@ def _recipe_batch(recipe: Path, overrides: Sequence[str]) -> tuple[int | None, i
         if not sep:
             raise FicError(f"expected key=value, got {text!r}", path="command line")
         if key in ("train.micro_batch_size", "train.grad_accum_steps"):
-            values[key.split(".", 1)[1]] = yaml.safe_load(raw)
+            values[key.split(".", 1)[1]] = yaml_value(raw, key)
             source = f"{recipe} (with command-line overrides)"
     micro, accum = (None if values[k] is None else _positive_int(values[k], source, f"train.{k}")
                     for k in ("micro_batch_size", "grad_accum_steps"))

@@ -8,19 +8,21 @@
   `demo_scores.png` from `stages/report.json`.
 
 Files are only read (a line a running job is writing is passed over); figures go to RUN_DIR,
-or with `--out` to another folder (a read-only run folder, a shared disk).
+or with `--out` to another folder (a read-only run folder, a shared disk). Every file is read
+through FiC's guarded readers and checked for the shape its figures need: a file that is not
+UTF-8, damaged, of the wrong types or shape is one line naming it (exit 2), never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
+from typing import Any, Callable
 
 from fic.core.errors import FicError
-from fic.core.files import check_writable, read_json
+from fic.core.files import check_writable, read_growing_log, read_json
 from fic.demo.report import PLOT, plot_demo
-from fic.evaluation.metrics import summarize
+from fic.evaluation.metrics import record_problem, summarize
 from fic.evaluation.report import write_report
 from fic.training.curves import CURVES_PNG, read_metrics, write_curves
 
@@ -51,18 +53,27 @@ def _read_json(path: Path) -> dict:
 
 
 def _conversations(path: Path) -> list[dict]:
-    """The finished conversations, read only (the evaluation may be appending to the file)."""
+    """The finished conversations, read only (the evaluation may be appending to the file: its
+    torn last line is passed over); a record of the wrong shape is one line naming its line."""
     if not path.is_file():
         return []
     records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except (ValueError, RecursionError):  # a line being written, or one no reader could take
-            continue
-        if isinstance(record, dict) and {"task", "view", "task_id", "score", "turns"} <= set(record):
-            records.append(record)
+    for line, record in read_growing_log(path, "a conversations.jsonl log"):
+        problem = record_problem(record)
+        if problem is not None:
+            raise FicError(f"line {line}: {problem}; not a conversation record of fic eval", path=str(path))
+        records.append(record)
     return records
+
+
+def _drawn(path: Path, what: str, draw: Callable[[], Any]) -> Any:
+    """`draw()` from a JSON file FiC wrote (metrics.json, stages/report.json) whose inner shape
+    is not checked key by key: a value of the wrong type or shape deep inside is one line."""
+    try:
+        return draw()
+    except (TypeError, KeyError, ValueError, AttributeError, IndexError) as err:
+        raise FicError(f"not {what}: a value has the wrong type or shape ({type(err).__name__}: {str(err)[:120]})",
+                       path=str(path)) from None
 
 
 def report_training(folder: Path, out: Path) -> list[Path]:
@@ -83,7 +94,8 @@ def report_evaluation(folder: Path, out: Path) -> list[Path]:
         metrics["settings"] = {}
     else:
         raise FicError("no finished conversation yet; nothing to draw", path=str(folder / "conversations.jsonl"))
-    report = write_report(out, metrics, records)
+    where = folder / "metrics.json" if (folder / "metrics.json").is_file() else folder / "conversations.jsonl"
+    report = _drawn(where, "the run files of a fic eval run", lambda: write_report(out, metrics, records))
     return [report, *(out / name for name in ("scores_by_view.png", "answer_timing.png", "tokens_per_conversation.png"))]
 
 
@@ -98,7 +110,8 @@ def report_demo(folder: Path, out: Path) -> list[Path]:
             written += report_evaluation(sub, target)
     marker = folder / "stages" / "report.json"
     if marker.is_file():
-        path = plot_demo(_read_json(marker).get("figures") or {"sets": {}}, out / PLOT)
+        figures = _read_json(marker).get("figures") or {"sets": {}}
+        path = _drawn(marker, "the report.json of a fic demo", lambda: plot_demo(figures, out / PLOT))
         written += [path] if path is not None else []
     if not written:
         raise FicError("no finished stage to draw yet (no training metrics, evaluation or report)", path=str(folder))

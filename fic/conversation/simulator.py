@@ -37,12 +37,13 @@ are exactly `fic.data.views.user_turns`. The assistant only gets the task's syst
 never told the conversation is multi-turn. A conversation's `prompts` is the wording of its
 system prompt and user turns: FiC's own (`fic`) or Lost in Conversation's verbatim (`lic`).
 
-Seeding: a backend seeds once per call and samples the rows of a call independently, so the
-N runs of a conversation in one call are independent samples. Each call's seed is derived
-from (`seed`, step, chunk); the same conversations played with the same settings give the
-same results. A resumed evaluation batches the remaining conversations differently, so its
-sampled replies are other (equally valid) samples than an uninterrupted run would draw;
-greedy decoding is unaffected.
+Seeding: every sampled reply (the assistant's, and the user model's) has a seed of its own,
+derived from (`seed`, the conversation's task id, view and run, its turn), and the backends
+sample each prompt from its own seed alone (`SamplingParams.seeds`). So the N runs of a
+conversation are independent samples, and a reply does not depend on the batch it was played
+in: a resumed evaluation, or one played in other chunks (`batch_size`), draws exactly the
+replies an uninterrupted one would (up to the last bit of floating point the batch shape may
+change in the logits).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ from fic.core.chat import continue_ids, prompt_ids
 from fic.core.errors import FicError, one_line
 from fic.core.generation import Backend, Generation, SamplingParams
 from fic.core.instance import Instance
-from fic.core.seeding import derive_seed
+from fic.core.seeding import derive_seed, reply_seed
 from fic.data.views import (
     SINGLE_TURN_VIEWS,
     VIEWS,
@@ -87,7 +88,7 @@ class Turn:
     prompt_tokens: int = 0          # context length the assistant saw for this reply
     reply_tokens: int = 0           # tokens the assistant generated
     finish_reason: str = ""
-    seed: int | None = None         # seed of the generation call this reply came from
+    seed: int | None = None         # the seed this reply was sampled from (see the module docstring)
     user_note: str | None = None    # why the user simulator fell back, if it did
     label_note: str | None = None   # why the classifier fell back, if it did
     score_note: str | None = None   # why the score is what it is beyond a wrong answer (sandbox, no judge)
@@ -271,7 +272,7 @@ def play(conversations: Sequence[Conversation], assistant: Backend, user: Any, c
             on_step(step, len(active))
         # 1. The user speaks. Only later turns of multi-turn views ask the simulator.
         asking = [c for c in active if c.needs_user_simulator()]
-        picked = dict(zip(map(id, asking), user.next_turns(asking, seed=derive_seed(seed, "user", step))
+        picked = dict(zip(map(id, asking), user.next_turns(asking, seed=derive_seed(seed, "user"))
                           if asking else []))
         for conv in active:
             text, shard_ids, note = _compose(conv, picked.get(id(conv)))
@@ -292,13 +293,13 @@ def play(conversations: Sequence[Conversation], assistant: Backend, user: Any, c
         ready.sort(key=lambda c: len(c.ids), reverse=True)
         for start in range(0, len(ready), batch_size):
             chunk = ready[start:start + batch_size]
-            call_seed = derive_seed(seed, "assistant", step, start // batch_size)
-            outputs = _generate(assistant, chunk, _with_seed(params, call_seed))
-            for conv, out in zip(chunk, outputs):
+            seeds = tuple(reply_seed(seed, "assistant", conv) for conv in chunk)
+            outputs = _generate(assistant, chunk, _with_seeds(params, seeds))
+            for conv, out, reply in zip(chunk, outputs, seeds):
                 turn = conv.turns[-1]
                 turn.prompt_tokens = len(conv.ids) if conv.ids else 0
                 turn.reply, turn.reply_tokens = out.text, len(out.token_ids)
-                turn.finish_reason, turn.seed = out.finish_reason, call_seed
+                turn.finish_reason, turn.seed = out.finish_reason, reply
                 conv.ids = conv.ids + list(out.token_ids)
                 conv.messages.append({"role": "assistant", "content": out.text})
         # 3. Single-turn replies are scored whatever they look like; multi-turn replies are
@@ -366,9 +367,9 @@ def _finish(conv: Conversation, reason: str, on_finish: Callable[[Conversation],
         on_finish(conv)
 
 
-def _with_seed(params: SamplingParams, seed: int) -> SamplingParams:
+def _with_seeds(params: SamplingParams, seeds: tuple[int, ...]) -> SamplingParams:
     return SamplingParams(max_new_tokens=params.max_new_tokens, temperature=params.temperature,
-                          top_p=params.top_p, seed=seed)
+                          top_p=params.top_p, seeds=seeds)
 
 
 def make_conversations(instances: Sequence[Instance], views: Sequence[str], runs: int, *,

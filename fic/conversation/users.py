@@ -31,6 +31,7 @@ from fic.conversation.simulator import NOTHING, UserTurn
 from fic.core.config import setting
 from fic.core.generation import Backend, BackendConfig, SamplingParams
 from fic.core.parsing import find_json
+from fic.core.seeding import reply_seed
 from fic.data.views import shard_turn
 from fic.tasks import lic_prompts
 
@@ -93,7 +94,9 @@ class LLMUser:
         fixed = {id(conv): turn for conv, turn in zip(conversations, VerbatimUser().next_turns(conversations))
                  if conv.task.fixed_turns}
         asking = [conv for conv in conversations if id(conv) not in fixed]
-        params = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature, seed=seed)
+        # Each conversation's turn from its own seed (see fic.conversation.simulator): not the batch's.
+        params = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature,
+                                seeds=tuple(reply_seed(seed, "user", conv) for conv in asking))
         outputs = self.backend.chat([user_prompt(conv) for conv in asking], params) if asking else []
         for conv, out in zip(asking, outputs):
             try:

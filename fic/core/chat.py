@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 import jinja2
 
-from fic.core.errors import FicError
+from fic.core.errors import FicError, one_line
 
 # Tokens that close a turn in widely used chat formats: ChatML, Llama 3 (eot, and eom
 # after a tool call), Phi-3, Gemma, plus end-of-document tokens, which also stop a reply.
@@ -115,8 +115,10 @@ def _render(tokenizer: Any, messages: list[dict], generation_prompt: bool,
     try:
         text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
                                              add_generation_prompt=generation_prompt)
-    except (ValueError, TypeError, jinja2.TemplateError) as err:
-        raise TemplateError(f"the chat template cannot render this conversation: {err}") from None
+    except (ValueError, TypeError, OverflowError, RecursionError, MemoryError, jinja2.TemplateError) as err:
+        # OverflowError: a `range` past the sandbox's bound; the folder is named, as it is the user's
+        raise TemplateError(f"the chat template cannot render this conversation: {one_line(err)[:300]}",
+                            path=getattr(tokenizer, "name_or_path", None) or None) from None
     return text, _token_ids(tokenizer(text, add_special_tokens=False))
 
 

@@ -4,12 +4,19 @@ Every verb and recipe describes its settings as a dataclass whose fields are dec
 `setting(default, help, ...)`. `load_config` reads a YAML file, applies `key=value`
 overrides (nested as `a.b=c`), and checks every value: unknown keys, wrong types and
 out-of-range values are `FicError`s that name the file, the key and what was expected.
+
+Every YAML FiC reads (config files, launch configs, eval recipes named as sources, command-line
+values) goes through one bounded reader (`parse_yaml`): at most `MAX_YAML_BYTES`, nested at most
+`MAX_YAML_DEPTH` levels, at most `MAX_YAML_VALUES` values once every alias is expanded (an alias
+bomb is refused before it is built), no alias to a node that contains it; each is a one-line
+`FicError`, and no `RecursionError` escapes a config's reading or checking.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import reprlib
 import types
 import typing
 from pathlib import Path
@@ -18,13 +25,18 @@ from typing import Any, Sequence
 import yaml
 
 from fic.core.errors import FicError
+from fic.core.files import read_data_text
 
 _MISSING = dataclasses.MISSING
+MAX_YAML_BYTES = 256 << 10  # a recipe is a few kilobytes; PyYAML reads about 0.5 MB a second
+MAX_YAML_DEPTH = 64         # nested mappings and lists
+MAX_YAML_VALUES = 100_000   # values (scalars, mappings, lists) with every alias expanded
 
 
 def setting(default: Any = _MISSING, help: str = "", *, choices: Sequence[Any] | None = None,
             min: float | None = None, max: float | None = None, factory: Any = _MISSING) -> Any:
-    """Declare a config field with its help text and optional allowed values or range."""
+    """Declare a config field with its help text and optional allowed values or range. Fields
+    are also held to the physical bounds their name implies (`PHYSICAL_BOUNDS`)."""
     metadata = {"help": help, "choices": tuple(choices) if choices else None, "min": min, "max": max}
     if factory is not _MISSING:
         return dataclasses.field(default_factory=factory, metadata=metadata)
@@ -84,8 +96,8 @@ def _convert(value: Any, tp: Any, key: str, source: str) -> Any:
             value = value.parsed
         else:
             value = value.raw if _accepts_str(tp) and value.parsed is not None else value.parsed
-    def bad() -> FicError:
-        return FicError(f"expected {_type_name(tp)}, got {value!r}", path=source, field=key)
+    def bad() -> FicError:  # reprlib: a value of megabytes, or nested deeply, is shown cut short
+        return FicError(f"expected {_type_name(tp)}, got {reprlib.repr(value)}", path=source, field=key)
 
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
@@ -163,6 +175,26 @@ def _convert(value: Any, tp: Any, key: str, source: str) -> Any:
     raise bad()
 
 
+# Bounds a field's name implies, whatever its declaration: a setting past them is accepted by no
+# library FiC hands it to (the OpenAI client overflows on a timeout of 1e12 s, numpy refuses a
+# seed of -1 or 2**32, nucleus sampling keeps no token at top_p 0). (suffix, low, high, low excluded)
+WEEK_S = 7 * 24 * 3600
+MAX_TOKENS = 1 << 24  # more tokens than any model's context
+PHYSICAL_BOUNDS = (("_s", 0, WEEK_S, False), ("tokens", 0, MAX_TOKENS, False), ("seq_len", 1, MAX_TOKENS, False),
+                   ("seed", 0, 2**32 - 1, False), ("top_p", 0, 1, True))
+
+
+def _check_physical(value: Any, name: str, key: str, source: str) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return
+    for suffix, low, high, excluded in PHYSICAL_BOUNDS:
+        if name.endswith(suffix) and (value <= low if excluded else value < low):
+            raise FicError(f"expected a value {'>' if excluded else '>='} {low}, got {value!r}", path=source, field=key)
+        if name.endswith(suffix) and value > high:
+            unit = {"_s": " seconds (a week)", "seed": " (a seed is 32 bits)"}.get(suffix, "")
+            raise FicError(f"expected a value <= {high:,}{unit}, got {value!r}", path=source, field=key)
+
+
 def _check_range(value: Any, meta: dict, key: str, source: str) -> None:
     choices, low, high = meta.get("choices"), meta.get("min"), meta.get("max")
     if choices is not None and value is not None and value not in choices:
@@ -214,6 +246,7 @@ def _build(cls: type, data: dict, source: str, prefix: str = "") -> Any:
             value = _merge(_declared(f.default_factory()), value)
         converted = _convert(value, hints[name], key, source)
         _check_range(converted, dict(fields[name].metadata), key, source)
+        _check_physical(converted, name, key, source)
         kwargs[name] = converted
     for name, f in fields.items():
         if name not in kwargs and f.default is _MISSING and f.default_factory is _MISSING:
@@ -236,11 +269,70 @@ def _parse_override(text: str) -> tuple[list[str], Any]:
     key, raw = text.split("=", 1)
     if not key or any(not part for part in key.split(".")):
         raise FicError(f"expected key=value with a dotted key, got {text!r}", path="command line")
+    return key.split("."), _CliValue(raw, yaml_value(raw, key))
+
+
+def yaml_value(raw: str, field: str) -> Any:
+    """A command-line value read as YAML (`[a, b]`, `3`, `null`), or the text itself where it is
+    no YAML; bounded as every YAML FiC reads (`parse_yaml`)."""
+    if not raw.strip():
+        return ""
     try:
-        parsed = yaml.safe_load(raw) if raw.strip() else ""
+        return parse_yaml(raw, "command line", field=field)
     except yaml.YAMLError:
-        parsed = raw
-    return key.split("."), _CliValue(raw, parsed)
+        return raw
+
+
+def parse_yaml(text: str, source: str, *, field: str | None = None) -> Any:
+    """YAML `text` read with the strict loader (a key given twice is an error), after checking
+    its size, depth and expanded size (see the module's note); a bound crossed is a `FicError`
+    naming `source` (and `field`). Invalid YAML raises PyYAML's error for the caller to word."""
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_YAML_BYTES:
+        raise FicError(f"is {size >> 10} KiB of YAML, more than the {MAX_YAML_BYTES >> 10} KiB FiC reads",
+                       path=source, field=field)
+    _check_yaml_shape(text, source, field)
+    try:
+        return yaml.load(text, Loader=_StrictLoader)
+    except RecursionError:  # not reached within MAX_YAML_DEPTH; a last guard all the same
+        raise FicError("YAML nested too deeply to read", path=source, field=field) from None
+
+
+def _check_yaml_shape(text: str, source: str, field: str | None) -> None:
+    """Walk PyYAML's events (a flat stream, no recursion): refuse nesting past MAX_YAML_DEPTH,
+    more than MAX_YAML_VALUES values with aliases expanded, and an alias inside its own anchor."""
+    sizes: dict[str, int] = {}  # anchor -> values it expands to
+    stack: list[list] = [[None, 0]]  # open collections: [anchor, values so far]
+
+    def refuse(what: str, event: Any) -> FicError:
+        return FicError(f"{what} (line {event.start_mark.line + 1})", path=source, field=field)
+
+    try:
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                if len(stack) > MAX_YAML_DEPTH:
+                    raise refuse(f"YAML nested more than {MAX_YAML_DEPTH} levels deep", event)
+                stack.append([event.anchor, 1])
+                continue
+            if isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                anchor, count = stack.pop()
+                if anchor is not None:
+                    sizes[anchor] = count
+            elif isinstance(event, yaml.ScalarEvent):
+                count = 1
+                if event.anchor is not None:
+                    sizes[event.anchor] = 1
+            elif isinstance(event, yaml.AliasEvent):
+                if event.anchor not in sizes:
+                    raise refuse(f"the alias *{event.anchor} refers to a value that contains it", event)
+                count = sizes[event.anchor]
+            else:
+                continue
+            stack[-1][1] += count
+            if stack[-1][1] > MAX_YAML_VALUES:
+                raise refuse(f"YAML that expands to more than {MAX_YAML_VALUES:,} values (aliases)", event)
+    except yaml.YAMLError:
+        return  # invalid YAML: the loader reports it, with its line
 
 
 def _set_nested(data: dict, keys: list[str], value: Any) -> None:
@@ -279,17 +371,14 @@ class _StrictLoader(yaml.SafeLoader):
 
 
 def read_yaml(path: str | Path) -> dict:
+    """A YAML file of settings (a mapping), read through the guards of `read_data_text` and
+    `parse_yaml`: every way it can be wrong is one `FicError` naming it."""
     path = Path(path)
     if not path.exists():
         raise FicError("config file not found", path=str(path))
-    if path.is_dir():
-        raise FicError("is a folder, expected a YAML file", path=str(path))
+    text = read_data_text(path, "a YAML file", limit=MAX_YAML_BYTES)
     try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise FicError(f"not UTF-8 text (byte {err.start}); expected a YAML file", path=str(path)) from None
-    try:
-        data = yaml.load(text, Loader=_StrictLoader)
+        data = parse_yaml(text, str(path))
     except _DuplicateKey as err:
         raise FicError(str(err), path=str(path)) from None
     except yaml.YAMLError as err:
@@ -307,7 +396,15 @@ def read_yaml(path: str | Path) -> dict:
 def from_mapping(cls: type, data: dict, source: str, prefix: str = "") -> Any:
     """Build `cls` from a mapping already read (a section of another config file), checked as
     `load_config` checks; errors name `prefix` + the key."""
-    return _build(cls, data, source, prefix)
+    return _checked_build(cls, data, source, prefix)
+
+
+def _checked_build(cls: type, data: dict, source: str, prefix: str = "") -> Any:
+    """`_build`, where a value nested too deeply for Python (a mapping read from JSON) is one line."""
+    try:
+        return _build(cls, data, source, prefix)
+    except RecursionError:
+        raise FicError("a value is nested too deeply to check", path=source) from None
 
 
 def load_config(cls: type, path: str | Path | None = None, overrides: Sequence[str] = ()) -> Any:
@@ -319,7 +416,7 @@ def load_config(cls: type, path: str | Path | None = None, overrides: Sequence[s
         _set_nested(data, keys, value)
     if overrides:
         source = f"{source} (with command-line overrides)" if path is not None else source
-    return _build(cls, data, source)
+    return _checked_build(cls, data, source)
 
 
 def add_config_arguments(parser: Any, *, example: str, overrides_help: str) -> None:
@@ -343,7 +440,7 @@ def with_overrides(config: Any, overrides: Sequence[str], source: str) -> Any:
     for text in overrides:
         keys, value = _parse_override(text)
         _set_nested(data, keys, value)
-    return _build(type(config), data, source)
+    return _checked_build(type(config), data, source)
 
 
 def load_cli_config(cls: type, config: str | None, overrides: Sequence[str]) -> Any:

@@ -4,7 +4,7 @@ Every output FiC writes goes to a temporary file in the same folder and is renam
 place, so an interrupted job never leaves a half-written file behind.
 
 Every JSON or JSONL data file is read through one guarded reader (`read_json`,
-`read_records`, `read_log`): a file that is no regular file (`/dev/zero`, a pipe), larger than
+`read_records`, `read_log`, `read_growing_log`): a file that is no regular file (`/dev/zero`, a pipe), larger than
 `MAX_FILE_BYTES`, not UTF-8, nested deeper than the JSON decoder allows, or holding a number
 Python refuses (an integer over 4,300 digits) is a `FicError` naming the file and the line,
 never a traceback. Text is written with `backslashreplace`, so a lone surrogate read from a
@@ -12,6 +12,12 @@ never a traceback. Text is written with `backslashreplace`, so a lone surrogate 
 
 Runs that write into an output folder hold `folder_lock` on it: a second run into the same
 folder fails at once, naming the first's process.
+
+No write follows a link: a new file is a temporary renamed into place (a rename replaces a
+link, never writes through it), and the few files written in place (the lock, appended logs)
+are opened by `open_in_place`, which refuses a symbolic link, a hard link and anything but a
+regular file. A copied run folder or a shared `runs/` holding `.fic-lock -> ~/.bashrc` makes
+FiC refuse, never empty the file it points to.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import errno
 import fcntl
 import hashlib
 import json
@@ -78,7 +85,7 @@ def _temporary_next_to(path: Path) -> tuple[int, str]:
     # mkstemp creates the file 0600; give it the mode a plain open() would (0666 minus umask).
     umask = os.umask(0)
     os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
+    os.fchmod(fd, 0o666 & ~umask)  # by descriptor: the name may have been swapped for a link since
     return fd, tmp
 
 
@@ -159,10 +166,37 @@ def write_jsonl(path: str | os.PathLike, records: Iterable[dict]) -> int:
     return count
 
 
+def open_in_place(path: str | os.PathLike, mode: str = "a") -> Any:
+    """Open a file FiC writes in place in an output folder ("a": append, "r+": read and write,
+    both creating it), without following a link: a symbolic link, a file with another name
+    (a hard link) or anything but a regular file (a FIFO, a device) is a `FicError` naming it,
+    so that nothing outside the folder is ever written or truncated."""
+    flags = {"a": os.O_WRONLY | os.O_APPEND, "r+": os.O_RDWR}[mode]
+    try:
+        fd = os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o666)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise FicError("is a symbolic link; FiC does not write through links in an output folder (remove it)",
+                           path=str(path)) from None
+        if err.errno == errno.EISDIR:
+            raise FicError("is a folder, expected a file", path=str(path)) from None
+        if err.errno == errno.ENXIO:  # a FIFO without a reader (O_NONBLOCK: it does not hang)
+            raise FicError("is not a regular file (a pipe), so FiC does not write it", path=str(path)) from None
+        raise
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
+        os.close(fd)
+        what = "has another name (a hard link)" if stat.S_ISREG(info.st_mode) else \
+            "is not a regular file (a device, pipe or socket)"
+        raise FicError(f"{what}, so FiC does not write it in place (remove it)", path=str(path))
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, mode, encoding="utf-8", errors=TEXT_ERRORS)
+
+
 def append_jsonl(path: str | os.PathLike, record: dict) -> None:
     """Append one record and fsync it: used by resumable logs, where each line is one finished unit."""
     try:
-        with open(path, "a", encoding="utf-8", errors=TEXT_ERRORS) as handle:
+        with open_in_place(path) as handle:
             handle.write(json.dumps(record, ensure_ascii=False) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
@@ -218,9 +252,18 @@ def read_numbered_records(path: str | os.PathLike) -> list[tuple[int, dict]]:
     return numbered
 
 
-def read_data_text(path: str | os.PathLike, expected: str = "a text file") -> str:
+def read_data_text(path: str | os.PathLike, expected: str = "a text file", *, limit: int | None = None) -> str:
     """The text of a data file, checked: it exists, is a regular file (not `/dev/zero`, a pipe
-    or a folder), is at most `MAX_FILE_BYTES` and is UTF-8 (a byte-order mark is skipped)."""
+    or a folder), is at most `limit` bytes (`MAX_FILE_BYTES`, or a config's bound) and is UTF-8
+    (a byte-order mark is skipped)."""
+    try:
+        return read_data_bytes(path, expected, limit=limit).decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise FicError(f"not UTF-8 text (byte {err.start}); expected {expected}", path=str(path)) from None
+
+
+def read_data_bytes(path: str | os.PathLike, expected: str = "a file", *, limit: int | None = None) -> bytes:
+    """The bytes of a data file, through the checks of `read_data_text` but the decoding."""
     path = Path(path)
     try:
         info = path.stat()
@@ -230,15 +273,22 @@ def read_data_text(path: str | os.PathLike, expected: str = "a text file") -> st
         raise FicError(f"is a folder, expected {expected}", path=str(path))
     if not stat.S_ISREG(info.st_mode):
         raise FicError(f"is not a regular file (a device, pipe or socket), expected {expected}", path=str(path))
-    if info.st_size > MAX_FILE_BYTES:
-        raise FicError(f"is {info.st_size / (1 << 30):.1f} GiB, more than the {MAX_FILE_BYTES >> 30} GiB FiC reads "
-                       "in one piece; split it", path=str(path))
+    limit = MAX_FILE_BYTES if limit is None else limit
+
+    def too_large(size: int) -> FicError:
+        if limit == MAX_FILE_BYTES:
+            return FicError(f"is {size / (1 << 30):.1f} GiB, more than the {limit >> 30} GiB FiC reads in one piece; "
+                            "split it", path=str(path))
+        return FicError(f"is more than the {limit >> 10} KiB FiC reads as {expected}", path=str(path))
+
+    if info.st_size > limit:
+        raise too_large(info.st_size)
     try:
         with open(path, "rb") as handle:
-            raw = handle.read(MAX_FILE_BYTES + 1)
-        return raw.decode("utf-8-sig")
-    except UnicodeDecodeError as err:
-        raise FicError(f"not UTF-8 text (byte {err.start}); expected {expected}", path=str(path)) from None
+            raw = handle.read(limit + 1)
+        if len(raw) > limit:  # it grew, or it reports no size (/proc)
+            raise too_large(len(raw))
+        return raw
     except MemoryError:
         raise FicError("too large to read into memory", path=str(path)) from None
 
@@ -290,8 +340,9 @@ def read_log(path: str | os.PathLike) -> list[dict]:
     without it, so the unit is redone; a broken line elsewhere means the log is damaged.
     """
     path = Path(path)
-    if not path.exists():
+    if not os.path.lexists(path):
         return []
+    open_in_place(path).close()  # it will be appended to: a link is refused now, before any work
     lines = read_data_text(path, "a JSONL log").splitlines()
     records = []
     for number, line in enumerate(lines, start=1):
@@ -305,6 +356,28 @@ def read_log(path: str | os.PathLike) -> list[dict]:
                 break
             raise FicError(f"{err.message}; the log is damaged", path=str(path)) from None
     return records
+
+
+def read_growing_log(path: str | os.PathLike, expected: str = "a JSONL log") -> list[tuple[int, Any]]:
+    """(line, value) of every line of a JSONL log another process may be appending to, read only
+    (`fic report` on a running job): the last line, the one being written, is passed over when
+    it is torn (cut inside a character or a value); a broken line elsewhere is a `FicError`
+    naming it (the log is damaged). The checks of `read_data_text` apply (a regular file, a size)."""
+    lines = read_data_bytes(path, expected).splitlines()
+    found = []
+    for number, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        try:
+            found.append((number, loads(raw.decode("utf-8-sig" if number == 1 else "utf-8"), path=path, line=number)))
+        except UnicodeDecodeError as err:
+            if number < len(lines):
+                raise FicError(f"line {number} is not UTF-8 text (byte {err.start} of the line); the log is damaged",
+                               path=str(path)) from None
+        except FicError as err:
+            if number < len(lines):
+                raise FicError(f"{err.message}; the log is damaged", path=str(path)) from None
+    return found
 
 
 _RENAME_EXCHANGE = 2  # renameat2 flag (Linux >= 3.15): swap two paths in one step
@@ -365,7 +438,7 @@ def lock_folder(folder: str | os.PathLike, *, field: str | None = "out") -> bool
     key = str(folder.resolve())
     if key in _held:
         return False
-    handle = open(folder / LOCK_NAME, "a+", encoding="utf-8")
+    handle = open_in_place(folder / LOCK_NAME, "r+")
     try:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -393,6 +466,46 @@ def unlock_folder(folder: str | os.PathLike) -> None:
         with contextlib.suppress(OSError):
             handle.truncate(0)
         handle.close()  # closing the file releases the flock
+
+
+@contextlib.contextmanager
+def removed_if_failed(folder: str | os.PathLike, bookkeeping: Iterable[str] = ()) -> Iterator[None]:
+    """For a command that may create `folder` (and folders above it): when the block fails, the
+    folders it created are removed again if they hold nothing but the lock, the `bookkeeping`
+    files named (the saved config) and empty files, so a failed command leaves no new output
+    folder behind. A folder that existed before, or now holds results (conversations saved for
+    a resume), stays as it is."""
+    folder = Path(folder)
+    top = None  # the highest folder of the path that does not exist yet
+    for part in [folder, *folder.parents]:
+        if os.path.lexists(part):
+            break
+        top = part
+    try:
+        yield
+    except BaseException:
+        if top is not None:
+            _remove_created(folder, top, {LOCK_NAME, *bookkeeping})
+        raise
+
+
+def _remove_created(folder: Path, top: Path, bookkeeping: set[str]) -> None:
+    try:
+        entries = list(os.scandir(folder)) if folder.is_dir() and not folder.is_symlink() else None
+    except OSError:
+        return
+    if entries is None or any(not (e.is_file(follow_symlinks=False) and (e.name in bookkeeping or
+                                                                      e.stat(follow_symlinks=False).st_size == 0))
+                              for e in entries):
+        return  # something of value is there (or it is not ours): keep it all
+    for entry in entries:
+        with contextlib.suppress(OSError):
+            os.unlink(entry.path)
+    for part in [folder, *folder.parents]:
+        with contextlib.suppress(OSError):
+            part.rmdir()  # only while empty
+        if part == top:
+            break
 
 
 @contextlib.contextmanager

@@ -35,12 +35,16 @@ KINDS = ("hf", "vllm", "openai")
 
 @dataclass
 class SamplingParams:
-    """How to decode. `temperature == 0` is greedy decoding (seed and top_p are then unused)."""
+    """How to decode. `temperature == 0` is greedy decoding (seeds and top_p are then unused)."""
 
     max_new_tokens: int = 512
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = 0  # per-call seed; None leaves the engine's random state as it is
+    # One seed per prompt, overriding `seed`: each prompt is sampled from its own seed alone, so
+    # its reply does not depend on the prompts beside it in the call (a resumed run draws what
+    # an uninterrupted one would, whatever its batches).
+    seeds: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         # Checked here so that every backend fails the same way, before any work is done.
@@ -50,6 +54,16 @@ class SamplingParams:
             raise FicError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise FicError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+def request_seeds(params: SamplingParams, count: int) -> list[int | None]:
+    """The seed of each of `count` prompts of a call: `params.seeds`, else `params.seed + i` (so
+    that repeated prompts differ), else None."""
+    if params.seeds is not None:
+        if len(params.seeds) != count:
+            raise ValueError(f"{len(params.seeds)} seeds for {count} prompts")
+        return list(params.seeds)
+    return [None if params.seed is None else params.seed + i for i in range(count)]
 
 
 @dataclass

@@ -23,6 +23,12 @@ def derive_seed(*parts: Any) -> int:
     return int.from_bytes(_digest(parts)[:4], "big") & 0x7FFFFFFF
 
 
+def reply_seed(seed: int, who: str, conversation: Any) -> int:
+    """The seed of the next reply of `who` ("assistant", "user") in a conversation: a function of
+    the conversation (`key`: task id, view, run) and its turn, never of the batch it is played in."""
+    return derive_seed(seed, who, *conversation.key, len(conversation.turns))
+
+
 def seeded_rng(*parts: Any) -> random.Random:
     """A `random.Random` fixed by its parts."""
     return random.Random(int.from_bytes(_digest(parts)[:8], "big"))

@@ -26,7 +26,10 @@ mapping at all. Then each task's extractor turns columns into what the task chec
   question becomes BFCL's `[[{"role": "user", "content": ...}]]`.
 
 A mapping error names the source, the record, the field (`data.fields.KEY`) and the columns the
-dataset has. `load_hf` returns the instances with `origin`, what a data card records: repository
+dataset has. Local JSON and JSONL files are read through FiC's guarded reader before pyarrow
+sees them (a record nested a few thousand levels deep crashes pyarrow's reader with a
+segfault), and no record of one may be longer than `MAX_RECORD_BYTES`; code longer than
+`MAX_PARSED_CODE` is searched for its function name, not parsed (parsing megabytes takes minutes). `load_hf` returns the instances with `origin`, what a data card records: repository
 or path, the revision asked for and the commit loaded, config, split, rows, mapping, skipped.
 """
 
@@ -43,6 +46,7 @@ from typing import Any
 
 from fic import tasks
 from fic.core.errors import FicError, one_line
+from fic.core.files import read_data_bytes, read_json, read_records
 from fic.core.instance import Instance
 from fic.tasks.math import BOXED, boxed_content
 
@@ -66,6 +70,8 @@ REQUIRED = {"math": ("question", "answer"), "database": ("db_id", "fully_specifi
             "summary": ("topic", "query", "documents", "insights", "insightid2ref_citations")}
 ANSWER_FROM = ("auto", "hash", "boxed", "value")
 SPLIT_NAMES = re.compile(r"(?:train|test|validation|valid|dev|eval)\b.*|.*\[.*\]")
+MAX_RECORD_BYTES = 32 << 20  # one line of a local JSONL file
+MAX_PARSED_CODE = 100_000   # characters of code parsed to find its function's name
 PLAIN_NUMBER = re.compile(r"-?(?:\d[\d,]*(?:\.\d+)?|\.\d+)(?:/\d+)?")
 
 
@@ -112,20 +118,32 @@ def parse_spec(arg: str) -> HubSpec:
     return HubSpec(repo, False, revision=revision or None, config=config, split=split)
 
 
+SAVED = ("dataset_info.json", "state.json", "dataset_dict.json")  # the files of a `save_to_disk` folder
+
+
 def open_dataset(spec: HubSpec, source: str) -> tuple[Any, dict]:
-    """The `datasets.Dataset` a spec names (one split), and where it came from."""
+    """The `datasets.Dataset` a spec names (one split, sliced as `test[:100]` asks), and where it
+    came from. An empty dataset or split, or a file datasets cannot parse, is one line (the
+    reason datasets gives, with its line number, not its logger's lines first)."""
     import datasets  # heavy import, only for this source
 
     path = Path(spec.target)
     origin = {"source": source, "repository": None if spec.local else spec.target,
               "path": str(path) if spec.local else None, "revision": spec.revision, "config": spec.config}
+    base = _split_name(spec.split, source) if spec.split else None
+    split = spec.split
+    if spec.local:
+        _precheck_json(path, source)
+        if path.is_file() and path.stat().st_size == 0:
+            raise FicError("the file is empty: no rows", path=str(path), field="source")
     quiet = spec.local and not datasets.utils.are_progress_bars_disabled()
     if quiet:  # a local file converts in a blink: no progress bars
         datasets.utils.disable_progress_bars()
+    verbosity = datasets.utils.logging.get_verbosity()
+    datasets.utils.logging.set_verbosity(datasets.utils.logging.CRITICAL)  # its errors come as FiC's one line
     try:
-        if spec.local and path.is_dir() and any((path / n).is_file() for n in
-                                                ("dataset_info.json", "state.json", "dataset_dict.json")):
-            data = datasets.load_from_disk(str(path))  # a `save_to_disk` folder: no cache, no conversion
+        if spec.local and path.is_dir() and any((path / n).is_file() for n in SAVED):
+            data, split = _load_saved(path, base, source)  # a `save_to_disk` folder: no cache, no conversion
         elif spec.local and path.is_file():
             builder = {".parquet": "parquet", ".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json",
                        ".arrow": "arrow"}.get(path.suffix.lower())
@@ -133,36 +151,119 @@ def open_dataset(spec: HubSpec, source: str) -> tuple[Any, dict]:
                 raise FicError("expected a save_to_disk folder, a data folder, or a .parquet, .csv, .json or "
                                ".jsonl file", path=str(path), field="source")
             extra = {"delimiter": "\t"} if path.suffix.lower() == ".tsv" else {}
-            data = datasets.load_dataset(builder, data_files={spec.split or "train": str(path)}, **extra)
+            split = base or "train"
+            data = datasets.load_dataset(builder, data_files={split: str(path)}, **extra)[split]
         else:
             data = datasets.load_dataset(spec.target, spec.config, split=spec.split, revision=spec.revision)
     except FicError:
         raise
     except Exception as err:  # offline without a cache, unknown repo/config/split, unreadable files
-        where = "the local dataset" if spec.local else "the Hugging Face hub"
-        hint = "" if spec.local else ("; offline, set HF_DATASETS_OFFLINE=1 to read datasets' cache, or pass a "
-                                      "local copy as hf:PATH")
-        raise FicError(f"could not load {spec.target!r} from {where} ({one_line(err)[:300]}){hint}",
-                       path=source, field="source") from None
+        raise _not_loaded(err, spec, source) from None
     finally:
+        datasets.utils.logging.set_verbosity(verbosity)
         if quiet:
             datasets.utils.enable_progress_bars()
     if isinstance(data, datasets.DatasetDict):
-        names = list(data)
-        split = spec.split or (names[0] if len(names) == 1 else "test" if "test" in names else None)
-        if split not in data:
-            wanted = f"no split {split!r}" if split else "several splits and none named"
-            raise FicError(f"{wanted}; the dataset has {', '.join(names)} (add :SPLIT to the spec)", path=source,
-                           field="source")
+        split = _choose_split(list(data), spec.split, source)
         data = data[split]
+    elif spec.local and spec.split and spec.split != split:  # a slice of a local split
+        data = _sliced(data, spec.split, split or base, source)
+        split = spec.split
     else:
-        split = spec.split or str(data.split or "") or None
+        split = split or str(data.split or "") or None
+    if len(data) == 0:
+        raise FicError(f"{f'the split {split!r}' if split else 'the dataset'} is empty: no rows", path=source,
+                       field="source")
     origin["split"] = split
     origin["config"] = spec.config or getattr(data.info, "config_name", None)
     origin["rows"] = len(data)
     origin["fingerprint"] = getattr(data, "_fingerprint", None)
     origin["commit"] = _commit(data) if not spec.local else None
     return data, origin
+
+
+def _split_name(split: str, source: str) -> str:
+    """`test` of `test[:100]` (and of `test`)."""
+    found = re.fullmatch(r"([\w.-]+)(\[[^\]]*\])?", split)
+    if found is None:
+        raise FicError(f"expected a split name or a slice such as test[:100], got {split!r}", path=source,
+                       field="source")
+    return found.group(1)
+
+
+def _choose_split(names: list[str], wanted: str | None, source: str) -> str:
+    """The split a spec names among `names`, else the only one, else `test`."""
+    split = wanted or (names[0] if len(names) == 1 else "test" if "test" in names else None)
+    if split not in names:
+        what = f"no split {split!r}" if split else "several splits and none named"
+        raise FicError(f"{what}; the dataset has {', '.join(names)} (add :SPLIT to the spec)", path=source,
+                       field="source")
+    return split
+
+
+def _load_saved(path: Path, base: str | None, source: str) -> tuple[Any, str | None]:
+    """A `save_to_disk` folder's dataset (of one split: only that one is loaded) and that split.
+    datasets cannot load an empty one (IndexError): that is said first."""
+    import datasets
+
+    split, folder = None, path
+    if (path / "dataset_dict.json").is_file():
+        splits = read_json(path / "dataset_dict.json").get("splits")
+        if not isinstance(splits, list) or not all(isinstance(s, str) for s in splits):
+            raise FicError("expected a list of split names under 'splits'", path=str(path / "dataset_dict.json"),
+                           field="source")
+        split = _choose_split(splits, base, source)
+        folder = path / split
+    state = folder / "state.json"
+    if state.is_file() and read_json(state).get("_data_files") == []:
+        raise FicError(f"{f'the split {split!r}' if split else 'the dataset'} is empty: no rows", path=source,
+                       field="source")
+    return datasets.load_from_disk(str(folder)), split
+
+
+def _sliced(data: Any, wanted: str, split: str, source: str) -> Any:
+    """`data` (the split `split`) cut as `wanted` (`test[:100]`, `test[10%:20%]`) says."""
+    import datasets
+
+    try:
+        parts = datasets.ReadInstruction.from_spec(wanted).to_absolute({split: len(data)})
+    except (ValueError, AssertionError) as err:
+        raise FicError(f"cannot cut the split as {wanted!r} ({one_line(err)[:200]})", path=source,
+                       field="source") from None
+    if len(parts) != 1 or parts[0].splitname != split:
+        raise FicError(f"expected one slice of {split!r}, such as {split}[:100], got {wanted!r}", path=source,
+                       field="source")
+    return data.select(range(parts[0].from_, parts[0].to))
+
+
+def _not_loaded(err: BaseException, spec: HubSpec, source: str) -> FicError:
+    """One line for a dataset datasets could not load: its own reason (a parser's, with the line
+    it stopped at, is the cause of its DatasetGenerationError)."""
+    cause = err.__cause__ or err.__context__ if type(err).__name__ == "DatasetGenerationError" else None
+    reason = one_line(cause or err)[:300]
+    if "corresponds to no data" in reason:
+        return FicError("the dataset is empty: no rows", path=source, field="source")
+    where = "the local dataset" if spec.local else "the Hugging Face hub"
+    hint = "" if spec.local else ("; offline, set HF_DATASETS_OFFLINE=1 to read datasets' cache, or pass a "
+                                  "local copy as hf:PATH")
+    return FicError(f"could not load {spec.target!r} from {where} ({reason}){hint}", path=source, field="source")
+
+
+def _precheck_json(path: Path, source: str) -> None:
+    """Read every local JSON or JSONL file a spec names (the file, or those in a data folder)
+    through FiC's guarded reader, and bound each line, before pyarrow reads them."""
+    if path.is_dir():
+        if any((path / n).is_file() for n in SAVED):
+            return  # a save_to_disk folder: Arrow files, no JSON reader
+        files = sorted(p for p in path.rglob("*") if p.suffix.lower() in (".json", ".jsonl") and p.is_file())
+    else:
+        files = [path] if path.suffix.lower() in (".json", ".jsonl") else []
+    for file in files:
+        for number, line in enumerate(read_data_bytes(file, "a JSON or JSONL file").splitlines(), start=1):
+            if len(line) > MAX_RECORD_BYTES:
+                raise FicError(f"line {number} is {len(line) >> 20} MB, more than the {MAX_RECORD_BYTES >> 20} MB "
+                               "FiC reads as one record", path=str(file), field="source")
+        read_records(file)  # nesting, bad JSON, huge numbers: one line naming the line
 
 
 def _commit(data: Any) -> str | None:
@@ -377,8 +478,10 @@ def _defined(code: Any, *, last: bool = False) -> str | None:
     if not isinstance(code, str):
         return None
     try:
+        if len(code) > MAX_PARSED_CODE:
+            raise ValueError("too long to parse")
         names = [n.name for n in ast.parse(code).body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    except SyntaxError:
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # also null bytes, deep nesting
         names = re.findall(r"^def\s+(\w+)\s*\(", code, re.MULTILINE)
     return (names[-1] if last else names[0]) if names else None
 
@@ -422,6 +525,8 @@ def _actions(record: dict, mapping: dict, answer_from: str) -> tuple[str, str] |
                 value = json.loads(value)
             except json.JSONDecodeError as err:
                 return key, f"looks like JSON but is not valid ({err.msg}, column {mapping.get(key)!r})"
+            except (ValueError, RecursionError, MemoryError) as err:  # a huge number, deep nesting
+                return key, f"looks like JSON but cannot be read ({one_line(err)[:120]}, column {mapping.get(key)!r})"
         record[key] = _without_nulls(value)
     if isinstance(record["function"], dict):
         record["function"] = [record["function"]]

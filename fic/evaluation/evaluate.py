@@ -62,7 +62,8 @@ from fic.core.config import (
     setting,
 )
 from fic.core.errors import FicError
-from fic.core.files import append_jsonl, check_writable, folder_lock, read_json, read_log, write_json, write_text
+from fic.core.files import (append_jsonl, check_writable, folder_lock, read_json, read_log, removed_if_failed,
+                            write_json, write_text)
 from fic.core.generation import BackendConfig, SamplingParams
 from fic.core.instance import Instance
 from fic.core.progress import Progress
@@ -70,7 +71,7 @@ from fic.data.sources import InstancesSection, load_sources, shard_missing
 from fic.data.views import VIEWS, check_views
 from fic.evaluation.metrics import summarize
 from fic.evaluation.report import write_report
-from fic.tasks import sandbox
+from fic.sandbox import python as sandbox
 from fic.tasks.base import PROMPT_STYLES
 
 LOG_NAME, METRICS_NAME, REPORT_NAME = "conversations.jsonl", "metrics.json", "report.md"
@@ -353,7 +354,9 @@ def evaluate(cfg: EvalConfig, *, assistant: Any = None, user_backend: Any = None
 
     out = Path(cfg.out)
     check_writable(out, folder=True, field="out")
-    with folder_lock(out), sandbox.use_mode("" if cfg.sandbox == "default" else cfg.sandbox):
+    # A run that fails before any conversation is saved leaves no new folder (lock, config) behind.
+    with removed_if_failed(out, [CONFIG_NAME, FINGERPRINT_NAME]), folder_lock(out), \
+            sandbox.use_mode("" if cfg.sandbox == "default" else cfg.sandbox):
         # a second evaluation into `out` fails at once instead of playing everything twice
         return _evaluate(cfg, out, assistant, user_backend, classifier_backend, judge_backend, progress)
 

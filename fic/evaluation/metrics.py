@@ -42,6 +42,8 @@ a trained model it is not). A ratio is None when a side is missing or its denomi
 
 from __future__ import annotations
 
+import math
+import reprlib
 from collections import defaultdict
 from typing import Any, Iterable
 
@@ -53,6 +55,38 @@ MIN_RUNS_FOR_SPREAD = 2
 TIMING_BINS = ("first", "middle", "last", "never")
 RELIABILITY_NOTE = ("A90 and U90_10 need at least 2 runs per instance (runs >= 2; LiC uses 10 at temperature "
                     "1.0): with one run they would equal P and 0 by construction")
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def record_problem(record: Any) -> str | None:
+    """What makes a conversation record unusable by `summarize` (a log edited by hand, another
+    tool's file with the same keys), in a few words, or None when it is usable."""
+    if not isinstance(record, dict):
+        return f"expected a JSON object, got {type(record).__name__}"
+    for key, ok, expected in (("task", lambda v: isinstance(v, str), "a task name"),
+                              ("view", lambda v: v in VIEWS, f"one of {', '.join(VIEWS)}"),
+                              ("task_id", lambda v: isinstance(v, str), "a string"),
+                              ("score", lambda v: _number(v) and 0 <= v <= 1, "a number from 0 to 1"),
+                              ("turns", lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v),
+                               "a list of turn objects"),
+                              ("generated_tokens", _number, "a number"), ("prompt_tokens", _number, "a number")):
+        if not ok(record.get(key)):
+            return f"field {key!r}: expected {expected}, got {reprlib.repr(record.get(key))}"
+    for k, turn in enumerate(record["turns"]):
+        if not (turn.get("label") is None or isinstance(turn.get("label"), str)) or \
+                not (turn.get("score") is None or _number(turn.get("score"))):
+            return f"turn {k + 1}: expected a label string and a numeric score (or null)"
+    first = record.get("first_answer_turn")
+    if first is not None:
+        if isinstance(first, bool) or not isinstance(first, int) or not 0 <= first < len(record["turns"]):
+            return f"field 'first_answer_turn': expected a turn index or null, got {reprlib.repr(first)}"
+        if not _number(record.get("shards_at_first_answer")) or isinstance(record.get("num_shards"), bool) \
+                or not isinstance(record.get("num_shards"), int):
+            return "fields 'shards_at_first_answer' and 'num_shards': expected numbers"
+    return None
 
 
 def _mean(values: Iterable[float]) -> float | None:

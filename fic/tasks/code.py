@@ -7,7 +7,7 @@ Keys: `metadata.func_name`, the problem as `prompt` (HumanEval: signature and do
 is the reference solution when present.
 
 Scoring: the reply's code block (the last one that parses and defines a top-level function)
-runs with the tests in `fic.tasks.sandbox`; the score is 1 only if every test passes. As in LiC, the
+runs with the tests in `fic.sandbox.python`; the score is 1 only if every test passes. As in LiC, the
 imports and helper definitions of a HumanEval prompt are put before the reply's code, and when
 the reply names the function differently (the sharded view may never tell the name) its last
 top-level function is called under the expected name. LiC's test cases are used when the
@@ -36,7 +36,8 @@ from fic.core.seeding import pick
 from fic.tasks import lic_prompts
 from fic.tasks.base import ErrorFactory, Task
 from fic.tasks.labels import framed_as_template, label_reply
-from fic.tasks.sandbox import Limits, plain_pickle_loads, run_python
+from fic.sandbox.python import Limits, run_python
+from fic.sandbox.sql import plain_pickle_loads
 from fic.tasks.sharding import ShardingError, split_sentences
 
 CODE_BLOCK = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)

@@ -12,7 +12,7 @@ Databases: a folder of Spider databases, `<dir>/<db_id>/<db_id>.sqlite` (every `
 `<dir>/<db_id>/` is used, as Spider's test suites do), named by `FIC_SPIDER_DBS` in the
 environment or `fic.tasks.get("database").db_dir`. Without one, each database is built from
 `schema_sql`: tables without rows, so the comparison only checks that a query runs and returns
-the same columns; the score's note says so. Model SQL runs through `fic.tasks.sandbox.run_sql`
+the same columns; the score's note says so. Model SQL runs through `fic.sandbox.sql.run_sql`
 (read-only, authorizer, time and row limits).
 """
 
@@ -38,7 +38,7 @@ from fic.tasks import lic_prompts
 from fic.tasks.base import ErrorFactory, Task
 from fic.tasks.code import code_blocks
 from fic.tasks.labels import framed_as_template, is_placeholder, label_reply
-from fic.tasks.sandbox import SQLLimits, run_sql
+from fic.sandbox.sql import SQLLimits, run_sql
 
 DB_DIR_VARIABLE = "FIC_SPIDER_DBS"
 SCHEMA_ONLY_NOTE = "schema only, no rows: the query ran and returned the reference's columns; no rows were compared"

@@ -10,11 +10,10 @@ recipe lists every key and a YAML with an unknown key is an error.
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 
 from fic.core.config import setting
-from fic.core.errors import FicError
+from fic.core.errors import FicError, one_line
 
 DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -110,9 +109,22 @@ class LoggingSection:
                                     "this often, and at the end; `fic report out` redraws it at any time.", min=0.0)
 
     def check(self, source: str) -> None:
-        if self.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        if self.tensorboard:
+            _check_tensorboard(source)
+
+
+def _check_tensorboard(source: str) -> None:
+    """Import what the run log will (torch's SummaryWriter, which imports tensorboard) now, at load
+    time: a package that is installed but broken fails here in one line, not after the model load."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter  # noqa: F401
+    except Exception as err:  # not installed, or whatever a broken install raises on import
+        if isinstance(err, ModuleNotFoundError) and (err.name or "").split(".")[0] == "tensorboard":
             raise FicError("logging.tensorboard=true needs the tensorboard package: pip install tensorboard",
-                           path=source, field="tensorboard")
+                           path=source, field="tensorboard") from None
+        raise FicError(f"logging.tensorboard=true: tensorboard is installed but does not import "
+                       f"({type(err).__name__}: {one_line(err)[:200]}); reinstall it: pip install --force-reinstall "
+                       "tensorboard", path=source, field="tensorboard") from None
 
 
 @dataclass

@@ -14,10 +14,10 @@ is passed over, and the file is only read). This module does not import torch.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from fic.core.files import read_growing_log
 from fic.core.plots import integer_axis, no_data, pyplot, save_png
 
 CURVES_PNG = "curves.png"
@@ -42,17 +42,12 @@ VASD_PANELS = [
 
 
 def read_metrics(path: str | Path) -> list[dict]:
-    """The step records of a `metrics.jsonl`, read only: a line that does not parse (the one a
-    running job is writing) is passed over rather than repaired."""
-    records = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except (ValueError, RecursionError):  # a line being written, or one no reader could take
-            continue
-        if isinstance(record, dict) and isinstance(record.get("step"), (int, float)):
-            records.append(record)
-    return records
+    """The step records of a `metrics.jsonl`, read only (`fic.core.files.read_growing_log`: the
+    last line, the one a running job is writing, is passed over when torn, not repaired; a broken
+    line elsewhere is a one-line error); a record without a numeric step is no step record."""
+    return [record for _, record in read_growing_log(path, "a metrics.jsonl log")
+            if isinstance(record, dict) and isinstance(record.get("step"), (int, float))
+            and not isinstance(record.get("step"), bool)]
 
 
 def run_kind(records: list[dict]) -> str:

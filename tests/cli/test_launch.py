@@ -89,6 +89,18 @@ def test_unknown_distributed_type(tmp_path, capsys):
     assert "field 'distributed_type': expected one of NO, MULTI_GPU, DEEPSPEED" in one_error_line(capsys)
 
 
+def test_a_deep_launch_config_or_override_is_one_line(tmp_path, capsys):
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("distributed_type: NO\nextra: " + "[" * 5000 + "]" * 5000 + "\n")
+    assert main(check("--config_file", str(deep), "--recipe", RECIPE)) == 2
+    assert "nested more than 64 levels deep" in one_error_line(capsys)
+    assert main(check("--config_file", "launch/deepspeed_zero2.yaml", "--recipe", RECIPE,
+                      "train.micro_batch_size=" + "[" * 5000 + "]" * 5000)) == 2
+    assert "field 'train.micro_batch_size'" in one_error_line(capsys)
+    assert main(check("--config_file", "launch/deepspeed_zero2.yaml", "--recipe", RECIPE, "train.micro_batch_size=[")) == 2
+    assert "expected a positive integer, got '['" in one_error_line(capsys)  # a traceback before
+
+
 @pytest.mark.parametrize("key", ["gradient_accumulation_steps", "deepspeed_config__gradient_accumulation_steps"])
 def test_gradient_accumulation_in_the_launch_file(key, tmp_path, capsys):
     bad = write_config(tmp_path, **{key: 4})

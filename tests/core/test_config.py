@@ -1,5 +1,6 @@
 """The config loader: YAML + key=value overrides, with errors naming file, key and expectation."""
 
+import re
 from dataclasses import dataclass
 
 import pytest
@@ -171,3 +172,122 @@ def test_every_real_float_setting_refuses_non_finite_values(cls_path, override):
     with pytest.raises(FicError, match="expected a finite number"):
         load_config(cls, None, [override, "model.model=m", "data.source=gsm8k"] if name == "EvalConfig"
                     else [override])
+
+
+# --------------------------------------------------------------------------- the bounded YAML reader
+
+@dataclass
+class Fields:
+    fields: dict[str, str] = setting({}, "a mapping setting, flattened as data.fields is")
+    views: list[str] = setting([], "a list setting")
+
+
+DEEP = 5000
+BOMB = ('fields:\n  a0: &a0 "lol"\n' + "".join(f"  a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n"
+                                              for i in range(1, 10)))
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("views: " + "[" * DEEP + "]" * DEEP + "\n", "nested more than 64 levels deep (line 1)"),
+    ("views:\n" + "".join("  " * i + "- \n" for i in range(1, 200)), "nested more than 64 levels deep"),
+    (BOMB, "expands to more than 100,000 values (aliases)"),
+    ("views: &a [1, *a]\n", "the alias *a refers to a value that contains it"),
+])
+def test_yaml_nested_deeply_or_an_alias_bomb_is_one_line_at_once(tmp_path, text, needle):
+    import time
+
+    started = time.monotonic()
+    with pytest.raises(FicError) as err:
+        load_config(Fields, write(tmp_path, text))
+    assert needle in str(err.value) and "c.yaml" in str(err.value) and "\n" not in str(err.value)
+    assert time.monotonic() - started < 5  # the bomb never finished: flattening expanded every alias
+
+
+def test_a_yaml_file_larger_than_the_bound_is_refused_before_pyyaml_reads_it(tmp_path, monkeypatch):
+    import time
+
+    import yaml
+
+    from fic.core import config
+
+    path = tmp_path / "big.yaml"
+    path.write_text("views:\n" + "  - x\n" * 2_000_000)  # 12 MB: PyYAML would take minutes
+    monkeypatch.setattr(yaml, "load", lambda *a, **k: pytest.fail("PyYAML was asked to read it"))
+    started = time.monotonic()
+    with pytest.raises(FicError, match=f"more than the {config.MAX_YAML_BYTES >> 10} KiB FiC reads as a YAML file"):
+        load_config(Fields, path)
+    assert time.monotonic() - started < 1
+    with pytest.raises(FicError, match="is not a regular file"):
+        load_config(Fields, "/dev/zero")  # it would be read for ever
+
+
+def test_a_nested_command_line_value_is_one_line_naming_the_key():
+    with pytest.raises(FicError) as err:
+        load_config(Fields, None, ["views=" + "[" * DEEP + "]" * DEEP])
+    assert "nested more than 64 levels deep" in str(err.value) and "views" in str(err.value)
+    with pytest.raises(FicError, match="expands to more than"):
+        load_config(Fields, None, ["views=" + BOMB.replace("fields:\n", "[").replace("\n  ", ", ").rstrip("\n") + "]"])
+
+
+def test_a_mapping_too_deep_for_python_is_one_line_not_a_recursion_error():
+    from fic.core.config import from_mapping
+
+    nested: dict = {"x": "y"}  # a mapping setting is flattened key by key
+    for _ in range(DEEP):
+        nested = {"k": nested}
+    with pytest.raises(FicError, match="nested too deeply to check"):
+        from_mapping(Fields, {"fields": nested}, "run.json")
+
+
+# --------------------------------------------------------------------------- physical bounds
+
+CONFIGS = ["fic.train_sft:SFTConfig", "fic.train_vasd:VASDConfig", "fic.evaluation.evaluate:EvalConfig",
+           "fic.corpus.build:SFTDataConfig", "fic.probe.run:ProbeConfig", "fic.demo.run:DemoConfig"]
+
+
+def bounded_keys(cls, prefix=""):
+    """Every numeric field of a config (nested sections too) a physical bound applies to by its name."""
+    import dataclasses
+    import typing
+
+    from fic.core.config import PHYSICAL_BOUNDS
+
+    found = []
+    for name, hint in typing.get_type_hints(cls).items():
+        if dataclasses.is_dataclass(hint):
+            found += bounded_keys(hint, f"{prefix}{name}.")
+        elif {int, float} & set(typing.get_args(hint) or (hint,)) and any(name.endswith(s) for s, *_ in PHYSICAL_BOUNDS):
+            found.append(prefix + name)
+    return found
+
+
+def config_class(path):
+    import importlib
+
+    module, name = path.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+@pytest.mark.parametrize("path", CONFIGS)
+def test_every_timeout_token_count_and_seed_has_its_physical_bound(path):
+    cls = config_class(path)
+    keys = bounded_keys(cls)
+    assert keys  # the walk is not vacuous
+    for key in keys:
+        name = key.rsplit(".", 1)[-1]
+        for value in ("1000000000000", "-1") if not name.endswith("top_p") else ("0", "-0.5"):
+            with pytest.raises(FicError) as err:
+                load_config(cls, None, [f"{key}={value}"])
+            assert err.value.field == key and "expected a value" in str(err.value), (key, value, str(err.value))
+
+
+def test_the_issue_s_values_are_refused_at_load_time_naming_the_field():
+    cases = [("fic.evaluation.evaluate:EvalConfig", "model.timeout_s=1e12", "<= 604,800 seconds (a week)"),
+             ("fic.train_sft:SFTConfig", "train.seed=-1", ">= 0"),
+             ("fic.train_sft:SFTConfig", "train.seed=4294967296", "<= 4,294,967,295 (a seed is 32 bits)"),
+             ("fic.train_vasd:VASDConfig", "rollout.top_p=0", "> 0"),
+             ("fic.evaluation.evaluate:EvalConfig", "max_new_tokens=1000000000", "<= 16,777,216")]
+    for path, override, needle in cases:
+        with pytest.raises(FicError, match=f"field '{override.split('=')[0]}': expected a value {re.escape(needle)}"):
+            load_config(config_class(path), None, [override])
+    load_config(config_class("fic.train_sft:SFTConfig"), None, ["train.seed=4294967295", "model.path=x"])

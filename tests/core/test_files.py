@@ -165,3 +165,57 @@ def test_a_folder_lock_refuses_a_second_process_naming_the_first(tmp_path):
             pass
         assert str(folder.resolve()) in files._held
     assert str(folder.resolve()) not in files._held
+
+
+# --------------------------------------------------------------------------- no write follows a link
+
+@pytest.fixture
+def precious(tmp_path):
+    """A file outside the output folder that a link in it points to (`~/.bashrc` in the issue)."""
+    path = tmp_path / "precious.txt"
+    path.write_text("keep me\n")
+    return path
+
+
+@pytest.mark.parametrize("link", ["symlink", "hardlink"])
+def test_a_lock_file_that_is_a_link_is_refused_and_its_target_kept(tmp_path, precious, link):
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (os.symlink if link == "symlink" else os.link)(precious, folder / files.LOCK_NAME)
+    with pytest.raises(FicError, match="symbolic link" if link == "symlink" else "hard link") as err:
+        files.lock_folder(folder)
+    assert files.LOCK_NAME in str(err.value)
+    assert precious.read_text() == "keep me\n"  # it was emptied through the link before
+    assert str(folder.resolve()) not in files._held
+
+
+def test_a_lock_file_that_is_a_fifo_is_refused_at_once(tmp_path):
+    folder = tmp_path / "out"
+    folder.mkdir()
+    os.mkfifo(folder / files.LOCK_NAME)
+    with pytest.raises(FicError, match="not a regular file"):
+        files.lock_folder(folder)
+
+
+@pytest.mark.parametrize("link", ["symlink", "hardlink"])
+def test_an_appended_log_that_is_a_link_is_refused_before_any_work(tmp_path, precious, link):
+    log = tmp_path / "conversations.jsonl"
+    (os.symlink if link == "symlink" else os.link)(precious, log)
+    with pytest.raises(FicError, match="link"):
+        files.read_log(log)  # a resumed run reads its log first: refused there, before playing
+    with pytest.raises(FicError, match="link"):
+        files.append_jsonl(log, {"a": 1})
+    assert precious.read_text() == "keep me\n"
+    dangling = tmp_path / "dangling.jsonl"
+    os.symlink(tmp_path / "nowhere" / "new.jsonl", dangling)
+    with pytest.raises(FicError, match="symbolic link"):
+        files.read_log(dangling)  # not "no log yet": it would create a file outside
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_atomic_writes_replace_a_link_instead_of_writing_through_it(tmp_path, precious):
+    link = tmp_path / "metrics.json"
+    os.symlink(precious, link)
+    files.write_json(link, {"a": 1})
+    assert not link.is_symlink() and files.read_json(link) == {"a": 1}
+    assert precious.read_text() == "keep me\n"

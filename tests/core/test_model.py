@@ -199,3 +199,34 @@ def test_peak_memory_is_this_process_high_water_mark():
     before, during, after = json.loads(proc.stdout.strip().splitlines()[-1])
     assert during - before >= 200
     assert after >= during - 16  # the kernel's RSS counters lag by a few pages; the freed 256 MiB are kept
+
+
+def with_template(tmp_path, tiny_model_dir, template: str):
+    """A copy of the tiny model folder whose chat template is `template`."""
+    for path in tiny_model_dir.iterdir():
+        if path.is_file() and path.name != "chat_template.jinja":
+            shutil.copy(path, tmp_path / path.name)
+    config_path = tmp_path / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["chat_template"] = template
+    config_path.write_text(json.dumps(config))
+    return tmp_path
+
+
+def test_a_chat_template_with_a_syntax_error_is_one_line_naming_the_folder(tmp_path, tiny_model_dir):
+    folder = with_template(tmp_path, tiny_model_dir, "{% for m in messages %}{{ m.content }}")  # no endfor
+    with pytest.raises(FicError) as err:
+        load_tokenizer(folder)
+    assert str(err.value).startswith(f"{folder}: the chat template is not valid Jinja (line 1")
+
+
+def test_a_chat_template_that_loops_a_huge_range_is_one_line_naming_the_folder(tmp_path, tiny_model_dir):
+    from fic.core.chat import prompt_ids
+
+    folder = with_template(tmp_path, tiny_model_dir,
+                           "{% for i in range(100000000) %}x{% endfor %}{% for m in messages %}{{ m.content }}"
+                           "{% endfor %}")
+    tokenizer = load_tokenizer(folder)  # the probe may fail at run time: rendering a conversation says why
+    with pytest.raises(FicError) as err:
+        prompt_ids(tokenizer, [{"role": "user", "content": "Hi"}])
+    assert str(err.value).startswith(f"{folder}: the chat template cannot render this conversation: Range too big")

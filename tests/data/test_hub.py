@@ -267,3 +267,105 @@ def test_the_fic_eval_verb_takes_an_hf_source(tmp_path, tiny_model_dir, capsys):
     saved_metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert saved_metrics["instances"] == {"math": ["ds/train/0", "ds/train/1"]}
     assert saved_metrics["data_origins"][0]["fields"] == {"question": "question", "answer": "answer"}
+
+
+# --------------------------------------------------------------------------- bounded local files
+
+def test_a_local_jsonl_nested_too_deeply_for_pyarrow_is_one_line_not_a_segfault(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "deep.jsonl"
+    path.write_text(json.dumps({"question": GSM8K["question"][0], "answer": GSM8K["answer"][0]}) + "\n"
+                    + '{"question": "q", "answer": "#### 1", "x": ' + "[" * 20000 + "]" * 20000 + "}\n")
+    # In a child process: pyarrow's JSON reader crashed the interpreter (exit -11, no message).
+    code = ("import sys\nfrom fic.data.sources import load_source\nfrom fic.core.errors import FicError\n"
+            f"try:\n    load_source('hf:{path}', 'math')\nexcept FicError as err:\n    print(err)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**__import__("os").environ, "HF_DATASETS_CACHE": str(tmp_path / "cache")})
+    assert done.returncode == 0, done.stderr[-500:]
+    assert f"{path}: line 2 is nested too deeply to read" in done.stdout
+
+
+def test_a_local_record_over_the_bound_is_refused_before_pyarrow(tmp_path, monkeypatch):
+    from fic.data import hub
+
+    monkeypatch.setattr(hub, "MAX_RECORD_BYTES", 1000)
+    path = tmp_path / "big.jsonl"
+    path.write_text(json.dumps({"question": "q", "answer": "#### 1"}) + "\n"
+                    + json.dumps({"question": "x" * 2000, "answer": "#### 2"}) + "\n")
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: pytest.fail("pyarrow was asked to read it"))
+    with pytest.raises(FicError, match="line 2 is 0 MB, more than the 0 MB FiC reads as one record"):
+        load_source(f"hf:{path}", "math")
+
+
+def test_megabytes_of_code_are_searched_for_the_function_name_not_parsed(tmp_path):
+    import time
+
+    code = "def add(a, b):\n    return a + b\n" + "x = 1\n" * (1 << 20)  # 6 MB: parsing took minutes
+    source = saved(tmp_path, {"prompt": ["def add(a, b):\n"], "test": [["assert add(1, 2) == 3"]],
+                              "canonical_solution": [code]})
+    started = time.monotonic()
+    [instance] = load_source(f"hf:{source}", "code")
+    assert instance.fields["metadata"]["func_name"] == "add" and time.monotonic() - started < 10
+
+
+def test_a_huge_number_in_json_text_is_one_line(tmp_path):
+    source = saved(tmp_path, {"question": ["What's the weather in Rome?"], "function": [json.dumps(BFCL_FUNCTIONS[0])],
+                              "ground_truth": ["[" + "1" * 5000 + "]"]})
+    with pytest.raises(FicError, match="record 1: field 'fields.reference_answer': looks like JSON but cannot be read"):
+        load_source(f"hf:{source}", "actions",
+                    fields={"fully_specified_question": "question", "reference_answer": "ground_truth"})
+
+
+@pytest.mark.parametrize("kind", ["disk", "parquet", "csv", "jsonl"])
+def test_a_split_slice_cuts_a_local_dataset(kind, tmp_path):
+    source = saved(tmp_path, {"question": GSM8K["question"] * 3, "answer": GSM8K["answer"] * 3}, kind=kind)
+    [loaded] = load_sources(InstancesSection(source=[f"hf:{source}:train[:4]"], task="math"))
+    assert len(loaded.instances) == 4 and loaded.origin["split"] == "train[:4]"
+    assert len(load_source(f"hf:{source}:test[50%:]", "math")) == 3  # a saved Dataset, or a file, has one split
+    with pytest.raises(FicError, match="expected a split name or a slice"):
+        load_source(f"hf:{source}:te st", "math")
+
+
+def test_a_slice_of_one_split_of_a_dataset_dict(tmp_path):
+    folder = tmp_path / "dd"
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict(GSM8K),
+                          "test": datasets.Dataset.from_dict({k: v * 5 for k, v in GSM8K.items()})}
+                         ).save_to_disk(str(folder))
+    assert len(load_source(f"hf:{folder}:test[:3]", "math")) == 3
+    assert len(load_source(f"hf:{folder}:train[:1]", "math")) == 1
+
+
+def test_empty_datasets_and_splits_say_so(tmp_path):
+    empty = {"question": [], "answer": []}
+    with pytest.raises(FicError, match="the dataset is empty: no rows"):
+        load_source(f"hf:{saved(tmp_path, empty)}", "math")
+    folder = tmp_path / "dd"
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict(GSM8K), "test": datasets.Dataset.from_dict(empty)}
+                         ).save_to_disk(str(folder))
+    with pytest.raises(FicError, match="the split 'test' is empty: no rows"):
+        load_source(f"hf:{folder}:test", "math")
+    assert len(load_source(f"hf:{folder}:train", "math")) == 2  # the empty split is not even read
+    header = tmp_path / "header.csv"
+    header.write_text("question,answer\n")
+    with pytest.raises(FicError, match="the dataset is empty: no rows"):
+        load_source(f"hf:{header}", "math")
+    (tmp_path / "nothing.csv").write_text("")
+    with pytest.raises(FicError, match="the file is empty: no rows"):
+        load_source(f"hf:{tmp_path / 'nothing.csv'}", "math")
+    with pytest.raises(FicError, match="is empty: no rows"):
+        load_source(f"hf:{folder}:train[:0]", "math")
+
+
+def test_a_corrupt_local_file_is_fic_s_one_line_with_the_line_and_no_logger_lines(tmp_path, capfd):
+    bad = tmp_path / "bad.csv"
+    bad.write_text('question,answer\n"a","#### 1"\nb,c,d,e\n')
+    with pytest.raises(FicError, match="Expected 2 fields in line 3, saw 4"):
+        load_source(f"hf:{bad}", "math")
+    captured = capfd.readouterr()
+    assert "Failed to read file" not in captured.err + captured.out  # datasets' logger said it first before
+    broken = tmp_path / "bad.jsonl"
+    broken.write_text('{"question": "a", "answer": "#### 1"}\n{"question": \n')
+    with pytest.raises(FicError, match="bad.jsonl: line 2 is not valid JSON"):
+        load_source(f"hf:{broken}", "math")

@@ -123,3 +123,11 @@ def test_the_shipped_recipes_train_and_evaluate_on_disjoint_problems(monkeypatch
     assert len(instances) > 900
     card_overlap = json.loads(json.dumps(sources[0]["evaluation_overlap"]))
     assert sum(card_overlap.values()) == 0
+
+
+def test_a_deep_eval_recipe_named_in_exclude_sources_is_one_line(tmp_path):
+    recipe = tmp_path / "eval.yaml"
+    recipe.write_text("data:\n  source: " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(FicError, match="nested more than 64 levels deep") as err:
+        exclude_instances([], ExcludeSection(sources=[str(recipe)]))
+    assert str(recipe) in str(err.value)

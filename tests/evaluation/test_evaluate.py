@@ -498,3 +498,48 @@ def test_database_without_spider_databases_says_so_in_metrics_and_the_report(tmp
     assert "no Spider databases" in caveat and "any query that runs" in caveat
     assert json.loads((tmp_path / "o" / "metrics.json").read_text())["scoring_caveats"] == metrics["scoring_caveats"]
     assert "**Scoring caveat, database**: no Spider databases" in (tmp_path / "o" / "report.md").read_text()
+
+
+def test_a_failed_eval_leaves_no_new_output_folder_behind(lic_file, tmp_path, tiny_model_dir, tiny_backend):
+    out = tmp_path / "runs" / "new" / "run"
+    with pytest.raises(FicError, match="not found"):
+        evaluate(config(tmp_path / "missing.json", out, tiny_model_dir), assistant=tiny_backend, progress=False)
+    assert not (tmp_path / "runs").exists()  # not the run folder, its lock and config, nor the folders above
+    # Failing after the config and fingerprint are written (before any conversation finished): gone too.
+    with pytest.raises(KeyboardInterrupt):
+        evaluate(config(lic_file, out, tiny_model_dir), assistant=Counting(tiny_backend, fail_after=0), progress=False)
+    assert not (tmp_path / "runs").exists()
+    # Conversations saved for a resume stay, and so does a folder that was there before.
+    with pytest.raises(KeyboardInterrupt):
+        evaluate(config(lic_file, out, tiny_model_dir, "batch_size=4"), assistant=Counting(tiny_backend, fail_after=6),
+                 progress=False)
+    assert len(log(out)) > 0 and (out / "config.yaml").is_file()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    with pytest.raises(FicError):
+        evaluate(config(tmp_path / "missing.json", kept, tiny_model_dir), assistant=tiny_backend, progress=False)
+    assert kept.is_dir()
+
+
+def test_a_sampled_eval_resumed_or_played_in_other_chunks_draws_the_same_replies(lic_file, tmp_path, tiny_model_dir,
+                                                                                 tiny_backend):
+    """Each reply's seed is a function of its conversation (task id, view, run, turn), and the
+    backend samples each prompt from its own seed: neither a kill and resume nor another
+    batch_size changes a sampled reply (temperature 1 on a tiny random model)."""
+    def replies(out):
+        return {(r["task_id"], r["view"], r["run"]): [(t["reply"], t["seed"]) for t in r["turns"]] for r in log(out)}
+
+    whole = tmp_path / "whole"
+    evaluate(config(lic_file, whole, tiny_model_dir, "batch_size=32"), assistant=tiny_backend, progress=False)
+    chunked = tmp_path / "chunked"
+    evaluate(config(lic_file, chunked, tiny_model_dir, "batch_size=3"), assistant=tiny_backend, progress=False)
+    resumed = tmp_path / "resumed"
+    cfg = config(lic_file, resumed, tiny_model_dir, "batch_size=4")
+    with pytest.raises(KeyboardInterrupt):
+        evaluate(cfg, assistant=Counting(tiny_backend, fail_after=6), progress=False)
+    assert 0 < len(log(resumed)) < 18
+    evaluate(cfg, assistant=tiny_backend, progress=False)
+    expected = replies(whole)
+    assert len(expected) == 18 and replies(chunked) == expected and replies(resumed) == expected
+    # Sampled, not greedy: the two runs of a conversation drew different first replies.
+    assert any(expected[(i, v, 0)][0][0] != expected[(i, v, 1)][0][0] for i, v, _ in expected)

@@ -16,13 +16,14 @@ PACKAGE = Path(__file__).resolve().parents[2] / "fic"
 # The stages, lowest first: a module may import its own package and any of a lower rank.
 RANKS = {
     "core": 0,
-    "tasks": 1, "backends": 1,
-    "data": 2,
-    "conversation": 3,
-    "corpus": 4, "training": 4, "evaluation": 4,
-    "train_sft": 5, "train_vasd": 5,  # the recipes, launched as scripts
-    "probe": 6, "demo": 6, "bench": 6,
-    "cli": 7,
+    "sandbox": 1,
+    "tasks": 2, "backends": 2,
+    "data": 3,
+    "conversation": 4,
+    "corpus": 5, "training": 5, "evaluation": 5,
+    "train_sft": 6, "train_vasd": 6,  # the recipes, launched as scripts
+    "probe": 7, "demo": 7, "bench": 7,
+    "cli": 8,
 }
 TOP = {"__init__", "__main__"}  # fic/__init__.py (the version) and python -m fic
 

