@@ -53,6 +53,7 @@ from fic.core.model import BUNDLED_MODEL_DIR, peak_memory_mb, prepare_model
 from fic.corpus.build import SFTDataConfig, build_corpus
 from fic.data.sources import load_source
 from fic.data.splits import prompt_key
+from fic.demo import costs
 from fic.demo.report import write_demo_report
 from fic.evaluation.evaluate import EvalConfig, evaluate
 from fic.evaluation.premise import ask_or_answer
@@ -120,6 +121,9 @@ class DemoConfig:
     bootstrap: int = setting(2000, "Paired bootstrap resamples for the 95% intervals of R and retention.", min=100)
     ablation: AblationSection = setting(AblationSection(), "`fic demo --ablate`: the stage 2 variants compared on "
                                         "the dev split.")
+    memory_budget_mb: float = setting(0, "Memory a stage may use, in MiB (0: what this machine has free when the "
+                                      "stage starts). A stage whose estimated peak is above it is refused before it "
+                                      "starts, with the settings that lower it (fic.demo.costs).", min=0)
     stage_processes: bool = setting(True, "Run each stage in a process of its own, so that what a stage held in "
                                     "memory is given back before the next one (the demo's peak is its largest "
                                     "stage's); false runs them all in this process.")
@@ -355,9 +359,10 @@ def run_stage(cfg: DemoConfig, stage: str, progress: bool) -> None:
     info = STAGE_RUNNERS[stage](cfg, progress)
     seconds, cpu = time.perf_counter() - began, cpu_seconds() - cpu
     peak = peak_memory_mb()
+    size = info["steps"] if stage in TRAINED else costs.units(cfg, stage, None)  # what the stage's time bought
     write_json(paths(cfg)["stages"] / f"{stage}.json",
                {"stage": stage, "seconds": round(seconds, 1), "cpu_seconds": round(cpu, 1), "peak_rss_mb": round(peak),
-                "figures": info})
+                "units": size, "unit": costs.UNIT[costs.KIND[stage]], "figures": info})
 
 
 def run_stage_process(stage: str, recipes: str, overrides: list[str], progress: bool, errors: Path) -> None:
@@ -375,14 +380,26 @@ def run_stage_process(stage: str, recipes: str, overrides: list[str], progress: 
 
 def run_stages(cfg: DemoConfig, stages: tuple[str, ...], *, progress: bool, say: Callable[[str], None],
                launch: tuple[str, list[str]] | None) -> None:
-    """Run the stages not done yet, in order, each in its own process when it can."""
+    """Run the stages not done yet, in order, each in its own process when it can. Before the first
+    one, the estimated minutes and peak of all of them; before each, its own estimate, and a stage
+    whose peak would not fit is refused before it starts (`fic.demo.costs`)."""
     markers = paths(cfg)["stages"]
+    shipped = load_demo(launch[0], []) if launch is not None else None
+    left = [stage for stage in stages if not (markers / f"{stage}.json").is_file()]
+    if left:
+        line, _ = costs.plan(cfg, shipped, left, stage_summaries(cfg))
+        say(f"[demo] {line}")
     for stage in stages:
         marker = markers / f"{stage}.json"
         if marker.is_file():
             say(f"[{stage}] done before ({marker}); skipped")
             continue
-        say(f"[{stage}] running")
+        done = stage_summaries(cfg)
+        control = float(control_steps(cfg)) if stage == "control" else None
+        cost = costs.estimate(cfg, shipped, stage, done, control)
+        costs.check_fits(cfg, stage, cost)
+        say(f"[{stage}] running" + ("" if cost is None else f" (about {cost['minutes']:.1f} min, peak "
+                                    f"{cost['peak_mb'] / 1024:.1f} GiB: {cost['source']})"))
         began = time.perf_counter()
         if cfg.stage_processes and launch is not None:
             run_stage_process(stage, *launch, progress, markers / f"{stage}.error")

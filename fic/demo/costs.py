@@ -1,0 +1,160 @@
+"""What `fic demo` will cost here: minutes and peak memory per stage, said before a stage starts.
+
+A stage's cost is its size in units (optimizer steps, conversations played, dev instances read)
+times a cost per unit, and its peak resident memory. Both come from, in this order:
+
+1. a finished stage of the same kind in this output folder (the SFT stage prices the control,
+   the first evaluation prices the later ones): this machine, these settings;
+2. the reference machine (`REFERENCE`: 2 quiet cores with AMX, the bundled SmolLM2-135M, the
+   shipped demo.yaml), when the stage's memory-relevant settings are the shipped ones;
+3. nothing: the estimate says so rather than guess.
+
+Before each stage the demo compares the peak with the memory this machine has free
+(`memory_budget_mb`, 0: MemAvailable) and refuses a stage that would not fit, naming the
+settings that lower it, rather than letting the kernel kill it halfway.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from fic.core.errors import FicError
+
+# The stage each stage is priced like, and its unit.
+KIND = {"data": "data", "warmup": "sft", "sft": "sft", "control": "sft", "vasd": "vasd", "premise": "premise",
+        "eval-start": "eval", "eval-sft": "eval", "eval-vasd": "eval", "eval-control": "eval"}
+UNIT = {"data": "stage", "sft": "step", "vasd": "step", "premise": "dev instance", "eval": "conversation"}
+
+# Reference machine (2 quiet cores, AMX), the shipped demo.yaml: seconds a unit and the stage's peak
+# resident MiB. From the 2026-12-01 measurements (docs/results.md, docs/performance.md): SFT at 8.2 s a
+# step x 1.2 for checkpointing and widths padded to 64, 3.8 GB; VASD at 4 x 2 with checkpointing,
+# 45.4 s a step, 7.2 GB; evaluation 0.45-0.5 s a conversation, 4.0 GB with kv_reuse_mb=1024.
+REFERENCE = {
+    "data": {"seconds": 6.0, "peak_mb": 300},
+    "sft": {"seconds": 9.8, "peak_mb": 3900},
+    "vasd": {"seconds": 45.0, "peak_mb": 7400},
+    "premise": {"seconds": 0.9, "peak_mb": 4000},
+    "eval": {"seconds": 0.45, "peak_mb": 4100},
+}
+
+# How to lower a stage's peak, said when it would not fit.
+LOWER = {
+    "sft": "{stage}.train.micro_batch_size (half of it, with grad_accum_steps doubled, keeps the step) and "
+           "{stage}.model.gradient_checkpointing=true",
+    "vasd": "vasd.train.micro_batch_size with vasd.train.grad_accum_steps (e.g. 2 x 4: 7.3 GB against 15.1 at 8 x 1 "
+            "on the reference machine), vasd.model.gradient_checkpointing=true, vasd.rollout.kv_reuse_mb",
+    "premise": "eval.model.batch_size",
+    "eval": "eval.model.batch_size and eval.model.kv_reuse_mb",
+    "data": "data.train",
+}
+
+
+def stage_config(cfg: Any, stage: str) -> Any:
+    """The stage's own config section (an evaluation's is `eval`)."""
+    if KIND[stage] == "eval" or stage == "premise":
+        return cfg.eval
+    return getattr(cfg, stage, None)
+
+
+def units(cfg: Any, stage: str, control: float | None) -> float:
+    """The stage's size in its unit; `control`: the control's steps (what VASD's time buys)."""
+    kind = KIND[stage]
+    if kind == "data":
+        return 1.0
+    if stage == "control":
+        return control or 0.0
+    if kind == "sft":
+        return float(getattr(cfg, stage).train.max_steps or 0)
+    if kind == "vasd":
+        return float(cfg.vasd.train.max_steps or 0)
+    if kind == "premise":
+        return float(cfg.data.dev)
+    views = 3 if stage == "eval-start" else 2  # full, concat, sharded on test at the start; full and sharded after
+    return float(cfg.data.test * views + cfg.data.test_unseen * 2)
+
+
+# Settings whose shipped values the reference figures were measured with.
+MEMORY_KEYS = ("train.micro_batch_size", "train.grad_accum_steps", "train.pad_to_multiple", "model.gradient_checkpointing",
+               "data.max_seq_len", "rollout.max_conversation_tokens", "rollout.batch_size", "rollout.kv_reuse_mb",
+               "model.batch_size", "model.kv_reuse_mb", "batch_size", "lora.enabled")
+
+
+def _value(section: Any, key: str) -> Any:
+    for part in key.split("."):
+        if section is None or not dataclasses.is_dataclass(section) or not hasattr(section, part):
+            return None
+        section = getattr(section, part)
+    return section
+
+
+def as_shipped(cfg: Any, shipped: Any, stage: str) -> bool:
+    """Whether the stage runs the shipped model and memory-relevant settings (the reference's)."""
+    if shipped is None or cfg.base_model != shipped.base_model:
+        return False
+    mine, theirs = stage_config(cfg, stage), stage_config(shipped, stage)
+    return all(_value(mine, key) == _value(theirs, key) for key in MEMORY_KEYS)
+
+
+def unit_cost(cfg: Any, shipped: Any, stage: str, done: dict[str, dict]) -> dict | None:
+    """{"seconds" a unit, "peak_mb", "source"} of `stage` (see the module docstring), or None.
+    `done`: the finished stages' markers; `shipped`: the config demo.yaml ships."""
+    kind = KIND[stage]
+    for name, marker in done.items():
+        size = marker.get("units")
+        if KIND.get(name) == kind and marker.get("seconds") and marker.get("peak_rss_mb") and size:
+            return {"seconds": marker["seconds"] / size, "peak_mb": float(marker["peak_rss_mb"]),
+                    "source": f"measured here ({name})"}
+    if as_shipped(cfg, shipped, stage):
+        return {**REFERENCE[kind], "source": "reference machine"}
+    return None
+
+
+def estimate(cfg: Any, shipped: Any, stage: str, done: dict[str, dict], control: float | None = None) -> dict | None:
+    """{"minutes", "peak_mb", "source"} for `stage`, or None when nothing prices it. `control`: the
+    control's steps when known; else what VASD's estimated time buys at SFT's cost a step."""
+    cost = unit_cost(cfg, shipped, stage, done)
+    if cost is None:
+        return None
+    if stage == "control" and control is None:
+        vasd, sft = unit_cost(cfg, shipped, "vasd", done), cost
+        control = cfg.control_steps or (vasd and cfg.vasd.train.max_steps * vasd["seconds"] / sft["seconds"]) or 0.0
+    return {"minutes": units(cfg, stage, control) * cost["seconds"] / 60, "peak_mb": cost["peak_mb"],
+            "source": cost["source"]}
+
+
+def available_mb() -> float | None:
+    """The memory this machine can give a new process (MemAvailable), in MiB; None where unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_fits(cfg: Any, stage: str, cost: dict | None) -> None:
+    """Refuse a stage whose peak would not fit the budget (`memory_budget_mb`, else MemAvailable)."""
+    budget = cfg.memory_budget_mb or available_mb()
+    if cost is None or budget is None or cost["peak_mb"] <= budget:
+        return
+    raise FicError(f"stage {stage} needs about {cost['peak_mb'] / 1024:.1f} GiB ({cost['source']}) and "
+                   f"{budget / 1024:.1f} GiB is free: lower it with {LOWER[KIND[stage]].format(stage=stage)}, or set "
+                   "memory_budget_mb to what this machine can give", field="memory_budget_mb")
+
+
+def plan(cfg: Any, shipped: Any, stages: list[str], done: dict[str, dict],
+         control: float | None = None) -> tuple[str, dict[str, dict | None]]:
+    """A line with the estimated minutes and peak of `stages`, and each stage's estimate."""
+    costs = {stage: estimate(cfg, shipped, stage, done, control) for stage in stages}
+    known = {s: c for s, c in costs.items() if c is not None}
+    if not known:
+        return "estimate: no figures for these settings yet (they will come from the first stages)", costs
+    minutes = sum(c["minutes"] for c in known.values())
+    peak = max(c["peak_mb"] for c in known.values())
+    sources = sorted({c["source"].split(" (")[0] for c in known.values()})
+    unknown = [s for s, c in costs.items() if c is None]
+    return (f"estimate: about {minutes:.0f} min for {len(known)} stage(s), peak {peak / 1024:.1f} GiB "
+            f"({' and '.join(sources)} figures)" + (f"; not priced: {', '.join(unknown)}" if unknown else "")), costs
