@@ -32,7 +32,8 @@ from fic.bench.roofline import matmul_rate, shape, train_flops
 from fic.core.errors import FicError
 from fic.core.model import BUNDLED_MODEL_DIR, fast_bf16, load_model, load_tokenizer
 from fic.corpus.build import SFTDataConfig, load_instances, make_corpus
-from fic.training.data import IGNORE, render_examples
+from fic.bench.profile import profile
+from fic.training.data import IGNORE, padded_width, render_examples
 from fic.training.losses import TargetLoss
 
 PRECISIONS = ("auto", "fp32", "bf16", "bf16_copy")
@@ -54,6 +55,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="length of the conversation of the memory figure (0: skip it)")
     parser.add_argument("--skip-trl", action="store_true", help="time FiC only")
     parser.add_argument("--skip-fp32", action="store_true", help="do not time FiC in float32 too")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="a setting of FiC's SFT config for its steps (repeatable), e.g. "
+                        "train.pad_to_multiple=64 or model.gradient_checkpointing=true (the demo's)")
+    parser.add_argument("--profile", action="store_true",
+                        help="also run one FiC step under torch's profiler: the share of each kind of work")
 
 
 def make_records(n: int, seed: int) -> list[dict]:
@@ -72,7 +78,8 @@ class FicStepper:
     """FiC's SFT step as the recipe takes it (`fic.training.sft.SFTStep`: its loss, AdamW, clipping
     and precision) on its own copy of the model, at a constant learning rate of 1e-5."""
 
-    def __init__(self, model_dir: str, pad_id: int, precision: str, micro_batch_size: int):
+    def __init__(self, model_dir: str, pad_id: int, precision: str, micro_batch_size: int,
+                 overrides: list[str] = ()):
         from fic.core.config import load_config
         from fic.training.loop import build_model, make_accelerator
         from fic.training.sft import SFTConfig, SFTStep
@@ -82,7 +89,7 @@ class FicStepper:
             f"model.path={model_dir}", f"out={self.out.name}", "train.max_steps=1000000",
             f"train.micro_batch_size={micro_batch_size}", "train.grad_accum_steps=1",
             f"train.mixed_precision={PRECISION_SETTING[precision]}", "optim.lr=1e-5", "optim.schedule=constant",
-            "optim.max_grad_norm=1.0", "logging.wandb=false"])
+            "optim.max_grad_norm=1.0", "logging.wandb=false", *overrides])
         # Each stepper is prepared under its own precision: accelerate keeps one process-wide state
         # and refuses a second precision, so it is reset first. What a stepper needs of it is fixed
         # at prepare (the autocast around the forward) and in its own Accelerator.
@@ -100,7 +107,8 @@ class FicStepper:
 
 
 def interleaved_times(model_dir: str, batches: list[list], tokenizer: Any, precision: str, with_trl: bool = True,
-                      with_fp32: bool = True) -> dict[str, list[float]]:
+                      with_fp32: bool = True, overrides: list[str] = (), profiled: dict | None = None
+                      ) -> dict[str, list[float]]:
     """Seconds per step of FiC (at `precision`, and in float32 too with `with_fp32`) and of TRL's
     SFTTrainer on the same batches, alternating step by step (FiC's steps run
     right after TRL's step on the same batch, from a trainer callback), so all see the same
@@ -109,15 +117,18 @@ def interleaved_times(model_dir: str, batches: list[list], tokenizer: Any, preci
     from transformers import TrainerCallback
     from trl import SFTConfig, SFTTrainer
 
-    steppers = {"fic": FicStepper(model_dir, tokenizer.pad_token_id, precision, len(batches[0]))}
+    steppers = {"fic": FicStepper(model_dir, tokenizer.pad_token_id, precision, len(batches[0]), overrides)}
     if with_fp32:
-        steppers["fic_fp32"] = FicStepper(model_dir, tokenizer.pad_token_id, "fp32", len(batches[0]))
+        steppers["fic_fp32"] = FicStepper(model_dir, tokenizer.pad_token_id, "fp32", len(batches[0]), overrides)
     times: dict[str, list[float]] = {name: [] for name in steppers}
 
     def step_fic(examples: list) -> None:
         for name, stepper in steppers.items():
             times[name].append(stepper.step(examples))
 
+    if profiled is not None:  # one more step of FiC's, under the profiler, before the timed ones
+        fic = steppers["fic"]
+        profiled.update(profile(lambda: fic.sft.train_on([batches[0]]), fic.sft.model))
     if not with_trl:
         for examples in batches:
             step_fic(examples)
@@ -212,8 +223,10 @@ def measure(args: argparse.Namespace) -> dict:
     timed = batches[args.warmup:]
     target_tokens = sum(e.n_targets for b in timed for e in b)
     resolved = _resolved(precision)
+    profiled: dict | None = {} if args.profile else None
     times = interleaved_times(args.model, batches, tokenizer, precision, with_trl=not args.skip_trl,
-                              with_fp32=not args.skip_fp32 and resolved["precision"] != "fp32")
+                              with_fp32=not args.skip_fp32 and resolved["precision"] != "fp32",
+                              overrides=args.overrides, profiled=profiled)
     AcceleratorState._reset_state(True)
     times = {name: seconds[args.warmup:] for name, seconds in times.items()}
     fic = times["fic"]
@@ -236,9 +249,20 @@ def measure(args: argparse.Namespace) -> dict:
         figures.update({"trl_target_tokens_per_s": target_tokens / sum(times["trl"]),
                         "trl_median_step_s": statistics.median(times["trl"]),
                         "ratio": sum(times["trl"]) / sum(fic)})
+    multiple = _pad_multiple(args.overrides)
+    padded = sum(len(b) * padded_width((len(e.input_ids) for e in b), multiple) for b in timed)
+    figures["padding_share"] = 1 - figures["tokens_per_step"] * args.steps / padded
+    figures.update(profiled or {})
     if args.memory_tokens:
         figures.update(memory_figures(args.model, args.memory_tokens))
     return figures
+
+
+def _pad_multiple(overrides: list[str]) -> int:
+    from fic.core.config import load_config
+    from fic.training.sft import SFTConfig
+
+    return load_config(SFTConfig, None, overrides).train.pad_to_multiple
 
 
 def _resolved(precision: str) -> dict:

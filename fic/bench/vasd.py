@@ -45,6 +45,7 @@ from typing import Any, Callable
 
 import torch
 
+from fic.bench.profile import profile
 from fic.bench.roofline import forward_flops, matmul_rate, shape, train_flops
 from fic.bench.sft import make_records
 from fic.core.config import load_config
@@ -73,6 +74,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--micro-batch-size", type=int, default=4, help="without --config: rollouts per micro-batch")
     parser.add_argument("--max-new-tokens", type=int, default=48, help="without --config: most tokens of one reply")
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats of the step without rollouts")
+    parser.add_argument("--profile", action="store_true",
+                        help="also run one student pass under torch's profiler: the share of each kind of work")
     parser.add_argument("--sft-micro-batch-size", type=int, default=8,
                         help="conversations of the timed SFT step (0: skip it)")
     parser.add_argument("--chunk-tokens", type=int, default=None,
@@ -97,7 +100,7 @@ def measure(args: argparse.Namespace) -> dict:
         cfg = timed_config(args, Path(scratch))
         figures: dict[str, Any] = {"config": args.config or "recipe defaults", "model": cfg.model.path,
                                    "threads": torch.get_num_threads()}
-        figures.update(step_figures(cfg, args.repeats, args.sft_micro_batch_size))
+        figures.update(step_figures(cfg, args.repeats, args.sft_micro_batch_size, args.profile))
     if args.memory_tokens:
         chunk = args.chunk_tokens or _recipe_chunk()
         figures.update(memory_figures(args.memory_tokens, args.memory_vocab, args.memory_hidden, chunk))
@@ -142,7 +145,7 @@ class _Clock:
         return statistics.median((self.cpu if cpu else self.wall)[name])
 
 
-def step_figures(cfg: VASDConfig, repeats: int, sft_micro_batch_size: int) -> dict:
+def step_figures(cfg: VASDConfig, repeats: int, sft_micro_batch_size: int, profiled: bool = False) -> dict:
     """Seconds per phase of one VASD step of `cfg`, its overhead over bare passes, and its CPU
     seconds against an SFT step's."""
     check_inputs(cfg)  # a wrong model folder or corpus path fails in a second, as in the recipe
@@ -166,12 +169,16 @@ def step_figures(cfg: VASDConfig, repeats: int, sft_micro_batch_size: int) -> di
         vasd.optimizer.zero_grad(set_to_none=True)
         clock.time("bare", lambda: _bare_passes(vasd, convs, batches))
         vasd.optimizer.zero_grad(set_to_none=True)
+    if profiled:  # one student pass under the profiler, then its gradients dropped
+        again = [dict(b) for b in vasd.micro_batches(convs, 1)[0]]
+        shares = profile(lambda: vasd.student(again), vasd.policy)
+        vasd.optimizer.zero_grad(set_to_none=True)
     vasd.student([dict(b) for b in vasd.micro_batches(convs, 1)[0]])
     clock.time("optimizer", lambda: vasd.update(convs))
     phases = ("rollout", "teacher", "student", "optimizer")
     step_s = sum(clock.median(name) for name in phases)
     step_cpu_s = sum(clock.median(name, cpu=True) for name in phases)
-    figures = {"rollouts": len(convs), "precision": accelerator.mixed_precision,
+    figures = {"rollouts": len(convs), "precision": "bf16_copy" if vasd.copy.params else accelerator.mixed_precision,
                **{f"{name}_s": clock.median(name) for name in phases},
                **{f"{name}_cpu_s": clock.median(name, cpu=True) for name in phases},
                "step_s": step_s, "step_cpu_s": step_cpu_s, "rollout_share": clock.median("rollout") / step_s,
@@ -193,7 +200,11 @@ def step_figures(cfg: VASDConfig, repeats: int, sft_micro_batch_size: int) -> di
                     "answer_tokens": int(sum(c["distill"] for c in counts)),
                     "student_rows": sum(len(b["input_ids"]) for b in batches),
                     "student_positions": sum(b["input_ids"].numel() for b in batches),
-                    "student_tokens": int(sum(c["tokens"] for c in counts))})
+                    "student_tokens": int(sum(c["tokens"] for c in counts)),
+                    "student_padding_share": 1 - sum(c["tokens"] for c in counts)
+                    / max(1, sum(b["input_ids"].numel() for b in batches))})
+    if profiled:
+        figures.update(shares)
     if sft_micro_batch_size and anchors:
         figures.update(_sft_figures(cfg, anchors, tokenizer.pad_token_id, sft_micro_batch_size, repeats, step_cpu_s))
     return figures

@@ -53,7 +53,7 @@ from typing import Any, Callable, Sequence
 
 from fic import tasks
 from fic.core.chat import continue_ids, prompt_ids
-from fic.core.errors import FicError, one_line
+from fic.core.errors import FicError, cut_short_on_sigterm, one_line
 from fic.core.generation import Backend, Generation, SamplingParams
 from fic.core.instance import Instance
 from fic.core.seeding import derive_seed, reply_seed
@@ -294,7 +294,8 @@ def play(conversations: Sequence[Conversation], assistant: Backend, user: Any, c
         for start in range(0, len(ready), batch_size):
             chunk = ready[start:start + batch_size]
             seeds = tuple(reply_seed(seed, "assistant", conv) for conv in chunk)
-            outputs = _generate(assistant, chunk, _with_seeds(params, seeds))
+            with cut_short_on_sigterm():  # a reply is kept only once its call returns: none is half-written
+                outputs = _generate(assistant, chunk, _with_seeds(params, seeds))
             for conv, out, reply in zip(chunk, outputs, seeds):
                 turn = conv.turns[-1]
                 turn.prompt_tokens = len(conv.ids) if conv.ids else 0

@@ -6,11 +6,13 @@ it on one line and exits with status 2. Everything else is a bug and keeps its t
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import signal
 import sys
 import threading
-from typing import Callable
+import time
+from typing import Callable, Iterator
 
 
 class FicError(Exception):
@@ -79,11 +81,62 @@ def _terminate(signum: int, frame: object) -> None:
     raise Terminated()
 
 
+# Python runs a signal's handler between bytecodes, so SIGTERM waits for a long native call (one
+# micro-batch's backward pass can take a minute on a CPU). Inside `cut_short_on_sigterm` a
+# watchdog thread, woken at once through the interpreter's wakeup fd, gives the handler
+# ABORT_GRACE_S seconds and then ends the process itself: what such a block computes is only
+# kept once it is over (an optimizer step, a generation call), so nothing half-written is left.
+ABORT_GRACE_S = 3.0
+_cut_short = threading.Event()
+_watchdog: list[threading.Thread] = []
+
+
 def terminate_on_sigterm() -> None:
     """Turn SIGTERM into `Terminated` (its default kills the process with no cleanup, leaving
-    hidden `.NAME.*.tmp` files and half-written checkpoint folders). Main thread only."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _terminate)
+    hidden `.NAME.*.tmp` files and half-written checkpoint folders), and start the watchdog of
+    `cut_short_on_sigterm`. Main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    signal.signal(signal.SIGTERM, _terminate)
+    if _watchdog:
+        return
+    import os
+
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    try:
+        signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    except (ValueError, OSError):  # another owner of the wakeup fd: only the handler then
+        os.close(read)
+        os.close(write)
+        return
+
+    def watch() -> None:
+        while True:
+            try:
+                got = os.read(read, 64)
+            except OSError:
+                return
+            if signal.SIGTERM in got and _cut_short.wait(0):
+                time.sleep(ABORT_GRACE_S)  # the handler's chance to end the run the usual way
+                if _cut_short.is_set():
+                    print("fic: terminated (SIGTERM) in the middle of a step: nothing of it was kept; "
+                          "resume=true continues from the last checkpoint", file=sys.stderr, flush=True)
+                    os._exit(143)
+
+    _watchdog.append(threading.Thread(target=watch, name="fic-sigterm", daemon=True))
+    _watchdog[0].start()
+
+
+@contextlib.contextmanager
+def cut_short_on_sigterm() -> Iterator[None]:
+    """A block SIGTERM may end within seconds even inside a long native call: the forward and
+    backward passes of a training step, whose work is only kept by the optimizer step after it."""
+    _cut_short.set()
+    try:
+        yield
+    finally:
+        _cut_short.clear()
 
 
 def exit_status(prog: str, run: Callable[[], object]) -> int:

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import torch
 
 from fic.core.config import setting
-from fic.core.errors import FicError
+from fic.core.errors import FicError, cut_short_on_sigterm
 from fic.core.files import check_writable
 from fic.core.model import check_model_folder
 from fic.core.stats import CURVE_FIGURES
@@ -146,11 +146,12 @@ class SFTStep:
         """Forward and backward over these micro-batches (one accumulation window), then the update."""
         began = time.perf_counter()
         batches = [collate(examples, self.pad_id, self.cfg.train.pad_to_multiple) for examples in micro_batches]
-        with self.copy:
-            window = window_backward(self.accelerator, self.loss_model, batches,
-                                     [target_counts(b) for b in batches], {"ce": 1.0}, self.copy.accumulate)
-        figures = loop.optimizer_step(self.accelerator, self.loss_model, self.optimizer, self.scheduler,
-                                      self.cfg.optim.max_grad_norm)
+        with cut_short_on_sigterm():  # nothing of a step is kept until it is over
+            with self.copy:
+                window = window_backward(self.accelerator, self.loss_model, batches,
+                                         [target_counts(b) for b in batches], {"ce": 1.0}, self.copy.accumulate)
+            figures = loop.optimizer_step(self.accelerator, self.loss_model, self.optimizer, self.scheduler,
+                                          self.cfg.optim.max_grad_norm)
         self.copy.refresh()
         seconds = time.perf_counter() - began
         return {"loss": window["loss"], **figures, "target_tokens": int(window["n_ce"]),

@@ -656,3 +656,30 @@ def test_a_dev_curve_that_cannot_be_read_is_refused_at_load_time(override, messa
     with pytest.raises(FicError) as err:
         load_config(SFTConfig, None, ["train.max_steps=4", *override.split()])
     assert err.value.field == message
+
+
+def test_the_profile_splits_a_step_by_kind_of_work(tiny_model_dir):
+    """`fic bench sft --profile`: one step's operator time by kind; the shares add up to 1 and the
+    matrix products are told apart by shape (the tiny model: intermediate 128, its vocabulary)."""
+    import argparse
+
+    from fic.bench import sft as bench_sft
+    from fic.bench.profile import category
+
+    dims = {"vocab": 49152, "intermediate": 1536}
+    assert category("aten::mm", [[8, 576], [576, 1536]], dims) == "MLP"
+    assert category("aten::mm", [[8, 576], [49152, 576]], dims) == "LM head"
+    assert category("aten::addmm", [[192], [8, 576], [576, 192]], dims) == "attention projections"
+    assert category("aten::_fused_adamw_", [], dims) == "optimizer"
+    assert category("aten::_to_copy", [[8, 576]], dims) == "casts and copies"
+    parser = argparse.ArgumentParser()
+    bench_sft.add_arguments(parser)
+    args = parser.parse_args(["--model", str(tiny_model_dir), "--steps", "1", "--warmup", "0", "--micro-batch-size",
+                              "2", "--memory-tokens", "0", "--skip-trl", "--profile", "--set",
+                              "train.pad_to_multiple=64"])
+    figures = bench_sft.measure(args)
+    shares = {k: v for k, v in figures.items() if k.startswith("profile_share_")}
+    assert sum(shares.values()) == pytest.approx(1.0, abs=1e-3)
+    assert shares["profile_share_MLP"] > 0 and shares["profile_share_LM_head"] > 0
+    assert shares["profile_share_attention_projections"] > 0 and shares["profile_share_optimizer"] > 0
+    assert 0 < figures["padding_share"] < 1  # widths padded to 64

@@ -1088,8 +1088,11 @@ def test_bench_vasd_times_the_recipes_own_step(tiny_model_dir, anchor_corpus, tm
     parser = argparse.ArgumentParser()
     bench_vasd.add_arguments(parser)
     args = parser.parse_args(["--config", str(config), "--set", f"out={tmp_path / 'ignored'}", "--repeats", "1",
-                              "--memory-tokens", "0", "--sft-micro-batch-size", "2"])
+                              "--memory-tokens", "0", "--sft-micro-batch-size", "2", "--profile"])
     figures = bench_vasd.measure(args)
+    shares = {k: v for k, v in figures.items() if k.startswith("profile_share_")}
+    assert sum(shares.values()) == pytest.approx(1.0, abs=1e-3) and shares["profile_share_LM_head"] > 0
+    assert 0 <= figures["student_padding_share"] < 1
     assert figures["answer_tokens"] == recipe["answer_tokens"] > 0
     assert figures["rollouts"] == 4 and figures["student_rows"] > 4  # anchors and label rows beside the rollouts
     assert figures["step_s"] == pytest.approx(figures["rollout_s"] + figures["teacher_s"] + figures["student_s"]

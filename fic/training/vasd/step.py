@@ -27,7 +27,7 @@ from fic.conversation.classify import make_classifier
 from fic.conversation.simulator import make_conversations, play
 from fic.conversation.users import make_user
 from fic.core.chat import continue_ids, reply_ids
-from fic.core.errors import FicError
+from fic.core.errors import FicError, cut_short_on_sigterm
 from fic.core.generation import SamplingParams
 from fic.core.seeding import derive_seed, seeded_rng
 from fic.training import loop
@@ -122,18 +122,19 @@ class VASDStep:
         def timed(name: str, began: float) -> None:
             seconds[name] = time.perf_counter() - began
 
-        began = time.perf_counter()
-        convs = self.rollouts(step)
-        timed("rollout_s", began)
-        began = time.perf_counter()
-        batches, left_out = self.micro_batches(convs, step)
-        timed("teacher_s", began)
-        began = time.perf_counter()
-        window = self.student(batches)
-        timed("student_s", began)
-        began = time.perf_counter()
-        figures = self.update(convs)
-        timed("optimizer_s", began)
+        with cut_short_on_sigterm():  # nothing of a step is kept until it is over
+            began = time.perf_counter()
+            convs = self.rollouts(step)
+            timed("rollout_s", began)
+            began = time.perf_counter()
+            batches, left_out = self.micro_batches(convs, step)
+            timed("teacher_s", began)
+            began = time.perf_counter()
+            window = self.student(batches)
+            timed("student_s", began)
+            began = time.perf_counter()
+            figures = self.update(convs)
+            timed("optimizer_s", began)
         return {"loss": window["loss"], **{figure: window.get(name) for name, figure in TERMS.items()},
                 "answer_tokens": int(window.get("n_distill", 0)), **figures, **rollout_figures(convs),
                 **{f"left_out_{k}": v for k, v in left_out.items() if k != "empty_micro_batches"},
