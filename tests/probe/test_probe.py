@@ -512,7 +512,7 @@ def test_single_turn_replies_see_the_instances_own_system_prompt():
     0 of 20 in the probe against 65% in `fic eval`."""
     from fic.data.sources import read_instance
     from fic.probe.run import single_turn_replies
-    from fic.tasks.actions_gen import generate
+    from fic.data.actions_gen import generate
 
     instance = read_instance(generate("test", 1, seed=0)[0])
     seen = []
