@@ -34,8 +34,8 @@ from fic.core.config import setting
 from fic.core.errors import FicError
 from fic.core.files import read_numbered_records, read_records
 from fic.core.instance import Instance
-from fic.data.hub import ANSWER_FROM, load_hf
 from fic.data.actions_gen import generate
+from fic.data.hub import ANSWER_FROM, load_hf
 from fic.tasks.code import human_eval_instances
 from fic.tasks.sharding import ShardingError
 

@@ -29,6 +29,7 @@ from typing import Any
 from fic.core.instance import Instance
 from fic.core.parsing import NUMBER, number_values
 from fic.tasks import lic_prompts
+from fic.tasks.answers import framed_as_template, is_placeholder
 from fic.tasks.base import ErrorFactory, Task
 from fic.tasks.calls import (
     Call,
@@ -37,7 +38,6 @@ from fic.tasks.calls import (
     format_calls,
     reference_calls,
 )
-from fic.tasks.labels import framed_as_template, is_placeholder, label_reply
 
 SYSTEM_PROMPT = (
     "You are an assistant that calls functions. Given a request and the functions below, reply with "
@@ -261,13 +261,13 @@ class ActionsTask(Task):
 
     # ------------------------------------------------------------------ classifying replies
 
-    def rule_label(self, reply: str, user_texts: list[str]) -> str:
-        """An answer attempt when the reply makes a call: one with a named argument, or a call
+    def committed_answer(self, reply: str) -> bool:
+        """Committed when the reply makes a call: one with a named argument, or a call
         list in the asked form (`[get_time()]`). Not one: a function only named in prose ("use
         `len()`", "should I use get_weather()?"), a call suggested in a sentence ("You could call
         get_weather(city="Paris")"), a call with slots to fill (`date="YYYY-MM-DD"`,
         `city="<city>"`, `city=city`), or one presented as an example or as what the call will be
-        once the user says more (`fic.tasks.labels.framed_as_template`). Without a call nothing
+        once the user says more (`fic.tasks.answers.framed_as_template`). Without a call nothing
         is an attempt: a date or an amount stated in prose commits to no call."""
         text = (reply or "").strip()
         calls = find_calls(text)
@@ -276,7 +276,7 @@ class ActionsTask(Task):
             start = _call_start(text, calls[0].name)
             made = not (any(is_placeholder(v) or _names_itself(k, v) for c in calls for k, v in c.args.items())
                         or framed_as_template(text, start) or SUGGESTION.search(_line_before(text, start)))
-        return label_reply(text, made)
+        return made
 
     # ------------------------------------------------------------------ SFT-corpus replies
 

@@ -7,7 +7,8 @@ Besides prompts and scoring, a task tells the task-generic stages what its texts
   values and reveals no value of a shard not yet given; the LLM sharder checks that shards
   carry exactly the values of the question; the SFT corpus checks that no reply before the
   last shard names a value the user has not given (`leak`).
-- `rule_label(reply, user_texts)`: the offline classifier's label for a reply.
+- `committed_answer(reply)`: whether a reply commits to a structured answer (calls, code,
+  SQL), for the offline classifier (`fic.conversation.labels`); None where it reads the prose.
 - SFT-corpus replies while information is missing: `ask_for` (a question for the detail the
   next shard carries, or None), `generic_asks` (when no specific question can be made),
   `premature_reply` (a plausible wrong early answer for recovery conversations) and
@@ -28,7 +29,6 @@ from fic.core.errors import FicError
 from fic.core.instance import Instance, as_instance
 from fic.core.parsing import NUMBER, number_values
 from fic.tasks.deferrals import DEFERRALS, choose_fresh
-from fic.tasks.labels import rule_label
 from fic.tasks.sharding import ShardingError
 
 ErrorFactory = Callable[..., FicError]  # error(message, field) -> FicError naming file and record
@@ -173,13 +173,11 @@ class Task:
 
     # ------------------------------------------------------------------ classifying replies
 
-    def rule_label(self, reply: str, user_texts: list[str]) -> str:
-        """The offline rule classifier's label (one of `fic.tasks.labels.LABELS`) for a reply:
-        the generic heuristic, which tasks may refine."""
-
-        if self.replies_are_answers:
-            return "answer_attempt" if (reply or "").strip() else "missing"
-        return rule_label(reply, user_texts)
+    def committed_answer(self, reply: str) -> bool | None:
+        """Whether a reply commits to an answer, for tasks whose answer is structured (a call,
+        code, a query): not a template with slots, not an example (`fic.tasks.answers`). None
+        (here) where the classifier reads the reply's prose instead (math-style answers)."""
+        return None
 
     # ------------------------------------------------------------------ SFT-corpus replies
 

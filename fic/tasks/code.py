@@ -34,8 +34,8 @@ from fic.core.instance import Instance, Shard
 from fic.core.parsing import number_values
 from fic.core.seeding import pick
 from fic.tasks import lic_prompts
+from fic.tasks.answers import framed_as_template
 from fic.tasks.base import ErrorFactory, Task
-from fic.tasks.labels import framed_as_template, label_reply
 from fic.tasks.sandbox import Limits, plain_pickle_loads, run_python
 from fic.tasks.sharding import ShardingError, split_sentences
 
@@ -421,15 +421,15 @@ class CodeTask(Task):
     def rule_shard(self, instance: Instance, seed: int = 0) -> Instance:
         return shard_docstring(instance, seed=seed)  # HumanEval docstrings: the signature, then one sentence a shard
 
-    def rule_label(self, reply: str, user_texts: list[str]) -> str:
-        """An answer attempt when the reply holds a function the scorer would run, unless every
+    def committed_answer(self, reply: str) -> bool:
+        """Committed when the reply holds a function the scorer would run, unless every
         top-level function is a stub (`pass`, `...`, `raise NotImplementedError`: a signature
         to agree on, not a solution) or the words before the code present it as an example or
         as what the code will be once the user says more."""
         text = reply or ""
         code = extract_code(text)
         committed = code is not None and not _only_stubs(code) and not framed_as_template(text, max(text.find(code), 0))
-        return label_reply(text, committed)
+        return committed
 
     @property
     def generic_asks(self) -> tuple[str, ...]:  # type: ignore[override]

@@ -35,9 +35,9 @@ from fic.core.errors import FicError
 from fic.core.instance import Instance
 from fic.core.parsing import number_values
 from fic.tasks import lic_prompts
+from fic.tasks.answers import framed_as_template, is_placeholder
 from fic.tasks.base import ErrorFactory, Task
 from fic.tasks.code import code_blocks
-from fic.tasks.labels import framed_as_template, is_placeholder, label_reply
 from fic.tasks.sandbox import SQLLimits, run_sql
 
 DB_DIR_VARIABLE = "FIC_SPIDER_DBS"
@@ -284,8 +284,8 @@ class DatabaseTask(Task):
 
     # ------------------------------------------------------------------ classifying and SFT replies
 
-    def rule_label(self, reply: str, user_texts: list[str]) -> str:
-        """An answer attempt when the reply holds a query the scorer would run, unless it is
+    def committed_answer(self, reply: str) -> bool:
+        """Committed when the reply holds a query the scorer would run, unless it is
         prose that starts like one ("Select the columns you need and I'll write it."), has
         slots to fill (`?`, `:name`, `<country>`, `...`, `table_name`), or the words before it
         present it as an example or as what the query will be once the user says more."""
@@ -293,7 +293,7 @@ class DatabaseTask(Task):
         query = extract_sql(text)
         committed = query is not None and _reads_as_sql(query) and not _has_slots(query) \
             and not framed_as_template(text, max(text.find(query[:40]), 0))
-        return label_reply(text, committed)
+        return committed
 
     @property
     def generic_asks(self) -> tuple[str, ...]:  # type: ignore[override]

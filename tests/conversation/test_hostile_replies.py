@@ -14,6 +14,7 @@ from scripted import FunctionBackend
 
 from fic import tasks
 from fic.conversation.classify import RuleClassifier
+from fic.conversation.labels import reply_label
 from fic.conversation.simulator import make_conversations, play, score_reply
 from fic.conversation.users import VerbatimUser
 from fic.core.errors import FicError
@@ -62,7 +63,7 @@ def test_code_replies_nested_too_deep_are_read_as_no_code_quickly(case, wrap, co
     reply = fence(DEEP_CODE[case]) if wrap == "fenced" else "Here it is:\n" + DEEP_CODE[case]
     started = time.monotonic()
     answer, score, note = score_reply(task, reply, code_instance)
-    label = task.rule_label(reply, ["Write has_close_elements."])
+    label = reply_label(task, reply, ["Write has_close_elements."])
     assert score == 0.0 and note  # no code to run (or code that fails), with a reason
     assert label in ("answer_attempt", "clarification", "discussion", "hedge", "refusal", "missing")
     assert time.monotonic() - started < 10

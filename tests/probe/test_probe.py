@@ -510,9 +510,9 @@ def test_replies_file_matches_by_source_then_by_a_unique_task_id(tmp_path):
 def test_single_turn_replies_see_the_instances_own_system_prompt():
     """An actions instance's tools live in its system prompt: without them the demo's model scored
     0 of 20 in the probe against 65% in `fic eval`."""
+    from fic.data.actions_gen import generate
     from fic.data.sources import read_instance
     from fic.probe.run import single_turn_replies
-    from fic.data.actions_gen import generate
 
     instance = read_instance(generate("test", 1, seed=0)[0])
     seen = []

@@ -14,6 +14,7 @@ from scripted import FunctionBackend
 
 from fic import tasks
 from fic.conversation.classify import RuleClassifier
+from fic.conversation.labels import reply_label
 from fic.conversation.simulator import make_conversations, play
 from fic.conversation.users import VerbatimUser
 from fic.core.config import load_config
@@ -261,7 +262,7 @@ def test_leak_allows_given_values_only_and_never_a_call(flight):
     ("", "missing"),
 ])
 def test_rule_labels_calls_and_questions(reply, label):
-    assert ACTIONS.rule_label(reply, ["I want to fly from Paris."]) == label
+    assert reply_label(ACTIONS, reply, ["I want to fly from Paris."]) == label
 
 
 def test_ask_for_asks_for_the_next_argument_without_its_value(flight):

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from fic import tasks
+from fic.conversation.labels import reply_label
 from fic.core.errors import FicError
 from fic.core.instance import Instance
 from fic.data.sources import load_source, shard_rule
@@ -267,14 +268,14 @@ def test_summary_is_scored_by_a_judge_backend_or_says_it_was_not(monkeypatch):
 
 def test_rule_labels_of_structured_answers():
     code, database, translation = tasks.get("code"), tasks.get("database"), tasks.get("translation")
-    assert code.rule_label("```python\ndef f(x):\n    return x\n```", []) == "answer_attempt"
-    assert code.rule_label("What should it return for an empty list?", []) == "clarification"
-    assert code.rule_label("Should it sort? And in which order?", []) == "interrogation"
-    assert code.rule_label("I will sort the list and then map digits to names.", []) == "discussion"
-    assert database.rule_label("```sql\nSELECT name FROM t\n```", []) == "answer_attempt"
-    assert database.rule_label("Which columns do you need?", []) == "clarification"
-    assert translation.rule_label("Munich 1856: four maps.", []) == "answer_attempt"  # every reply answers
-    assert translation.rule_label("  ", []) == "missing"
+    assert reply_label(code, "```python\ndef f(x):\n    return x\n```", []) == "answer_attempt"
+    assert reply_label(code, "What should it return for an empty list?", []) == "clarification"
+    assert reply_label(code, "Should it sort? And in which order?", []) == "interrogation"
+    assert reply_label(code, "I will sort the list and then map digits to names.", []) == "discussion"
+    assert reply_label(database, "```sql\nSELECT name FROM t\n```", []) == "answer_attempt"
+    assert reply_label(database, "Which columns do you need?", []) == "clarification"
+    assert reply_label(translation, "Munich 1856: four maps.", []) == "answer_attempt"  # every reply answers
+    assert reply_label(translation, "  ", []) == "missing"
 
 
 @needs_lic
