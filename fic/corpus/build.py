@@ -22,7 +22,7 @@ Record: `{"id", "task_id", "task", "kind", "messages": [{"role", "content", "tra
 (`<out stem>.card.json` and `.card.md`) records sources, counts, seed, reply-kind shares and
 the config, and the evaluation problems kept out (`exclude`, `fic.data.splits`): how many of the
 loaded instances were found among them and dropped. No reply before the last shard may hold
-the reference answer or a number the user has not given yet (`fic.tasks.deferrals.leak`); the
+the reference answer or a number the user has not given yet (`Task.leak`); the
 builder enforces it on every reply it writes.
 """
 
@@ -52,11 +52,20 @@ from fic.core.seeding import seeded_rng
 from fic.data.sources import InstancesSection, load_sources, shard_missing
 from fic.data.splits import ExcludeSection, build_exclusion
 from fic.data.views import partial_instance, system_message, user_turns
-from fic.tasks.deferrals import MENTION, RECOVERY_ACKS, choose_fresh
+from fic.tasks.deferrals import MENTION, choose_fresh
 
 KINDS = ("deferral", "recovery", "single_turn", "partial")
 REPLY_KINDS = ("defer", "ask", "premature", "answer")
 LLM_BATCH = 64
+# What a recovery conversation's final answer opens with (`recovery_ack`).
+RECOVERY_ACKS = (
+    "With all the details, here is the corrected solution:",
+    "Thanks, that changes things. Here is the full solution:",
+    "Now that I have everything, let me redo it properly:",
+    "My earlier answer was premature. With all the information:",
+    "I answered too soon before. Here is the complete solution:",
+    "Let me correct my earlier answer using all the details:",
+)
 
 REPHRASE_PROMPT = (
     "You rewrite one message that a user sends to an assistant while explaining a problem bit by bit. "

@@ -15,6 +15,7 @@ from fic.core.config import load_config
 from fic.core.errors import FicError
 from fic.core.instance import Instance
 from fic.corpus.build import (
+    RECOVERY_ACKS,
     SFTDataConfig,
     build_corpus,
     card_paths,
@@ -22,7 +23,7 @@ from fic.corpus.build import (
     make_corpus,
 )
 from fic.data.views import user_turns
-from fic.tasks.deferrals import ACKS, DEFERRALS, GENERIC_ASKS, RECOVERY_ACKS, ask_for
+from fic.tasks.deferrals import ACKS, DEFERRALS, GENERIC_ASKS, ask_for
 
 LIC_SAMPLE = Path(__file__).resolve().parents[3] / "shared/data/lost_in_conversation/sample_5_per_task.json"
 MATH = tasks.get("math")
