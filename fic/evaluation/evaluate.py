@@ -406,21 +406,16 @@ def _evaluate(cfg: EvalConfig, out: Path, assistant: Any, user_backend: Any, cla
             bar.update(0, turn=number + 1, active=active)
 
         max_context = _max_context(backends["assistant"])
-        judged = [task for task in {tasks.get(i.task) for i in instances} if task.needs_judge]
         try:
-            for task in judged:  # the run's judge, handed to the tasks for this run only
-                task.judge = backends["judge"]
             play(conversations, backends["assistant"], user, classifier, params, batch_size=cfg.batch_size,
                  stop_at_correct=cfg.stop_at_correct, seed=cfg.seed, max_context=max_context,
-                 on_finish=finished, on_step=step)
+                 on_finish=finished, on_step=step, judge=backends["judge"])
         except FicError as err:  # e.g. the server went away for good: say that nothing finished is lost
             saved = total - sum(1 for conv in conversations if not conv.done)
             err.message += (f" ({saved} of {total} conversations are saved in {log_path}; "
                             "run the same command again to resume)")
             raise
         finally:
-            for task in judged:
-                task.judge = None
             bar.close()
 
     planned = {(i.task_id, view, run) for i in instances for view in cfg.views for run in range(cfg.runs)}

@@ -200,7 +200,7 @@ class ActionsTask(Task):
         calls = find_calls(text)
         return None if calls is None else format_calls(calls)
 
-    def scored(self, text: str, instance: Instance | dict) -> tuple[float, str | None]:
+    def scored(self, text: str, instance: Instance | dict, judge: Any = None) -> tuple[float, str | None]:
         """The score and, for a 0, why: no readable call (none, too long, too deep) or the check's
         reason; the simulator logs it as the turn's score_note."""
         calls = find_calls(text)

@@ -58,8 +58,6 @@ class Task:
     # answer attempt: the user asks for an updated answer at each turn.
     fixed_turns: bool = False
     replies_are_answers: bool = False
-    # Tasks scored by an LLM judge (summary) get it from the evaluator as `judge`.
-    needs_judge: bool = False
     # Tasks whose scoring runs model-written code (code): a run checks the sandbox before it plays.
     runs_code: bool = False
 
@@ -116,9 +114,11 @@ class Task:
             ordered.append(left.pop(index)[1])
         return ordered
 
-    def scored(self, text: str, instance: Instance | dict) -> tuple[float, str | None]:
+    def scored(self, text: str, instance: Instance | dict, judge: Any = None) -> tuple[float, str | None]:
         """`score` plus why a reply scored 0 when the reason is not just a wrong answer (code that
-        timed out, SQL that was refused, no judge configured); the simulator logs the note."""
+        timed out, SQL that was refused, no judge configured); the simulator logs the note.
+        `judge` is the run's LLM judge (a backend with `chat`, or None), for the tasks it scores
+        (summary); the caller hands it in for each call, no task keeps one."""
         return float(self.score(text, instance)), None
 
     def scoring_caveats(self, judged: bool = False) -> list[str]:

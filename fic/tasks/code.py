@@ -383,7 +383,7 @@ class CodeTask(Task):
         """LiC's global limit, (per-test limit + 1) x tests + 5, as CPU seconds of the whole run."""
         return replace(LIMITS, seconds=(LIMITS.seconds + 1) * test_count(instance) + 5)
 
-    def scored(self, text: str, instance: Instance | dict) -> tuple[float, str | None]:
+    def scored(self, text: str, instance: Instance | dict, judge: Any = None) -> tuple[float, str | None]:
         instance = self._instance(instance)
         code = extract_code(text)
         if code is None:

@@ -253,7 +253,7 @@ class DatabaseTask(Task):
     def extract_answer(self, text: str) -> str | None:
         return extract_sql(text)
 
-    def scored(self, text: str, instance: Instance | dict) -> tuple[float, str | None]:
+    def scored(self, text: str, instance: Instance | dict, judge: Any = None) -> tuple[float, str | None]:
         instance = self._instance(instance)
         predicted = extract_sql(text)
         if predicted is None:

@@ -15,9 +15,9 @@ written (never rephrased by the user simulator) and counts every reply as an ans
   empty) and turn k brings them. Scoring needs an LLM judge (SummHay's joint score: for each
   reference insight the judge says whether a bullet of the summary covers it fully (1), partly
   (0.5) or not; that coverage times the F1 of the bullet's citations `[i, j]` against the
-  insight's documents, averaged over insights). The judge is any backend, handed in by the
-  evaluator (`fic eval`'s `judge:` section sets `task.judge` for the run); the task never builds
-  one. Without a judge a summary scores 0 with a note saying so.
+  insight's documents, averaged over insights). The judge is any backend, handed to `scored`
+  by its caller (`fic eval`'s `judge:` section, through the simulator); the task never builds or
+  keeps one. Without a judge a summary scores 0 with a note saying so.
 """
 
 from __future__ import annotations
@@ -176,8 +176,6 @@ class SummaryTask(_TextTask):
     name = "summary"
     system_prompt = "You are a helpful assistant that writes summaries with citations."
     required_fields = ("topic", "query")
-    needs_judge = True
-    judge: Any = None  # a backend (anything with `chat`), set by the evaluator for its run
     INSTRUCTION = (
         "Here are documents about: {topic}\n\n{documents}"
         "Write a summary of what these documents say about this question: {query}\n"
@@ -267,9 +265,8 @@ class SummaryTask(_TextTask):
 
     # ------------------------------------------------------------------ judging
 
-    def scored(self, text: str, instance: Instance | dict) -> tuple[float, str | None]:
+    def scored(self, text: str, instance: Instance | dict, judge: Any = None) -> tuple[float, str | None]:
         instance = self._instance(instance)
-        judge = self.judge
         if judge is None:
             return 0.0, "not judged: summary scoring needs an LLM judge (set judge.model in the eval config)"
 

@@ -124,7 +124,7 @@ def broken_math(monkeypatch):
     task = tasks.get("math")
     original = type(task).scored
 
-    def scored(self, text, inst):
+    def scored(self, text, inst, judge=None):
         if "recurse" in text:
             raise RecursionError("maximum recursion depth exceeded during compilation")
         if "memory" in text:
@@ -187,7 +187,7 @@ def test_a_classifier_that_raises_takes_the_reply_as_an_answer_attempt(smollm2_t
 def test_user_errors_from_a_scorer_still_stop_the_run(smollm2_tokenizer, monkeypatch):
     task = tasks.get("math")
 
-    def scored(self, text, inst):
+    def scored(self, text, inst, judge=None):
         raise FicError("no database folder", field="db_dir")
 
     monkeypatch.setattr(type(task), "scored", scored)
