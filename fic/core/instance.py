@@ -105,10 +105,3 @@ def _parse_shards(raw: Any, error) -> list[Shard]:
         extra = {k: v for k, v in item.items() if k not in ("shard_id", "shard")}
         shards.append(Shard(shard_id, text, extra))
     return shards
-
-
-def as_instance(obj: Instance | dict) -> Instance:
-    """Accept either form wherever an instance is expected (the public task API takes both)."""
-    if isinstance(obj, Instance):
-        return obj
-    return Instance.from_dict(obj, require_shards=False)

@@ -49,7 +49,7 @@ from fic.core.instance import Instance
 from fic.core.parsing import number_values
 from fic.core.progress import Progress
 from fic.core.seeding import seeded_rng
-from fic.data.sources import InstancesSection, load_sources, shard_missing
+from fic.data.sources import InstancesSection, load_sharded
 from fic.data.splits import ExcludeSection, build_exclusion
 from fic.data.views import partial_instance, system_message, user_turns
 from fic.tasks.deferrals import MENTION, choose_fresh
@@ -157,37 +157,31 @@ def card_paths(out: str | Path) -> tuple[Path, Path]:
 
 
 def load_instances(cfg: SFTDataConfig) -> tuple[list[Instance], list[dict]]:
-    """Instances from every source, sharded where needed; and what happened to each source."""
+    """Instances from every source, sharded where needed, of several shards, none of the
+    evaluation's, each with a gold reply that scores as correct; and what happened to each source."""
     exclusion = build_exclusion(cfg.exclude)
     kept, sources, seen = [], [], {}
-    for loaded in load_sources(cfg.data):
-        sharded, unshardable = shard_missing(loaded.instances, seed=cfg.data.seed)
-        dropped = Counter(reason for _, reason in unshardable)
-        dropped.update({f"task {name!r} is not a FiC task": n for name, n in loaded.unknown_tasks.items()})
-        dropped.update(loaded.skipped)
-        sharded, overlap = exclusion.apply(sharded)
+    for report in load_sharded(cfg.data, several_shards=True).sources:
+        dropped = Counter(report.dropped)
+        usable, overlap = exclusion.apply(report.instances)
         for why, n in overlap.items():
             if n:
                 dropped[f"an evaluation problem (same {why.replace('_', ' ')})"] += n
-        sharded_here = sum(not instance.is_sharded for instance in loaded.instances) - len(unshardable)
         count = 0
-        for instance in sharded:
+        for instance in usable:
             task = tasks.get(instance.task)
-            if len(instance.shards) < 2:
-                dropped["a single shard: nothing to reveal over several turns"] += 1
-                continue
             if task.score(task.gold_reply(instance), instance) != 1.0:
                 dropped["its gold reply does not score as correct"] += 1
                 continue
             if instance.task_id in seen:
                 raise FicError(f"duplicate task_id {instance.task_id!r} (also in {seen[instance.task_id]})",
-                               path=loaded.spec, field="data.source")
-            seen[instance.task_id] = loaded.spec
+                               path=report.spec, field="data.source")
+            seen[instance.task_id] = report.spec
             kept.append(instance)
             count += 1
-        sources.append({"spec": loaded.spec, "loaded": len(loaded.instances), "sharded_here": sharded_here,
+        sources.append({"spec": report.spec, "loaded": report.loaded, "sharded_here": report.sharded_here,
                         "kept": count, "dropped": dict(dropped), "evaluation_overlap": overlap,
-                        **({"origin": loaded.origin} if loaded.origin is not None else {})})
+                        **({"origin": report.origin} if report.origin is not None else {})})
     if not kept:
         raise FicError(f"no usable instances in {', '.join(cfg.data.source)} ({sources})", field="data.source")
     return kept, sources

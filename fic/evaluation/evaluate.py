@@ -41,7 +41,6 @@ import hashlib
 import json
 import sys
 import time
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,7 +65,7 @@ from fic.core.files import append_jsonl, check_writable, folder_lock, read_json,
 from fic.core.generation import BackendConfig, SamplingParams
 from fic.core.instance import Instance
 from fic.core.progress import Progress
-from fic.data.sources import InstancesSection, load_sources, shard_missing
+from fic.data.sources import InstancesSection, load_sharded
 from fic.data.views import VIEWS
 from fic.evaluation.metrics import summarize
 from fic.evaluation.report import write_report
@@ -252,22 +251,10 @@ def load_instances_and_origins(cfg: EvalConfig) -> tuple[list[Instance], dict, l
     Unsharded instances are rule-sharded whatever the views, so that a full-view run and a
     sharded run of one source evaluate the same instances (one can be the other's baseline).
     A full-view run keeps instances of tasks that have no rule sharder as they are."""
-    multi_turn = any(view != "full" for view in cfg.views)
-    instances, skipped, origins = [], Counter(), []
-    for loaded in load_sources(cfg.data):
-        as_is = [] if multi_turn else [i for i in loaded.instances
-                                       if not i.is_sharded and not tasks.get(i.task).rule_sharder]
-        kept, dropped = shard_missing([i for i in loaded.instances if i not in as_is], seed=cfg.data.seed)
-        order = {instance.task_id: n for n, instance in enumerate(loaded.instances)}
-        instances += sorted(kept + as_is, key=lambda i: order[i.task_id])
-        skipped.update(reason for _, reason in dropped)
-        skipped.update({f"task {name!r} is not a FiC task": n for name, n in loaded.unknown_tasks.items()})
-        skipped.update(loaded.skipped)
-        if loaded.origin is not None:
-            origins.append(loaded.origin)
-    if not instances:
-        raise FicError(f"no instance could be sharded ({dict(skipped)})", field="data.source")
-    return instances, dict(skipped), origins
+    loaded = load_sharded(cfg.data, shard_all=any(view != "full" for view in cfg.views))
+    if not loaded.instances:
+        raise FicError(f"no instance could be sharded ({loaded.dropped})", field="data.source")
+    return loaded.instances, loaded.dropped, loaded.origins
 
 
 def _backend_cache(cfg: EvalConfig, given: dict) -> dict:

@@ -26,7 +26,7 @@ from collections import Counter
 from typing import Any, Callable
 
 from fic.core.errors import FicError
-from fic.core.instance import Instance, as_instance
+from fic.core.instance import Instance
 from fic.core.parsing import NUMBER, number_values
 from fic.tasks.deferrals import DEFERRALS, choose_fresh
 from fic.tasks.sharding import ShardingError
@@ -74,7 +74,7 @@ class Task:
             if not shard.shard.strip():
                 raise error(f"expected non-empty text, got {shard.shard!r}", f"shards[{index}].shard")
 
-    def full_prompt(self, instance: Instance | dict, prompts: str = "fic") -> str:
+    def full_prompt(self, instance: Instance, prompts: str = "fic") -> str:
         """The original, fully specified single-turn instruction (the full view's user turn)."""
         raise NotImplementedError
 
@@ -87,7 +87,7 @@ class Task:
     # documents or framing override them. `prompts` is the style (`PROMPT_STYLES`): FiC's own
     # wording, or Lost in Conversation's verbatim.
 
-    def system_prompt_for(self, instance: Instance | dict, prompts: str = "fic") -> str:
+    def system_prompt_for(self, instance: Instance, prompts: str = "fic") -> str:
         """The system prompt of one instance (database puts its schema here)."""
         return self.system_prompt
 
@@ -114,7 +114,7 @@ class Task:
             ordered.append(left.pop(index)[1])
         return ordered
 
-    def scored(self, text: str, instance: Instance | dict, judge: Any = None) -> tuple[float, str | None]:
+    def scored(self, text: str, instance: Instance, judge: Any = None) -> tuple[float, str | None]:
         """`score` plus why a reply scored 0 when the reason is not just a wrong answer (code that
         timed out, SQL that was refused, no judge configured); the simulator logs the note.
         `judge` is the run's LLM judge (a backend with `chat`, or None), for the tasks it scores
@@ -131,15 +131,15 @@ class Task:
         """The answer part of a reply, or None when the reply holds no answer."""
         raise NotImplementedError
 
-    def score(self, text: str, instance: Instance | dict) -> float:
+    def score(self, text: str, instance: Instance) -> float:
         """Score a reply in [0, 1] against the instance's reference."""
         raise NotImplementedError
 
-    def reference_answer(self, instance: Instance | dict) -> str:
+    def reference_answer(self, instance: Instance) -> str:
         """The gold final answer, as a short string."""
         raise NotImplementedError
 
-    def gold_reply(self, instance: Instance | dict) -> str:
+    def gold_reply(self, instance: Instance) -> str:
         """A complete assistant reply: the worked solution ending in the task's answer format."""
         raise NotImplementedError
 
@@ -227,7 +227,3 @@ class Task:
 
         raise ShardingError(f"the {self.name} task has no rule sharder; shard its instances with --sharder llm",
                             record=instance.task_id)
-
-    @staticmethod
-    def _instance(instance: Instance | dict) -> Instance:
-        return as_instance(instance)

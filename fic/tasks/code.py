@@ -332,11 +332,11 @@ class CodeTask(Task):
 
     # ------------------------------------------------------------------ prompts
 
-    def system_prompt_for(self, instance: Instance | dict, prompts: str = "fic") -> str:
+    def system_prompt_for(self, instance: Instance, prompts: str = "fic") -> str:
         return lic_prompts.CODE_SYSTEM if prompts == "lic" else self.system_prompt  # LiC: LCB's for all
 
-    def full_prompt(self, instance: Instance | dict, prompts: str = "fic") -> str:
-        fields = self._instance(instance).fields
+    def full_prompt(self, instance: Instance, prompts: str = "fic") -> str:
+        fields = instance.fields
         if prompts == "lic":
             if _humaneval(fields):
                 return lic_prompts.fill(lic_prompts.HUMANEVAL_FULL, INSTRUCTION=lic_prompts.fill(
@@ -383,8 +383,7 @@ class CodeTask(Task):
         """LiC's global limit, (per-test limit + 1) x tests + 5, as CPU seconds of the whole run."""
         return replace(LIMITS, seconds=(LIMITS.seconds + 1) * test_count(instance) + 5)
 
-    def scored(self, text: str, instance: Instance | dict, judge: Any = None) -> tuple[float, str | None]:
-        instance = self._instance(instance)
+    def scored(self, text: str, instance: Instance, judge: Any = None) -> tuple[float, str | None]:
         code = extract_code(text)
         if code is None:
             return 0.0, "no Python function in the reply"
@@ -398,14 +397,13 @@ class CodeTask(Task):
         reason = failed[-1] if failed and not result.reason.startswith(("time limit", "refused")) else result.reason
         return 0.0, f"{reason}{refused if not reason.startswith('refused') else ''}{left} [{result.isolation}]"
 
-    def score(self, text: str, instance: Instance | dict) -> float:
+    def score(self, text: str, instance: Instance) -> float:
         return self.scored(text, instance)[0]
 
-    def reference_answer(self, instance: Instance | dict) -> str:
+    def reference_answer(self, instance: Instance) -> str:
         return self.gold_reply(instance)
 
-    def gold_reply(self, instance: Instance | dict) -> str:
-        instance = self._instance(instance)
+    def gold_reply(self, instance: Instance) -> str:
         solution = instance.fields.get("canonical_solution")
         prompt = instance.fields.get("prompt")
         if not isinstance(solution, str) or not isinstance(prompt, str):

@@ -224,16 +224,16 @@ class DatabaseTask(Task):
 
     # ------------------------------------------------------------------ prompts
 
-    def system_prompt_for(self, instance: Instance | dict, prompts: str = "fic") -> str:
-        fields = self._instance(instance).fields
+    def system_prompt_for(self, instance: Instance, prompts: str = "fic") -> str:
+        fields = instance.fields
         if prompts == "lic":
             return lic_prompts.fill(lic_prompts.DATABASE_SYSTEM, SCHEMA=fields["schema_sql"])
         schema = fields["schema_sql"].strip()
         return (f"{self.system_prompt} The database has this schema:\n\n{schema}\n\n"
                 "When you answer, give one SQL query in a ```sql code block.")
 
-    def full_prompt(self, instance: Instance | dict, prompts: str = "fic") -> str:
-        fields = self._instance(instance).fields
+    def full_prompt(self, instance: Instance, prompts: str = "fic") -> str:
+        fields = instance.fields
         if prompts == "lic":  # LiC's full and concat views repeat the schema in the user turn
             return self._lic_query(fields, fields["fully_specified_question"])
         return fields["fully_specified_question"]
@@ -253,8 +253,7 @@ class DatabaseTask(Task):
     def extract_answer(self, text: str) -> str | None:
         return extract_sql(text)
 
-    def scored(self, text: str, instance: Instance | dict, judge: Any = None) -> tuple[float, str | None]:
-        instance = self._instance(instance)
+    def scored(self, text: str, instance: Instance, judge: Any = None) -> tuple[float, str | None]:
         predicted = extract_sql(text)
         if predicted is None:
             return 0.0, "no SQL query in the reply"
@@ -273,13 +272,13 @@ class DatabaseTask(Task):
                 return 0.0, SCHEMA_ONLY_NOTE.split(":")[0] if schema_only else None
         return 1.0, SCHEMA_ONLY_NOTE if schema_only else None
 
-    def score(self, text: str, instance: Instance | dict) -> float:
+    def score(self, text: str, instance: Instance) -> float:
         return self.scored(text, instance)[0]
 
-    def reference_answer(self, instance: Instance | dict) -> str:
-        return self._instance(instance).fields["reference_sql"]
+    def reference_answer(self, instance: Instance) -> str:
+        return instance.fields["reference_sql"]
 
-    def gold_reply(self, instance: Instance | dict) -> str:
+    def gold_reply(self, instance: Instance) -> str:
         return f"```sql\n{self.reference_answer(instance).strip()}\n```"
 
     # ------------------------------------------------------------------ classifying and SFT replies

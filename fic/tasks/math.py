@@ -110,11 +110,11 @@ class MathTask(Task):
             raise error("expected a solution ending in '#### <number>', found no number after '####'",
                         "answer")
 
-    def system_prompt_for(self, instance: Instance | dict, prompts: str = "fic") -> str:
+    def system_prompt_for(self, instance: Instance, prompts: str = "fic") -> str:
         return lic_prompts.MATH_SYSTEM if prompts == "lic" else self.system_prompt
 
-    def full_prompt(self, instance: Instance | dict, prompts: str = "fic") -> str:
-        question = self._instance(instance).fields["question"]
+    def full_prompt(self, instance: Instance, prompts: str = "fic") -> str:
+        question = instance.fields["question"]
         return lic_prompts.fill(lic_prompts.MATH_FULL, QUESTION=question) if prompts == "lic" else question
 
     def concat_turn(self, instance: Instance, contents: list[str], prompts: str = "fic") -> str:
@@ -127,8 +127,8 @@ class MathTask(Task):
         the last number of the reply (LiC)."""
         return answer_span(text or "") or last_number(text or "")
 
-    def score(self, text: str, instance: Instance | dict) -> float:
-        gold = reference_number(self._instance(instance).fields["answer"])
+    def score(self, text: str, instance: Instance) -> float:
+        gold = reference_number(instance.fields["answer"])
         text = text or ""
         if gold is None:
             return 0.0
@@ -146,12 +146,12 @@ class MathTask(Task):
             return float(_latex_equal(read[1].strip().strip("$").strip(), gold))
         return float(_numbers_equal(last_number(text), gold))
 
-    def reference_answer(self, instance: Instance | dict) -> str:
-        return reference_number(self._instance(instance).fields["answer"]) or ""
+    def reference_answer(self, instance: Instance) -> str:
+        return reference_number(instance.fields["answer"]) or ""
 
-    def gold_reply(self, instance: Instance | dict) -> str:
+    def gold_reply(self, instance: Instance) -> str:
         """GSM8K's worked solution without calculator annotations, ending in `#### <number>`."""
-        answer = self._instance(instance).fields["answer"]
+        answer = instance.fields["answer"]
         steps, _, final = answer.rpartition("####")
         steps = CALCULATOR.sub("", steps).strip()
         number = last_number(final) or final.strip()
