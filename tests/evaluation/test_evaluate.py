@@ -251,16 +251,16 @@ class CountTask(Task):
     required_fields = ("question", "count")
 
     def full_prompt(self, instance):
-        return self._instance(instance).fields["question"]
+        return instance.fields["question"]
 
     def extract_answer(self, text):
         return text.strip() or None
 
     def score(self, text, instance):
-        return float(text.strip() == f"count: {self._instance(instance).fields['count']}")
+        return float(text.strip() == f"count: {instance.fields['count']}")
 
     def reference_answer(self, instance):
-        return self._instance(instance).fields["count"]
+        return instance.fields["count"]
 
 
 def test_a_file_of_several_tasks_is_reported_per_task_and_across_tasks(lic_file, tmp_path, smollm2_dir,
