@@ -28,7 +28,6 @@ builder enforces it on every reply it writes.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import re
@@ -41,9 +40,9 @@ from tqdm import tqdm
 
 from fic import tasks
 from fic.backends import make_backend
-from fic.core.config import add_config_arguments, config_to_dict, load_config, print_keys, setting
+from fic.core.config import config_to_dict, setting
 from fic.core.errors import FicError
-from fic.core.files import check_writable, read_records, write_together
+from fic.core.files import check_writable, write_together
 from fic.core.generation import BackendConfig, SamplingParams
 from fic.core.instance import Instance
 from fic.core.parsing import number_values
@@ -499,36 +498,3 @@ def build_corpus(cfg: SFTDataConfig, *, user_backend: Any = None, reply_backend:
                     card_json: lambda h: h.write(json.dumps(info, indent=2, ensure_ascii=False) + "\n"),
                     card_md: lambda h: h.write(card_markdown(info))})
     return info
-
-
-def format_record(record: dict) -> str:
-    lines = [f"== {record['id']}  kind={record['kind']}  replies={','.join(record['reply_kinds'])}"]
-    for message in record["messages"]:
-        mark = "" if message["role"] != "assistant" or message["train"] else " (not trained)"
-        lines.append(f"[{message['role']}{mark}] {message['content']}")
-    return "\n".join(lines)
-
-
-def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
-    add_config_arguments(parser, example="recipes/smollm2-135m-instruct/sft-data.yaml",
-                         overrides_help="override settings, e.g. seed=1 recovery_share=0.3 user.kind=llm")
-    parser.add_argument("--show", type=int, default=0, metavar="N", help="print the first N conversations")
-
-
-def run(args: argparse.Namespace) -> int:
-    if print_keys(args, SFTDataConfig):
-        return 0
-    cfg = load_config(SFTDataConfig, args.config, args.overrides)
-    info = build_corpus(cfg)
-    if args.show:
-        for record in read_records(cfg.out)[:args.show]:
-            print(format_record(record) + "\n")
-    kinds = ", ".join(f"{n} {k}" for k, n in info["conversations_by_kind"].items())
-    shares = ", ".join(f"{k} {s:.0%}" for k, s in info["reply_kind_shares"].items())
-    print(f"wrote {info['conversations']} conversations ({kinds}) from {info['instances']} instances to {cfg.out}")
-    print(f"replies: {shares}; data card: {card_paths(cfg.out)[0]}")
-    excluded = info["evaluation_excluded"]
-    if excluded["sources"]:
-        print(f"evaluation data kept out ({', '.join(excluded['sources'])}): {excluded['dropped']} overlapping "
-              "instances found and dropped")
-    return 0

@@ -36,11 +36,9 @@ as `sharded_over_full`.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,11 +51,8 @@ from fic.conversation.classify import ClassifierSection, make_classifier
 from fic.conversation.simulator import make_conversations, play
 from fic.conversation.users import UserSimulatorSection, make_user
 from fic.core.config import (
-    add_config_arguments,
     config_to_dict,
     flatten,
-    load_cli_config,
-    print_keys,
     setting,
 )
 from fic.core.errors import FicError
@@ -445,47 +440,3 @@ def _max_context(backend: Any) -> int | None:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
     return None
-
-
-# --------------------------------------------------------------------------- CLI
-
-def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
-    add_config_arguments(parser, example="recipes/smollm2-135m-instruct/eval.yaml",
-                         overrides_help="override settings, e.g. out=runs/x runs=3")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
-
-
-def run(args: argparse.Namespace) -> int:
-    if print_keys(args, EvalConfig):
-        return 0
-    cfg = load_cli_config(EvalConfig, args.config, args.overrides)
-    started = time.perf_counter()
-    metrics = evaluate(cfg, progress=not args.quiet)
-    elapsed = time.perf_counter() - started
-    tasks = metrics["tasks"]
-    for task, views in tasks.items():
-        for view, figures in views.items():
-            print(f"{task + ' / ' + view if len(tasks) > 1 else view:>24}: P={_fmt(figures['P'])} "
-                  f"A90={_fmt(figures['A90'])} U90_10={_fmt(figures['U90_10'])}")
-    if len(tasks) > 1:
-        for view, figures in metrics["views"].items():
-            print(f"{'all tasks / ' + view:>24}: P={_fmt(figures['P'])} A90={_fmt(figures['A90'])} "
-                  f"U90_10={_fmt(figures['U90_10'])}")
-    if metrics.get("reliability_note"):
-        print(f"A90, U90_10: n/a ({metrics['reliability_note']})")
-    if metrics["baseline_source"]:
-        print(f"recovery rate R: {_fmt(metrics['recovery_rate'], 3)}   retention: {_fmt(metrics['retention'], 3)}"
-              f"   (baseline {metrics['baseline_source']})")
-    else:
-        print(f"sharded/full of this run: {_fmt(metrics['sharded_over_full'], 3)}   (no recovery rate without "
-              "baseline=<the base model's run>)")
-    if metrics["context_full"]:
-        print(f"{metrics['context_full']} conversation(s) ended with a full context (the model's context length "
-              "could not take the next prompt and a reply; stop_reason context_full in conversations.jsonl)")
-    print(f"{metrics['conversations']} conversations, {elapsed:.0f} s")
-    print(f"report: {Path(cfg.out) / REPORT_NAME}")
-    return 0
-
-
-def _fmt(value: float | None, digits: int = 1) -> str:
-    return "n/a" if value is None else f"{value:.{digits}f}"
