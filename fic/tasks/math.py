@@ -23,6 +23,7 @@ import re
 from typing import Any
 
 from fic.core.instance import Instance
+from fic.core.optional import need
 from fic.core.parsing import NUMBER, as_fraction, clean_number, last_number, number_values
 from fic.tasks import lic_prompts
 from fic.tasks.base import ErrorFactory, Task
@@ -214,10 +215,11 @@ def _latex_equal(answer: str, gold: str) -> bool:
     """A LaTeX answer (`\\frac{1}{2}`), read as a whole by math-verify, bounded in size, depth and time."""
     if len(answer) > MAX_LATEX_CHARS or _brace_depth(answer) > MAX_LATEX_DEPTH:
         return False
-    from math_verify import parse, verify  # imported lazily: it loads sympy
+    math_verify = need("math_verify", "scoring a LaTeX math answer")  # imported lazily: it loads sympy
 
     try:
-        return bool(verify(parse(gold, parsing_timeout=LATEX_SECONDS),
-                           parse(f"\\boxed{{{answer}}}", parsing_timeout=LATEX_SECONDS), timeout_seconds=LATEX_SECONDS))
+        return bool(math_verify.verify(math_verify.parse(gold, parsing_timeout=LATEX_SECONDS),
+                                       math_verify.parse(f"\\boxed{{{answer}}}", parsing_timeout=LATEX_SECONDS),
+                                       timeout_seconds=LATEX_SECONDS))
     except Exception:  # math-verify raises on unparsable input (and off the main thread); unparsable means wrong
         return False

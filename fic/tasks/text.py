@@ -30,6 +30,7 @@ from typing import Any
 from fic.core.errors import FicError
 from fic.core.generation import SamplingParams
 from fic.core.instance import Instance
+from fic.core.optional import need
 from fic.core.parsing import find_json
 from fic.tasks import lic_prompts
 from fic.tasks.base import ErrorFactory, Task
@@ -43,7 +44,7 @@ TEXT_ASKS = (
 
 def bleu(hypothesis: str, references: list[str]) -> float:
     """sacrebleu's corpus BLEU of one hypothesis against its references, in [0, 1] (LiC's score)."""
-    import sacrebleu  # imported when scoring: it loads its tokenizers
+    sacrebleu = need("sacrebleu", "BLEU scoring (translation, data2text)")  # imported when scoring: slow to load
 
     score = sacrebleu.corpus_bleu([hypothesis.strip()], [[ref.strip()] for ref in references]).score / 100.0
     return min(score, 1.0)  # float rounding can put a perfect match a hair above 1

@@ -10,11 +10,11 @@ recipe lists every key and a YAML with an unknown key is an error.
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 
 from fic.core.config import setting
 from fic.core.errors import FicError
+from fic.core.optional import installed, missing
 
 DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -88,7 +88,7 @@ class CheckpointSection:
 
 @dataclass
 class LoggingSection:
-    wandb: bool = setting(True, "Log to Weights & Biases (files under out/wandb).")
+    wandb: bool = setting(True, "Log to Weights & Biases (files under out/wandb; needs pip install \"fic[wandb]\").")
     project: str = setting("fic", "wandb project.")
     run_name: str | None = setting(None, "wandb run name (default: the out folder's name).")
     mode: str = setting("offline", "wandb mode unless the WANDB_MODE environment variable says otherwise; "
@@ -101,14 +101,14 @@ class LoggingSection:
                                    min=1.0)
     tensorboard: bool = setting(False, "Also write TensorBoard event files to out/tensorboard: the scalars, the "
                                 "curves, the config and the data card (`tensorboard --logdir out`; needs "
-                                "pip install tensorboard).")
+                                "pip install \"fic[tensorboard]\").")
     curves_every_s: float = setting(300.0, "Redraw out/curves.png (and send it to wandb and TensorBoard) at most "
                                     "this often, and at the end; `fic report out` redraws it at any time.", min=0.0)
 
     def check(self, source: str) -> None:
-        if self.tensorboard and importlib.util.find_spec("tensorboard") is None:
-            raise FicError("logging.tensorboard=true needs the tensorboard package: pip install tensorboard",
-                           path=source, field="tensorboard")
+        for key in ("wandb", "tensorboard"):
+            if getattr(self, key) and not installed(key):
+                raise missing(key, f"logging.{key}=true", field=key, path=source)
 
 
 @dataclass
