@@ -82,8 +82,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def prepare_model(args: argparse.Namespace) -> int:
+    from fic.bundled.prepare import prepare_model as prepare
     from fic.core.model import BUNDLED_MODEL_DIR  # lazy: loads torch; shard and views need none
-    from fic.core.model import prepare_model as prepare
 
     out = Path(args.out) if args.out else BUNDLED_MODEL_DIR
     check_writable(out, folder=True, field="--out")

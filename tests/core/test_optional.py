@@ -104,11 +104,11 @@ def test_logging_options_name_their_extras_at_config_load(monkeypatch):
 def test_the_bundled_model_reader_names_its_extra(monkeypatch, tmp_path):
     import torch
 
-    from fic.core import model
+    from fic.bundled import prepare
 
     absent(monkeypatch, "gguf")
     with pytest.raises(FicError) as err:
-        model._load_gguf(tmp_path / "model.gguf", torch.float32)
+        prepare._load_gguf(tmp_path / "model.gguf", torch.float32)
     one_line(err, "gguf")
 
 

@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "fic"
 # The stages, lowest first: a module may import its own package and any of a lower rank.
 RANKS = {
     "core": 0,
-    "tasks": 1, "backends": 1,
+    "tasks": 1, "backends": 1, "bundled": 1,
     "data": 2,
     "conversation": 3,
     "corpus": 4, "training": 4, "evaluation": 4,
