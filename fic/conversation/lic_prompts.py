@@ -30,7 +30,6 @@ Lost in Conversation is released under the MIT License:
     SOFTWARE
 """
 
-# ruff: noqa: E501
 
 # prompts/system_turn_categorization.txt
 CLASSIFIER = (

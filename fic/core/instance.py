@@ -52,7 +52,7 @@ class Instance:
 
     @classmethod
     def from_dict(cls, record: dict, *, path: str | None = None, record_no: int | None = None,
-                  require_shards: bool = True, default_task: str | None = None) -> "Instance":
+                  require_shards: bool = True, default_task: str | None = None) -> Instance:
         """Check a LiC-schema dict's structure and build an Instance; errors name the file,
         record and field. Task keys are not checked here (see `fic.data.sources.read_instance`)."""
         def error(message: str, field_name: str | None = None) -> FicError:

@@ -29,7 +29,7 @@ from fic.tasks.actions import ActionsTask
 from fic.tasks.calls import Call, format_calls
 
 SPLITS = ("train", "dev", "test", "test-unseen")
-BUCKETS = {"train": range(0, 8), "dev": range(8, 9), "test": range(9, 10)}  # of 10
+BUCKETS = {"train": range(8), "dev": range(8, 9), "test": range(9, 10)}  # of 10
 INTENT_FRAMES = ("I want to {action}.", "I need to {action}.", "Can you {action} for me?", "Please {action}.",
                  "Help me {action}.", "I'd like to {action}.")
 REQUEST_FRAMES = ("{Action} {clauses}.", "Please {action} {clauses}.", "Can you {action} {clauses}?",

@@ -35,8 +35,6 @@ Lost in Conversation is released under the MIT License:
 
 from __future__ import annotations
 
-# ruff: noqa: E501
-
 # prompts/math/math_system_prompt.txt
 MATH_SYSTEM = (
     "As an expert problem solver solve step by step the following mathematical questions."

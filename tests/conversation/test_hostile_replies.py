@@ -62,7 +62,7 @@ def test_code_replies_nested_too_deep_are_read_as_no_code_quickly(case, wrap, co
     task = tasks.get("code")
     reply = fence(DEEP_CODE[case]) if wrap == "fenced" else "Here it is:\n" + DEEP_CODE[case]
     started = time.monotonic()
-    answer, score, note = score_reply(task, reply, code_instance)
+    _answer, score, note = score_reply(task, reply, code_instance)
     label = reply_label(task, reply, ["Write has_close_elements."])
     assert score == 0.0 and note  # no code to run (or code that fails), with a reason
     assert label in ("answer_attempt", "clarification", "discussion", "hedge", "refusal", "missing")

@@ -178,9 +178,9 @@ def test_a_second_evaluation_into_the_same_folder_fails_at_once(lic_file, tmp_pa
     def never(prompt):
         raise AssertionError("the second run played a conversation")
 
-    with held_by_another_process(out) as pid:
-        with pytest.raises(FicError, match=f"another FiC run is writing into this folder \\(process {pid}"):
-            evaluate(config(lic_file, out, tiny_model_dir), assistant=FunctionBackend(never), progress=False)
+    with held_by_another_process(out) as pid, \
+            pytest.raises(FicError, match=f"another FiC run is writing into this folder \\(process {pid}"):
+        evaluate(config(lic_file, out, tiny_model_dir), assistant=FunctionBackend(never), progress=False)
     assert not (out / "conversations.jsonl").exists()
 
 

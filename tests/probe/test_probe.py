@@ -374,7 +374,7 @@ def first_run(tmp_path_factory, tiny_model_dir):
 
 
 def test_miniature_probe_writes_its_report(first_run, smollm2_tokenizer):
-    folder, cfg, metrics = first_run
+    _folder, cfg, metrics = first_run
     out = Path(cfg.out)
     for name in ("report.md", "metrics.json", "generations.jsonl", "replies.jsonl", "config.yaml",
                  "followup_vs_temperature.png", "labels.png"):

@@ -9,6 +9,7 @@ import re
 import sys
 import types
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -74,7 +75,7 @@ class FakeWandb(types.ModuleType):
                 assert Path(path).read_bytes()[:8] == PNG
 
         class Run:
-            summary: dict = {}
+            summary: ClassVar[dict] = {}
 
             def log(self, data, step):
                 outer.logged.append((step, data))

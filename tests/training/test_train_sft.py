@@ -315,9 +315,9 @@ def test_a_second_training_run_into_the_same_folder_fails_before_loading_a_model
 
     monkeypatch.setattr(loop, "build_model", lambda *a, **k: pytest.fail("a model was loaded"))
     out = tmp_path / "run"
-    with held_by_another_process(out) as pid:
-        with pytest.raises(FicError, match=f"another FiC run is writing into this folder \\(process {pid}"):
-            run(*settings(tiny_model_dir, corpus, out, "train.max_steps=1"))
+    with held_by_another_process(out) as pid, \
+            pytest.raises(FicError, match=f"another FiC run is writing into this folder \\(process {pid}"):
+        run(*settings(tiny_model_dir, corpus, out, "train.max_steps=1"))
     assert not (out / "metrics.jsonl").exists()
 
 
@@ -396,7 +396,7 @@ def test_resume_refuses_changed_settings_and_data(finished_run):
 
 
 def test_new_run_refuses_to_overwrite_a_run(finished_run):
-    out, args = finished_run
+    _out, args = finished_run
     with pytest.raises(FicError, match="resume=true"):
         run(*args)
 
@@ -539,7 +539,7 @@ def test_length_buckets_read_every_record_once_an_epoch_with_less_padding():
         batches = [order.micro_batch(k) for k in range(12)]
         return sum(max(lengths[i] for i in b) * len(b) - sum(lengths[i] for i in b) for b in batches), batches
 
-    plain, plain_batches = padding(DataOrder(96, 8, 1, 0, seed=3, shuffle=True))
+    plain, _plain_batches = padding(DataOrder(96, 8, 1, 0, seed=3, shuffle=True))
     bucketed, batches = padding(DataOrder(96, 8, 1, 0, seed=3, shuffle=True, lengths=lengths, bucket=4))
     assert sorted(i for b in batches for i in b) == list(range(96))  # one epoch: every record once
     assert bucketed < plain / 3

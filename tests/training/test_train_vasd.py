@@ -4,8 +4,8 @@ regulariser's positions, teacher modes, resume after SIGKILL, 2 processes vs 1, 
 from __future__ import annotations
 
 import copy
-import math
 import json
+import math
 import os
 import subprocess
 import sys
@@ -206,8 +206,8 @@ def test_loss_is_zero_when_the_teacher_reads_the_students_own_context(tiny_model
     """With the teacher's prompt replaced by the student's own conversation, both sides read the
     same positions of the same ids with the same weights: the divergence must vanish. Any
     off-by-one between the two layouts would make it positive."""
-    import fic.training.vasd.step as step
     from fic.core.model import load_model
+    from fic.training.vasd import step
 
     model = load_model(tiny_model_dir, dtype="float32").eval()
     conv = played(smollm2_tokenizer)
@@ -315,8 +315,8 @@ def test_regulariser_covers_exactly_the_non_final_assistant_tokens(smollm2_token
     assert tok.decode(earlier, skip_special_tokens=False) == "Got it, go on.<|im_end|>" * 3
     assert all(y == IGNORE for y in roll_row["anchor_targets"])
     final = [y for y in roll_row["distill_targets"] if y != IGNORE]
-    assert final == rollout.answer_ids and not set(i for i, y in enumerate(roll_row["distill_targets"]) if y != IGNORE) \
-        & set(i for i, y in enumerate(roll_row["reference_targets"]) if y != IGNORE)
+    assert final == rollout.answer_ids and not {i for i, y in enumerate(roll_row["distill_targets"]) if y != IGNORE} \
+        & {i for i, y in enumerate(roll_row["reference_targets"]) if y != IGNORE}
 
 
 def test_default_anchor_keeps_the_final_answers_too(smollm2_tokenizer):
@@ -657,8 +657,8 @@ def test_fic_train_vasd_runs_the_shipped_recipe(tiny_model_dir, anchor_corpus, t
     ("lora.enabled=false teacher.mode=ema regularizer.kind=both", "third copy"),
 ])
 def test_bad_settings_exit_2_with_one_line_before_any_model_loads(override, message, capsys, monkeypatch):
-    import fic.training.loop as loop
     from fic.train_vasd import main
+    from fic.training import loop
     monkeypatch.setattr(loop, "build_model", lambda *a, **k: pytest.fail("a model was loaded"))
     assert main(["--config", str(RECIPE), *override.split()]) == 2
     err = capsys.readouterr().err.strip()
@@ -667,7 +667,7 @@ def test_bad_settings_exit_2_with_one_line_before_any_model_loads(override, mess
 
 def test_top_k_above_the_vocabulary_and_adapter_folders_are_refused_early(tiny_model_dir, anchor_corpus, tmp_path,
                                                                           monkeypatch):
-    import fic.training.loop as loop
+    from fic.training import loop
     monkeypatch.setattr(loop, "build_model", lambda *a, **k: pytest.fail("a model was loaded"))
     with pytest.raises(FicError, match="top_k 99999999 is not below the vocabulary"):
         train(load_config(VASDConfig, None, settings(tiny_model_dir, anchor_corpus, tmp_path / "a", "train.max_steps=1",
