@@ -29,9 +29,11 @@ VERBS: dict[str, tuple[str, str]] = {
     "probe": ("fic.cli.probe", "interaction awareness: let the model write the user's next turn and judge it"),
     "sft-data": ("fic.cli.sft_data", "build the multi-turn SFT warm-start corpus from sharded instances"),
     "train": ("fic.cli.train", "train with a recipe: `fic train sft --config recipes/<backbone>/sft.yaml`"),
-    "demo": ("fic.cli.demo", "the main job: warm-up, FiC's SFT and VASD on one task, evaluated stage by stage, one table"),
+    "demo": ("fic.cli.demo", "the main job: warm-up, FiC's SFT and VASD on one task, evaluated stage by stage, "
+             "one table"),
     "report": ("fic.cli.report", "(re)draw a run's figures: training curves, evaluation report, the demo's figure"),
-    "bench": ("fic.cli.bench", "benchmarks that print figures (rollout, sft); --json for one JSON object"),
+    "bench": ("fic.cli.bench", "benchmarks that print figures (rollout, sft, vasd, shapes, zero); --json for one "
+              "JSON object"),
     "launch-check": ("fic.cli.launch_check", "check a launch config and recipe before a multi-GPU job starts"),
 }
 

@@ -55,3 +55,12 @@ def test_an_unknown_verb_is_refused_by_argparse(capsys):
     with pytest.raises(SystemExit) as done:
         main(["evaluate"])
     assert done.value.code == 2 and "invalid choice: 'evaluate'" in capsys.readouterr().err
+
+
+def test_the_bench_help_and_package_name_every_benchmark():
+    import fic.bench
+    from fic.cli.bench import BENCHES
+
+    assert all(name in VERBS["bench"][1] for name in BENCHES), VERBS["bench"][1]
+    modules = {p.stem for p in (PACKAGE / "bench").glob("*.py")} - {"__init__"}
+    assert all(f"`{name}`" in fic.bench.__doc__ for name in modules), fic.bench.__doc__
