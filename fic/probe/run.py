@@ -58,7 +58,7 @@ from fic.core.instance import Instance
 from fic.core.progress import Progress
 from fic.core.seeding import derive_seed, pick
 from fic.data.sources import InstancesSection, load_sources
-from fic.data.views import system_message
+from fic.data.views import system_message, user_turns
 from fic.probe.judge import JUDGE_KINDS, make_judge
 from fic.probe.report import compare, summarize, write_report
 
@@ -257,7 +257,7 @@ def single_turn_replies(cfg: ProbeConfig, model: Any, datasets: list[tuple[str, 
     if given is not None:
         texts = [given[(d, i.task_id)] for d, i in datasets]
     else:
-        conversations = [[system_message(i), {"role": "user", "content": tasks.get(i.task).full_prompt(i)}]
+        conversations = [[system_message(i), {"role": "user", "content": user_turns(i, "full")[0]}]
                          for _, i in datasets]
         params = SamplingParams(max_new_tokens=cfg.replies.max_new_tokens, temperature=0.0, seed=cfg.seed)
         outputs: list[Generation] = []
@@ -272,7 +272,7 @@ def single_turn_replies(cfg: ProbeConfig, model: Any, datasets: list[tuple[str, 
         task = tasks.get(instance.task)
         records.append({"dataset": dataset, "task_id": instance.task_id, "task": instance.task,
                         "system": system_message(instance)["content"],  # the task's, with this instance's tools
-                        "query": task.full_prompt(instance), "reply": text, "finish_reason": finish,
+                        "query": user_turns(instance, "full")[0], "reply": text, "finish_reason": finish,
                         # guarded: a reply that makes the scorer raise scores 0, the probe goes on
                         "score": score_reply(task, text, instance)[1], "source": cfg.replies.path or "model"})
     return records
