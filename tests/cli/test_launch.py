@@ -459,6 +459,7 @@ def test_gpu_check_dry_run_prints_every_command(tmp_path, tools):
             ("vllm-logprobs", "VLLM=0; the rollouts ran on hf")]]
 
 
+@pytest.mark.slow  # runs the smoke check's script
 def test_gpu_check_without_a_gpu_fails_in_one_line_and_skips_the_rest(tmp_path):
     done = gpu_check(tmp_path, DRY_RUN="0", CUDA_VISIBLE_DEVICES="", VLLM="0", DEEPSPEED="0")
     assert done.returncode == 1, done.stderr

@@ -246,6 +246,7 @@ def test_llm_classifier_falls_back_to_the_rule_label():
     assert labels[3] == ("answer_attempt", None)
 
 
+@pytest.mark.slow  # the benchmark
 def test_bench_rollout_plays_both_ways_and_reports_what_reuse_saves(tiny_model_dir):
     import argparse
 

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "recipes" / "smollm2-135m-instruct"
 
 
-pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
+pytestmark = [pytest.mark.usefixtures("fresh_accelerate_state"), pytest.mark.slow]  # end to end: the demo's every stage
 
 
 def small(model, out) -> list[str]:
@@ -195,7 +195,7 @@ def test_the_documented_low_memory_overrides_are_valid_demo_keys():
     import shlex
 
     text = (ROOT / "docs" / "demo.md").read_text(encoding="utf-8")
-    block = re.search(r"### In less memory.*?```bash\n(.*?)```", text, re.S)
+    block = re.search(r"### In less memory.*?```bash\n(.*?)```", text, re.DOTALL)
     assert block, "docs/demo.md lost its low-memory command"
     words = shlex.split(block.group(1).replace("\\\n", " "))
     assert words[:2] == ["fic", "demo"]

@@ -74,6 +74,7 @@ def log(out):
     return read_records(Path(out) / "conversations.jsonl")
 
 
+@pytest.mark.slow  # end to end: a full run and its outputs
 def test_eval_writes_every_output_and_runs_are_independent_samples(lic_file, tmp_path, tiny_model_dir,
                                                                    tiny_backend):
     out = tmp_path / "run"
@@ -115,6 +116,7 @@ def test_eval_writes_every_output_and_runs_are_independent_samples(lic_file, tmp
     assert log(again) == records
 
 
+@pytest.mark.slow  # end to end: a run interrupted, then resumed
 def test_resume_after_an_interruption_neither_redoes_nor_loses_conversations(lic_file, tmp_path, tiny_model_dir,
                                                                               tiny_backend):
     out = tmp_path / "run"
@@ -441,6 +443,7 @@ def test_the_shipped_eval_recipe_runs_on_a_fresh_clone(tiny_model_dir, tiny_back
     assert (protocol.prompts, cfg.prompts) == ("lic", "fic")  # LiC's protocol with LiC's prompts
 
 
+@pytest.mark.slow  # end to end: two runs
 def test_prompts_lic_reaches_the_assistant_and_binds_the_run(lic_file, tmp_path, smollm2_dir, smollm2_tokenizer):
     seen = []
 

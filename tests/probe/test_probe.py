@@ -373,6 +373,7 @@ def first_run(tmp_path_factory, tiny_model_dir):
     return folder, cfg, probe(cfg, progress=False)
 
 
+@pytest.mark.slow  # end to end: a probe run (module fixture)
 def test_miniature_probe_writes_its_report(first_run, smollm2_tokenizer):
     _folder, cfg, metrics = first_run
     out = Path(cfg.out)
@@ -406,6 +407,7 @@ def test_miniature_probe_writes_its_report(first_run, smollm2_tokenizer):
     assert "| explicit_question | 1 |" in report
 
 
+@pytest.mark.slow  # end to end: two probe runs
 def test_a_second_checkpoint_is_paired_with_the_first(first_run, tiny_model_dir):
     folder, cfg, _ = first_run
     out = Path(cfg.out)
@@ -426,6 +428,7 @@ def test_a_second_checkpoint_is_paired_with_the_first(first_run, tiny_model_dir)
         probe(changed, progress=False)
 
 
+@pytest.mark.slow  # end to end: a probe run (module fixture)
 def test_samples_are_separate_draws_and_greedy_is_one(first_run):
     _, cfg, _ = first_run
     generations = generations_of(Path(cfg.out))
@@ -458,6 +461,7 @@ def test_cli_runs_the_probe(tmp_path, tiny_model_dir, capsys):
     assert main(["probe", "model.model=m", "perturbations=[shuffle]"]) == 2
 
 
+@pytest.mark.slow  # end to end: a probe run
 def test_llm_judge_run_states_the_judge_and_its_fallbacks(tmp_path, tiny_model_dir):
     # The tiny random model as judge never answers with a label, so every label falls back.
     cfg = tiny_probe_config(tmp_path, tiny_model_dir, "data.limit=1", "temperatures=[1.0]", "samples=1", "judge.kind=llm",

@@ -334,6 +334,7 @@ def test_fixed_turn_tasks_never_ask_the_user_or_classifier_models():
 
 @needs_lic
 @needs_actions
+@pytest.mark.slow  # end to end: an evaluation of four tasks
 def test_transfer_recipe_and_a_mixed_file_report_per_task_metrics(tmp_path, monkeypatch):
     """`fic eval` with the transfer recipe's settings on a file mixing math, database, actions and
     code: a scripted assistant answers each instance with its reference (code: HumanEval's

@@ -90,6 +90,7 @@ class FakeWandb(types.ModuleType):
         return self._run
 
 
+@pytest.mark.slow  # end to end: a run's logs
 def test_run_log_writes_curves_and_gives_wandb_and_tensorboard_the_figures(tmp_path, monkeypatch):
     pytest.importorskip("tensorboard")
     wandb = FakeWandb()
@@ -131,6 +132,7 @@ def test_tensorboard_without_its_package_is_a_one_line_error(tmp_path, monkeypat
                     'tensorboard package: pip install "fic[tensorboard]"')
 
 
+@pytest.mark.slow  # end to end: a run's curves redrawn
 def test_fic_report_redraws_a_training_run_while_it_runs(tmp_path, capsys):
     run = tmp_path / "vasd"
     run.mkdir()

@@ -146,6 +146,7 @@ def test_sampled_estimator_value_is_the_log_ratio_and_gradient_the_score_functio
         divergence(s, t_lp, "forward_kl", estimator="sampled", sampled=x)
 
 
+@pytest.mark.slow  # full logits over long sequences
 def test_distill_loss_in_chunks_equals_one_full_logits_computation(tiny_model_dir, smollm2_tokenizer):
     """The chunked, head-only-at-answer-rows loss equals the divergence computed from full logits
     of both passes, in value and in every weight's gradient."""
@@ -529,6 +530,7 @@ def metrics(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow  # end to end: a run killed, then resumed
 def test_kill_then_resume_gives_the_uninterrupted_losses(tiny_model_dir, anchor_corpus, tmp_path):
     common = ("train.max_steps=4", "checkpoint.every=2", "teacher.mode=ema", "regularizer.kind=anchor")
     whole = tmp_path / "whole"
@@ -556,6 +558,7 @@ def test_kill_then_resume_gives_the_uninterrupted_losses(tiny_model_dir, anchor_
     assert "FiC VASD" in card and f"Started from: `{tiny_model_dir}`" in card
 
 
+@pytest.mark.slow  # end to end: the recipe
 def test_a_step_with_an_over_long_rollout_trains_on(tiny_model_dir, anchor_corpus, tmp_path):
     """The issue's reproduction: micro_batch_size=1, grad_accum_steps=4, a conversation cap that
     cuts one rollout of step 3 (no anchor: regulariser none) ended the run there, on resume too."""
@@ -572,6 +575,7 @@ def test_a_step_with_an_over_long_rollout_trains_on(tiny_model_dir, anchor_corpu
     assert got[2]["answer_tokens"] > 0 and got[2]["loss"] == got[2]["loss"]  # trained, not NaN
 
 
+@pytest.mark.slow  # several whole VASD steps compared
 def test_smaller_micro_batches_and_padded_widths_give_the_same_step(tiny_model_dir, anchor_corpus, tmp_path,
                                                                     monkeypatch):
     """The memory knobs: 4 rollouts a step as 1 x 4, 2 x 2 or 4 x 1 (micro-batch x accumulation),
@@ -608,6 +612,7 @@ def test_smaller_micro_batches_and_padded_widths_give_the_same_step(tiny_model_d
             assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-3)
 
 
+@pytest.mark.slow  # end to end: two processes
 def test_two_processes_train_like_one_with_the_same_global_batch(tiny_model_dir, anchor_corpus, tmp_path):
     """Greedy rollouts (the same replies however they are batched), DDP over 2 CPU processes
     with half the rollouts and anchors each: the same losses as 1 process with all of them."""
@@ -630,6 +635,7 @@ def test_two_processes_train_like_one_with_the_same_global_batch(tiny_model_dir,
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-3)
 
 
+@pytest.mark.slow  # end to end: the recipe
 def test_fic_train_vasd_runs_the_shipped_recipe(tiny_model_dir, anchor_corpus, tmp_path, capsys):
     from fic.cli.main import main
 
@@ -833,6 +839,7 @@ def test_held_out_tasks_are_drawn_with_the_evals_own_seed_and_an_overlap_is_refu
     assert "\n" not in str(err.value) and err.value.field == "eval.data"
 
 
+@pytest.mark.slow  # the benchmark, in a child process
 def test_bench_memory_figure_is_the_childs_own_peak_even_under_a_large_parent():
     """Linux carries ru_maxrss across exec: a child of a process that had grown past the
     computation's peak (the bench after its timed step) reported 0 MB for both ways."""
@@ -929,6 +936,7 @@ def test_deferral_labels_train_only_the_students_earlier_turns_on_a_gold_early_r
                       smollm2_tokenizer) == []  # off by default
 
 
+@pytest.mark.slow  # end to end: the recipe
 def test_the_recipe_trains_with_per_turn_views_and_deferral_labels(tiny_model_dir, anchor_corpus, tmp_path):
     from fic.cli.main import main
 
@@ -942,6 +950,7 @@ def test_the_recipe_trains_with_per_turn_views_and_deferral_labels(tiny_model_di
     assert last["labels_ce"] > 0 and math.isfinite(last["loss"]) and last["divergence_per_token"] > 0
 
 
+@pytest.mark.slow  # the benchmark
 def test_bench_vasd_times_each_phase_and_reports_the_roofline(tiny_model_dir):
     import argparse
 
@@ -979,6 +988,7 @@ def test_bf16_rollouts_run_on_a_decoding_copy_refreshed_after_every_step(tiny_mo
     assert copy_model.model.layers[0].self_attn.q_proj.weight.stride(0) == 1
 
 
+@pytest.mark.slow  # end to end: the recipe
 def test_the_recipe_trains_under_bf16_autocast_with_bf16_rollouts(tiny_model_dir, anchor_corpus, tmp_path,
                                                                  monkeypatch, capsys):
     from fic.cli.main import main
