@@ -17,6 +17,7 @@ import torch
 
 from fic.core.chat import check_template
 from fic.core.errors import FicError, one_line
+
 BUNDLED_MODEL_DIR = Path("models/smollm2-135m-instruct")
 
 _DTYPES = {
