@@ -19,7 +19,8 @@ import pytest
 import torch
 from transformers.utils import logging as transformers_logging
 
-from fic.core.model import load_tokenizer, prepare_model
+from fic.bundled.prepare import prepare_model
+from fic.core.model import load_tokenizer
 from fic.sandbox import python as sandbox
 
 # Model-written code runs only in bubblewrap unless the weaker fallback is asked for. On a machine

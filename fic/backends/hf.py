@@ -177,7 +177,7 @@ class HFBackend:
                    use_cache=True, **_forward_kwargs(self.model, rows.cache))
         self._keep(rows, token_lists, batch_rows(layer_kv(rows.cache), range(len(token_lists))))
 
-    def _assemble(self, token_lists: list[list[int]], extra: int, device: torch.device) -> "_Rows":
+    def _assemble(self, token_lists: list[list[int]], extra: int, device: torch.device) -> _Rows:
         """Lay out a batch: each row's longest stored prefix (copied into a fresh cache with room
         for `extra` more positions), then the rest of its tokens, left-padded."""
         store = self.kv_store
@@ -200,7 +200,7 @@ class HFBackend:
             attention_mask[row, past + width - len(ids):] = 1
         return _Rows(cache, input_ids.to(device), attention_mask.to(device), matches, fresh, past, width)
 
-    def _keep(self, rows: "_Rows", token_lists: list[list[int]], row_kvs: list[KV] | None) -> None:
+    def _keep(self, rows: _Rows, token_lists: list[list[int]], row_kvs: list[KV] | None) -> None:
         """Store row i's keys and values for `token_lists[i]` (what it fed: its prompt, and for a
         generation its reply but the last token), and drop the entries rows continued in full.
         `row_kvs[i]` is row i's part of the batch cache, columns as laid out in `rows`."""

@@ -125,7 +125,7 @@ def shared_prefixes(prompts: list[list[int]], stored: list[int], min_saving: int
         if length > stored[i]:
             rows_of.setdefault(tuple(prompts[i][:length]), []).append(i)
     chosen = []
-    for prefix, rows in rows_of.items():
+    for prefix in rows_of:
         sharing = [i for i, p in enumerate(prompts) if p[:len(prefix)] == list(prefix)]
         saving = (len(sharing) - 1) * (len(prefix) - max(stored[i] for i in sharing))
         if saving >= min_saving:

@@ -98,10 +98,10 @@ def load_vllm_backend(cfg: BackendConfig) -> VLLMBackend:
     tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
     # Same dtype names as the hf backend (bf16, fp32, ...); "auto" stays vLLM's own choice.
     dtype = cfg.dtype if cfg.dtype == "auto" else resolve_dtype(cfg.dtype, "cuda")
-    kwargs: dict[str, Any] = dict(model=cfg.model, dtype=dtype, seed=0,
-                                  trust_remote_code=cfg.trust_remote_code,
-                                  gpu_memory_utilization=cfg.gpu_memory_utilization,
-                                  tensor_parallel_size=cfg.tensor_parallel_size)
+    kwargs: dict[str, Any] = {"model": cfg.model, "dtype": dtype, "seed": 0,
+                              "trust_remote_code": cfg.trust_remote_code,
+                              "gpu_memory_utilization": cfg.gpu_memory_utilization,
+                              "tensor_parallel_size": cfg.tensor_parallel_size}
     if cfg.max_model_len is not None:
         kwargs["max_model_len"] = cfg.max_model_len
     return VLLMBackend(vllm.LLM(**kwargs), tokenizer)
@@ -125,9 +125,9 @@ def colocated_engine(policy: Any, tokenizer: Any, model_path: str, gpu_memory_ut
     vllm = import_vllm()
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-    kwargs: dict[str, Any] = dict(model=model_path, dtype="bfloat16", gpu_memory_utilization=gpu_memory_utilization,
-                                  max_model_len=max_model_len, enable_prefix_caching=True,
-                                  seed=torch.distributed.get_rank() if distributed else 0)
+    kwargs: dict[str, Any] = {"model": model_path, "dtype": "bfloat16", "gpu_memory_utilization": gpu_memory_utilization,
+                              "max_model_len": max_model_len, "enable_prefix_caching": True,
+                              "seed": torch.distributed.get_rank() if distributed else 0}
     if distributed:
         kwargs["distributed_executor_backend"] = "external_launcher"
     backend = VLLMBackend(vllm.LLM(**kwargs), tokenizer)

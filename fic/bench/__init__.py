@@ -1,1 +1,2 @@
-"""Benchmarks that print figures (`fic bench NAME`): `rollout`, `sft`, `vasd`."""
+"""Benchmarks that print figures (`fic bench NAME`, `fic.cli.bench.BENCHES`): `rollout`, `sft`, `vasd`,
+`shapes` and `zero`; `random_models`, `shape_run`, `roofline` and `report` are their parts."""

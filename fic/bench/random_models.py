@@ -1,4 +1,4 @@
-"""Random-weight model folders of the backbones' shapes (`launch/shapes/<backbone>.json`).
+"""Random-weight model folders of the backbones' shapes (`tools/gpu/shapes/<backbone>.json`).
 
     python -m fic.bench.random_models build --backbone llama-3.1-8b-instruct --out DIR [--layers N]
         [--tokenizer DIR] [--device cuda] [--set hidden_size=64 ...]
@@ -32,14 +32,14 @@ from fic.core.errors import FicError
 from fic.core.files import publish_folder
 
 REPO = Path(__file__).resolve().parents[2]
-SHAPES_DIR = REPO / "launch" / "shapes"
+SHAPES_DIR = REPO / "tools" / "gpu" / "shapes"
 RANDOM_MARKER = "fic_random.json"
 TOKENIZER_FILES = ("tokenizer", "special_tokens_map", "chat_template")
 
 # --------------------------------------------------------------------------- shapes
 
 def load_shape(backbone: str) -> dict:
-    """The shape file of `backbone` (`launch/shapes/<backbone>.json`), or a path to one."""
+    """The shape file of `backbone` (`tools/gpu/shapes/<backbone>.json`), or a path to one."""
     path = Path(backbone) if backbone.endswith(".json") else SHAPES_DIR / f"{backbone}.json"
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in SHAPES_DIR.glob("*.json")))
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fic.bench.random_models", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     build = sub.add_parser("build", help="write a random-weight model folder of a backbone's shape")
-    build.add_argument("--backbone", required=True, help="a name in launch/shapes/ or a shape file")
+    build.add_argument("--backbone", required=True, help="a name in tools/gpu/shapes/ or a shape file")
     build.add_argument("--out", required=True, help="the folder to write")
     build.add_argument("--tokenizer", required=True, help="a folder with SmolLM2's tokenizer files")
     build.add_argument("--layers", type=int, default=None, help="decoder layers (default: the backbone's)")

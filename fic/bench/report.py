@@ -2,7 +2,7 @@
 
     python -m fic.bench.report OUT
 
-reads what `launch/gpu_session.sh` left in OUT (`env.json`, `phases.tsv`, `gpu-check.txt`,
+reads what `tools/gpu/gpu_session.sh` left in OUT (`env.json`, `phases.tsv`, `gpu-check.txt`,
 `zero2.json`, `zero3.json`, `shape-<backbone>.json`) and writes `OUT/gpu_figures.json` (all of it)
 and `OUT/gpu_table.md` (the tables docs/launching.md and the README take their figures from),
 then prints the markdown. Every model in it has random weights, and the tables say so.
@@ -18,7 +18,7 @@ from typing import Any
 from fic.bench.shapes import BACKBONES
 
 DIFFERS = 0.25  # a recipe's hours are to be corrected where the measurement is off by more than this
-RANDOM_NOTE = ("**Every model here has random weights**: the backbones' architectures (launch/shapes/), SmolLM2's "
+RANDOM_NOTE = ("**Every model here has random weights**: the backbones' architectures (tools/gpu/shapes/), SmolLM2's "
                "tokenizer with the real vocabulary size, conversations from actions-gen. MFU counts c·N FLOPs per "
                "token position run (padding included; c = 6 full fine-tuning, 4 LoRA, +2 gradient checkpointing, 2 "
                "forward only) against the GPU's dense bf16 peak; the recipes' hours are their 8 x A100 compute at "
@@ -135,7 +135,7 @@ def markdown(data: dict) -> str:
                   ("VASD under ZeRO-2: full fine-tuning with the frozen teacher copy; under ZeRO-3: LoRA, the teacher "
                    "the adapter-free model."), ""]
     if data["gpu_check"]:
-        lines += ["## launch/gpu_check.sh (WEIGHTS=random)", "", "```", *data["gpu_check"], "```", ""]
+        lines += ["## tools/gpu/gpu_check.sh (WEIGHTS=random)", "", "```", *data["gpu_check"], "```", ""]
     if data["phases"]:
         lines += ["## Phases", "", "| phase | result | seconds | detail |", "|---|---|---|---|",
                   *[f"| {p['phase']} | {p['status']} | {p['seconds']:.0f} | {p['detail'][:160]} |"

@@ -141,7 +141,7 @@ class Probe:
             import deepspeed
 
             info["deepspeed"] = deepspeed.__version__
-        except Exception:  # noqa: BLE001 - absent, or present but broken: either way not used
+        except Exception:
             info["deepspeed"] = None
         if torch.cuda.is_available():
             info.update(device="cuda", gpu=torch.cuda.get_device_name(0), cuda=torch.version.cuda,

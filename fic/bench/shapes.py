@@ -1,6 +1,6 @@
 """`fic bench shapes`: a backbone recipe's own shapes on one GPU, with random weights.
 
-For one backbone (`--backbone`, a shape file in `launch/shapes/`) it builds a model folder of the
+For one backbone (`--backbone`, a shape file in `tools/gpu/shapes/`) it builds a model folder of the
 backbone's architecture with random weights and SmolLM2's tokenizer (`fic.bench.random_models`:
 no hub, no GGUF), writes an SFT corpus with FiC's own generator (`fic sft-data` on `actions-gen`,
 ~320-token conversations, as the recipes' ~300-token GSM8K ones), then runs a few steps of the
@@ -177,7 +177,7 @@ def layers_that_fit(config: Any, stage: str, cfg: Any, gpu_bytes: float, engine:
 # --------------------------------------------------------------------------- the plan
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--backbone", required=True, help=f"a shape in launch/shapes/: {', '.join(BACKBONES)}")
+    parser.add_argument("--backbone", required=True, help=f"a shape in tools/gpu/shapes/: {', '.join(BACKBONES)}")
     parser.add_argument("--stages", default="sft,vasd", help="sft, vasd or both (default: sft,vasd)")
     parser.add_argument("--tokenizer", default=None, help="a folder with SmolLM2's tokenizer files (default: the "
                         f"first of {', '.join(TOKENIZER_DIRS)} that has them)")

@@ -2,7 +2,7 @@
 saved, resumed, and the losses after the resume checked against the uninterrupted run's.
 
 For `--stage 2` or `3` it builds a small random-weight model of SmolLM2-135M-Instruct's shape
-(`launch/shapes/smollm2-135m-instruct.json`, `--layers` 4 of its 30 by default, bf16: the weights'
+(`tools/gpu/shapes/smollm2-135m-instruct.json`, `--layers` 4 of its 30 by default, bf16: the weights'
 dtype the DeepSpeed recipes load) with SmolLM2's tokenizer, an SFT corpus from `actions-gen`, and
 then, for SFT and for VASD in turn:
 

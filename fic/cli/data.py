@@ -16,7 +16,7 @@ from fic.core.generation import BackendConfig
 from fic.core.instance import Instance
 from fic.data.hub import ANSWER_FROM
 from fic.data.llm_sharder import shard_with_llm
-from fic.data.sources import InstancesSection, load_sources, read_instance, shard_missing
+from fic.data.sources import InstancesSection, ShardedInstances, Sharder, load_sharded, read_instance
 from fic.data.views import VIEWS, format_view, render_view
 from fic.evaluation.shard_validation import validate_shards
 from fic.tasks.base import PROMPT_STYLES
@@ -82,8 +82,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def prepare_model(args: argparse.Namespace) -> int:
+    from fic.bundled.prepare import prepare_model as prepare
     from fic.core.model import BUNDLED_MODEL_DIR  # lazy: loads torch; shard and views need none
-    from fic.core.model import prepare_model as prepare
 
     out = Path(args.out) if args.out else BUNDLED_MODEL_DIR
     check_writable(out, folder=True, field="--out")
@@ -98,36 +98,23 @@ def shard(args: argparse.Namespace) -> int:
     check_writable(args.out, field="--out")  # before a generator runs or a model loads
     section = InstancesSection(source=[args.source], task=args.task, limit=args.limit, seed=args.seed,
                                fields=parse_fields(args.fields), answer_from=args.answer_from)
-    (loaded,) = _load_for_shard(section)
-    instances = loaded.instances
+
+    def llm_sharder(instances: list[Instance]) -> tuple[list[Instance], list[tuple[Instance, str]]]:
+        # The model loads only once the data has loaded and something needs sharding.
+        backend = _backend_from_yaml(args.sharder_config, "--sharder-config")
+        return shard_with_llm(instances, backend, retries=args.retries, seed=args.seed)
+
+    (loaded,) = _load_for_shard(section, llm_sharder if args.sharder == "llm" else None, args.reshard).sources
     if loaded.origin is not None:
         print(describe_origin(loaded.origin))
-    kept, rejected, reasons = [], [], Counter()
+    kept, rejected, reasons = loaded.instances, [], Counter()
 
     def reject(instance, reason: str, stage: str, **extra) -> None:
         reasons[f"{stage}: {reason}" if stage != "shard" else reason] += 1
         rejected.append({**instance.to_dict(), "rejected_reason": reason, "rejected_stage": stage, **extra})
 
-    to_shard = [i for i in instances if args.reshard or not i.is_sharded]
-    kept = [i for i in instances if not (args.reshard or not i.is_sharded)]
-    if args.sharder == "llm" and to_shard:
-
-        done, dropped = shard_with_llm(to_shard, _backend_from_yaml(args.sharder_config, "--sharder-config"),
-                                       retries=args.retries, seed=args.seed)
-        kept += done
-        for instance, reason in dropped:
-            reject(instance, reason, "shard")
-    else:
-
-        # --reshard: drop the old shards so the rule sharder writes new ones.
-        fresh = [Instance(i.task_id, i.task, [], dict(i.fields)) for i in to_shard]
-        done, dropped = shard_missing(fresh, seed=args.seed, progress=True)
-        kept += done
-        originals = {instance.task_id: instance for instance in to_shard}
-        for instance, reason in dropped:
-            reject(originals[instance.task_id], reason, "shard")
-    order = {instance.task_id: n for n, instance in enumerate(instances)}
-    kept.sort(key=lambda instance: order[instance.task_id])
+    for instance, reason in loaded.rejected:
+        reject(instance, reason, "shard")
     if kept and args.validate:
 
         verdicts = validate_shards(kept, _backend_from_yaml(args.validate, "--validate"), runs=args.validate_runs,
@@ -159,10 +146,10 @@ def shard(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_for_shard(section: InstancesSection) -> list:
+def _load_for_shard(section: InstancesSection, sharder: Sharder | None, reshard: bool) -> ShardedInstances:
     try:
         section.check("command line")
-        return load_sources(section)
+        return load_sharded(section, sharder=sharder, reshard=reshard, progress=True)
     except FicError as err:  # the settings of `fic shard` are options, not config keys
         name = (err.field or "").removeprefix("data.")
         option = {"source": "--source", "task": "--task", "answer_from": "--answer-from"}.get(name)
@@ -231,7 +218,7 @@ def _backend_from_yaml(path: str, option: str):
     return make_backend(cfg)
 
 
-def load_sharded(path: str) -> list:
+def read_sharded_file(path: str) -> list[Instance]:
     """Sharded instances of any task from a JSONL or LiC JSON file."""
 
     return [read_instance(record, path=path, record_no=number)
@@ -245,7 +232,7 @@ def views(args: argparse.Namespace) -> int:
     if args.out:
         check_writable(args.out, field="--out")
     records = [render_view(instance, args.view, seed=args.seed, prompts=args.prompts)
-               for instance in load_sharded(args.data)]
+               for instance in read_sharded_file(args.data)]
     for record in records[: args.show]:
         print(format_view(record) + "\n")
     if args.out:

@@ -1,10 +1,12 @@
 """The `fic` command line.
 
-Each verb is handled by a module that defines `add_arguments(parser, verb)` and
-`run(args) -> int` (`args.verb` names the verb when a module serves several). Modules are imported only when their verb
-runs, so `fic --help` stays fast. A `FicError` (bad input) or an `OSError` (a path under a
-file, a read-only folder, a full disk: `fic.core.errors.os_error` names the path) prints one line
-and exits 2. Verbs call `fic.core.files.check_writable` on their outputs before loading anything.
+Each verb is handled by a module of `fic/cli/` that defines `add_arguments(parser, verb)` and
+`run(args) -> int` (`args.verb` names the verb when a module serves several); `run` calls its
+stage's function (`fic.evaluation.evaluate.evaluate`, `fic.corpus.build.build_corpus`, ...) and
+prints what it made. Modules are imported only when their verb runs, so `fic --help` stays
+fast. A `FicError` (bad input) or an `OSError` (a path under a file, a read-only folder, a full
+disk: `fic.core.errors.os_error` names the path) prints one line and exits 2. Verbs call
+`fic.core.files.check_writable` on their outputs before loading anything.
 """
 
 from __future__ import annotations
@@ -23,27 +25,30 @@ VERBS: dict[str, tuple[str, str]] = {
     "shard": ("fic.cli.data", "load a source and write sharded instances (LiC schema) as JSONL"),
     "views": ("fic.cli.data", "render sharded instances in a view (full, concat, sharded, ...) as chat messages"),
     "masks": ("fic.cli.data", "print conversations rendered by a chat template with their loss masks"),
-    "eval": ("fic.evaluation.evaluate", "play conversations in each view and report scores and the recovery rate"),
-    "probe": ("fic.probe.run", "interaction awareness: let the model write the user's next turn and judge it"),
-    "sft-data": ("fic.corpus.build", "build the multi-turn SFT warm-start corpus from sharded instances"),
+    "eval": ("fic.cli.eval", "play conversations in each view and report scores and the recovery rate"),
+    "probe": ("fic.cli.probe", "interaction awareness: let the model write the user's next turn and judge it"),
+    "sft-data": ("fic.cli.sft_data", "build the multi-turn SFT warm-start corpus from sharded instances"),
     "train": ("fic.cli.train", "train with a recipe: `fic train sft --config recipes/<backbone>/sft.yaml`"),
-    "demo": ("fic.demo.cli", "the main job: warm-up, FiC's SFT and VASD on one task, evaluated stage by stage, one table"),
+    "demo": ("fic.cli.demo", "the main job: warm-up, FiC's SFT and VASD on one task, evaluated stage by stage, "
+             "one table"),
     "report": ("fic.cli.report", "(re)draw a run's figures: training curves, evaluation report, the demo's figure"),
-    "bench": ("fic.cli.bench", "benchmarks that print figures (rollout, sft); --json for one JSON object"),
+    "bench": ("fic.cli.bench", "benchmarks that print figures (rollout, sft, vasd, shapes, zero); --json for one "
+              "JSON object"),
     "launch-check": ("fic.cli.launch_check", "check a launch config and recipe before a multi-GPU job starts"),
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-
+def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
+    """The `fic` parser; only `verb`'s module is imported and adds its arguments (start-up stays light)."""
     parser = argparse.ArgumentParser(prog="fic", description="FiC: teach LLMs not to get lost in multi-turn "
                                      "conversation. Run `fic VERB --help` for a verb's options.")
     parser.add_argument("--version", action="version", version=f"fic {__version__}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
-    for verb, (module, help_text) in VERBS.items():
-        verb_parser = sub.add_parser(verb, help=help_text, description=help_text)
+    for name, (module, help_text) in VERBS.items():
+        verb_parser = sub.add_parser(name, help=help_text, description=help_text)
         verb_parser.set_defaults(module=module)
-        # Arguments are added only for the verb being run (below), keeping start-up light.
+        if name == verb:
+            importlib.import_module(module).add_arguments(verb_parser, name)
     return parser
 
 
@@ -70,11 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     root.setLevel(logging.INFO)
     logging.getLogger("httpx").setLevel(logging.WARNING)
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
-    verb = next((a for a in argv if not a.startswith("-")), None)
-    if verb in VERBS:
-        module = importlib.import_module(VERBS[verb][0])
-        module.add_arguments(parser._subparsers._group_actions[0].choices[verb], verb)  # type: ignore[union-attr]
+    parser = build_parser(next((a for a in argv if not a.startswith("-")), None))
     args = parser.parse_args(argv)
     if args.verb is None:
         parser.print_help()

@@ -1,8 +1,8 @@
 """Reply classifiers: what kind of move each assistant reply makes, as one of Lost in
-Conversation's seven labels (`fic.tasks.labels.LABELS`, defined there).
+Conversation's seven labels (`fic.conversation.labels.LABELS`, defined there).
 
-- `rule` (offline, fast, deterministic): each task's `rule_label` (the heuristics of
-  `fic.tasks.labels`, refined per task).
+- `rule` (offline, fast, deterministic): the heuristics of `fic.conversation.labels`
+  (`reply_label`, which asks the task whether a structured reply commits to an answer).
 - `llm`: a model reads the full task specification, the conversation and the reply (as
   LiC's classifier does) and answers with a JSON object `{"label": ...}`. When its output
   has no usable label, the rule label is used and the turn's `label_note` says so; a label
@@ -18,11 +18,12 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from fic.conversation import lic_prompts
+from fic.conversation.labels import LABELS, reply_label
 from fic.core.config import setting
 from fic.core.generation import Backend, BackendConfig, SamplingParams
 from fic.core.parsing import find_json
-from fic.tasks import lic_prompts
-from fic.tasks.labels import LABELS
+from fic.tasks.lic_prompts import fill
 
 CLASSIFIER_KINDS = ("rule", "llm")
 
@@ -39,7 +40,7 @@ class RuleClassifier:
     name = "rule"
 
     def classify(self, conversations: Sequence[Any]) -> list[tuple[str, str | None]]:
-        return [(conv.task.rule_label(conv.messages[-1]["content"], _user_texts(conv)), None) for conv in conversations]
+        return [(reply_label(conv.task, conv.messages[-1]["content"], _user_texts(conv)), None) for conv in conversations]
 
 
 def _user_texts(conv: Any) -> list[str]:
@@ -92,9 +93,9 @@ def lic_classifier_prompt(conv: Any) -> list[dict]:
     first, *later = conv.instance.shards
     last_user = max(i for i, m in enumerate(conv.messages) if m["role"] == "user")
     last_turn = "\n\n".join(f"[{m['role']}] {m['content']}" for m in conv.messages[last_user + 1:])
-    text = lic_prompts.fill(lic_prompts.CLASSIFIER, CONVERSATION_SO_FAR=last_turn, INITIAL_SHARD=first.shard,
-                            SHARDS=json.dumps([s.to_dict() for s in later]),
-                            ANSWER_DESCRIPTION=lic_prompts.ANSWER_DESCRIPTIONS.get(conv.instance.task, ""))
+    text = fill(lic_prompts.CLASSIFIER, CONVERSATION_SO_FAR=last_turn, INITIAL_SHARD=first.shard,
+                SHARDS=json.dumps([s.to_dict() for s in later]),
+                ANSWER_DESCRIPTION=lic_prompts.ANSWER_DESCRIPTIONS.get(conv.instance.task, ""))
     return [{"role": "user", "content": text}]
 
 
@@ -123,7 +124,7 @@ class LLMClassifier:
         # Tasks whose every reply is an answer attempt (LiC: translation, summary, data2text) need
         # no model.
         labels: dict[int, tuple[str, str | None]] = {
-            id(conv): (conv.task.rule_label(conv.messages[-1]["content"] or "", _user_texts(conv)), None)
+            id(conv): (reply_label(conv.task, conv.messages[-1]["content"] or "", _user_texts(conv)), None)
             for conv in conversations if conv.task.replies_are_answers}
         asking = [conv for conv in conversations if id(conv) not in labels]
         params = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=0.0, seed=self.seed)
@@ -136,7 +137,7 @@ class LLMClassifier:
             try:
                 labels[id(conv)] = (parse_label(out.text), None)
             except ValueError as err:
-                labels[id(conv)] = (conv.task.rule_label(reply, _user_texts(conv)), f"rule label used: {err}")
+                labels[id(conv)] = (reply_label(conv.task, reply, _user_texts(conv)), f"rule label used: {err}")
         return [labels[id(conv)] for conv in conversations]
 
 

@@ -253,13 +253,14 @@ def play(conversations: Sequence[Conversation], assistant: Backend, user: Any, c
          params: SamplingParams, *, batch_size: int = 64, stop_at_correct: bool = True, seed: int = 0,
          max_turns: int | None = None, max_context: int | None = None,
          on_finish: Callable[[Conversation], None] | None = None,
-         on_step: Callable[[int, int], None] | None = None) -> list[Conversation]:
+         on_step: Callable[[int, int], None] | None = None, judge: Any = None) -> list[Conversation]:
     """Play every conversation to its end in lockstep; return them (also updated in place).
 
     `user` is a user simulator (`fic.conversation.users`), `classifier` a reply classifier
     (`fic.conversation.classify`). `max_turns` cuts conversations after that many replies (benchmarks);
     `max_context` ends a conversation whose next prompt plus `params.max_new_tokens` would not
-    fit the model. `on_step(step, active)` is called before each step.
+    fit the model. `on_step(step, active)` is called before each step. `judge` is the LLM judge
+    handed to the tasks that score with one (summary; `Task.scored`).
     """
     if batch_size < 1:
         raise FicError(f"batch_size must be at least 1, got {batch_size}", field="batch_size")
@@ -311,7 +312,7 @@ def play(conversations: Sequence[Conversation], assistant: Backend, user: Any, c
             turn = conv.turns[-1]
             turn.label, turn.label_note = labels.get(id(conv), (NOT_CLASSIFIED, None))
             if turn.label in ("answer_attempt", NOT_CLASSIFIED):
-                turn.answer, turn.score, turn.score_note = score_reply(conv.task, turn.reply, conv.instance)
+                turn.answer, turn.score, turn.score_note = score_reply(conv.task, turn.reply, conv.instance, judge)
             # 4. Stop at the first correct answer, or after the reply to the last user turn.
             if stop_at_correct and turn.score is not None and turn.score >= 1.0:
                 _finish(conv, "correct", on_finish)
@@ -322,7 +323,7 @@ def play(conversations: Sequence[Conversation], assistant: Backend, user: Any, c
         step += 1
 
 
-def score_reply(task: Any, reply: str, instance: Instance) -> tuple[str | None, float, str | None]:
+def score_reply(task: Any, reply: str, instance: Instance, judge: Any = None) -> tuple[str | None, float, str | None]:
     """(answer, score, note) of one reply. A model reply must never end an evaluation or a
     training run: a scorer that raises (a parse that recursed too deep, a bug in a task) gives
     score 0, with the exception named in the note, and the run goes on. A `FicError` is the
@@ -330,7 +331,7 @@ def score_reply(task: Any, reply: str, instance: Instance) -> tuple[str | None, 
     and SIGTERM, which are no `Exception`."""
     try:
         answer = task.extract_answer(reply)
-        score, note = task.scored(reply, instance)
+        score, note = task.scored(reply, instance, judge)
         score = float(score)
     except FicError:
         raise

@@ -27,13 +27,14 @@ import json
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from fic.conversation import lic_prompts
 from fic.conversation.simulator import NOTHING, UserTurn
 from fic.core.config import setting
 from fic.core.generation import Backend, BackendConfig, SamplingParams
 from fic.core.parsing import find_json
 from fic.core.seeding import reply_seed
 from fic.data.views import shard_turn
-from fic.tasks import lic_prompts
+from fic.tasks.lic_prompts import fill
 
 USER_KINDS = ("verbatim", "llm")
 
@@ -141,7 +142,7 @@ def lic_user_prompt(conv: Any) -> list[dict]:
     first as JSON, revealed and not."""
     later = conv.instance.shards[1:]
     talk = "\n\n".join(f"[{m['role']}] {m['content']}" for m in conv.messages if m["role"] in ("user", "assistant"))
-    text = lic_prompts.fill(
+    text = fill(
         lic_prompts.USER_AGENT, CONVERSATION_SO_FAR=talk,
         SHARDS_REVEALED=json.dumps([s.to_dict() for s in later if s.shard_id in conv.revealed]),
         SHARDS_NOT_REVEALED=json.dumps([s.to_dict() for s in later if s.shard_id not in conv.revealed]))

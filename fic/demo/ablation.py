@@ -162,7 +162,7 @@ def ablation_table(runs: dict[str, Path], seconds: dict[str, dict]) -> dict:
              "| run | P(full) | P(sharded) | first-answer acc. | premature | tokens / sharded conv. | train min (wall / CPU) | "
              "vs SFT (wins-losses, p) | vs control (wins-losses, p) |", "|---|---|---|---|---|---|---|---|---|"]
     for name, row in rows.items():
-        def test(other: str) -> str:
+        def test(other: str, row: dict = row) -> str:
             t = row.get(f"vs_{other}")
             return "-" if t is None else f"{t['better']}-{t['worse']}, p = {t['p_value']:.3g}"
         minutes = "-" if row["minutes"] is None else f"{row['minutes']} / {row['cpu_minutes']}"

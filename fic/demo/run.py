@@ -46,10 +46,11 @@ from typing import Any, Callable
 
 from fic import tasks, train_sft, train_vasd
 from fic.backends import make_backend
+from fic.bundled.prepare import prepare_model
 from fic.core.config import load_config, setting
 from fic.core.errors import FicError
 from fic.core.files import check_writable, folder_lock, read_json, write_json, write_jsonl
-from fic.core.model import BUNDLED_MODEL_DIR, peak_memory_mb, prepare_model
+from fic.core.model import BUNDLED_MODEL_DIR, peak_memory_mb
 from fic.corpus.build import SFTDataConfig, build_corpus
 from fic.data.sources import load_source
 from fic.data.splits import prompt_key

@@ -36,12 +36,9 @@ as `sharded_over_full`.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import sys
-import time
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,11 +51,8 @@ from fic.conversation.classify import ClassifierSection, make_classifier
 from fic.conversation.simulator import make_conversations, play
 from fic.conversation.users import UserSimulatorSection, make_user
 from fic.core.config import (
-    add_config_arguments,
     config_to_dict,
     flatten,
-    load_cli_config,
-    print_keys,
     setting,
 )
 from fic.core.errors import FicError
@@ -67,7 +61,7 @@ from fic.core.files import (append_jsonl, check_writable, folder_lock, read_json
 from fic.core.generation import BackendConfig, SamplingParams
 from fic.core.instance import Instance
 from fic.core.progress import Progress
-from fic.data.sources import InstancesSection, load_sources, shard_missing
+from fic.data.sources import InstancesSection, load_sharded
 from fic.data.views import VIEWS, check_views
 from fic.evaluation.metrics import summarize
 from fic.evaluation.report import write_report
@@ -246,22 +240,10 @@ def load_instances_and_origins(cfg: EvalConfig) -> tuple[list[Instance], dict, l
     Unsharded instances are rule-sharded whatever the views, so that a full-view run and a
     sharded run of one source evaluate the same instances (one can be the other's baseline).
     A full-view run keeps instances of tasks that have no rule sharder as they are."""
-    multi_turn = any(view != "full" for view in cfg.views)
-    instances, skipped, origins = [], Counter(), []
-    for loaded in load_sources(cfg.data):
-        as_is = [] if multi_turn else [i for i in loaded.instances
-                                       if not i.is_sharded and not tasks.get(i.task).rule_sharder]
-        kept, dropped = shard_missing([i for i in loaded.instances if i not in as_is], seed=cfg.data.seed)
-        order = {instance.task_id: n for n, instance in enumerate(loaded.instances)}
-        instances += sorted(kept + as_is, key=lambda i: order[i.task_id])
-        skipped.update(reason for _, reason in dropped)
-        skipped.update({f"task {name!r} is not a FiC task": n for name, n in loaded.unknown_tasks.items()})
-        skipped.update(loaded.skipped)
-        if loaded.origin is not None:
-            origins.append(loaded.origin)
-    if not instances:
-        raise FicError(f"no instance could be sharded ({dict(skipped)})", field="data.source")
-    return instances, dict(skipped), origins
+    loaded = load_sharded(cfg.data, shard_all=any(view != "full" for view in cfg.views))
+    if not loaded.instances:
+        raise FicError(f"no instance could be sharded ({loaded.dropped})", field="data.source")
+    return loaded.instances, loaded.dropped, loaded.origins
 
 
 def _backend_cache(cfg: EvalConfig, given: dict) -> dict:
@@ -402,21 +384,16 @@ def _evaluate(cfg: EvalConfig, out: Path, assistant: Any, user_backend: Any, cla
             bar.update(0, turn=number + 1, active=active)
 
         max_context = _max_context(backends["assistant"])
-        judged = [task for task in {tasks.get(i.task) for i in instances} if task.needs_judge]
         try:
-            for task in judged:  # the run's judge, handed to the tasks for this run only
-                task.judge = backends["judge"]
             play(conversations, backends["assistant"], user, classifier, params, batch_size=cfg.batch_size,
                  stop_at_correct=cfg.stop_at_correct, seed=cfg.seed, max_context=max_context,
-                 on_finish=finished, on_step=step)
+                 on_finish=finished, on_step=step, judge=backends["judge"])
         except FicError as err:  # e.g. the server went away for good: say that nothing finished is lost
             saved = total - sum(1 for conv in conversations if not conv.done)
             err.message += (f" ({saved} of {total} conversations are saved in {log_path}; "
                             "run the same command again to resume)")
             raise
         finally:
-            for task in judged:
-                task.judge = None
             bar.close()
 
     planned = {(i.task_id, view, run) for i in instances for view in cfg.views for run in range(cfg.runs)}
@@ -459,47 +436,3 @@ def _max_context(backend: Any) -> int | None:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
     return None
-
-
-# --------------------------------------------------------------------------- CLI
-
-def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
-    add_config_arguments(parser, example="recipes/smollm2-135m-instruct/eval.yaml",
-                         overrides_help="override settings, e.g. out=runs/x runs=3")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
-
-
-def run(args: argparse.Namespace) -> int:
-    if print_keys(args, EvalConfig):
-        return 0
-    cfg = load_cli_config(EvalConfig, args.config, args.overrides)
-    started = time.perf_counter()
-    metrics = evaluate(cfg, progress=not args.quiet)
-    elapsed = time.perf_counter() - started
-    tasks = metrics["tasks"]
-    for task, views in tasks.items():
-        for view, figures in views.items():
-            print(f"{task + ' / ' + view if len(tasks) > 1 else view:>24}: P={_fmt(figures['P'])} "
-                  f"A90={_fmt(figures['A90'])} U90_10={_fmt(figures['U90_10'])}")
-    if len(tasks) > 1:
-        for view, figures in metrics["views"].items():
-            print(f"{'all tasks / ' + view:>24}: P={_fmt(figures['P'])} A90={_fmt(figures['A90'])} "
-                  f"U90_10={_fmt(figures['U90_10'])}")
-    if metrics.get("reliability_note"):
-        print(f"A90, U90_10: n/a ({metrics['reliability_note']})")
-    if metrics["baseline_source"]:
-        print(f"recovery rate R: {_fmt(metrics['recovery_rate'], 3)}   retention: {_fmt(metrics['retention'], 3)}"
-              f"   (baseline {metrics['baseline_source']})")
-    else:
-        print(f"sharded/full of this run: {_fmt(metrics['sharded_over_full'], 3)}   (no recovery rate without "
-              "baseline=<the base model's run>)")
-    if metrics["context_full"]:
-        print(f"{metrics['context_full']} conversation(s) ended with a full context (the model's context length "
-              "could not take the next prompt and a reply; stop_reason context_full in conversations.jsonl)")
-    print(f"{metrics['conversations']} conversations, {elapsed:.0f} s")
-    print(f"report: {Path(cfg.out) / REPORT_NAME}")
-    return 0
-
-
-def _fmt(value: float | None, digits: int = 1) -> str:
-    return "n/a" if value is None else f"{value:.{digits}f}"

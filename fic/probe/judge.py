@@ -39,6 +39,7 @@ Two judges:
 
 from __future__ import annotations
 
+import itertools
 import re
 from typing import Sequence
 
@@ -115,7 +116,7 @@ def _content(words: Sequence[str]) -> list[str]:
 
 
 def _pairs(words: Sequence[str]) -> set[tuple[str, str]]:
-    return set(zip(words, words[1:]))
+    return set(itertools.pairwise(words))
 
 
 def _share(part: Sequence | set, whole: set) -> float:

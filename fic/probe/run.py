@@ -38,7 +38,6 @@ For every instance of every data source:
 
 from __future__ import annotations
 
-import argparse
 import re
 import time
 from dataclasses import dataclass
@@ -51,7 +50,7 @@ from fic import tasks
 from fic.backends import make_backend
 from fic.conversation.simulator import score_reply
 from fic.core.chat import prompt_ids, user_turn_ids
-from fic.core.config import add_config_arguments, config_to_dict, load_cli_config, print_keys, setting
+from fic.core.config import config_to_dict, setting
 from fic.core.errors import FicError
 from fic.core.files import check_writable, read_json, read_records, write_json, write_jsonl, write_text
 from fic.core.generation import BackendConfig, Generation, SamplingParams
@@ -59,9 +58,9 @@ from fic.core.instance import Instance
 from fic.core.progress import Progress
 from fic.core.seeding import derive_seed, pick
 from fic.data.sources import InstancesSection, load_sources
-from fic.data.views import system_message
+from fic.data.views import system_message, user_turns
 from fic.probe.judge import JUDGE_KINDS, make_judge
-from fic.probe.report import REPORT_NAME, compare, follow_up_table, summarize, write_report
+from fic.probe.report import compare, summarize, write_report
 
 SWITCHES = ("user_turn", "swap_roles", "instruct")
 PERTURBATIONS = ("truncate", "explicit_question")
@@ -258,7 +257,7 @@ def single_turn_replies(cfg: ProbeConfig, model: Any, datasets: list[tuple[str, 
     if given is not None:
         texts = [given[(d, i.task_id)] for d, i in datasets]
     else:
-        conversations = [[system_message(i), {"role": "user", "content": tasks.get(i.task).full_prompt(i)}]
+        conversations = [[system_message(i), {"role": "user", "content": user_turns(i, "full")[0]}]
                          for _, i in datasets]
         params = SamplingParams(max_new_tokens=cfg.replies.max_new_tokens, temperature=0.0, seed=cfg.seed)
         outputs: list[Generation] = []
@@ -273,7 +272,7 @@ def single_turn_replies(cfg: ProbeConfig, model: Any, datasets: list[tuple[str, 
         task = tasks.get(instance.task)
         records.append({"dataset": dataset, "task_id": instance.task_id, "task": instance.task,
                         "system": system_message(instance)["content"],  # the task's, with this instance's tools
-                        "query": task.full_prompt(instance), "reply": text, "finish_reason": finish,
+                        "query": user_turns(instance, "full")[0], "reply": text, "finish_reason": finish,
                         # guarded: a reply that makes the scorer raise scores 0, the probe goes on
                         "score": score_reply(task, text, instance)[1], "source": cfg.replies.path or "model"})
     return records
@@ -455,27 +454,3 @@ def probe(cfg: ProbeConfig, *, model: Any = None, judge_backend: Any = None, pro
     write_json(out / METRICS_NAME, metrics)
     write_report(out, metrics, examples, baseline["metrics"] if baseline else None)
     return metrics
-
-
-# --------------------------------------------------------------------------- CLI
-
-def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
-    add_config_arguments(parser, example="recipes/smollm2-135m-instruct/probe.yaml",
-                         overrides_help="override settings, e.g. model.model=CKPT baseline=runs/probe-base "
-                         "out=runs/probe-sft")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
-
-
-def run(args: argparse.Namespace) -> int:
-    if print_keys(args, ProbeConfig):
-        return 0
-    cfg = load_cli_config(ProbeConfig, args.config, args.overrides)
-    metrics = probe(cfg, progress=not args.quiet)
-    print("\n".join(follow_up_table(metrics)))
-    for dataset, figures in metrics["datasets"].items():
-        acc = figures["accuracy"]
-        print(f"task accuracy on {dataset}: {100 * acc['rate']:.1f}% of {acc['n']} single-turn replies")
-    phases = ", ".join(f"{name.replace('_', ' ')} {seconds:.0f} s" for name, seconds in metrics["phases_s"].items())
-    print(f"judge: {metrics['judge']['description']}; {metrics['elapsed_s']:.0f} s ({phases})")
-    print(f"report: {Path(cfg.out) / REPORT_NAME}")
-    return 0

@@ -29,6 +29,7 @@ from typing import Any
 from fic.core.instance import Instance
 from fic.core.parsing import NUMBER, number_values
 from fic.tasks import lic_prompts
+from fic.tasks.answers import framed_as_template, is_placeholder
 from fic.tasks.base import ErrorFactory, Task
 from fic.tasks.calls import (
     Call,
@@ -37,7 +38,6 @@ from fic.tasks.calls import (
     format_calls,
     reference_calls,
 )
-from fic.tasks.labels import framed_as_template, is_placeholder, label_reply
 
 SYSTEM_PROMPT = (
     "You are an assistant that calls functions. Given a request and the functions below, reply with "
@@ -177,8 +177,8 @@ class ActionsTask(Task):
             if not isinstance(params, dict) or not all(isinstance(v, list) and v for v in params.values()):
                 raise error("expected each parameter to map to a non-empty list of accepted values", where)
 
-    def system_prompt_for(self, instance: Instance | dict, prompts: str = "fic") -> str:
-        fields = self._instance(instance).fields
+    def system_prompt_for(self, instance: Instance, prompts: str = "fic") -> str:
+        fields = instance.fields
         if prompts == "lic":  # LiC formats the tool list as Python prints it (`"{}".format(...)`)
             return lic_prompts.fill(lic_prompts.ACTIONS_SYSTEM, FUNCTIONS=str(fields["function"]))
         # The tools are most of the prompt, and every turn carries them: compact JSON, one tool a
@@ -188,8 +188,8 @@ class ActionsTask(Task):
             (lambda f: json.dumps(f, ensure_ascii=False, separators=(",", ":")))
         return SYSTEM_PROMPT + "\n".join(show(f) for f in fields["function"])
 
-    def full_prompt(self, instance: Instance | dict, prompts: str = "fic") -> str:
-        first_turn = self._instance(instance).fields["fully_specified_question"][0]
+    def full_prompt(self, instance: Instance, prompts: str = "fic") -> str:
+        first_turn = instance.fields["fully_specified_question"][0]
         if prompts == "lic":  # LiC takes the first message of BFCL's first turn
             return lic_prompts.fill(lic_prompts.ACTIONS_FULL, QUESTION=first_turn[0]["content"])
         return next(m["content"] for m in reversed(first_turn) if isinstance(m, dict) and m.get("role") == "user")
@@ -200,23 +200,23 @@ class ActionsTask(Task):
         calls = find_calls(text)
         return None if calls is None else format_calls(calls)
 
-    def scored(self, text: str, instance: Instance | dict) -> tuple[float, str | None]:
+    def scored(self, text: str, instance: Instance, judge: Any = None) -> tuple[float, str | None]:
         """The score and, for a 0, why: no readable call (none, too long, too deep) or the check's
         reason; the simulator logs it as the turn's score_note."""
         calls = find_calls(text)
         if calls is None:
             return 0.0, "no readable function call in the reply"
-        fields = self._instance(instance).fields
+        fields = instance.fields
         problem = check_calls(calls, fields["function"], fields["reference_answer"])
         return (0.0, problem) if problem is not None else (1.0, None)
 
-    def score(self, text: str, instance: Instance | dict) -> float:
+    def score(self, text: str, instance: Instance) -> float:
         return self.scored(text, instance)[0]
 
-    def reference_answer(self, instance: Instance | dict) -> str:
-        return format_calls(reference_calls(self._instance(instance).fields["reference_answer"]))
+    def reference_answer(self, instance: Instance) -> str:
+        return format_calls(reference_calls(instance.fields["reference_answer"]))
 
-    def gold_reply(self, instance: Instance | dict) -> str:
+    def gold_reply(self, instance: Instance) -> str:
         """The reference call(s) alone, as the system prompt asks: `[func(a=1, b="x")]`."""
         return self.reference_answer(instance)
 
@@ -228,7 +228,7 @@ class ActionsTask(Task):
         if instance is None:
             return found
         folded = _fold(text)
-        for value in _strings(self._instance(instance).fields["reference_answer"]):
+        for value in _strings(instance.fields["reference_answer"]):
             hits = len(_mention(value).findall(folded))
             if hits:
                 found[value] += hits
@@ -246,7 +246,7 @@ class ActionsTask(Task):
     def mask_values(self, text: str, revealed: set, instance: Instance | None = None) -> str:
         """`text` with each value not in `revealed` as `___`: strings first, so a date is one blank."""
         if instance is not None:
-            for value in sorted(_strings(self._instance(instance).fields["reference_answer"]) - revealed, key=len,
+            for value in sorted(_strings(instance.fields["reference_answer"]) - revealed, key=len,
                                 reverse=True):
                 text = re.sub(rf"(?<!\w){re.escape(value)}(?!\w)", "___", text, flags=re.IGNORECASE)
 
@@ -257,17 +257,17 @@ class ActionsTask(Task):
 
     def _names_tool(self, text: str, instance: Instance) -> bool:
         return any(re.search(rf"(?<![\w.]){re.escape(f['name'])}\s*\(", text)
-                   for f in self._instance(instance).fields["function"])
+                   for f in instance.fields["function"])
 
     # ------------------------------------------------------------------ classifying replies
 
-    def rule_label(self, reply: str, user_texts: list[str]) -> str:
-        """An answer attempt when the reply makes a call: one with a named argument, or a call
+    def committed_answer(self, reply: str) -> bool:
+        """Committed when the reply makes a call: one with a named argument, or a call
         list in the asked form (`[get_time()]`). Not one: a function only named in prose ("use
         `len()`", "should I use get_weather()?"), a call suggested in a sentence ("You could call
         get_weather(city="Paris")"), a call with slots to fill (`date="YYYY-MM-DD"`,
         `city="<city>"`, `city=city`), or one presented as an example or as what the call will be
-        once the user says more (`fic.tasks.labels.framed_as_template`). Without a call nothing
+        once the user says more (`fic.tasks.answers.framed_as_template`). Without a call nothing
         is an attempt: a date or an amount stated in prose commits to no call."""
         text = (reply or "").strip()
         calls = find_calls(text)
@@ -276,7 +276,7 @@ class ActionsTask(Task):
             start = _call_start(text, calls[0].name)
             made = not (any(is_placeholder(v) or _names_itself(k, v) for c in calls for k, v in c.args.items())
                         or framed_as_template(text, start) or SUGGESTION.search(_line_before(text, start)))
-        return label_reply(text, made)
+        return made
 
     # ------------------------------------------------------------------ SFT-corpus replies
 
@@ -284,7 +284,7 @@ class ActionsTask(Task):
         """The reference parameters whose values `text` names and `revealed` does not hold yet."""
         new = set(self.values_in(text, instance)) - revealed
         named = []
-        for entry in self._instance(instance).fields["reference_answer"]:
+        for entry in instance.fields["reference_answer"]:
             (_, params), = entry.items()
             for param, accepted in params.items():
                 if value_keys(accepted) & new and param not in named:
@@ -308,7 +308,6 @@ class ActionsTask(Task):
     def _noun(self, param: str, instance: Instance) -> str:
         """A parameter's description as a short noun phrase ("The departure date, as YYYY-MM-DD."
         -> "departure date"), or its name in words when the description does not give one."""
-        instance = self._instance(instance)
         names = {next(iter(entry)) for entry in instance.fields["reference_answer"]}
         description = next((f["parameters"]["properties"].get(param, {}).get("description", "")
                             for f in instance.fields["function"] if f["name"] in names
@@ -325,7 +324,6 @@ class ActionsTask(Task):
         """The call made too early: parameters the user gave get their values, the others are left
         out or guessed (another enum value, another number). Never the correct call: if it would
         score, a value is changed until it does not."""
-        instance = self._instance(instance)
         fields = instance.fields
         revealed = set().union(*(set(self.values_in(t, instance)) for t in revealed_texts))
         schemas = {f["name"]: f for f in fields["function"]}

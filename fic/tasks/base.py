@@ -7,7 +7,8 @@ Besides prompts and scoring, a task tells the task-generic stages what its texts
   values and reveals no value of a shard not yet given; the LLM sharder checks that shards
   carry exactly the values of the question; the SFT corpus checks that no reply before the
   last shard names a value the user has not given (`leak`).
-- `rule_label(reply, user_texts)`: the offline classifier's label for a reply.
+- `committed_answer(reply)`: whether a reply commits to a structured answer (calls, code,
+  SQL), for the offline classifier (`fic.conversation.labels`); None where it reads the prose.
 - SFT-corpus replies while information is missing: `ask_for` (a question for the detail the
   next shard carries, or None), `generic_asks` (when no specific question can be made),
   `premature_reply` (a plausible wrong early answer for recovery conversations) and
@@ -25,10 +26,9 @@ from collections import Counter
 from typing import Any, Callable
 
 from fic.core.errors import FicError
-from fic.core.instance import Instance, as_instance
+from fic.core.instance import Instance
 from fic.core.parsing import NUMBER, number_values
 from fic.tasks.deferrals import DEFERRALS, choose_fresh
-from fic.tasks.labels import rule_label
 from fic.tasks.sharding import ShardingError
 
 ErrorFactory = Callable[..., FicError]  # error(message, field) -> FicError naming file and record
@@ -58,8 +58,6 @@ class Task:
     # answer attempt: the user asks for an updated answer at each turn.
     fixed_turns: bool = False
     replies_are_answers: bool = False
-    # Tasks scored by an LLM judge (summary) get it from the evaluator as `judge`.
-    needs_judge: bool = False
     # Tasks whose scoring runs model-written code (code): a run checks the sandbox before it plays.
     runs_code: bool = False
 
@@ -76,7 +74,7 @@ class Task:
             if not shard.shard.strip():
                 raise error(f"expected non-empty text, got {shard.shard!r}", f"shards[{index}].shard")
 
-    def full_prompt(self, instance: Instance | dict, prompts: str = "fic") -> str:
+    def full_prompt(self, instance: Instance, prompts: str = "fic") -> str:
         """The original, fully specified single-turn instruction (the full view's user turn)."""
         raise NotImplementedError
 
@@ -89,7 +87,7 @@ class Task:
     # documents or framing override them. `prompts` is the style (`PROMPT_STYLES`): FiC's own
     # wording, or Lost in Conversation's verbatim.
 
-    def system_prompt_for(self, instance: Instance | dict, prompts: str = "fic") -> str:
+    def system_prompt_for(self, instance: Instance, prompts: str = "fic") -> str:
         """The system prompt of one instance (database puts its schema here)."""
         return self.system_prompt
 
@@ -116,9 +114,11 @@ class Task:
             ordered.append(left.pop(index)[1])
         return ordered
 
-    def scored(self, text: str, instance: Instance | dict) -> tuple[float, str | None]:
+    def scored(self, text: str, instance: Instance, judge: Any = None) -> tuple[float, str | None]:
         """`score` plus why a reply scored 0 when the reason is not just a wrong answer (code that
-        timed out, SQL that was refused, no judge configured); the simulator logs the note."""
+        timed out, SQL that was refused, no judge configured); the simulator logs the note.
+        `judge` is the run's LLM judge (a backend with `chat`, or None), for the tasks it scores
+        (summary); the caller hands it in for each call, no task keeps one."""
         return float(self.score(text, instance)), None
 
     def scoring_caveats(self, judged: bool = False) -> list[str]:
@@ -131,15 +131,15 @@ class Task:
         """The answer part of a reply, or None when the reply holds no answer."""
         raise NotImplementedError
 
-    def score(self, text: str, instance: Instance | dict) -> float:
+    def score(self, text: str, instance: Instance) -> float:
         """Score a reply in [0, 1] against the instance's reference."""
         raise NotImplementedError
 
-    def reference_answer(self, instance: Instance | dict) -> str:
+    def reference_answer(self, instance: Instance) -> str:
         """The gold final answer, as a short string."""
         raise NotImplementedError
 
-    def gold_reply(self, instance: Instance | dict) -> str:
+    def gold_reply(self, instance: Instance) -> str:
         """A complete assistant reply: the worked solution ending in the task's answer format."""
         raise NotImplementedError
 
@@ -173,13 +173,11 @@ class Task:
 
     # ------------------------------------------------------------------ classifying replies
 
-    def rule_label(self, reply: str, user_texts: list[str]) -> str:
-        """The offline rule classifier's label (one of `fic.tasks.labels.LABELS`) for a reply:
-        the generic heuristic, which tasks may refine."""
-
-        if self.replies_are_answers:
-            return "answer_attempt" if (reply or "").strip() else "missing"
-        return rule_label(reply, user_texts)
+    def committed_answer(self, reply: str) -> bool | None:
+        """Whether a reply commits to an answer, for tasks whose answer is structured (a call,
+        code, a query): not a template with slots, not an example (`fic.tasks.answers`). None
+        (here) where the classifier reads the reply's prose instead (math-style answers)."""
+        return None
 
     # ------------------------------------------------------------------ SFT-corpus replies
 
@@ -229,7 +227,3 @@ class Task:
 
         raise ShardingError(f"the {self.name} task has no rule sharder; shard its instances with --sharder llm",
                             record=instance.task_id)
-
-    @staticmethod
-    def _instance(instance: Instance | dict) -> Instance:
-        return as_instance(instance)

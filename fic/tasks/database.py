@@ -35,9 +35,9 @@ from fic.core.errors import FicError
 from fic.core.instance import Instance
 from fic.core.parsing import number_values
 from fic.tasks import lic_prompts
+from fic.tasks.answers import framed_as_template, is_placeholder
 from fic.tasks.base import ErrorFactory, Task
 from fic.tasks.code import code_blocks
-from fic.tasks.labels import framed_as_template, is_placeholder, label_reply
 from fic.sandbox.sql import SQLLimits, run_sql
 
 DB_DIR_VARIABLE = "FIC_SPIDER_DBS"
@@ -224,16 +224,16 @@ class DatabaseTask(Task):
 
     # ------------------------------------------------------------------ prompts
 
-    def system_prompt_for(self, instance: Instance | dict, prompts: str = "fic") -> str:
-        fields = self._instance(instance).fields
+    def system_prompt_for(self, instance: Instance, prompts: str = "fic") -> str:
+        fields = instance.fields
         if prompts == "lic":
             return lic_prompts.fill(lic_prompts.DATABASE_SYSTEM, SCHEMA=fields["schema_sql"])
         schema = fields["schema_sql"].strip()
         return (f"{self.system_prompt} The database has this schema:\n\n{schema}\n\n"
                 "When you answer, give one SQL query in a ```sql code block.")
 
-    def full_prompt(self, instance: Instance | dict, prompts: str = "fic") -> str:
-        fields = self._instance(instance).fields
+    def full_prompt(self, instance: Instance, prompts: str = "fic") -> str:
+        fields = instance.fields
         if prompts == "lic":  # LiC's full and concat views repeat the schema in the user turn
             return self._lic_query(fields, fields["fully_specified_question"])
         return fields["fully_specified_question"]
@@ -253,8 +253,7 @@ class DatabaseTask(Task):
     def extract_answer(self, text: str) -> str | None:
         return extract_sql(text)
 
-    def scored(self, text: str, instance: Instance | dict) -> tuple[float, str | None]:
-        instance = self._instance(instance)
+    def scored(self, text: str, instance: Instance, judge: Any = None) -> tuple[float, str | None]:
         predicted = extract_sql(text)
         if predicted is None:
             return 0.0, "no SQL query in the reply"
@@ -273,19 +272,19 @@ class DatabaseTask(Task):
                 return 0.0, SCHEMA_ONLY_NOTE.split(":")[0] if schema_only else None
         return 1.0, SCHEMA_ONLY_NOTE if schema_only else None
 
-    def score(self, text: str, instance: Instance | dict) -> float:
+    def score(self, text: str, instance: Instance) -> float:
         return self.scored(text, instance)[0]
 
-    def reference_answer(self, instance: Instance | dict) -> str:
-        return self._instance(instance).fields["reference_sql"]
+    def reference_answer(self, instance: Instance) -> str:
+        return instance.fields["reference_sql"]
 
-    def gold_reply(self, instance: Instance | dict) -> str:
+    def gold_reply(self, instance: Instance) -> str:
         return f"```sql\n{self.reference_answer(instance).strip()}\n```"
 
     # ------------------------------------------------------------------ classifying and SFT replies
 
-    def rule_label(self, reply: str, user_texts: list[str]) -> str:
-        """An answer attempt when the reply holds a query the scorer would run, unless it is
+    def committed_answer(self, reply: str) -> bool:
+        """Committed when the reply holds a query the scorer would run, unless it is
         prose that starts like one ("Select the columns you need and I'll write it."), has
         slots to fill (`?`, `:name`, `<country>`, `...`, `table_name`), or the words before it
         present it as an example or as what the query will be once the user says more."""
@@ -293,7 +292,7 @@ class DatabaseTask(Task):
         query = extract_sql(text)
         committed = query is not None and _reads_as_sql(query) and not _has_slots(query) \
             and not framed_as_template(text, max(text.find(query[:40]), 0))
-        return label_reply(text, committed)
+        return committed
 
     @property
     def generic_asks(self) -> tuple[str, ...]:  # type: ignore[override]

@@ -10,6 +10,10 @@
 - the task's `leak(reply, revealed, instance)` (`fic.tasks.base`): the guard every non-final reply
   passes: it may hold no number the user has not given yet and never the reference answer.
 
+These are the tasks' own texts (`Task.deferrals`, `generic_asks`, `ask_for`, `premature_reply`,
+`early_reply`), read by the SFT corpus and by VASD's labels alike, so they stay below both; the
+corpus's own wording (the acknowledgement that opens a recovery answer) is in `fic.corpus.build`.
+
 Numbers are compared by value (`Fraction`), digits and number words alike ("four" == "4"),
 sign ignored. The guard is deliberately conservative: "two hundred" reads as {2, 100}, so a
 reply that spells a revealed 200 that way is refused rather than risk a leak.
@@ -78,14 +82,6 @@ GUESS_FRAMES = (
     "I'll assume typical values here, which gives {result}.\n#### {result}",
     "Without more details, my best estimate is {result}.\n#### {result}",
     "Going with a reasonable assumption, the answer is {result}.\n#### {result}",
-)
-RECOVERY_ACKS = (
-    "With all the details, here is the corrected solution:",
-    "Thanks, that changes things. Here is the full solution:",
-    "Now that I have everything, let me redo it properly:",
-    "My earlier answer was premature. With all the information:",
-    "I answered too soon before. Here is the complete solution:",
-    "Let me correct my earlier answer using all the details:",
 )
 
 # A mention the question maker can blank out: currency + digits (+ %), or a number word.

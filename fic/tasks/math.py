@@ -23,6 +23,7 @@ import re
 from typing import Any
 
 from fic.core.instance import Instance
+from fic.core.optional import need
 from fic.core.parsing import NUMBER, as_fraction, clean_number, last_number, number_values
 from fic.tasks import lic_prompts
 from fic.tasks.base import ErrorFactory, Task
@@ -110,11 +111,11 @@ class MathTask(Task):
             raise error("expected a solution ending in '#### <number>', found no number after '####'",
                         "answer")
 
-    def system_prompt_for(self, instance: Instance | dict, prompts: str = "fic") -> str:
+    def system_prompt_for(self, instance: Instance, prompts: str = "fic") -> str:
         return lic_prompts.MATH_SYSTEM if prompts == "lic" else self.system_prompt
 
-    def full_prompt(self, instance: Instance | dict, prompts: str = "fic") -> str:
-        question = self._instance(instance).fields["question"]
+    def full_prompt(self, instance: Instance, prompts: str = "fic") -> str:
+        question = instance.fields["question"]
         return lic_prompts.fill(lic_prompts.MATH_FULL, QUESTION=question) if prompts == "lic" else question
 
     def concat_turn(self, instance: Instance, contents: list[str], prompts: str = "fic") -> str:
@@ -127,8 +128,8 @@ class MathTask(Task):
         the last number of the reply (LiC)."""
         return answer_span(text or "") or last_number(text or "")
 
-    def score(self, text: str, instance: Instance | dict) -> float:
-        gold = reference_number(self._instance(instance).fields["answer"])
+    def score(self, text: str, instance: Instance) -> float:
+        gold = reference_number(instance.fields["answer"])
         text = text or ""
         if gold is None:
             return 0.0
@@ -146,12 +147,12 @@ class MathTask(Task):
             return float(_latex_equal(read[1].strip().strip("$").strip(), gold))
         return float(_numbers_equal(last_number(text), gold))
 
-    def reference_answer(self, instance: Instance | dict) -> str:
-        return reference_number(self._instance(instance).fields["answer"]) or ""
+    def reference_answer(self, instance: Instance) -> str:
+        return reference_number(instance.fields["answer"]) or ""
 
-    def gold_reply(self, instance: Instance | dict) -> str:
+    def gold_reply(self, instance: Instance) -> str:
         """GSM8K's worked solution without calculator annotations, ending in `#### <number>`."""
-        answer = self._instance(instance).fields["answer"]
+        answer = instance.fields["answer"]
         steps, _, final = answer.rpartition("####")
         steps = CALCULATOR.sub("", steps).strip()
         number = last_number(final) or final.strip()
@@ -214,10 +215,11 @@ def _latex_equal(answer: str, gold: str) -> bool:
     """A LaTeX answer (`\\frac{1}{2}`), read as a whole by math-verify, bounded in size, depth and time."""
     if len(answer) > MAX_LATEX_CHARS or _brace_depth(answer) > MAX_LATEX_DEPTH:
         return False
-    from math_verify import parse, verify  # imported lazily: it loads sympy
+    math_verify = need("math_verify", "scoring a LaTeX math answer")  # imported lazily: it loads sympy
 
     try:
-        return bool(verify(parse(gold, parsing_timeout=LATEX_SECONDS),
-                           parse(f"\\boxed{{{answer}}}", parsing_timeout=LATEX_SECONDS), timeout_seconds=LATEX_SECONDS))
+        return bool(math_verify.verify(math_verify.parse(gold, parsing_timeout=LATEX_SECONDS),
+                                       math_verify.parse(f"\\boxed{{{answer}}}", parsing_timeout=LATEX_SECONDS),
+                                       timeout_seconds=LATEX_SECONDS))
     except Exception:  # math-verify raises on unparsable input (and off the main thread); unparsable means wrong
         return False

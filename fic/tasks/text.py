@@ -15,9 +15,9 @@ written (never rephrased by the user simulator) and counts every reply as an ans
   empty) and turn k brings them. Scoring needs an LLM judge (SummHay's joint score: for each
   reference insight the judge says whether a bullet of the summary covers it fully (1), partly
   (0.5) or not; that coverage times the F1 of the bullet's citations `[i, j]` against the
-  insight's documents, averaged over insights). The judge is any backend, handed in by the
-  evaluator (`fic eval`'s `judge:` section sets `task.judge` for the run); the task never builds
-  one. Without a judge a summary scores 0 with a note saying so.
+  insight's documents, averaged over insights). The judge is any backend, handed to `scored`
+  by its caller (`fic eval`'s `judge:` section, through the simulator); the task never builds or
+  keeps one. Without a judge a summary scores 0 with a note saying so.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from typing import Any
 from fic.core.errors import FicError
 from fic.core.generation import SamplingParams
 from fic.core.instance import Instance
+from fic.core.optional import need
 from fic.core.parsing import find_json
 from fic.tasks import lic_prompts
 from fic.tasks.base import ErrorFactory, Task
@@ -43,7 +44,7 @@ TEXT_ASKS = (
 
 def bleu(hypothesis: str, references: list[str]) -> float:
     """sacrebleu's corpus BLEU of one hypothesis against its references, in [0, 1] (LiC's score)."""
-    import sacrebleu  # imported when scoring: it loads its tokenizers
+    sacrebleu = need("sacrebleu", "BLEU scoring (translation, data2text)")  # imported when scoring: slow to load
 
     score = sacrebleu.corpus_bleu([hypothesis.strip()], [[ref.strip()] for ref in references]).score / 100.0
     return min(score, 1.0)  # float rounding can put a perfect match a hair above 1
@@ -76,11 +77,11 @@ class Data2TextTask(_TextTask):
         if not isinstance(fields.get("metadata", {}), dict):
             raise error("expected an object of table metadata (page and section titles)", "metadata")
 
-    def system_prompt_for(self, instance: Instance | dict, prompts: str = "fic") -> str:
+    def system_prompt_for(self, instance: Instance, prompts: str = "fic") -> str:
         return lic_prompts.DATA2TEXT_SYSTEM if prompts == "lic" else self.system_prompt
 
-    def full_prompt(self, instance: Instance | dict, prompts: str = "fic") -> str:
-        fields = self._instance(instance).fields
+    def full_prompt(self, instance: Instance, prompts: str = "fic") -> str:
+        fields = instance.fields
         metadata = (fields.get("metadata") or {}).items()
         if prompts == "lic":
             context = "".join(lic_prompts.fill(lic_prompts.DATA2TEXT_CONTEXT_LINE, KEY=str(key), VALUE=str(value))
@@ -99,13 +100,13 @@ class Data2TextTask(_TextTask):
         hints = "\n\n".join(f"Hint {k}:\n{text}" for k, text in enumerate(contents, start=1))
         return f"{self.INSTRUCTION}\n\n{hints}"
 
-    def score(self, text: str, instance: Instance | dict) -> float:
-        return bleu(text, self._instance(instance).fields["references"])
+    def score(self, text: str, instance: Instance) -> float:
+        return bleu(text, instance.fields["references"])
 
-    def reference_answer(self, instance: Instance | dict) -> str:
-        return self._instance(instance).fields["references"][0]
+    def reference_answer(self, instance: Instance) -> str:
+        return instance.fields["references"][0]
 
-    def gold_reply(self, instance: Instance | dict) -> str:
+    def gold_reply(self, instance: Instance) -> str:
         return self.reference_answer(instance)
 
     def premature_reply(self, revealed_texts: list[str], instance: Instance, rng: random.Random) -> str:
@@ -128,11 +129,11 @@ class TranslationTask(_TextTask):
         if instance.shards and not instance.shards[0].shard.strip():
             raise error("expected the first chunk of the German document, got empty text", "shards[0].shard")
 
-    def system_prompt_for(self, instance: Instance | dict, prompts: str = "fic") -> str:
+    def system_prompt_for(self, instance: Instance, prompts: str = "fic") -> str:
         return lic_prompts.TRANSLATION_SYSTEM if prompts == "lic" else self.system_prompt
 
-    def full_prompt(self, instance: Instance | dict, prompts: str = "fic") -> str:
-        german = self._instance(instance).fields["document_de"]
+    def full_prompt(self, instance: Instance, prompts: str = "fic") -> str:
+        german = instance.fields["document_de"]
         if prompts == "lic":
             return lic_prompts.fill(lic_prompts.TRANSLATION_FULL, GERMAN_TEXT=german)
         return "Translate this German text into English. Reply with the translation only.\n\n" + german
@@ -156,13 +157,13 @@ class TranslationTask(_TextTask):
         return ("Translate these chunks of a German document into English, as one document without the chunk "
                 f"labels. Reply with the translation only.\n\n{chunks}")
 
-    def score(self, text: str, instance: Instance | dict) -> float:
-        return bleu(text, [self._instance(instance).fields["document_en"]])
+    def score(self, text: str, instance: Instance) -> float:
+        return bleu(text, [instance.fields["document_en"]])
 
-    def reference_answer(self, instance: Instance | dict) -> str:
-        return self._instance(instance).fields["document_en"]
+    def reference_answer(self, instance: Instance) -> str:
+        return instance.fields["document_en"]
 
-    def gold_reply(self, instance: Instance | dict) -> str:
+    def gold_reply(self, instance: Instance) -> str:
         return self.reference_answer(instance)
 
     def premature_reply(self, revealed_texts: list[str], instance: Instance, rng: random.Random) -> str:
@@ -176,8 +177,6 @@ class SummaryTask(_TextTask):
     name = "summary"
     system_prompt = "You are a helpful assistant that writes summaries with citations."
     required_fields = ("topic", "query")
-    needs_judge = True
-    judge: Any = None  # a backend (anything with `chat`), set by the evaluator for its run
     INSTRUCTION = (
         "Here are documents about: {topic}\n\n{documents}"
         "Write a summary of what these documents say about this question: {query}\n"
@@ -237,11 +236,10 @@ class SummaryTask(_TextTask):
         texts = {d["document_index"]: d["document_text"] for d in instance.fields["documents"]}
         return "".join(lic_prompts.fill(lic_prompts.SUMMARY_DOCUMENT, INDEX=str(i), TEXT=texts[i]) for i in indexes)
 
-    def system_prompt_for(self, instance: Instance | dict, prompts: str = "fic") -> str:
+    def system_prompt_for(self, instance: Instance, prompts: str = "fic") -> str:
         return lic_prompts.SUMMARY_SYSTEM if prompts == "lic" else self.system_prompt
 
-    def full_prompt(self, instance: Instance | dict, prompts: str = "fic") -> str:
-        instance = self._instance(instance)
+    def full_prompt(self, instance: Instance, prompts: str = "fic") -> str:
         every = [d["document_index"] for d in instance.fields["documents"]]
         if prompts == "lic":
             return self._lic_prompt(instance, self._lic_documents(instance, every))
@@ -267,9 +265,7 @@ class SummaryTask(_TextTask):
 
     # ------------------------------------------------------------------ judging
 
-    def scored(self, text: str, instance: Instance | dict) -> tuple[float, str | None]:
-        instance = self._instance(instance)
-        judge = self.judge
+    def scored(self, text: str, instance: Instance, judge: Any = None) -> tuple[float, str | None]:
         if judge is None:
             return 0.0, "not judged: summary scoring needs an LLM judge (set judge.model in the eval config)"
 
@@ -293,15 +289,14 @@ class SummaryTask(_TextTask):
         score = total / max(len(instance.fields["insights"]), 1)
         return score, (f"{unreadable} judge verdict(s) unreadable, counted as not covered" if unreadable else None)
 
-    def score(self, text: str, instance: Instance | dict) -> float:
+    def score(self, text: str, instance: Instance) -> float:
         return self.scored(text, instance)[0]
 
-    def reference_answer(self, instance: Instance | dict) -> str:
+    def reference_answer(self, instance: Instance) -> str:
         return self.gold_reply(instance)
 
-    def gold_reply(self, instance: Instance | dict) -> str:
+    def gold_reply(self, instance: Instance) -> str:
         """Every insight as a bullet citing its documents among this instance's."""
-        instance = self._instance(instance)
         shown = {d["document_index"] for d in instance.fields["documents"]}
         lines = []
         for insight in instance.fields["insights"]:

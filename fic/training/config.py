@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from fic.core.config import setting
 from fic.core.errors import FicError, one_line
+from fic.core.optional import installed, missing
 
 DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -91,7 +92,7 @@ class CheckpointSection:
 
 @dataclass
 class LoggingSection:
-    wandb: bool = setting(True, "Log to Weights & Biases (files under out/wandb).")
+    wandb: bool = setting(True, "Log to Weights & Biases (files under out/wandb; needs pip install \"fic[wandb]\").")
     project: str = setting("fic", "wandb project.")
     run_name: str | None = setting(None, "wandb run name (default: the out folder's name).")
     mode: str = setting("offline", "wandb mode unless the WANDB_MODE environment variable says otherwise; "
@@ -104,11 +105,13 @@ class LoggingSection:
                                    min=1.0)
     tensorboard: bool = setting(False, "Also write TensorBoard event files to out/tensorboard: the scalars, the "
                                 "curves, the config and the data card (`tensorboard --logdir out`; needs "
-                                "pip install tensorboard).")
+                                "pip install \"fic[tensorboard]\").")
     curves_every_s: float = setting(300.0, "Redraw out/curves.png (and send it to wandb and TensorBoard) at most "
                                     "this often, and at the end; `fic report out` redraws it at any time.", min=0.0)
 
     def check(self, source: str) -> None:
+        if self.wandb and not installed("wandb"):
+            raise missing("wandb", "logging.wandb=true", field="wandb", path=source)
         if self.tensorboard:
             _check_tensorboard(source)
 
@@ -120,8 +123,7 @@ def _check_tensorboard(source: str) -> None:
         from torch.utils.tensorboard import SummaryWriter  # noqa: F401
     except Exception as err:  # not installed, or whatever a broken install raises on import
         if isinstance(err, ModuleNotFoundError) and (err.name or "").split(".")[0] == "tensorboard":
-            raise FicError("logging.tensorboard=true needs the tensorboard package: pip install tensorboard",
-                           path=source, field="tensorboard") from None
+            raise missing("tensorboard", "logging.tensorboard=true", field="tensorboard", path=source) from None
         raise FicError(f"logging.tensorboard=true: tensorboard is installed but does not import "
                        f"({type(err).__name__}: {one_line(err)[:200]}); reinstall it: pip install --force-reinstall "
                        "tensorboard", path=source, field="tensorboard") from None

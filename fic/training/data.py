@@ -133,7 +133,7 @@ class DataOrder:
         self.lengths = None if lengths is None or not bucket else np.asarray(lengths)
         self.bucket = bucket
 
-    @functools.lru_cache(maxsize=4)
+    @functools.lru_cache(maxsize=4)  # noqa: B019 (one order per run, which lives as long as its cache)
     def _permutation(self, epoch: int) -> np.ndarray:
         if not self.shuffle:
             return np.arange(self.n)

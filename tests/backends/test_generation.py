@@ -91,6 +91,7 @@ def test_hf_greedy_is_deterministic_and_well_formed(tiny, prompts):
     assert len({tuple(g.token_ids) for g in first}) > 1
 
 
+@pytest.mark.slow  # every prompt generated twice
 def test_hf_batched_equals_unbatched(tiny, prompts):
     batched = _hf(tiny, batch_size=4).generate(prompts, GREEDY)  # uneven batches, left padding
     alone = [_hf(tiny, batch_size=1).generate([p], GREEDY)[0] for p in prompts]
@@ -101,6 +102,7 @@ def test_hf_batched_equals_unbatched(tiny, prompts):
 
 
 @pytest.mark.parametrize("kv_reuse_mb", [0, 64])
+@pytest.mark.slow  # full forward passes compared
 def test_hf_logprobs_match_a_forward_pass(tiny, prompts, kv_reuse_mb):
     model, _ = tiny
     backend = _hf(tiny, batch_size=3, kv_reuse_mb=kv_reuse_mb)
@@ -133,6 +135,7 @@ def test_hf_max_new_tokens_gives_length(tiny, prompts):
         assert len(gen.token_ids) == len(gen.logprobs) == 5 and gen.finish_reason == "length"
 
 
+@pytest.mark.slow  # sampling repeated
 def test_hf_seeded_sampling_is_reproducible_and_scoped(tiny, prompts):
     backend = _hf(tiny, batch_size=4)
     params = SamplingParams(max_new_tokens=10, temperature=1.0, seed=123)
@@ -190,6 +193,7 @@ def _play_turns(backend, tokenizer, prompts, turns, params=GREEDY):
     return history
 
 
+@pytest.mark.slow  # whole conversations generated twice
 def test_hf_kv_reuse_replies_like_a_full_read_and_feeds_only_new_tokens(tiny, prompts):
     from fic.backends.hf import HFBackend
 
@@ -223,6 +227,7 @@ class _FedCounter:
         return out
 
 
+@pytest.mark.slow  # long generations compared
 def test_hf_rows_that_finish_early_leave_the_batch_and_keep_their_keys_and_values(tiny, prompts):
     from fic.backends.hf import HFBackend
 
@@ -291,6 +296,7 @@ def test_hf_kv_reuse_forgets_when_the_weights_change(tiny, prompts):
     assert [g.token_ids for g in after_step] == [g.token_ids for g in fresh]
 
 
+@pytest.mark.slow  # a second model built and generated with
 def test_hf_kv_reuse_steps_aside_for_sliding_window_models(tiny_model_dir):
     from transformers import MistralConfig, MistralForCausalLM
 

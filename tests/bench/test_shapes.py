@@ -83,6 +83,7 @@ def test_gpu_peaks_by_name():
     assert shapes.gpu_peaks(None) == (None, None)
 
 
+@pytest.mark.slow  # sizes every backbone
 def test_layers_that_fit_one_h200():
     """On 139 GiB: the 3B full fine-tuning recipes fit whole under one-process ZeRO-2, the 7-8B full
     fine-tuning SFT recipes (sharded over 8 GPUs in the recipe) do not, every LoRA recipe does."""
@@ -220,6 +221,7 @@ def test_dry_run_from_the_command_line_prints_the_commands(capsys):
 
 # --------------------------------------------------------------------------- end to end on CPU
 
+@pytest.mark.slow  # end to end: SFT and VASD at a tiny shape, the session's report
 def test_tiny_shapes_run_end_to_end_on_cpu(tmp_path, smollm2_dir, capsys):
     """Llama-3.1-8B's recipes (full fine-tuning SFT, LoRA VASD) on a tiny random Llama: the corpus is
     generated, the folder built, both trainers run under the probe, and every figure is there; the
@@ -296,6 +298,7 @@ sys.meta_path.insert(0, Blocker())
 '''
 
 
+@pytest.mark.slow  # plans every backbone's session
 def test_the_session_needs_only_what_the_gpu_machine_has(tmp_path):
     """The lent machine has torch, transformers, accelerate and peft, and none of FiC's other
     dependencies (datasets, wandb, gguf, reasoning-gym, math-verify, ...): the session's modules import

@@ -21,6 +21,8 @@ from fic.core.config import load_config
 from fic.training.sft import SFTConfig
 from fic.training.vasd.config import VASDConfig
 
+pytestmark = pytest.mark.slow  # ZeRO-2/3 runs, saved and resumed
+
 REPO = Path(__file__).resolve().parents[2]
 TINY = ["--layers", "2", "--set=hidden_size=32", "--set=intermediate_size=64", "--set=num_attention_heads=2",
         "--set=num_key_value_heads=1", "--set=head_dim=16"]

@@ -394,7 +394,7 @@ GPU_CHECKS = ["gpu", "setup", "sft-bf16", "vasd-bf16", "zero2-sft", "zero2-vasd"
 
 
 def gpu_check(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
-    return run_script("launch/gpu_check.sh", env={"OUT": str(tmp_path / "out"), **env})
+    return run_script("tools/gpu/gpu_check.sh", env={"OUT": str(tmp_path / "out"), **env})
 
 
 def dry_commands(stdout: str) -> list[tuple[str, list[str]]]:
@@ -471,6 +471,7 @@ def test_gpu_check_dry_run_prints_every_command(tmp_path, tools):
             ("vllm-logprobs", "VLLM=0; the rollouts ran on hf")]]
 
 
+@pytest.mark.slow  # runs the smoke check's script
 def test_gpu_check_without_a_gpu_fails_in_one_line_and_skips_the_rest(tmp_path):
     done = gpu_check(tmp_path, DRY_RUN="0", CUDA_VISIBLE_DEVICES="", VLLM="0", DEEPSPEED="0")
     assert done.returncode == 1, done.stderr
@@ -538,6 +539,7 @@ def session_commands(stdout: str) -> dict[str, list[list[str]]]:
     return found
 
 
+@pytest.mark.slow  # end to end: the session script's plan
 def test_gpu_session_dry_run_prints_every_phase(tmp_path):
     """DRY_RUN=1: every phase's command, and the commands inside each phase (the smoke check's, each
     bench's), runs nothing and writes nothing; every trainer command loads with its trainer's config
@@ -549,7 +551,7 @@ def test_gpu_session_dry_run_prints_every_phase(tmp_path):
 
     env = {"OUT": str(tmp_path / "out"), "CARRY": "carry", "SCRATCH": str(tmp_path / "scratch"),
            "SHAPES": "llama-3.2-3b-instruct"}
-    done = subprocess.run(["bash", "launch/gpu_session.sh"], cwd=REPO, env=script_env(env), capture_output=True,
+    done = subprocess.run(["bash", "tools/gpu/gpu_session.sh"], cwd=REPO, env=script_env(env), capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert not (tmp_path / "out").exists() and not (tmp_path / "scratch").exists(), "a dry run wrote files"
@@ -580,7 +582,7 @@ def test_gpu_session_dry_run_prints_every_phase(tmp_path):
 
 
 def test_gpu_carry_dry_run_names_what_travels():
-    done = run_script("launch/gpu_carry.sh", env={"CARRY": "carry"})
+    done = run_script("tools/gpu/gpu_carry.sh", env={"CARRY": "carry"})
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert any(line.endswith("tokenizer models/smollm2-135m-instruct carry/tokenizer") for line in lines)
@@ -590,6 +592,7 @@ def test_gpu_carry_dry_run_names_what_travels():
     assert not (REPO / "carry").exists()
 
 
+@pytest.mark.slow  # end to end: the GPU session's every phase on CPU
 def test_gpu_session_rehearsal_on_cpu(tmp_path, smollm2_dir):
     """The session for real on this CPU, its GPU-only phases left out: the ZeRO bench as one plain
     process (SFT, 2 steps, resumed) and one tiny backbone shape, then the report. Its lines, OUT's
@@ -605,7 +608,7 @@ def test_gpu_session_rehearsal_on_cpu(tmp_path, smollm2_dir):
            "ZERO_ARGS": f"{tiny} --launcher plain --methods sft --steps 2 --override model.dtype=float32",
            "SHAPE_ARGS": f"{tiny} --stages sft --sft-steps 2 --corpus-size 16 --override train.micro_batch_size=2 "
                          "--override train.grad_accum_steps=1 --override model.dtype=float32 --peak-tflops 1"}
-    done = subprocess.run(["bash", "launch/gpu_session.sh"], cwd=REPO, env=script_env(env, dry_run=False),
+    done = subprocess.run(["bash", "tools/gpu/gpu_session.sh"], cwd=REPO, env=script_env(env, dry_run=False),
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
     lines = [line.split()[:2] for line in done.stdout.splitlines() if line.startswith(("PASS", "FAIL", "SKIP"))]

@@ -14,6 +14,7 @@ from scripted import FunctionBackend
 
 from fic import tasks
 from fic.conversation.classify import RuleClassifier
+from fic.conversation.labels import reply_label
 from fic.conversation.simulator import make_conversations, play, score_reply
 from fic.conversation.users import VerbatimUser
 from fic.core.errors import FicError
@@ -61,8 +62,8 @@ def test_code_replies_nested_too_deep_are_read_as_no_code_quickly(case, wrap, co
     task = tasks.get("code")
     reply = fence(DEEP_CODE[case]) if wrap == "fenced" else "Here it is:\n" + DEEP_CODE[case]
     started = time.monotonic()
-    answer, score, note = score_reply(task, reply, code_instance)
-    label = task.rule_label(reply, ["Write has_close_elements."])
+    _answer, score, note = score_reply(task, reply, code_instance)
+    label = reply_label(task, reply, ["Write has_close_elements."])
     assert score == 0.0 and note  # no code to run (or code that fails), with a reason
     assert label in ("answer_attempt", "clarification", "discussion", "hedge", "refusal", "missing")
     assert time.monotonic() - started < 10
@@ -123,7 +124,7 @@ def broken_math(monkeypatch):
     task = tasks.get("math")
     original = type(task).scored
 
-    def scored(self, text, inst):
+    def scored(self, text, inst, judge=None):
         if "recurse" in text:
             raise RecursionError("maximum recursion depth exceeded during compilation")
         if "memory" in text:
@@ -186,7 +187,7 @@ def test_a_classifier_that_raises_takes_the_reply_as_an_answer_attempt(smollm2_t
 def test_user_errors_from_a_scorer_still_stop_the_run(smollm2_tokenizer, monkeypatch):
     task = tasks.get("math")
 
-    def scored(self, text, inst):
+    def scored(self, text, inst, judge=None):
         raise FicError("no database folder", field="db_dir")
 
     monkeypatch.setattr(type(task), "scored", scored)

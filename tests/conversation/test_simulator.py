@@ -9,6 +9,7 @@ import pytest
 from scripted import FunctionBackend
 
 from fic.conversation.classify import LLMClassifier, RuleClassifier, parse_label
+from fic.conversation.labels import rule_label
 from fic.conversation.simulator import Conversation, make_conversations, play
 from fic.conversation.users import LLMUser, VerbatimUser, parse_user_reply
 from fic.core.chat import render_chat
@@ -16,7 +17,6 @@ from fic.core.errors import FicError
 from fic.core.generation import SamplingParams
 from fic.core.instance import Instance, Shard
 from fic.data.views import RECAP_HEADER, SNOWBALL_HEADER, VIEWS, user_turns
-from fic.tasks.labels import rule_label
 
 PARAMS = SamplingParams(max_new_tokens=64)
 SHARDS = ["How many points did Ara score in total?", "Ara played for 4 years.",
@@ -246,6 +246,7 @@ def test_llm_classifier_falls_back_to_the_rule_label():
     assert labels[3] == ("answer_attempt", None)
 
 
+@pytest.mark.slow  # the benchmark
 def test_bench_rollout_plays_both_ways_and_reports_what_reuse_saves(tiny_model_dir):
     import argparse
 

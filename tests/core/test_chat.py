@@ -7,9 +7,10 @@ written here, installed on copies of the SmolLM2 tokenizer.
 from __future__ import annotations
 
 import copy
+from typing import ClassVar
 
 import pytest
-from templates import COUNTING, DROPS_ASSISTANT, LLAMA3, LLAMA3_REAL, NO_END_OF_TURN, QWEN3_THINK, QWEN25, THINK_PROMPT  # noqa: E402
+from templates import COUNTING, DROPS_ASSISTANT, LLAMA3, LLAMA3_REAL, NO_END_OF_TURN, QWEN3_THINK, QWEN25, THINK_PROMPT
 
 from fic.core.chat import (
     PROBE_CONVERSATION,
@@ -216,7 +217,7 @@ def test_end_of_turn_ids(tokenizers):
     assert llama3.convert_tokens_to_ids("<|eot_id|>") in end_of_turn_ids(llama3)
 
     class GenerationConfig:
-        eos_token_id = [7, 8]
+        eos_token_id: ClassVar[list] = [7, 8]  # a list, as transformers' configs hold several ids
     assert {7, 8} <= end_of_turn_ids(smol, GenerationConfig())
 
 

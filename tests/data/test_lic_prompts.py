@@ -4,16 +4,19 @@ and FiC's own wording stays the default."""
 from __future__ import annotations
 
 import json
+
 import pytest
 
 from fic import tasks
+from fic.conversation import lic_prompts
 from fic.conversation.classify import classifier_prompt, parse_label
 from fic.conversation.simulator import Conversation
 from fic.conversation.users import user_prompt
 from fic.core.errors import FicError
 from fic.core.instance import Instance, Shard
 from fic.data.views import SINGLE_TURN_VIEWS, VIEWS, render_view, system_message, user_turns
-from fic.tasks import Task, lic_prompts
+from fic.tasks import Task
+from fic.tasks.lic_prompts import fill
 
 
 def shards(*texts, **extra):
@@ -163,7 +166,7 @@ def test_the_llm_user_and_classifier_get_lics_own_prompts_under_lic():
     conv = conversation_after_turn_one("lic")
     (user,) = user_prompt(conv)
     later = [s.to_dict() for s in ARA.shards[1:]]
-    assert user["role"] == "user" and user["content"] == lic_prompts.fill(
+    assert user["role"] == "user" and user["content"] == fill(
         lic_prompts.USER_AGENT, CONVERSATION_SO_FAR=f"[user] {ARA.shards[0].shard}\n\n[assistant] How many years did "
         "she play?", SHARDS_REVEALED="[]", SHARDS_NOT_REVEALED=json.dumps(later))
     (labelling,) = classifier_prompt(conv)

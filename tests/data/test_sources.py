@@ -204,3 +204,102 @@ def test_gsm8k_row_without_an_answer_and_a_broken_parquet_file(tmp_path):
     broken.write_bytes(b"not parquet at all")
     with pytest.raises(FicError, match=r"rows.parquet: not a readable Parquet file"):
         load_source(f"gsm8k:{broken}", "math")
+
+
+# --------------------------------------------------------------------------- the one loader of the stages
+
+MIA = "Mia has 17 yellow spools, 68 dark yellow spools, and 101 blue spools. What percent of her spools are yellow?"
+
+
+def mixed_file(tmp_path):
+    """One of each fate: sharded, sharded here, unshardable, a single shard, a task FiC does not know."""
+    records = [GOOD,
+               {"task_id": "cats", "task": "math", "question": "Sam has 3 cats. Each eats 2 cans. How many cans?",
+                "answer": "3*2=6\n#### 6"},
+               {"task_id": "mia", "task": "math", "question": MIA, "answer": "#### 45"},
+               {"task_id": "one", "task": "math", "question": "Ann has 3 apples. How many?", "answer": "#### 3",
+                "shards": [{"shard_id": 1, "shard": "Ann has 3 apples. How many?"}]},
+               {"task_id": "s1", "task": "summary-like", "text": "..."}]
+    return write_jsonl(tmp_path / "mixed.jsonl", records)
+
+
+def test_load_sharded_shards_what_has_no_shards_and_counts_what_it_left_out(tmp_path):
+    from fic.data.sources import SINGLE_SHARD, InstancesSection, load_sharded
+
+    data = InstancesSection(source=[f"jsonl:{mixed_file(tmp_path)}"], task="all")
+    loaded = load_sharded(data)
+    assert [i.task_id for i in loaded.instances] == ["t1", "cats", "one"]  # the file's order
+    (report,) = loaded.sources
+    assert report.loaded == 4 and report.sharded_here == 1 and loaded.origins == []
+    assert [(i.task_id, i.is_sharded) for i, _ in report.rejected] == [("mia", False)]  # as loaded
+    unshardable = report.rejected[0][1]
+    assert "only one fact" in unshardable
+    assert loaded.dropped == {unshardable: 1, "task 'summary-like' is not a FiC task": 1}
+    several = load_sharded(data, several_shards=True)
+    assert [i.task_id for i in several.instances] == ["t1", "cats"]
+    assert several.dropped == {**loaded.dropped, SINGLE_SHARD: 1}
+
+
+def test_load_sharded_keeps_tasks_without_a_rule_sharder_as_loaded_only_when_asked(tmp_path, monkeypatch):
+    from fic.data.sources import InstancesSection, load_sharded
+
+    monkeypatch.delenv("FIC_SPIDER_DBS", raising=False)
+    sql = {"task_id": "q1", "task": "database", "db_id": "shop", "schema_sql": "CREATE TABLE t (a INT);",
+           "fully_specified_question": "How many rows has t?", "reference_sql": "SELECT count(*) FROM t"}
+    data = InstancesSection(source=[f"jsonl:{write_jsonl(tmp_path / 'db.jsonl', [sql])}"], task="database")
+    assert [i.task_id for i in load_sharded(data, shard_all=False).instances] == ["q1"]
+    loaded = load_sharded(data)
+    assert loaded.instances == [] and list(loaded.dropped) == [loaded.sources[0].rejected[0][1]]
+    assert "no rule sharder" in loaded.sources[0].rejected[0][1]
+
+
+def test_load_sharded_takes_another_sharder_and_reshards_on_request(tmp_path):
+    from fic.core.instance import Shard
+    from fic.data.sources import InstancesSection, load_sharded
+
+    given = []
+
+    def halves(instances):
+        given.extend(instances)
+        done = [Instance(i.task_id, i.task, [Shard(1, "first"), Shard(2, "second")], dict(i.fields))
+                for i in instances if i.task_id != "cats"]
+        return done, [(i, "the model gave one shard") for i in instances if i.task_id == "cats"]
+
+    path = write_jsonl(tmp_path / "two.jsonl", [GOOD, {"task_id": "cats", "task": "math", "answer": "#### 6",
+                                                      "question": "Sam has 3 cats. Each eats 2 cans. How many?"}])
+    data = InstancesSection(source=[f"jsonl:{path}"])
+    kept = load_sharded(data, sharder=halves)
+    assert [i.task_id for i in given] == ["cats"] and [i.to_dict() for i in kept.instances] == [GOOD]
+    given.clear()
+    again = load_sharded(data, sharder=halves, reshard=True)
+    assert [(i.task_id, i.is_sharded) for i in given] == [("t1", False), ("cats", False)]  # old shards dropped
+    assert [i.shard_texts for i in again.instances] == [["first", "second"]]
+    assert again.sources[0].rejected[0][0].task_id == "cats" and again.dropped == {"the model gave one shard": 1}
+
+
+def test_every_stage_counts_the_same_reasons(tmp_path):
+    """The corpus, the evaluator and VASD read instances through the one loader: the same file
+    gives the same reasons (VASD's in its one-line error when nothing is left)."""
+    from fic.core.config import load_config
+    from fic.corpus.build import SFTDataConfig
+    from fic.corpus.build import load_instances as corpus_instances
+    from fic.data.sources import SINGLE_SHARD
+    from fic.evaluation.evaluate import EvalConfig
+    from fic.evaluation.evaluate import load_instances as eval_instances
+    from fic.training.vasd.config import VASDConfig
+    from fic.training.vasd.inputs import load_rollout_tasks
+
+    source = [f"data.source=jsonl:{mixed_file(tmp_path)}", "data.task=all"]
+    _, skipped = eval_instances(load_config(EvalConfig, None, ["model.model=m", "views=[sharded]", *source]))
+    unshardable = next(reason for reason in skipped if "only one fact" in reason)
+    assert skipped == {unshardable: 1, "task 'summary-like' is not a FiC task": 1}
+    _, sources = corpus_instances(load_config(SFTDataConfig, None, source))
+    assert {why: n for why, n in sources[0]["dropped"].items() if why in {**skipped, SINGLE_SHARD: 0}} == \
+        {**skipped, SINGLE_SHARD: 1}
+    singles = write_jsonl(tmp_path / "singles.jsonl", [
+        {"task_id": "one", "task": "math", "question": "Ann has 3 apples. How many?", "answer": "#### 3",
+         "shards": [{"shard_id": 1, "shard": "Ann has 3 apples. How many?"}]}])
+    cfg = load_config(VASDConfig, None, [f"data.source=jsonl:{singles}", "regularizer.kind=none", "train.max_steps=1"])
+    with pytest.raises(FicError, match=f"1 x {SINGLE_SHARD}") as err:
+        load_rollout_tasks(cfg)
+    assert err.value.field == "data.source" and "\n" not in str(err.value)

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "recipes" / "smollm2-135m-instruct"
 
 
-pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
+pytestmark = [pytest.mark.usefixtures("fresh_accelerate_state"), pytest.mark.slow]  # end to end: the demo's every stage
 
 
 def small(model, out) -> list[str]:

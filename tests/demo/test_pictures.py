@@ -13,6 +13,8 @@ from fic.cli.main import main
 from fic.demo.report import demo_figure
 from fic.evaluation.report import p_intervals, scores_figure, timing_figure, tokens_figure
 
+pytestmark = pytest.mark.slow  # end to end: the demo's runs, then their pictures
+
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "recipes" / "smollm2-135m-instruct"
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -21,6 +21,8 @@ from fic.cli.main import main
 from fic.core.errors import FicError
 from fic.core.model import load_model, load_tokenizer
 
+pytestmark = pytest.mark.slow  # end to end: processes killed mid-write, full disks, real model folders
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -143,7 +145,7 @@ def test_sigterm_during_a_write_leaves_no_temporary_and_one_line(tmp_path):
                              stderr=subprocess.PIPE, text=True,
                              env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{tmp_path}"})
     assert child.stdout.readline().strip() == "writing"
-    assert [p.name for p in out.parent.iterdir()][0].startswith(".result.json.")  # the temporary exists now
+    assert next(p.name for p in out.parent.iterdir()).startswith(".result.json.")  # the temporary exists now
     child.send_signal(signal.SIGTERM)
     _, err = child.communicate(timeout=30)
     assert child.returncode == 143

@@ -74,6 +74,7 @@ def log(out):
     return read_records(Path(out) / "conversations.jsonl")
 
 
+@pytest.mark.slow  # end to end: a full run and its outputs
 def test_eval_writes_every_output_and_runs_are_independent_samples(lic_file, tmp_path, tiny_model_dir,
                                                                    tiny_backend):
     out = tmp_path / "run"
@@ -115,6 +116,7 @@ def test_eval_writes_every_output_and_runs_are_independent_samples(lic_file, tmp
     assert log(again) == records
 
 
+@pytest.mark.slow  # end to end: a run interrupted, then resumed
 def test_resume_after_an_interruption_neither_redoes_nor_loses_conversations(lic_file, tmp_path, tiny_model_dir,
                                                                               tiny_backend):
     out = tmp_path / "run"
@@ -178,9 +180,9 @@ def test_a_second_evaluation_into_the_same_folder_fails_at_once(lic_file, tmp_pa
     def never(prompt):
         raise AssertionError("the second run played a conversation")
 
-    with held_by_another_process(out) as pid:
-        with pytest.raises(FicError, match=f"another FiC run is writing into this folder \\(process {pid}"):
-            evaluate(config(lic_file, out, tiny_model_dir), assistant=FunctionBackend(never), progress=False)
+    with held_by_another_process(out) as pid, \
+            pytest.raises(FicError, match=f"another FiC run is writing into this folder \\(process {pid}"):
+        evaluate(config(lic_file, out, tiny_model_dir), assistant=FunctionBackend(never), progress=False)
     assert not (out / "conversations.jsonl").exists()
 
 
@@ -251,16 +253,16 @@ class CountTask(Task):
     required_fields = ("question", "count")
 
     def full_prompt(self, instance):
-        return self._instance(instance).fields["question"]
+        return instance.fields["question"]
 
     def extract_answer(self, text):
         return text.strip() or None
 
     def score(self, text, instance):
-        return float(text.strip() == f"count: {self._instance(instance).fields['count']}")
+        return float(text.strip() == f"count: {instance.fields['count']}")
 
     def reference_answer(self, instance):
-        return self._instance(instance).fields["count"]
+        return instance.fields["count"]
 
 
 def test_a_file_of_several_tasks_is_reported_per_task_and_across_tasks(lic_file, tmp_path, smollm2_dir,
@@ -441,6 +443,7 @@ def test_the_shipped_eval_recipe_runs_on_a_fresh_clone(tiny_model_dir, tiny_back
     assert (protocol.prompts, cfg.prompts) == ("lic", "fic")  # LiC's protocol with LiC's prompts
 
 
+@pytest.mark.slow  # end to end: two runs
 def test_prompts_lic_reaches_the_assistant_and_binds_the_run(lic_file, tmp_path, smollm2_dir, smollm2_tokenizer):
     seen = []
 

@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "fic"
 # The stages, lowest first: a module may import its own package and any of a lower rank.
 RANKS = {
     "core": 0,
-    "sandbox": 1,
+    "sandbox": 1, "bundled": 1,
     "tasks": 2, "backends": 2,
     "data": 3,
     "conversation": 4,

@@ -13,7 +13,7 @@ TORCH_FREE = ["fic.cli.main", "fic.cli.data", "fic.core.config", "fic.core.files
               "fic.data.sources", "fic.data.views", "fic.data.splits", "fic.data.llm_sharder",
               "fic.conversation.simulator", "fic.conversation.classify", "fic.conversation.users", "fic.corpus.build",
               "fic.evaluation.evaluate", "fic.evaluation.metrics", "fic.probe.run", "fic.backends", "fic.data.hub",
-              "fic.cli.report", "fic.training.curves"]
+              "fic.cli.report", "fic.training.curves", "fic.cli.eval", "fic.cli.probe", "fic.cli.sft_data"]
 
 
 @pytest.mark.parametrize("module", TORCH_FREE)

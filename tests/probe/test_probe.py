@@ -373,8 +373,9 @@ def first_run(tmp_path_factory, tiny_model_dir):
     return folder, cfg, probe(cfg, progress=False)
 
 
+@pytest.mark.slow  # end to end: a probe run (module fixture)
 def test_miniature_probe_writes_its_report(first_run, smollm2_tokenizer):
-    folder, cfg, metrics = first_run
+    _folder, cfg, metrics = first_run
     out = Path(cfg.out)
     for name in ("report.md", "metrics.json", "generations.jsonl", "replies.jsonl", "config.yaml",
                  "followup_vs_temperature.png", "labels.png"):
@@ -406,6 +407,7 @@ def test_miniature_probe_writes_its_report(first_run, smollm2_tokenizer):
     assert "| explicit_question | 1 |" in report
 
 
+@pytest.mark.slow  # end to end: two probe runs
 def test_a_second_checkpoint_is_paired_with_the_first(first_run, tiny_model_dir):
     folder, cfg, _ = first_run
     out = Path(cfg.out)
@@ -426,6 +428,7 @@ def test_a_second_checkpoint_is_paired_with_the_first(first_run, tiny_model_dir)
         probe(changed, progress=False)
 
 
+@pytest.mark.slow  # end to end: a probe run (module fixture)
 def test_samples_are_separate_draws_and_greedy_is_one(first_run):
     _, cfg, _ = first_run
     generations = generations_of(Path(cfg.out))
@@ -458,6 +461,7 @@ def test_cli_runs_the_probe(tmp_path, tiny_model_dir, capsys):
     assert main(["probe", "model.model=m", "perturbations=[shuffle]"]) == 2
 
 
+@pytest.mark.slow  # end to end: a probe run
 def test_llm_judge_run_states_the_judge_and_its_fallbacks(tmp_path, tiny_model_dir):
     # The tiny random model as judge never answers with a label, so every label falls back.
     cfg = tiny_probe_config(tmp_path, tiny_model_dir, "data.limit=1", "temperatures=[1.0]", "samples=1", "judge.kind=llm",
@@ -510,9 +514,9 @@ def test_replies_file_matches_by_source_then_by_a_unique_task_id(tmp_path):
 def test_single_turn_replies_see_the_instances_own_system_prompt():
     """An actions instance's tools live in its system prompt: without them the demo's model scored
     0 of 20 in the probe against 65% in `fic eval`."""
+    from fic.data.actions_gen import generate
     from fic.data.sources import read_instance
     from fic.probe.run import single_turn_replies
-    from fic.tasks.actions_gen import generate
 
     instance = read_instance(generate("test", 1, seed=0)[0])
     seen = []

@@ -1,4 +1,4 @@
-"""The `actions` task: reading calls, BFCL's AST match, the generated source, the task's hooks
+"""The `actions` task: reading calls, BFCL's AST match, the task's hooks
 (values, leaks, labels, asks, premature calls), the SFT corpus and the simulator on actions."""
 
 import json
@@ -13,8 +13,8 @@ import pytest
 from scripted import FunctionBackend
 
 from fic import tasks
-from fic.cli.main import main
 from fic.conversation.classify import RuleClassifier
+from fic.conversation.labels import reply_label
 from fic.conversation.simulator import make_conversations, play
 from fic.conversation.users import VerbatimUser
 from fic.core.config import load_config
@@ -24,8 +24,6 @@ from fic.core.instance import Instance
 from fic.corpus.build import SFTDataConfig, load_instances, make_corpus
 from fic.data.sources import load_source, read_instance
 from fic.data.views import VIEWS, render_view, system_message, user_turns
-from fic.tasks import actions_gen
-from fic.tasks.actions_gen import SPLITS, generate, split_of
 from fic.tasks.calls import find_calls, format_calls, parse_calls
 
 LIC_SAMPLE = Path(__file__).resolve().parents[3] / "shared/data/lost_in_conversation/sample_5_per_task.json"
@@ -225,77 +223,6 @@ def test_bad_actions_records_are_clear_errors(tmp_path):
         assert err.value.field == field and err.value.record == 1 and str(path) in str(err.value)
 
 
-# ---------------------------------------------------------------------------- the generated source
-
-def reference_call(record):
-    return ACTIONS.reference_answer(Instance.from_dict(record))
-
-
-def test_generated_splits_are_deterministic_and_never_share_a_call():
-    train = generate("train", 600, seed=0)
-    assert train == generate("train", 600, seed=0)
-    assert train != generate("train", 600, seed=1)
-    calls = {split: {reference_call(r) for r in generate(split, 150, seed=3)} for split in ("dev", "test")}
-    calls["train"] = {reference_call(r) for r in train} | {reference_call(r) for r in generate("train", 300, seed=7)}
-    assert len(calls["dev"]) == len(calls["test"]) == 150  # no repeats within a split
-    assert not calls["train"] & calls["dev"] and not calls["train"] & calls["test"] and not calls["dev"] & calls["test"]
-    assert all(split_of(call) == split for split, found in calls.items() for call in found)
-
-
-def test_test_unseen_shares_no_function_with_the_seen_splits():
-    def functions(records):
-        return {f["name"] for r in records for f in r["function"]}
-
-    seen = functions(generate("train", 600)) | functions(generate("dev", 100)) | functions(generate("test", 100))
-    unseen = generate("test-unseen", 150)
-    assert len(seen) >= 20 and len(functions(unseen)) >= 6
-    assert not functions(unseen) & seen
-
-
-@pytest.mark.parametrize("split", SPLITS)
-def test_generated_instances_are_well_formed(split):
-    instances = load_source(f"actions-gen:{split}", "actions", limit=130, seed=5)
-    assert len(instances) == 130
-    for inst in instances:
-        reference = inst.fields["reference_answer"]
-        (name, params), = reference[0].items()
-        given = {p: v[0] for p, v in params.items() if v != [""]}
-        assert 2 <= len(given) <= 5 and len(inst.shards) == len(given) + 1
-        assert name in {f["name"] for f in inst.fields["function"]} and 2 <= len(inst.fields["function"]) <= 3
-        assert ACTIONS.score(ACTIONS.gold_reply(inst), inst) == 1.0
-        assert not re.search(r"\d", inst.shard_texts[0])  # the intent only
-        for value in given.values():
-            shown = str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
-            stated = re.compile(rf"(?<![\w.:-]){re.escape(shown)}(?![\w:]|\.\w)")  # 7 is not in 07:30
-            assert stated.search(ACTIONS.full_prompt(inst)), (shown, ACTIONS.full_prompt(inst))
-            assert sum(bool(stated.search(text)) for text in inst.shard_texts[1:]) == 1  # one argument a shard
-
-
-def test_generated_source_refuses_bad_specs(monkeypatch):
-    with pytest.raises(FicError, match="unknown split"):
-        load_source("actions-gen:validation", "actions")
-    with pytest.raises(FicError, match="--task actions"):
-        load_source("actions-gen:train", "math")
-    # Two small templates: 90 timer calls and 160 bike rentals, each drawn once at most.
-    small = tuple(t for t in actions_gen.UNSEEN if t.name in ("set_timer", "rent_bike"))
-    monkeypatch.setattr(actions_gen, "UNSEEN", small)
-    assert len({reference_call(r) for r in generate("test-unseen", 200)}) == 200
-    with pytest.raises(FicError, match="ran out of distinct instances"):
-        generate("test-unseen", 251)
-
-
-def test_cli_shards_and_shows_generated_instances(tmp_path, capsys):
-    out = tmp_path / "dev.jsonl"
-    assert main(["shard", "--source", "actions-gen:dev", "--task", "actions", "--limit", "4", "--out", str(out)]) == 0
-    records = [json.loads(line) for line in out.read_text().splitlines()]
-    assert records == generate("dev", 4)
-    assert main(["views", "--data", str(out), "--view", "sharded", "--show", "1"]) == 0
-    printed = capsys.readouterr().out
-    assert "Functions:" in printed and records[0]["shards"][1]["shard"] in printed
-    assert main(["shard", "--source", "actions-gen:dev", "--out", str(tmp_path / "x.jsonl")]) == 2
-    assert "--task actions" in capsys.readouterr().err
-
-
 # ---------------------------------------------------------------------------- the task's hooks
 
 @pytest.fixture(scope="module")
@@ -335,7 +262,7 @@ def test_leak_allows_given_values_only_and_never_a_call(flight):
     ("", "missing"),
 ])
 def test_rule_labels_calls_and_questions(reply, label):
-    assert ACTIONS.rule_label(reply, ["I want to fly from Paris."]) == label
+    assert reply_label(ACTIONS, reply, ["I want to fly from Paris."]) == label
 
 
 def test_ask_for_asks_for_the_next_argument_without_its_value(flight):

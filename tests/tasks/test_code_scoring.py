@@ -72,6 +72,7 @@ def test_stdio_outputs_that_differ_only_as_numbers_match(task, printed, expected
     assert score == (1.0 if passes else 0.0), note
 
 
+@pytest.mark.slow  # burns CPU seconds up to the limits
 def test_each_test_has_its_own_cpu_limit_not_one_for_all(task, monkeypatch):
     # Scaled down from the 12 tests of 0.7 s against "still running after 6 s": 6 tests
     # of 0.3 s of CPU against 0.6 s a test. The run's limit is LiC's (0.6 + 1) x 6 + 5 = 14.6 s.

@@ -401,6 +401,7 @@ def test_hostile_function_call_text_scores_0_quickly(reply):
 
 # --------------------------------------------------------------------------- the run goes on
 
+@pytest.mark.slow  # end to end: an evaluation
 def test_eval_goes_on_past_hostile_code(tmp_path, monkeypatch):
     """A `fic eval` whose assistant answers one problem with an endless loop, one with a socket,
     one with the issue's 47-token reply that made `ast.parse` raise RecursionError (the run died
@@ -442,6 +443,7 @@ def test_eval_goes_on_past_hostile_code(tmp_path, monkeypatch):
 # --------------------------------------------------------------------------- time is CPU time
 
 @pytest.mark.parametrize("isolation", ISOLATIONS)
+@pytest.mark.slow  # loads the machine on purpose
 def test_the_limit_is_cpu_time_so_a_loaded_machine_scores_alike(isolation):
     # 2.5 s of wall clock but 0.5 s of CPU against a 1.5 s limit: a wall-clock limit (what a
     # loaded machine shrinks) would fail it.
@@ -512,6 +514,8 @@ def test_a_mode_that_cannot_hold_something_here_refuses_to_run_unless_the_user_n
         run_python("print(1)\n", ROOMY, isolation="rlimits")
 
 
+
+@pytest.mark.slow  # end to end: an evaluation
 def test_an_eval_in_the_fallback_says_so_first_and_in_report_and_metrics(tmp_path, monkeypatch, capsys):
     from scripted import FunctionBackend
 
@@ -537,6 +541,7 @@ def test_an_eval_in_the_fallback_says_so_first_and_in_report_and_metrics(tmp_pat
 
 # --------------------------------------------------------------------------- the hostile-output suite
 
+@pytest.mark.slow  # every hostile case end to end, with its table
 @pytest.mark.parametrize("isolation", ISOLATIONS)
 def test_the_hostile_output_suite(tmp_path, isolation):
     """Every case of tests/tasks/hostile_cases.py through the real tasks, in a child evaluator

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from fic import tasks
+from fic.conversation.labels import reply_label
 from fic.core.errors import FicError
 from fic.core.instance import Instance
 from fic.data.sources import load_source, shard_rule
@@ -238,12 +239,11 @@ def test_translation_reference_scores_1_and_the_german_far_less():
 
 
 @needs_lic
-def test_summary_is_scored_by_a_judge_backend_or_says_it_was_not(monkeypatch):
+def test_summary_is_scored_by_a_judge_backend_or_says_it_was_not():
     from scripted import FunctionBackend
 
     summary = tasks.get("summary")
     instance = lic("summary")[0]
-    monkeypatch.setattr(summary, "judge", None)
     score, note = summary.scored(summary.gold_reply(instance), instance)
     assert score == 0.0 and "judge" in note
 
@@ -252,29 +252,29 @@ def test_summary_is_scored_by_a_judge_backend_or_says_it_was_not(monkeypatch):
         found = [b["bullet_id"] for b in json.loads(bullets.removeprefix("Bullets:\n")) if insight in b["text"]]
         return json.dumps({"coverage": "FULL" if found else "NONE", "bullet_id": found[0] if found else None})
 
-    monkeypatch.setattr(summary, "judge", FunctionBackend(judge))
+    backend = FunctionBackend(judge)
     gold = summary.gold_reply(instance)
     shown = {d["document_index"] for d in instance.fields["documents"]}
     refs = instance.fields["insightid2ref_citations"]
     best = sum(2 * len(set(refs[i["insight_id"]]) & shown) / (len(set(refs[i["insight_id"]]) & shown)
                                                                 + len(refs[i["insight_id"]]))
                for i in instance.fields["insights"] if set(refs[i["insight_id"]]) & shown)
-    assert summary.score(gold, instance) == pytest.approx(best / len(instance.fields["insights"]))
-    assert summary.score("- Nothing relevant here [1]", instance) == 0.0
+    assert summary.scored(gold, instance, backend)[0] == pytest.approx(best / len(instance.fields["insights"]))
+    assert summary.scored("- Nothing relevant here [1]", instance, backend)[0] == 0.0
 
 
 # --------------------------------------------------------------------------- labels and SFT replies
 
 def test_rule_labels_of_structured_answers():
     code, database, translation = tasks.get("code"), tasks.get("database"), tasks.get("translation")
-    assert code.rule_label("```python\ndef f(x):\n    return x\n```", []) == "answer_attempt"
-    assert code.rule_label("What should it return for an empty list?", []) == "clarification"
-    assert code.rule_label("Should it sort? And in which order?", []) == "interrogation"
-    assert code.rule_label("I will sort the list and then map digits to names.", []) == "discussion"
-    assert database.rule_label("```sql\nSELECT name FROM t\n```", []) == "answer_attempt"
-    assert database.rule_label("Which columns do you need?", []) == "clarification"
-    assert translation.rule_label("Munich 1856: four maps.", []) == "answer_attempt"  # every reply answers
-    assert translation.rule_label("  ", []) == "missing"
+    assert reply_label(code, "```python\ndef f(x):\n    return x\n```", []) == "answer_attempt"
+    assert reply_label(code, "What should it return for an empty list?", []) == "clarification"
+    assert reply_label(code, "Should it sort? And in which order?", []) == "interrogation"
+    assert reply_label(code, "I will sort the list and then map digits to names.", []) == "discussion"
+    assert reply_label(database, "```sql\nSELECT name FROM t\n```", []) == "answer_attempt"
+    assert reply_label(database, "Which columns do you need?", []) == "clarification"
+    assert reply_label(translation, "Munich 1856: four maps.", []) == "answer_attempt"  # every reply answers
+    assert reply_label(translation, "  ", []) == "missing"
 
 
 @needs_lic
@@ -334,6 +334,7 @@ def test_fixed_turn_tasks_never_ask_the_user_or_classifier_models():
 
 @needs_lic
 @needs_actions
+@pytest.mark.slow  # end to end: an evaluation of four tasks
 def test_transfer_recipe_and_a_mixed_file_report_per_task_metrics(tmp_path, monkeypatch):
     """`fic eval` with the transfer recipe's settings on a file mixing math, database, actions and
     code: a scripted assistant answers each instance with its reference (code: HumanEval's
@@ -377,7 +378,7 @@ def test_transfer_recipe_and_a_mixed_file_report_per_task_metrics(tmp_path, monk
 
 
 @needs_lic
-def test_fic_eval_hands_its_judge_to_the_summary_task_for_the_run_only(tmp_path):
+def test_fic_eval_hands_its_judge_to_the_summary_scorer_and_leaves_the_task_as_it_was(tmp_path):
     from scripted import FunctionBackend
 
     from fic.core.generation import BackendConfig
@@ -397,7 +398,7 @@ def test_fic_eval_hands_its_judge_to_the_summary_task_for_the_run_only(tmp_path)
     metrics = evaluate(cfg, assistant=FunctionBackend(lambda messages: gold), judge_backend=FunctionBackend(judge),
                        progress=False)
     assert asked and metrics["views"]["full"]["P"] > 0
-    assert summary.judge is None  # nothing of the run is left on the shared task object
+    assert vars(summary) == {}  # the judge came as an argument: nothing of the run is on the shared task
 
     unjudged = evaluate(EvalConfig(model=cfg.model, data=cfg.data, views=["full"], out=str(tmp_path / "bare")),
                         assistant=FunctionBackend(lambda messages: gold), progress=False)

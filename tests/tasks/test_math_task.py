@@ -3,15 +3,18 @@
 import pytest
 
 from fic import tasks
+from fic.core.instance import Instance
 
 MATH = tasks.get("math")
-ARA = {"task_id": "ara", "task": "math", "question": "How many points?",
-       "answer": "40*4 = <<40*4=160>>160 games\n160*21 = <<21*160=3360>>3360 points\n#### 3360"}
-HALF = {"task_id": "half", "task": "math", "question": "q", "answer": "#### 0.5"}
-NEGATIVE = {"task_id": "neg", "task": "math", "question": "q", "answer": "#### -12"}
-TWO = {"task_id": "two", "task": "math", "question": "q", "answer": "#### 2"}
-EIGHTEEN = {"task_id": "eighteen", "task": "math", "question": "q", "answer": "#### 18"}
-SEVEN = {"task_id": "seven", "task": "math", "question": "q", "answer": "#### 7"}
+
+
+def math(task_id, answer, question="q"):
+    return Instance(task_id, "math", [], {"question": question, "answer": answer})
+
+
+ARA = math("ara", "40*4 = <<40*4=160>>160 games\n160*21 = <<21*160=3360>>3360 points\n#### 3360", "How many points?")
+HALF, NEGATIVE, TWO = math("half", "#### 0.5"), math("neg", "#### -12"), math("two", "#### 2")
+EIGHTEEN, SEVEN = math("eighteen", "#### 18"), math("seven", "#### 7")
 
 CASES = [
     # (reply, instance, expected score)
@@ -77,13 +80,6 @@ def test_score_table(reply, instance, expected):
 def test_table_is_large_and_balanced():
     assert len(CASES) >= 30
     assert sum(c[2] == 1.0 for c in CASES) >= 10 and sum(c[2] == 0.0 for c in CASES) >= 10
-
-
-def test_score_accepts_instance_or_dict():
-    from fic.core.instance import Instance
-
-    instance = Instance.from_dict(ARA, require_shards=False)
-    assert MATH.score("#### 3360", instance) == MATH.score("#### 3360", ARA) == 1.0
 
 
 def test_extract_answer_prefers_hashes_then_boxed_then_last_number():

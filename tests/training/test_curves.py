@@ -4,9 +4,11 @@ on a training run (finished, or still writing its log)."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 import types
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -72,7 +74,7 @@ class FakeWandb(types.ModuleType):
                 assert Path(path).read_bytes()[:8] == PNG
 
         class Run:
-            summary: dict = {}
+            summary: ClassVar[dict] = {}
 
             def log(self, data, step):
                 outer.logged.append((step, data))
@@ -87,6 +89,7 @@ class FakeWandb(types.ModuleType):
         return self._run
 
 
+@pytest.mark.slow  # end to end: a run's logs
 def test_run_log_writes_curves_and_gives_wandb_and_tensorboard_the_figures(tmp_path, monkeypatch):
     pytest.importorskip("tensorboard")
     wandb = FakeWandb()
@@ -136,12 +139,13 @@ def test_tensorboard_missing_or_broken_is_a_one_line_error_at_load_time(tmp_path
     assert done.returncode == 2, done.stderr[-800:]
     [line] = [line for line in done.stderr.splitlines() if line.strip()]
     head = "fic train sft: error: command line: field 'logging.tensorboard': logging.tensorboard=true"
-    assert line == (f"{head} needs the tensorboard package: pip install tensorboard" if state == "missing" else
+    assert line == (f'{head} needs the tensorboard package: pip install "fic[tensorboard]"' if state == "missing" else
                     f"{head}: tensorboard is installed but does not import (RuntimeError: half-installed); reinstall "
                     "it: pip install --force-reinstall tensorboard")
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow  # end to end: a run's curves redrawn
 def test_fic_report_redraws_a_training_run_while_it_runs(tmp_path, capsys):
     run = tmp_path / "vasd"
     run.mkdir()

@@ -119,6 +119,7 @@ def test_shift_targets_by_hand():
 # --------------------------------------------------------------------------- loss
 
 
+@pytest.mark.slow  # several accumulation windows compared
 def test_loss_normalised_over_the_accumulation_window(tiny_model_dir, smollm2_tokenizer):
     """Gradient accumulation 3 with uneven target counts equals one full-logits CE over all targets / count."""
     from accelerate import Accelerator
@@ -200,6 +201,7 @@ def test_lm_head_only_sees_target_rows_in_chunks(tiny_model_dir, smollm2_tokeniz
     assert model.get_input_embeddings().weight.grad is not None
 
 
+@pytest.mark.slow  # end to end: two processes
 def test_two_ranks_train_exactly_like_one_rank_with_the_same_global_batch(tiny_model_dir, corpus, tmp_path):
     """DDP over 2 CPU processes (gloo), 2 conversations each, equals 1 process with 4: the loss is
     normalised by the target tokens of all ranks, and DDP's gradient averaging is undone."""
@@ -221,6 +223,7 @@ def test_two_ranks_train_exactly_like_one_rank_with_the_same_global_batch(tiny_m
     assert [r["grad_norm"] for r in records] == pytest.approx([r["grad_norm"] for r in expected], rel=1e-4)
 
 
+@pytest.mark.slow  # end to end: a run
 def test_every_step_logs_the_peak_memory_so_far(tiny_model_dir, corpus, tmp_path):
     """metrics.jsonl carries the process's peak memory at each step (the curves' memory panel): a
     high-water mark, so it never falls."""
@@ -234,6 +237,7 @@ def test_every_step_logs_the_peak_memory_so_far(tiny_model_dir, corpus, tmp_path
 # --------------------------------------------------------------------------- resume
 
 
+@pytest.mark.slow  # end to end: a run killed, then resumed
 def test_sigkill_then_resume_gives_the_uninterrupted_losses(tiny_model_dir, corpus, tmp_path):
     common = ("train.max_steps=6", "checkpoint.every=2", "checkpoint.keep_last=2")
     whole = tmp_path / "whole"
@@ -257,6 +261,7 @@ def test_sigkill_then_resume_gives_the_uninterrupted_losses(tiny_model_dir, corp
     assert sorted(p.name for p in (killed / "checkpoints").iterdir()) == ["step-4", "step-6"]  # keep_last
 
 
+@pytest.mark.slow  # end to end: a run, resumed
 def test_lora_resume_restores_adapter_optimizer_and_dropout_rng(tiny_model_dir, corpus, tmp_path):
     common = ("train.max_steps=4", "checkpoint.every=2", "lora.enabled=true", "lora.r=4", "lora.dropout=0.3")
     first = tmp_path / "first"
@@ -275,6 +280,7 @@ def test_lora_resume_restores_adapter_optimizer_and_dropout_rng(tiny_model_dir, 
 # --------------------------------------------------------------------------- saved models
 
 
+@pytest.mark.slow  # end to end: a run and its saved model
 def test_full_fine_tuning_saves_a_loadable_model(tiny_model_dir, corpus, tmp_path):
     from transformers import AutoModelForCausalLM
 
@@ -298,6 +304,7 @@ def test_full_fine_tuning_saves_a_loadable_model(tiny_model_dir, corpus, tmp_pat
     ["train.max_steps=3", "checkpoint.every=0", "optim.max_grad_norm=0"],  # the loss of step 2 is NaN
     ["train.max_steps=3", "checkpoint.every=0"],                           # so is the gradient norm
 ])
+@pytest.mark.slow  # end to end: runs that diverge
 def test_a_diverging_run_stops_with_a_clear_error_and_saves_no_broken_model(tiny_model_dir, corpus, tmp_path, extra):
     # A finite learning rate large enough to turn every weight into inf/NaN in one update.
     out = tmp_path / "diverged"
@@ -316,9 +323,9 @@ def test_a_second_training_run_into_the_same_folder_fails_before_loading_a_model
 
     monkeypatch.setattr(loop, "build_model", lambda *a, **k: pytest.fail("a model was loaded"))
     out = tmp_path / "run"
-    with held_by_another_process(out) as pid:
-        with pytest.raises(FicError, match=f"another FiC run is writing into this folder \\(process {pid}"):
-            run(*settings(tiny_model_dir, corpus, out, "train.max_steps=1"))
+    with held_by_another_process(out) as pid, \
+            pytest.raises(FicError, match=f"another FiC run is writing into this folder \\(process {pid}"):
+        run(*settings(tiny_model_dir, corpus, out, "train.max_steps=1"))
     assert not (out / "metrics.jsonl").exists()
 
 
@@ -339,6 +346,7 @@ def test_a_damaged_data_card_is_one_line_before_a_model_loads(tiny_model_dir, co
     assert str(card) in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.slow  # end to end: a run and its merged model
 def test_lora_saves_adapter_and_merged_model(tiny_model_dir, corpus, tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
@@ -388,6 +396,7 @@ def test_resume_without_checkpoints_is_a_clear_error(tiny_model_dir, corpus, tmp
         run(*settings(tiny_model_dir, corpus, tmp_path / "partial", "resume=true"))
 
 
+@pytest.mark.slow  # end to end: a finished run (module fixture), then damaged
 def test_damaged_checkpoints_are_clear_errors(finished_run, capsys):
     out, args = finished_run
     newest = out / "checkpoints" / "step-2"
@@ -404,6 +413,7 @@ def test_damaged_checkpoints_are_clear_errors(finished_run, capsys):
     assert list(losses(out)) == [1, 2]
 
 
+@pytest.mark.slow  # end to end: a finished run, resumed
 def test_resume_refuses_changed_settings_and_data(finished_run):
     out, args = finished_run
     with pytest.raises(FicError, match="train.micro_batch_size"):
@@ -413,8 +423,9 @@ def test_resume_refuses_changed_settings_and_data(finished_run):
         run(*args, "resume=true")
 
 
+@pytest.mark.slow  # end to end: a finished run, run again
 def test_new_run_refuses_to_overwrite_a_run(finished_run):
-    out, args = finished_run
+    _out, args = finished_run
     with pytest.raises(FicError, match="resume=true"):
         run(*args)
 
@@ -454,6 +465,7 @@ def test_bad_corpus_and_model_are_clear_errors(tiny_model_dir, corpus, tmp_path)
 # --------------------------------------------------------------------------- CLI, recipe, launch configs
 
 
+@pytest.mark.slow  # end to end: the recipe
 def test_fic_train_sft_runs_the_recipe_end_to_end(tiny_model_dir, corpus, tmp_path, monkeypatch):
     from fic.cli.main import main
 
@@ -494,6 +506,7 @@ def test_launch_configs_parse_with_the_intended_settings():
             assert kind == {"accelerate_single": "NO", "accelerate_multi_gpu": "MULTI_GPU"}[path.stem]
 
 
+@pytest.mark.slow  # the benchmark
 def test_bench_sft_times_fic_and_trl_on_the_same_batches(tiny_model_dir):
     import argparse
 
@@ -513,6 +526,7 @@ def test_bench_sft_times_fic_and_trl_on_the_same_batches(tiny_model_dir):
     assert figures["fic_saved_mb"] < figures["full_logits_saved_mb"]
 
 
+@pytest.mark.slow  # the benchmark
 def test_bench_sft_json_is_one_object_on_stdout_with_the_roofline(tiny_model_dir, capsys):
     from fic.cli.main import main
 
@@ -550,6 +564,7 @@ def test_roofline_counts_the_body_attention_and_the_head_on_target_rows_only():
     assert train_flops(dims, [3, 5], 4) == 3 * forward_flops(dims, [3, 5], 4)
 
 
+@pytest.mark.slow  # end to end: a run
 def test_auto_precision_trains_on_a_bf16_copy_of_float32_weights_where_bf16_is_fast(
         tiny_model_dir, corpus, tmp_path, monkeypatch, capsys):
     from safetensors.torch import load_file
@@ -577,7 +592,7 @@ def test_length_buckets_read_every_record_once_an_epoch_with_less_padding():
         batches = [order.micro_batch(k) for k in range(12)]
         return sum(max(lengths[i] for i in b) * len(b) - sum(lengths[i] for i in b) for b in batches), batches
 
-    plain, plain_batches = padding(DataOrder(96, 8, 1, 0, seed=3, shuffle=True))
+    plain, _plain_batches = padding(DataOrder(96, 8, 1, 0, seed=3, shuffle=True))
     bucketed, batches = padding(DataOrder(96, 8, 1, 0, seed=3, shuffle=True, lengths=lengths, bucket=4))
     assert sorted(i for b in batches for i in b) == list(range(96))  # one epoch: every record once
     assert bucketed < plain / 3
@@ -585,6 +600,7 @@ def test_length_buckets_read_every_record_once_an_epoch_with_less_padding():
     assert [again.micro_batch(k) for k in range(12)] == batches  # a function of the seed: resumable
 
 
+@pytest.mark.slow  # several full passes compared
 def test_padding_changes_neither_the_loss_nor_the_gradients(tiny_model_dir, smollm2_tokenizer):
     """What bucketing relies on: a conversation padded to a longer one's length trains exactly as
     it does alone (the attention mask and the target-only loss ignore padding)."""

@@ -4,8 +4,8 @@ regulariser's positions, teacher modes, resume after SIGKILL, 2 processes vs 1, 
 from __future__ import annotations
 
 import copy
-import math
 import json
+import math
 import os
 import subprocess
 import sys
@@ -147,6 +147,7 @@ def test_sampled_estimator_value_is_the_log_ratio_and_gradient_the_score_functio
         divergence(s, t_lp, "forward_kl", estimator="sampled", sampled=x)
 
 
+@pytest.mark.slow  # full logits over long sequences
 def test_distill_loss_in_chunks_equals_one_full_logits_computation(tiny_model_dir, smollm2_tokenizer):
     """The chunked, head-only-at-answer-rows loss equals the divergence computed from full logits
     of both passes, in value and in every weight's gradient."""
@@ -207,8 +208,8 @@ def test_loss_is_zero_when_the_teacher_reads_the_students_own_context(tiny_model
     """With the teacher's prompt replaced by the student's own conversation, both sides read the
     same positions of the same ids with the same weights: the divergence must vanish. Any
     off-by-one between the two layouts would make it positive."""
-    import fic.training.vasd.step as step
     from fic.core.model import load_model
+    from fic.training.vasd import step
 
     model = load_model(tiny_model_dir, dtype="float32").eval()
     conv = played(smollm2_tokenizer)
@@ -317,8 +318,8 @@ def test_regulariser_covers_exactly_the_non_final_assistant_tokens(smollm2_token
     assert tok.decode(earlier, skip_special_tokens=False) == "Got it, go on.<|im_end|>" * 3
     assert all(y == IGNORE for y in roll_row["anchor_targets"])
     final = [y for y in roll_row["distill_targets"] if y != IGNORE]
-    assert final == rollout.answer_ids and not set(i for i, y in enumerate(roll_row["distill_targets"]) if y != IGNORE) \
-        & set(i for i, y in enumerate(roll_row["reference_targets"]) if y != IGNORE)
+    assert final == rollout.answer_ids and not {i for i, y in enumerate(roll_row["distill_targets"]) if y != IGNORE} \
+        & {i for i, y in enumerate(roll_row["reference_targets"]) if y != IGNORE}
 
 
 def test_default_anchor_keeps_the_final_answers_too(smollm2_tokenizer):
@@ -531,6 +532,7 @@ def metrics(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow  # end to end: a run killed, then resumed
 def test_kill_then_resume_gives_the_uninterrupted_losses(tiny_model_dir, anchor_corpus, tmp_path):
     common = ("train.max_steps=4", "checkpoint.every=2", "teacher.mode=ema", "regularizer.kind=anchor")
     whole = tmp_path / "whole"
@@ -558,6 +560,7 @@ def test_kill_then_resume_gives_the_uninterrupted_losses(tiny_model_dir, anchor_
     assert "FiC VASD" in card and f"Started from: `{tiny_model_dir}`" in card
 
 
+@pytest.mark.slow  # end to end: the recipe
 def test_a_step_with_an_over_long_rollout_trains_on(tiny_model_dir, anchor_corpus, tmp_path):
     """The issue's reproduction: micro_batch_size=1, grad_accum_steps=4, a conversation cap that
     cuts one rollout of step 3 (no anchor: regulariser none) ended the run there, on resume too."""
@@ -574,6 +577,7 @@ def test_a_step_with_an_over_long_rollout_trains_on(tiny_model_dir, anchor_corpu
     assert got[2]["answer_tokens"] > 0 and got[2]["loss"] == got[2]["loss"]  # trained, not NaN
 
 
+@pytest.mark.slow  # several whole VASD steps compared
 def test_smaller_micro_batches_and_padded_widths_give_the_same_step(tiny_model_dir, anchor_corpus, tmp_path,
                                                                     monkeypatch):
     """The memory knobs: 4 rollouts a step as 1 x 4, 2 x 2 or 4 x 1 (micro-batch x accumulation),
@@ -610,6 +614,7 @@ def test_smaller_micro_batches_and_padded_widths_give_the_same_step(tiny_model_d
             assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-3)
 
 
+@pytest.mark.slow  # end to end: two processes
 def test_two_processes_train_like_one_with_the_same_global_batch(tiny_model_dir, anchor_corpus, tmp_path):
     """Greedy rollouts (the same replies however they are batched), DDP over 2 CPU processes
     with half the rollouts and anchors each: the same losses as 1 process with all of them."""
@@ -632,6 +637,7 @@ def test_two_processes_train_like_one_with_the_same_global_batch(tiny_model_dir,
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-3)
 
 
+@pytest.mark.slow  # end to end: the recipe
 def test_fic_train_vasd_runs_the_shipped_recipe(tiny_model_dir, anchor_corpus, tmp_path, capsys):
     from fic.cli.main import main
 
@@ -660,8 +666,8 @@ def test_fic_train_vasd_runs_the_shipped_recipe(tiny_model_dir, anchor_corpus, t
     ("eval.views=[fulll,sharded]", "eval.views[0]"),
 ])
 def test_bad_settings_exit_2_with_one_line_before_any_model_loads(override, message, capsys, monkeypatch):
-    import fic.training.loop as loop
     from fic.train_vasd import main
+    from fic.training import loop
     monkeypatch.setattr(loop, "build_model", lambda *a, **k: pytest.fail("a model was loaded"))
     assert main(["--config", str(RECIPE), *override.split()]) == 2
     err = capsys.readouterr().err.strip()
@@ -670,7 +676,7 @@ def test_bad_settings_exit_2_with_one_line_before_any_model_loads(override, mess
 
 def test_top_k_above_the_vocabulary_and_adapter_folders_are_refused_early(tiny_model_dir, anchor_corpus, tmp_path,
                                                                           monkeypatch):
-    import fic.training.loop as loop
+    from fic.training import loop
     monkeypatch.setattr(loop, "build_model", lambda *a, **k: pytest.fail("a model was loaded"))
     with pytest.raises(FicError, match="top_k 99999999 is not below the vocabulary"):
         train(load_config(VASDConfig, None, settings(tiny_model_dir, anchor_corpus, tmp_path / "a", "train.max_steps=1",
@@ -836,6 +842,7 @@ def test_held_out_tasks_are_drawn_with_the_evals_own_seed_and_an_overlap_is_refu
     assert "\n" not in str(err.value) and err.value.field == "eval.data"
 
 
+@pytest.mark.slow  # the benchmark, in a child process
 def test_bench_memory_figure_is_the_childs_own_peak_even_under_a_large_parent():
     """Linux carries ru_maxrss across exec: a child of a process that had grown past the
     computation's peak (the bench after its timed step) reported 0 MB for both ways."""
@@ -1056,6 +1063,7 @@ def test_length_groups_cut_the_sorted_rows_with_the_least_padding():
         assert padded(got) == min(cuts)
 
 
+@pytest.mark.slow  # end to end: the recipe
 def test_the_recipe_trains_with_per_turn_views_and_deferral_labels(tiny_model_dir, anchor_corpus, tmp_path):
     from fic.cli.main import main
 
@@ -1069,6 +1077,7 @@ def test_the_recipe_trains_with_per_turn_views_and_deferral_labels(tiny_model_di
     assert last["labels_ce"] > 0 and math.isfinite(last["loss"]) and last["divergence_per_token"] > 0
 
 
+@pytest.mark.slow  # the benchmark
 def test_bench_vasd_times_the_recipes_own_step(tiny_model_dir, anchor_corpus, tmp_path):
     """`fic bench vasd --config` builds the step the recipe takes (`VASDStep`, deferral labels and
     anchors included): its first step's answer tokens are the recipe's, and its phases add up."""
@@ -1124,6 +1133,7 @@ def test_bf16_rollouts_run_on_a_decoding_copy_refreshed_after_every_step(tiny_mo
     assert copy_model.model.layers[0].self_attn.q_proj.weight.stride(0) == 1
 
 
+@pytest.mark.slow  # end to end: the recipe
 @pytest.mark.parametrize("precision, said", [("auto", "bfloat16 copy"), ("bf16", "float32 weights, mixed_precision=bf16")])
 def test_the_recipe_trains_in_bf16_with_bf16_rollouts(tiny_model_dir, anchor_corpus, tmp_path, monkeypatch, capsys,
                                                       precision, said):

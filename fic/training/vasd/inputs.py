@@ -16,7 +16,7 @@ from fic.core.errors import FicError
 from fic.core.files import check_writable
 from fic.core.instance import Instance
 from fic.core.model import check_model_folder
-from fic.data.sources import InstancesSection, load_sources, shard_missing
+from fic.data.sources import InstancesSection, load_sharded
 from fic.data.splits import exclude_instances, prompt_key
 from fic.training.vasd.config import VASDConfig
 from fic.training.vasd.distill import teacher_prompts
@@ -40,12 +40,13 @@ def check_inputs(cfg: VASDConfig) -> None:
 
 def multi_turn_instances(data: InstancesSection, section: str) -> list[Instance]:
     """The instances of `data`, sharded where needed, with at least two shards (one shard is
-    nothing to reveal over several turns)."""
-    found = []
-    for loaded in load_sources(data, section=section):
-        sharded, _ = shard_missing(loaded.instances, seed=data.seed)
-        found += [i for i in sharded if len(i.shards) >= 2]
-    return found
+    nothing to reveal over several turns); none at all is an error that says what was dropped."""
+    loaded = load_sharded(data, section=section, several_shards=True)
+    if not loaded.instances:
+        reasons = "; ".join(f"{n} x {why}" for why, n in loaded.dropped.items()) or "the sources are empty"
+        raise FicError(f"no instance with two or more shards in {', '.join(data.source)} ({reasons})",
+                       field=f"{section}.source")
+    return loaded.instances
 
 
 def load_rollout_tasks(cfg: VASDConfig) -> tuple[list[Instance], str, dict]:

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # GPU smoke check: a few SFT and VASD steps of the bundled SmolLM2-135M-Instruct on one GPU, enough to
 # see that the GPU paths the recipes rely on run at all before a cluster job is queued.
-#   bash launch/gpu_check.sh              # from the repository root, FiC's environment active
-#   DRY_RUN=1 bash launch/gpu_check.sh    # print the commands each check would run; run nothing
-#   WEIGHTS=random bash launch/gpu_check.sh   # a machine with no network and nothing prepared (below)
+#   bash tools/gpu/gpu_check.sh              # from the repository root, FiC's environment active
+#   DRY_RUN=1 bash tools/gpu/gpu_check.sh    # print the commands each check would run; run nothing
+#   WEIGHTS=random bash tools/gpu/gpu_check.sh   # a machine with no network and nothing prepared (below)
 # One line per check, PASS, FAIL or SKIP with the reason, and exit 1 when any check fails:
 #   gpu            torch sees a CUDA GPU (without one every other check is skipped)
 #   setup          `fic prepare-model` and a 32-conversation SFT corpus (pool replies: no model needed);
 #                  with WEIGHTS=random, a model of SmolLM2-135M-Instruct's shape with random weights
-#                  (`python -m fic.bench.random_models build`: launch/shapes/smollm2-135m-instruct.json and
+#                  (`python -m fic.bench.random_models build`: tools/gpu/shapes/smollm2-135m-instruct.json and
 #                  SmolLM2's tokenizer files from TOKENIZER) and the corpus from FiC's own generator
 #                  (actions-gen): no GGUF, hub or reasoning-gym. Every figure is then one of random weights.
 #   sft-bf16       fic train sft with float32 master weights under bf16 autocast
@@ -35,7 +35,7 @@
 # it; 1: use it), WEIGHTS (bundled, or random), TOKENIZER (WEIGHTS=random: a folder with SmolLM2's
 # tokenizer files; default models/smollm2-135m-instruct, else runs/gpu-carry/tokenizer).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 source launch/lib.sh
 # accelerate launch runs fic/train_*.py as a script: the repository must be importable without an install.
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"

@@ -1,4 +1,4 @@
-"""The function templates `actions-gen` draws instances from (see `fic.tasks.actions_gen`).
+"""The function templates `actions-gen` draws instances from (see `fic.data.actions_gen`).
 
 A template is one tool: its name, what it does (`action`, a verb phrase: "book a flight"),
 and 2 to 5 parameters. Each parameter has a value pool, a `clause` that states it inside a

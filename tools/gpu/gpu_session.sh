@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # The one prepared run for a lent GPU machine: one GPU, no network, nothing installed but torch,
 # transformers, accelerate and peft, and minutes of time. Everything it needs travels with the
-# working tree: the repository, and the carry folder that launch/gpu_carry.sh builds on the CPU side
+# working tree: the repository, and the carry folder that tools/gpu/gpu_carry.sh builds on the CPU side
 # (SmolLM2's tokenizer files and the DeepSpeed wheel with its missing dependencies, ~20 MB).
-#   bash launch/gpu_session.sh              # repository root; figures and logs in OUT
-#   DRY_RUN=1 bash launch/gpu_session.sh    # print every command of every phase; run nothing
+#   bash tools/gpu/gpu_session.sh              # repository root; figures and logs in OUT
+#   DRY_RUN=1 bash tools/gpu/gpu_session.sh    # print every command of every phase; run nothing
 # Phases, each one line PASS, FAIL or SKIP with its seconds (and in OUT/phases.tsv):
 #   env        the GPU, its memory and the library versions (OUT/env.json)
 #   install    DeepSpeed from CARRY/wheels into SCRATCH/site (pip --no-index: no network needed),
 #              with those of its dependencies that do not import (skipped when deepspeed imports)
-#   smoke      WEIGHTS=random bash launch/gpu_check.sh: the GPU smoke check on a random-weight
+#   smoke      WEIGHTS=random bash tools/gpu/gpu_check.sh: the GPU smoke check on a random-weight
 #              SmolLM2-135M-shaped model and an actions-gen corpus (OUT/gpu-check.txt, logs and
 #              metrics in OUT/gpu-check)
 #   zero2      fic bench zero --stage 2: SFT and VASD under ZeRO-2 on one process, checkpoint, resume,
@@ -28,7 +28,7 @@
 # (env,install,smoke,zero2,zero3,shapes,report), ZERO_ARGS and SHAPE_ARGS (more arguments of fic bench zero and
 # fic bench shapes, split on spaces: a rehearsal on a CPU passes tiny shapes here).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 source launch/lib.sh
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export TOKENIZERS_PARALLELISM=false
@@ -140,7 +140,7 @@ if phase_on install; then
       show install -- "${cmd[@]}"
       echo "install: (only the dependencies that do not import are named)"
     elif [[ ! -d $CARRY/wheels ]]; then
-      line install FAIL 0 "no $CARRY/wheels: build the carry folder with launch/gpu_carry.sh and carry it"
+      line install FAIL 0 "no $CARRY/wheels: build the carry folder with tools/gpu/gpu_carry.sh and carry it"
     elif "${cmd[@]}" >"$OUT/install.log" 2>&1 <<'PY' && "$PYTHON" -c "import deepspeed" >>"$OUT/install.log" 2>&1; then
 import re, sys, sysconfig, zipfile
 from pathlib import Path
@@ -170,11 +170,11 @@ declare -A PHASE_PID=() PHASE_BEGAN=()
 if phase_on smoke; then
   # Its runs (models of 0.3-0.5 GB) go to SCRATCH; its logs and metrics are copied into OUT after.
   smoke=(env WEIGHTS=random TOKENIZER="$TOKENIZER" OUT="$SCRATCH/gpu-check" PYTHON="$PYTHON"
-         CHECK_TIMEOUT=$(( BUDGET_S / 2 )) bash launch/gpu_check.sh)
+         CHECK_TIMEOUT=$(( BUDGET_S / 2 )) bash tools/gpu/gpu_check.sh)
   if [[ $DRY == 1 ]]; then
     show smoke -- "${smoke[@]}"
     env DRY_RUN=1 WEIGHTS=random TOKENIZER="$TOKENIZER" OUT="$SCRATCH/gpu-check" PYTHON="$PYTHON" DEEPSPEED=1 VLLM=0 \
-        bash launch/gpu_check.sh | sed 's/^/smoke> /'
+        bash tools/gpu/gpu_check.sh | sed 's/^/smoke> /'
   else
     PHASE_BEGAN[smoke]=$SECONDS
     "${smoke[@]}" >"$OUT/gpu-check.txt" 2>&1 &

@@ -1,7 +1,8 @@
 """The rule labels of assistant replies: Lost in Conversation's seven labels and the offline
-heuristics that assign them (`rule_label`, generic; `label_reply`, for tasks whose answer is
-structured). The tasks refine them (`Task.rule_label`); the classifiers of
-`fic.conversation.classify` call the tasks.
+heuristics that assign them: `reply_label(task, reply, user_texts)`, what the `rule` classifier
+of `fic.conversation.classify` says, reads prose replies with `rule_label` (math-style answers)
+and structured ones (calls, code, SQL) with `label_reply`, given the task's word on whether the
+reply commits to an answer (`Task.committed_answer`).
 
 Labels (definitions in our own words):
 
@@ -43,8 +44,10 @@ games. What else?", "... so 160 games in total. How many points per game?") is t
 answer attempt: the conversation could not end there.
 
 `label_reply` (structured answers: calls, code, SQL): the task says whether the reply holds a
-committed answer (not a template with placeholders, not an example); without one, the reply is
-labelled by how it asks, as above.
+committed answer (not a template with placeholders, not an example: `fic.tasks.answers`);
+without one, the reply is labelled by how it asks, as above. Tasks whose every reply is an answer
+(`Task.replies_are_answers`: translation, summary, data2text) label any non-empty reply an
+answer attempt.
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ import re
 from typing import Sequence
 
 from fic.core.parsing import NUMBER, NUMBER_WORD, number_values
+from fic.tasks import Task
+from fic.tasks.answers import WAITING
 
 LABELS = ("answer_attempt", "clarification", "interrogation", "discussion", "hedge", "refuse", "missing")
 
@@ -88,15 +93,6 @@ REQUEST = re.compile(
     r"|\bI(?:'ll| will| would|'d)?\s+(?:still\s+)?need\s+(?:to know|the|a|an|your|more|some|her|his|their|its|"
     r"one more|that|this|these|those)\b"
     r"|\bI still need\b|\b(?:is|are) (?:still )?missing\b",
-    re.IGNORECASE)
-# Words that say the reply is waiting for the user before it can answer.
-WAITING = re.compile(
-    r"\b(?:once (?:you(?:'ve| have)? (?:tell|told|give|gave|given|share|shared|send|sent|provide|provided|let|"
-    r"confirm|confirmed|clarify|clarified)|I (?:have|know|get|hear|receive))|"
-    r"as soon as (?:you|I (?:have|know|get))|when you (?:tell|give|share|send|provide|let)|"
-    r"after you (?:tell|give|share|send|provide)|wait(?:ing)? for (?:the|your|more|you)|hold off|"
-    r"before I can|(?:can(?:no|')?t|unable to) (?:finish|complete|solve|answer|compute|calculate)(?: this| it| the)? "
-    r"yet|not enough to (?:solve|answer|compute|calculate))\b",
     re.IGNORECASE)
 # Courtesy questions after an answer: offers of more help, or a check that the answer landed.
 OFFER = re.compile(
@@ -251,19 +247,6 @@ def _states_number(sentence: str) -> bool:
     return not sentence.endswith("?") and NUMBER.search(sentence) is not None
 
 
-# A structured answer that is no answer: a template (placeholders in it, "<city>",
-# "YYYY-MM-DD", "..."), or one the words before it present as an example, a form to fill in,
-# or what the answer will be once the user says more ("Once you tell me the date, the call
-# would be ...").
-TEMPLATE_FRAMING = re.compile(
-    r"\b(?:for example|for instance|e\.g\.|template|skeleton|placeholders?|would look (?:something )?like|"
-    r"something like|general (?:form|structure|shape)|(?:structure|format) (?:would be|is|looks like)|"
-    r"fill in|stub)\b", re.IGNORECASE)
-PLACEHOLDER = re.compile(
-    r"^\s*(?:<[^<>]*>|\{[^{}]*\}|\[[^\[\]]*\]|\.{3}|…|\?+|_+|x{2,}|tbd|todo|unknown|placeholder|"
-    r"your[_ ]\w+|\w+_here)\s*$|YYYY|MM-DD|HH:MM", re.IGNORECASE)
-
-
 def label_reply(reply: str, has_answer: bool) -> str:
     """The rule label for tasks whose answer is structured (a query, code, a call): an answer
     attempt when `has_answer` (the task found a committed answer in the reply), else what the
@@ -280,19 +263,9 @@ def label_reply(reply: str, has_answer: bool) -> str:
     return asking_label(prose) if prose else "discussion"
 
 
-def framed_as_template(text: str, start: int) -> bool:
-    """Whether the words just before position `start` (the answer's start) present it as an
-    example, a form to fill in, or what the answer will be once the user says more."""
-    before = text[max(0, start - 200):start]
-    return TEMPLATE_FRAMING.search(before) is not None or WAITING.search(before) is not None
-
-
-def is_placeholder(value: object) -> bool:
-    """Whether a value in an answer is a slot to fill ("<city>", "YYYY-MM-DD", "...", "???")."""
-    if isinstance(value, str):
-        return PLACEHOLDER.search(value) is not None
-    if isinstance(value, (list, tuple)):
-        return any(is_placeholder(v) for v in value)
-    if isinstance(value, dict):
-        return any(is_placeholder(v) for v in value.values())
-    return False
+def reply_label(task: Task, reply: str, user_texts: Sequence[str] = ()) -> str:
+    """The rule classifier's label for one reply of a conversation on `task`."""
+    if task.replies_are_answers:
+        return "answer_attempt" if (reply or "").strip() else "missing"
+    committed = task.committed_answer(reply or "")
+    return rule_label(reply, user_texts) if committed is None else label_reply(reply, committed)

@@ -1,6 +1,6 @@
 """`actions-gen:SPLIT`: function-calling instances generated from templates, in LiC's actions schema.
 
-Each instance asks for one call of a template's function (`fic.tasks.action_templates`) with
+Each instance asks for one call of a template's function (`fic.data.action_templates`) with
 2 to 5 arguments: every required parameter and each optional one with probability 1/2. The
 tools listed are the target function plus one or two distractors, in random order, each as one
 Python-style signature line (`tool_format: signature`; LiC's own data lists JSON schemas). The full
@@ -24,12 +24,12 @@ from __future__ import annotations
 from fic.core.errors import FicError
 from fic.core.instance import Instance
 from fic.core.seeding import derive_seed, seeded_rng
-from fic.tasks.action_templates import SEEN, UNSEEN, Template
+from fic.data.action_templates import SEEN, UNSEEN, Template
 from fic.tasks.actions import ActionsTask
 from fic.tasks.calls import Call, format_calls
 
 SPLITS = ("train", "dev", "test", "test-unseen")
-BUCKETS = {"train": range(0, 8), "dev": range(8, 9), "test": range(9, 10)}  # of 10
+BUCKETS = {"train": range(8), "dev": range(8, 9), "test": range(9, 10)}  # of 10
 INTENT_FRAMES = ("I want to {action}.", "I need to {action}.", "Can you {action} for me?", "Please {action}.",
                  "Help me {action}.", "I'd like to {action}.")
 REQUEST_FRAMES = ("{Action} {clauses}.", "Please {action} {clauses}.", "Can you {action} {clauses}?",

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds, on the CPU side (a machine with a package index), the carry folder launch/gpu_session.sh
+# Builds, on the CPU side (a machine with a package index), the carry folder tools/gpu/gpu_session.sh
 # needs on a GPU machine without network:
 #   CARRY/tokenizer/   SmolLM2-135M-Instruct's tokenizer files (from models/smollm2-135m-instruct,
 #                      which `fic prepare-model` makes from the bundled GGUF when it is missing)
@@ -10,15 +10,15 @@
 #                      and pydantic-core for CPython 3.10 to 3.14 on x86-64 Linux
 # Then it prints the folder's size (about 20 MB; the lent machine takes 64 MiB in all, the
 # repository included) and fails above LIMIT_MB.
-#   bash launch/gpu_carry.sh              # repository root
-#   DRY_RUN=1 bash launch/gpu_carry.sh    # print the commands; run nothing
+#   bash tools/gpu/gpu_carry.sh              # repository root
+#   DRY_RUN=1 bash tools/gpu/gpu_carry.sh    # print the commands; run nothing
 # Then, from the repository root, carry runs/gpu-carry and run the session in one call, e.g. with
-# this project's device tool: run(command="bash launch/gpu_session.sh", carry=["runs/gpu-carry"],
+# this project's device tool: run(command="bash tools/gpu/gpu_session.sh", carry=["runs/gpu-carry"],
 # timeout_s=600). Not committed: runs/ is ignored.
 # Environment: CARRY (runs/gpu-carry), PYTHON (python), DEEPSPEED (the version, 0.19.8: the one built
 # and checked on CPU), PY_VERSIONS ("3.10 3.11 3.12 3.13 3.14"), LIMIT_MB (56).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 source launch/lib.sh
 
 PYTHON=${PYTHON:-python}
