@@ -39,9 +39,9 @@ from fic.core.model import load_template_checked_tokenizer
 from fic.evaluation.live import evaluate_live
 from fic.training import checkpoints, loop
 from fic.training.checkpoints import model_card as card
+from fic.training.curves import read_metrics
 from fic.training.data import load_corpus
 from fic.training.losses import check_target_path
-from fic.training.curves import read_metrics
 from fic.training.sft import MUST_MATCH, SFTConfig, SFTStep, check_inputs, plateau, total_steps
 
 DEV_CURVE = "dev_curve.json"  # the dev curve, the plateau rule and where the run stopped

@@ -28,11 +28,11 @@ from typing import Any
 
 import torch
 
+from fic.bench.profile import profile
 from fic.bench.roofline import matmul_rate, shape, train_flops
 from fic.core.errors import FicError
 from fic.core.model import BUNDLED_MODEL_DIR, fast_bf16, load_model, load_tokenizer
 from fic.corpus.build import SFTDataConfig, load_instances, make_corpus
-from fic.bench.profile import profile
 from fic.training.data import IGNORE, padded_width, render_examples
 from fic.training.losses import TargetLoss
 

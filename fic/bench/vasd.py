@@ -165,9 +165,9 @@ def step_figures(cfg: VASDConfig, repeats: int, sft_micro_batch_size: int, profi
     for _ in range(repeats):
         batches = clock.time("teacher", lambda: vasd.micro_batches(convs, 1)[0])
         kept = [dict(b) for b in batches]  # the student pops the counts
-        clock.time("student", lambda: vasd.student(kept))
+        clock.time("student", lambda kept=kept: vasd.student(kept))
         vasd.optimizer.zero_grad(set_to_none=True)
-        clock.time("bare", lambda: _bare_passes(vasd, convs, batches))
+        clock.time("bare", lambda batches=batches: _bare_passes(vasd, convs, batches))
         vasd.optimizer.zero_grad(set_to_none=True)
     if profiled:  # one student pass under the profiler, then its gradients dropped
         again = [dict(b) for b in vasd.micro_batches(convs, 1)[0]]
@@ -223,7 +223,7 @@ def _sft_figures(cfg: VASDConfig, anchors: list, pad_id: int, micro_batch_size: 
     sft = SFTStep(sft_cfg, accelerator, build_model(sft_cfg, device=str(accelerator.device)), anchors, pad_id, 1000)
     clock = _Clock()
     for k in range(repeats + 1):  # the first step warms up
-        clock.time("sft" if k else "warmup", lambda: sft.step(k + 1))
+        clock.time("sft" if k else "warmup", lambda k=k: sft.step(k + 1))
     return {"sft_step_s": clock.median("sft"), "sft_step_cpu_s": clock.median("sft", cpu=True),
             "vasd_over_sft": vasd_cpu_s / clock.median("sft", cpu=True)}
 

@@ -58,8 +58,8 @@ from fic.demo import costs
 from fic.demo.report import write_demo_report
 from fic.evaluation.evaluate import EvalConfig, evaluate
 from fic.evaluation.premise import ask_or_answer
-from fic.training.sft import SFTConfig
 from fic.training.checkpoints import complete_checkpoints
+from fic.training.sft import SFTConfig
 from fic.training.vasd.config import VASDConfig
 
 STAGES = ("data", "warmup", "eval-start", "sft", "premise", "eval-sft", "vasd", "eval-vasd", "control", "eval-control",

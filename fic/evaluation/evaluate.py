@@ -56,8 +56,16 @@ from fic.core.config import (
     setting,
 )
 from fic.core.errors import FicError
-from fic.core.files import (append_jsonl, check_writable, folder_lock, read_json, read_log, removed_if_failed,
-                            write_json, write_text)
+from fic.core.files import (
+    append_jsonl,
+    check_writable,
+    folder_lock,
+    read_json,
+    read_log,
+    removed_if_failed,
+    write_json,
+    write_text,
+)
 from fic.core.generation import BackendConfig, SamplingParams
 from fic.core.instance import Instance
 from fic.core.progress import Progress

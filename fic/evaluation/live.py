@@ -15,6 +15,7 @@ from fic.core.stats import CURVE_FIGURES
 from fic.data.sources import InstancesSection
 from fic.evaluation.evaluate import EvalConfig, evaluate
 
+
 def evaluate_live(model: Any, tokenizer: Any, data: InstancesSection, views: list[str], *, max_new_tokens: int,
                   batch_size: int, out: Path, prefix: str) -> dict[str, float | None]:
     """`fic eval` of `model` as it is in memory on `data` in `views` (one greedy run each,

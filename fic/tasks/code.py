@@ -34,11 +34,11 @@ from fic.core.instance import Instance, Shard
 from fic.core.optional import need
 from fic.core.parsing import number_values
 from fic.core.seeding import pick
+from fic.sandbox.python import Limits, run_python
+from fic.sandbox.sql import plain_pickle_loads
 from fic.tasks import lic_prompts
 from fic.tasks.answers import framed_as_template
 from fic.tasks.base import ErrorFactory, Task
-from fic.sandbox.python import Limits, run_python
-from fic.sandbox.sql import plain_pickle_loads
 from fic.tasks.sharding import ShardingError, split_sentences
 
 CODE_BLOCK = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)

@@ -34,11 +34,11 @@ from typing import Any, Iterator
 from fic.core.errors import FicError
 from fic.core.instance import Instance
 from fic.core.parsing import number_values
+from fic.sandbox.sql import SQLLimits, run_sql
 from fic.tasks import lic_prompts
 from fic.tasks.answers import framed_as_template, is_placeholder
 from fic.tasks.base import ErrorFactory, Task
 from fic.tasks.code import code_blocks
-from fic.sandbox.sql import SQLLimits, run_sql
 
 DB_DIR_VARIABLE = "FIC_SPIDER_DBS"
 SCHEMA_ONLY_NOTE = "schema only, no rows: the query ran and returned the reference's columns; no rows were compared"

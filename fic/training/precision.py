@@ -21,7 +21,6 @@ else none.
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import torch
 
@@ -85,9 +84,9 @@ class Bf16Copy:
         self.stale = True
         self.inside = False
 
-    def __enter__(self) -> Bf16Copy:
+    def __enter__(self) -> None:
         if not self.params or self.inside:
-            return self
+            return
         self.masters = [p.data for p in self.params]
         self.grads = [p.grad for p in self.params]  # float32 gradients already there are added to
         with torch.no_grad():
@@ -97,7 +96,6 @@ class Bf16Copy:
                 param.grad = None
                 param.data = copy
         self.stale, self.inside = False, True
-        return self
 
     def accumulate(self) -> None:
         """Move the gradients of the last backward pass into the float32 accumulators."""
@@ -112,7 +110,7 @@ class Bf16Copy:
                 self.grads[k].add_(param.grad)
             param.grad = None
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         if not self.inside:
             return
         self.accumulate()

@@ -7,8 +7,8 @@ import torch
 
 from fic.core.config import load_config
 from fic.core.model import fast_bf16, resolve_dtype
-from fic.training.sft import SFTConfig
 from fic.training.precision import training_precision
+from fic.training.sft import SFTConfig
 
 
 def test_a_cpu_without_bf16_instructions_gets_float32(monkeypatch):

@@ -224,7 +224,7 @@ def test_the_shipped_demo_is_sized_for_8_gb_and_the_documented_faster_command_un
     for stage in (shipped.warmup, shipped.sft, shipped.vasd, shipped.control):
         assert stage.model.gradient_checkpointing and stage.train.pad_to_multiple == 64
     text = (ROOT / "docs" / "demo.md").read_text(encoding="utf-8")
-    block = re.search(r"### Memory and time.*?```bash\n(.*?)```", text, re.S)
+    block = re.search(r"### Memory and time.*?```bash\n(.*?)```", text, re.DOTALL)
     assert block, "docs/demo.md lost its command for more memory"
     words = shlex.split(block.group(1).replace("\\\n", " "))
     assert words[:2] == ["fic", "demo"]

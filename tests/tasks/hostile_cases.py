@@ -206,8 +206,8 @@ def main(out: Path, scratch: Path) -> None:
 
     from fic import tasks
     from fic.conversation.simulator import score_reply
-    from fic.tasks import code as code_module
     from fic.sandbox import python as sandbox
+    from fic.tasks import code as code_module
 
     connections = []
     server = socket.create_server(("127.0.0.1", 0))

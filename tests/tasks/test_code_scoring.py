@@ -11,8 +11,8 @@ import pytest
 
 from fic import tasks
 from fic.core.instance import Instance, Shard
-from fic.tasks import code as code_module
 from fic.sandbox.python import Limits
+from fic.tasks import code as code_module
 
 
 def functional(func_name: str, cases: list[tuple[list, object]]) -> Instance:

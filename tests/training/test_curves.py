@@ -4,7 +4,6 @@ on a training run (finished, or still writing its log)."""
 from __future__ import annotations
 
 import json
-import re
 import sys
 import types
 from pathlib import Path
@@ -14,10 +13,9 @@ import pytest
 
 from fic.cli.main import main
 from fic.core.config import load_config
-from fic.core.errors import FicError
-from fic.training.sft import SFTConfig
 from fic.training.curves import SFT_PANELS, VASD_PANELS, curves_figure, read_metrics, run_kind
 from fic.training.loop import RunLog
+from fic.training.sft import SFTConfig
 
 PNG = b"\x89PNG\r\n\x1a\n"
 SFT_STEPS = [{"step": s, "loss": 2.0 / s, "lr": 1e-4 * s, "grad_norm": 1.5 - 0.1 * s, "target_tokens": 40,

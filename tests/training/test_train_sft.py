@@ -20,10 +20,10 @@ import yaml
 from fic.core.config import load_config
 from fic.core.errors import FicError
 from fic.train_sft import train
-from fic.training.sft import SFTConfig
 from fic.training.data import IGNORE, collate, render_examples, shift_targets
 from fic.training.loop import KILL_ENV
 from fic.training.losses import TargetLoss, target_counts, window_backward
+from fic.training.sft import SFTConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "smollm2-135m-instruct" / "sft.yaml"

@@ -964,8 +964,8 @@ def test_a_correction_continues_the_students_own_context_with_the_gold_replies(s
     turn's prompt; from there the gold early reply, the user's next turn, and the gold answer,
     each gold reply trained, nothing of the student's premature answer left. A rollout that waited
     but ended wrong gets the gold answer in its own context."""
-    from fic.core.chat import prompt_ids, reply_ids
     from fic import tasks
+    from fic.core.chat import prompt_ids, reply_ids
     from fic.training.vasd.step import correction_rows
 
     cfg = load_config(VASDConfig, None, ["regularizer.kind=none", "corrections.weight=1.0", "train.max_steps=1"])

@@ -9,8 +9,8 @@ from fic.conversation.users import UserSimulatorSection
 from fic.core.config import setting
 from fic.core.errors import FicError
 from fic.data.sources import InstancesSection
-from fic.data.views import VIEWS, check_views
 from fic.data.splits import ExcludeSection
+from fic.data.views import VIEWS, check_views
 from fic.training.config import LoggingSection, RunConfig
 from fic.training.data import TARGET_KINDS
 from fic.training.losses import DIVERGENCES, ESTIMATORS
