@@ -1,16 +1,19 @@
 """`fic demo --ablate`: FiC stage 2's variants side by side on the dev split, to choose the default.
 
 From the demo's own SFT model (the stages `data`, `warmup` and `sft` run first when they have not
-yet), every variant of `ablation.variants` (overrides of the `vasd` section) trains with the
-same seeds and rollout tasks, then plays the dev split in the full and sharded views. The
-equal-compute control continues stage 1 for the variants' mean compute (CPU seconds). Each training run and
+yet; with `sft.dev.every` it is the plateau of stage 1), every variant of `ablation.variants`
+(overrides of the `vasd` section) trains once per seed of `ablation.seeds` on the same rollout
+tasks, then plays the dev split in the full and sharded views, its weights in
+`ablation.eval_dtype` (float32: paired wins and losses that are not bf16 batch-shape noise). Per
+seed, the equal-compute control continues stage 1 for the variants' mean compute (CPU seconds). Each training run and
 each evaluation is a process of its own (`fic train ...`, `fic eval ...` on a resolved config
 written beside its outputs), so memory goes back between them; on a second call a finished one
 is skipped and a killed one resumes from its last checkpoint.
 
 One table (`out/ablation/table.md`, `ablation.json`): P(full), P(sharded), first-answer
-accuracy, premature answers, tokens per sharded conversation, wall minutes, and each variant's
-exact sign test on the sharded scores against SFT alone and against the control.
+accuracy, premature answers, tokens per sharded conversation, wall minutes, each run's exact sign
+test on the sharded scores against SFT alone and against the control of its seed, and the choice
+of `ablation.rule`, a rule fixed in the config before the table is read.
 """
 
 from __future__ import annotations
@@ -76,8 +79,10 @@ def train(kind: str, config: object, folder: Path, progress: bool) -> dict:
 
 
 def evaluate_dev(cfg: DemoConfig, model: Path, folder: Path, progress: bool) -> Path:
-    """Play the dev split in the full and sharded views (its own process; it resumes)."""
-    run = dataclasses.replace(cfg.eval, model=dataclasses.replace(cfg.eval.model, model=str(model)),
+    """Play the dev split in the full and sharded views (its own process; it resumes), with the
+    weights in `ablation.eval_dtype`."""
+    run = dataclasses.replace(cfg.eval, model=dataclasses.replace(cfg.eval.model, model=str(model),
+                                                                  dtype=cfg.ablation.eval_dtype),
                               data=dataclasses.replace(cfg.eval.data, source=[f"jsonl:{split_file(cfg, 'dev')}"],
                                                        task=cfg.data.task, limit=None),
                               views=["full", "sharded"], out=str(folder), baseline="")
@@ -88,8 +93,8 @@ def evaluate_dev(cfg: DemoConfig, model: Path, folder: Path, progress: bool) -> 
     return folder
 
 
-def vasd_config(cfg: DemoConfig, overrides: list[str], out: Path) -> object:
-    """The demo's VASD stage config with a variant's overrides, wired like the stage."""
+def vasd_config(cfg: DemoConfig, overrides: list[str], out: Path, seed: int = 0) -> object:
+    """The demo's VASD stage config with a variant's overrides and a seed, wired like the stage."""
     base = dataclasses.replace(cfg.vasd)
     base = with_overrides(base, overrides, f"ablation.variants ({' '.join(overrides) or 'no overrides'})")
     base.model.path, base.out = str(model_of(cfg, "sft")), str(out)
@@ -97,12 +102,17 @@ def vasd_config(cfg: DemoConfig, overrides: list[str], out: Path) -> object:
     base.regularizer.anchor_path = str(paths(cfg)["data"] / "sft.sft.jsonl")
     base.exclude.sources = [f"jsonl:{split_file(cfg, s)}" for s in ("dev", "test", "test-unseen")]
     base.save_merged = base.save_merged or base.lora.enabled
+    base.train.seed, base.data.seed = base.train.seed + seed, base.data.seed + seed
     return base
+
+
+def run_name(name: str, seed: int, seeds: list[int]) -> str:
+    return name if len(seeds) == 1 and seed == 0 else f"{name}@{seed}"
 
 
 def run_ablation(cfg: DemoConfig, *, progress: bool = True, say: Callable[[str], None] = print,
                  launch: tuple[str, list[str]] | None = None) -> dict:
-    """Train and evaluate every variant (see the module docstring); return the table's figures."""
+    """Train and evaluate every variant in every seed (see the module docstring); return the table's figures."""
     with folder_lock(cfg.out):  # the demo and a second ablation into the same folder fail at once
         return _run_ablation(cfg, progress, say, launch)
 
@@ -110,27 +120,33 @@ def run_ablation(cfg: DemoConfig, *, progress: bool = True, say: Callable[[str],
 def _run_ablation(cfg: DemoConfig, progress: bool, say: Callable[[str], None],
                   launch: tuple[str, list[str]] | None) -> dict:
     run_stages(cfg, ("data", "warmup", "sft"), progress=progress, say=say, launch=launch)
-    root = ablation_dir(cfg)
+    root, seeds = ablation_dir(cfg), list(cfg.ablation.seeds)
     runs, seconds = {"sft": evaluate_dev(cfg, model_of(cfg, "sft"), root / "sft" / "dev", progress)}, {}
-    for name, overrides in cfg.ablation.variants.items():
-        say(f"[ablation] {name}: {' '.join(overrides) or 'the recipe as it is'}")
-        folder = root / name
-        config = vasd_config(cfg, list(overrides), folder / "train")
-        seconds[name] = train("vasd", config, folder / "train", progress)
-        final = folder / "train" / ("final-merged" if config.lora.enabled else "final")
-        runs[name] = evaluate_dev(cfg, final, folder / "dev", progress)
-    if cfg.ablation.control and seconds:
-        mean = sum(s["cpu_seconds"] for s in seconds.values()) / len(seconds)
-        control = dataclasses.replace(cfg.control)
-        control.model.path, control.data.path = str(model_of(cfg, "sft")), str(paths(cfg)["data"] / "sft.sft.jsonl")
-        control.out = str(root / "control" / "train")
-        control.train.max_steps, control.dev.every = control_steps(cfg, mean), 0
-        say(f"[ablation] control: {control.train.max_steps} more SFT steps (the variants' mean "
-            f"{mean / 60:.1f} CPU minutes)")
-        seconds["control"] = train("sft", control, Path(control.out), progress)
-        final = Path(control.out) / ("final-merged" if control.lora.enabled else "final")
-        runs["control"] = evaluate_dev(cfg, final, root / "control" / "dev", progress)
-    figures = ablation_table(runs, seconds)
+    for seed in seeds:
+        trained = []
+        for name, overrides in cfg.ablation.variants.items():
+            key = run_name(name, seed, seeds)
+            say(f"[ablation] {key}: {' '.join(overrides) or 'the recipe as it is'}")
+            folder = root / key
+            config = vasd_config(cfg, list(overrides), folder / "train", seed)
+            seconds[key] = train("vasd", config, folder / "train", progress)
+            final = folder / "train" / ("final-merged" if config.lora.enabled else "final")
+            runs[key] = evaluate_dev(cfg, final, folder / "dev", progress)
+            trained.append(key)
+        if cfg.ablation.control and trained:
+            mean = sum(seconds[k]["cpu_seconds"] for k in trained) / len(trained)
+            key = run_name("control", seed, seeds)
+            control = dataclasses.replace(cfg.control)
+            control.model.path, control.data.path = str(model_of(cfg, "sft")), str(paths(cfg)["data"] / "sft.sft.jsonl")
+            control.out = str(root / key / "train")
+            control.train.max_steps, control.dev.every = control_steps(cfg, mean), 0
+            control.train.seed, control.data.seed = control.train.seed + seed, control.data.seed + seed
+            say(f"[ablation] {key}: {control.train.max_steps} more SFT steps (the variants' mean "
+                f"{mean / 60:.1f} CPU minutes)")
+            seconds[key] = train("sft", control, Path(control.out), progress)
+            final = Path(control.out) / ("final-merged" if control.lora.enabled else "final")
+            runs[key] = evaluate_dev(cfg, final, root / key / "dev", progress)
+    figures = ablation_table(runs, seconds, seeds, list(cfg.ablation.variants), cfg.ablation.rule)
     write_json(root / "ablation.json", figures)
     write_text(root / "table.md", figures["table"] + "\n")
     return figures
@@ -140,8 +156,32 @@ def _sharded_scores(run: Path) -> dict[str, float]:
     return {r["task_id"]: float(r["score"]) for r in read_log(run / "conversations.jsonl") if r["view"] == "sharded"}
 
 
-def ablation_table(runs: dict[str, Path], seconds: dict[str, dict]) -> dict:
-    """The figures of every run and the markdown table."""
+def _paired(run: Path, other: Path) -> dict:
+    mine, theirs = _sharded_scores(run), _sharded_scores(other)
+    return sign_test(mine[i] - theirs[i] for i in sorted(set(mine) & set(theirs)))
+
+
+def choose(rows: dict[str, dict], seeds: list[int], variants: list[str]) -> dict:
+    """The `beats_control` rule: the variants with more wins than losses against the control of
+    every seed at p < 0.05, the highest mean P(sharded) of them; none: the control."""
+    winners = {}
+    for name in variants:
+        keys = [run_name(name, s, seeds) for s in seeds]
+        tests = [rows.get(k, {}).get("vs_control") for k in keys]
+        if all(t is not None and t["better"] > t["worse"] and t["p_value"] < 0.05 for t in tests):
+            winners[name] = sum(rows[k]["P_sharded"] for k in keys) / len(keys)
+    if not winners:
+        return {"choice": "control", "why": "no variant beat the equal-compute control in every seed (more wins "
+                "than losses, p < 0.05): stage 1 continued is the better use of the compute"}
+    best = max(winners, key=winners.get)
+    return {"choice": best, "why": f"beat the control in every seed; the highest mean P(sharded) of those "
+            f"({winners[best]:.1f})"}
+
+
+def ablation_table(runs: dict[str, Path], seconds: dict[str, dict], seeds: list[int] | None = None,
+                   variants: list[str] | None = None, rule: str = "beats_control") -> dict:
+    """The figures of every run, the rule's choice and the markdown table."""
+    seeds = seeds or [0]
     rows = {}
     for name, run in runs.items():
         views = json.loads((run / "metrics.json").read_text(encoding="utf-8"))["views"]
@@ -153,16 +193,20 @@ def ablation_table(runs: dict[str, Path], seconds: dict[str, dict]) -> dict:
                       "minutes": round(seconds[name]["seconds"] / 60, 1) if name in seconds else None,
                       "time_estimated": bool(seconds.get(name, {}).get("estimated")),
                       "cpu_minutes": round(seconds[name]["cpu_seconds"] / 60, 1) if name in seconds else None}
-        for other in ("sft", "control"):
-            if other in runs and other != name:
-                mine, theirs = _sharded_scores(run), _sharded_scores(runs[other])
-                rows[name][f"vs_{other}"] = sign_test(mine[i] - theirs[i] for i in sorted(set(mine) & set(theirs)))
+        seed = next((s for s in seeds if name.endswith(f"@{s}")), seeds[0])
+        control = run_name("control", seed, seeds)
+        if name != "sft":
+            rows[name]["vs_sft"] = _paired(run, runs["sft"])
+        if control in runs and name not in ("sft", control):
+            rows[name]["vs_control"] = _paired(run, runs[control])
+    chosen = choose(rows, seeds, variants or []) if variants is not None else None
     n = len(_sharded_scores(runs["sft"]))
-    lines = [f"Stage 2 variants on the dev split, N = {n} instances (P in %, greedy, LiC's rules)", "",
+    lines = [f"Stage 2 variants on the dev split, N = {n} instances, seeds {', '.join(map(str, seeds))} (P in %, "
+             "greedy, LiC's rules)", "",
              "| run | P(full) | P(sharded) | first-answer acc. | premature | tokens / sharded conv. | train min (wall / CPU) | "
              "vs SFT (wins-losses, p) | vs control (wins-losses, p) |", "|---|---|---|---|---|---|---|---|---|"]
     for name, row in rows.items():
-        def test(other: str, row: dict = row) -> str:
+        def test(other: str) -> str:
             t = row.get(f"vs_{other}")
             return "-" if t is None else f"{t['better']}-{t['worse']}, p = {t['p_value']:.3g}"
         minutes = "-" if row["minutes"] is None else f"{row['minutes']} / {row['cpu_minutes']}"
@@ -171,4 +215,7 @@ def ablation_table(runs: dict[str, Path], seconds: dict[str, dict]) -> dict:
                      f"{row['first_answer_accuracy']:.1f} | {100 * row['premature_answer_rate']:.1f}% | "
                      f"{row['tokens_per_sharded_conversation']:.1f} | {minutes} | "
                      f"{test('sft')} | {test('control')} |")
-    return {"rows": rows, "table": "\n".join(lines)}
+    if chosen is not None:
+        lines += ["", f"Rule `{rule}` (fixed before the table was read): the choice is **{chosen['choice']}**: "
+                      f"{chosen['why']}."]
+    return {"rows": rows, "choice": chosen, "table": "\n".join(lines)}

@@ -86,13 +86,25 @@ class DemoDataSection:
 class AblationSection:
     variants: dict[str, list[str]] = setting({
         "vasd-final": [],
-        "vasd-per-turn": ["loss.turns=all"],
         "vasd-labels": ["labels.weight=1.0"],
-        "vasd-per-turn+labels": ["loss.turns=all", "labels.weight=1.0"],
+        "vasd-decision": ["loss.turns=all", "loss.nonfinal_tokens=4", "labels.weight=1.0", "labels.select=premature",
+                          "labels.max_turns=8"],
+        "corrections": ["loss.weight=0", "corrections.weight=1.0", "regularizer.kind=anchor"],
+        "vasd-hinted": ["teacher.view=hinted", "loss.max_log_ratio=2.0", "labels.weight=1.0"],
+        "vasd-labels-lr1e-4": ["labels.weight=1.0", "optim.lr=1.0e-4", "optim.schedule=cosine"],
     }, "Name -> overrides of the vasd section (e.g. [loss.turns=all]); each variant trains from the same SFT "
        "model with the same seeds and is evaluated on the dev split.")
-    control: bool = setting(True, "Also continue stage 1 for the variants' mean wall time (the equal-compute "
-                            "control) and evaluate it.")
+    control: bool = setting(True, "Also continue stage 1 for the variants' mean CPU time (the equal-compute "
+                            "control, one per seed) and evaluate it.")
+    seeds: list[int] = setting([0], "Seeds: every variant and the control train once per seed (train.seed, and "
+                               "the data order's seed plus it), each against the control of its own seed.")
+    eval_dtype: str = setting("float32", "Weights dtype of the dev evaluations: float32, so that paired wins and "
+                              "losses are not bf16 batch-shape noise (7 of 16 greedy conversations changed with the "
+                              "batch in bf16, none in float32).", choices=("float32", "auto", "bfloat16"))
+    rule: str = setting("beats_control", "The selection rule, fixed before the table is read. beats_control: among "
+                        "the variants with more wins than losses against the control in every seed (exact sign test "
+                        "p < 0.05 on the sharded scores), the highest mean P(sharded); with none, stage 1 continued "
+                        "(the control) is the choice, and the table says so.", choices=("beats_control",))
 
 
 @dataclass

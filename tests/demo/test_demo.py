@@ -116,21 +116,42 @@ def test_stage_processes_hand_on_their_outputs_and_a_failed_stage_stops_the_demo
 
 
 def test_a_miniature_ablation_trains_every_variant_and_writes_its_table(tiny_model_dir, tmp_path, capsys):
+    """Two variants in two seeds, each against the control of its seed, evaluated in float32, and
+    the choice of the rule fixed in the config."""
     out = tmp_path / "demo"
     variants = "ablation.variants={final: [], per-turn: [loss.turns=all]}"
     assert main(["demo", "--recipes", str(RECIPES), "--ablate", *small(tiny_model_dir, out)[:-1], variants,
-                 "--quiet"]) == 0
+                 "ablation.seeds=[0,1]", "--quiet"]) == 0
     printed = capsys.readouterr().out
     table = (out / "ablation" / "table.md").read_text()
-    assert "Stage 2 variants on the dev split, N = 2 instances" in printed
-    for run in ("sft", "final", "per-turn", "control"):
+    assert "Stage 2 variants on the dev split, N = 2 instances, seeds 0, 1" in printed
+    for run in ("sft", "final@0", "final@1", "per-turn@0", "per-turn@1", "control@0", "control@1"):
         assert f"| {run} |" in table
         assert (out / "ablation" / run / "dev" / "metrics.json").is_file()
+    assert "Rule `beats_control` (fixed before the table was read): the choice is **" in table
     figures = json.loads((out / "ablation" / "ablation.json").read_text())
-    assert figures["rows"]["per-turn"]["vs_sft"]["better"] >= 0 and figures["rows"]["control"]["minutes"] is not None
-    config = yaml.safe_load((out / "ablation" / "per-turn" / "train" / "vasd.yaml").read_text())
+    assert figures["rows"]["per-turn@1"]["vs_control"]["better"] >= 0 and figures["rows"]["control@0"]["vs_sft"]
+    assert figures["choice"]["choice"] in ("final", "per-turn", "control")
+    config = yaml.safe_load((out / "ablation" / "per-turn@1" / "train" / "vasd.yaml").read_text())
     assert config["loss"]["turns"] == "all" and config["model"]["path"].endswith("sft/final")
-    assert yaml.safe_load((out / "ablation" / "final" / "train" / "vasd.yaml").read_text())["loss"]["turns"] == "final"
+    assert config["train"]["seed"] == 1 and config["data"]["seed"] == load_demo(str(RECIPES), []).vasd.data.seed + 1
+    assert yaml.safe_load((out / "ablation" / "final@0" / "train" / "vasd.yaml").read_text())["loss"]["turns"] == "final"
+    dev = yaml.safe_load((out / "ablation" / "final@0" / "dev" / "eval.yaml").read_text())
+    assert dev["model"]["dtype"] == "float32"
+
+
+def test_the_ablations_rule_picks_a_variant_only_when_it_beats_the_control_in_every_seed():
+    from fic.demo.ablation import choose
+
+    def row(p, better, worse, p_value):
+        return {"P_sharded": p, "vs_control": {"better": better, "worse": worse, "p_value": p_value}}
+
+    rows = {"a@0": row(60, 30, 5, 1e-5), "a@1": row(58, 28, 6, 1e-4), "b@0": row(70, 40, 2, 1e-9),
+            "b@1": row(40, 10, 12, 0.8)}
+    assert choose(rows, [0, 1], ["a", "b"])["choice"] == "a"  # b won one seed only
+    rows["a@1"] = row(58, 28, 6, 0.07)
+    chosen = choose(rows, [0, 1], ["a", "b"])
+    assert chosen["choice"] == "control" and "no variant beat" in chosen["why"]
 
 
 def test_a_second_demo_into_the_same_folder_fails_at_once(tmp_path, capsys):
