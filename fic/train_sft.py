@@ -130,11 +130,12 @@ class DevCurve:
         records = read_metrics(out / "metrics.jsonl") if start and (out / "metrics.jsonl").exists() else []
         self.steps = [r["step"] for r in records if self.key in r]
         self.values = [float(r[self.key]) for r in records if self.key in r]
-        self.cpu_seconds = 0.0  # this process's seconds scoring (a stage sized by CPU time leaves them out)
+        # this process's seconds scoring: a stage sized or priced by its time leaves them out
+        self.cpu_seconds = self.seconds = 0.0
 
     def score(self, model: Any, tokenizer: Any, step: int) -> dict:
         dev = self.cfg.dev
-        began = time.process_time()
+        began, wall = time.process_time(), time.perf_counter()
         figures = evaluate_live(model, tokenizer, dev.data, dev.views, max_new_tokens=dev.max_new_tokens,
                                 batch_size=dev.batch_size, out=self.out / "dev" / f"step-{step}", prefix="dev_")
         if self.key not in figures:
@@ -143,6 +144,7 @@ class DevCurve:
         self.steps.append(step)
         self.values.append(float(figures[self.key]))
         self.cpu_seconds += time.process_time() - began
+        self.seconds += time.perf_counter() - wall
         return figures
 
     def flat(self, accelerator: Any) -> bool:
@@ -162,7 +164,7 @@ class DevCurve:
         return {"metric": dev.metric, "every": dev.every, "patience": dev.patience, "min_delta": dev.min_delta,
                 "curve": [{"step": s, "value": v} for s, v in zip(self.steps, self.values)],
                 "stopped_at": stopped, "reason": "plateau" if stopped else "train.max_steps",
-                "instances": dev.data.limit, "views": list(dev.views), "cpu_seconds": round(self.cpu_seconds, 1)}
+                "instances": dev.data.limit, "views": list(dev.views), "cpu_seconds": round(self.cpu_seconds, 1), "seconds": round(self.seconds, 1)}
 
 
 def data_card(cfg: SFTConfig, corpus: dict) -> dict:

@@ -9,7 +9,9 @@ float32). TRL gets pre-tokenised `input_ids` and `labels` (-100 outside FiC's as
 so all train on exactly the same target tokens. They alternate step by step in one process
 (FiC's steps on a batch run right after TRL's step on it), so drifting load from other
 processes weighs on all alike. Figures are target tokens per second over the timed steps (after
-warm-up steps); `ratio` is FiC / TRL, `fp32_ratio` FiC / FiC in float32.
+warm-up steps); `ratio` is FiC / TRL, `fp32_ratio` FiC / FiC in float32, and with `--also P`
+`also_ratio` FiC / FiC at precision P (`--precision bf16_copy --also bf16`: the copy against
+autocast, on the same batches in the same minutes).
 
 Memory: for one 2k-token conversation on the model, the bytes autograd keeps for backward
 with FiC's target-only chunked loss and with the usual full-logits loss (`model(...,
@@ -55,6 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="length of the conversation of the memory figure (0: skip it)")
     parser.add_argument("--skip-trl", action="store_true", help="time FiC only")
     parser.add_argument("--skip-fp32", action="store_true", help="do not time FiC in float32 too")
+    parser.add_argument("--also", choices=PRECISIONS[1:], default=None,
+                        help="also time FiC at this precision on the same batches, interleaved (e.g. bf16 against "
+                        "bf16_copy): also_target_tokens_per_s and also_ratio")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="a setting of FiC's SFT config for its steps (repeatable), e.g. "
                         "train.pad_to_multiple=64 or model.gradient_checkpointing=true (the demo's)")
@@ -107,8 +112,8 @@ class FicStepper:
 
 
 def interleaved_times(model_dir: str, batches: list[list], tokenizer: Any, precision: str, with_trl: bool = True,
-                      with_fp32: bool = True, overrides: list[str] = (), profiled: dict | None = None
-                      ) -> dict[str, list[float]]:
+                      with_fp32: bool = True, overrides: list[str] = (), profiled: dict | None = None,
+                      also: str | None = None) -> dict[str, list[float]]:
     """Seconds per step of FiC (at `precision`, and in float32 too with `with_fp32`) and of TRL's
     SFTTrainer on the same batches, alternating step by step (FiC's steps run
     right after TRL's step on the same batch, from a trainer callback), so all see the same
@@ -120,6 +125,8 @@ def interleaved_times(model_dir: str, batches: list[list], tokenizer: Any, preci
     steppers = {"fic": FicStepper(model_dir, tokenizer.pad_token_id, precision, len(batches[0]), overrides)}
     if with_fp32:
         steppers["fic_fp32"] = FicStepper(model_dir, tokenizer.pad_token_id, "fp32", len(batches[0]), overrides)
+    if also is not None:
+        steppers["fic_also"] = FicStepper(model_dir, tokenizer.pad_token_id, also, len(batches[0]), overrides)
     times: dict[str, list[float]] = {name: [] for name in steppers}
 
     def step_fic(examples: list) -> None:
@@ -226,7 +233,7 @@ def measure(args: argparse.Namespace) -> dict:
     profiled: dict | None = {} if args.profile else None
     times = interleaved_times(args.model, batches, tokenizer, precision, with_trl=not args.skip_trl,
                               with_fp32=not args.skip_fp32 and resolved["precision"] != "fp32",
-                              overrides=args.overrides, profiled=profiled)
+                              overrides=args.overrides, profiled=profiled, also=args.also)
     AcceleratorState._reset_state(True)
     times = {name: seconds[args.warmup:] for name, seconds in times.items()}
     fic = times["fic"]
@@ -242,6 +249,10 @@ def measure(args: argparse.Namespace) -> dict:
     peak = matmul_rate(torch.bfloat16)
     figures.update({"fic_tflops": flops / sum(fic) / 1e12, "bf16_matmul_2048_tflops": peak / 1e12,
                     "fic_roofline_share": flops / sum(fic) / peak})
+    if "fic_also" in times:
+        figures.update({"also_precision": _resolved(args.also)["precision"],
+                        "also_target_tokens_per_s": target_tokens / sum(times["fic_also"]),
+                        "also_ratio": sum(times["fic_also"]) / sum(fic)})
     if "fic_fp32" in times:
         figures.update({"fic_fp32_target_tokens_per_s": target_tokens / sum(times["fic_fp32"]),
                         "fp32_ratio": sum(times["fic_fp32"]) / sum(fic)})

@@ -3,8 +3,8 @@
 A stage's cost is its size in units (optimizer steps, conversations played, dev instances read)
 times a cost per unit, and its peak resident memory. Both come from, in this order:
 
-1. a finished stage of the same kind in this output folder (the SFT stage prices the control,
-   the first evaluation prices the later ones): this machine, these settings;
+1. the latest finished stage of the same kind in this output folder (the SFT stage prices the
+   control, the evaluations price the later ones): this machine, these settings;
 2. the reference machine (`REFERENCE`: 2 quiet cores with AMX, the bundled SmolLM2-135M, the
    shipped demo.yaml), when the stage's memory-relevant settings are the shipped ones;
 3. nothing: the estimate says so rather than guess.
@@ -101,10 +101,11 @@ def unit_cost(cfg: Any, shipped: Any, stage: str, done: dict[str, dict]) -> dict
     """{"seconds" a unit, "peak_mb", "source"} of `stage` (see the module docstring), or None.
     `done`: the finished stages' markers; `shipped`: the config demo.yaml ships."""
     kind = KIND[stage]
-    for name, marker in done.items():
+    for name, marker in reversed(list(done.items())):  # the stage itself (a re-run), else the latest of its kind
         size = marker.get("units")
         if KIND.get(name) == kind and marker.get("seconds") and marker.get("peak_rss_mb") and size:
-            return {"seconds": marker["seconds"] / size, "peak_mb": float(marker["peak_rss_mb"]),
+            scoring = ((marker.get("figures") or {}).get("plateau") or {}).get("seconds", 0.0)  # not training
+            return {"seconds": (marker["seconds"] - scoring) / size, "peak_mb": float(marker["peak_rss_mb"]),
                     "source": f"measured here ({name})"}
     if as_shipped(cfg, shipped, stage):
         return {**REFERENCE[kind], "source": "reference machine"}
@@ -120,8 +121,20 @@ def estimate(cfg: Any, shipped: Any, stage: str, done: dict[str, dict], control:
     if stage == "control" and control is None:
         vasd, sft = unit_cost(cfg, shipped, "vasd", done), cost
         control = cfg.control_steps or (vasd and cfg.vasd.train.max_steps * vasd["seconds"] / sft["seconds"]) or 0.0
-    return {"minutes": units(cfg, stage, control) * cost["seconds"] / 60, "peak_mb": cost["peak_mb"],
-            "source": cost["source"]}
+    seconds = units(cfg, stage, control) * cost["seconds"] + dev_curve_seconds(cfg, shipped, stage, done)
+    return {"minutes": seconds / 60, "peak_mb": cost["peak_mb"], "source": cost["source"]}
+
+
+def dev_curve_seconds(cfg: Any, shipped: Any, stage: str, done: dict[str, dict]) -> float:
+    """The dev scores of a stage trained to its plateau (`dev.every`), at twice an evaluation
+    conversation's cost (float32 weights); 0 for the others."""
+    section = getattr(cfg, stage, None) if KIND[stage] == "sft" and stage != "control" else None
+    dev = getattr(section, "dev", None)
+    if dev is None or not dev.every:
+        return 0.0
+    cost = unit_cost(cfg, shipped, "eval-start", done) or REFERENCE["eval"]
+    scores = section.train.max_steps // dev.every + 1
+    return 2 * cost["seconds"] * scores * min(dev.data.limit or cfg.data.dev, cfg.data.dev) * len(dev.views)
 
 
 def available_mb() -> float | None:

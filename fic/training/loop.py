@@ -192,11 +192,16 @@ def prepare(accelerator: Any, loss_module: torch.nn.Module, cfg: RunConfig, step
 def optimizer_step(accelerator: Any, loss_module: torch.nn.Module, optimizer: Any, scheduler: Any,
                    max_grad_norm: float) -> dict:
     """Clip, step, schedule, zero: the end of one accumulation window."""
+    from accelerate.utils import DistributedType
+
     lr = scheduler.get_last_lr()[0]
     grad_norm = None
     if max_grad_norm > 0:
-        grad_norm = accelerator.clip_grad_norm_([p for p in loss_module.parameters() if p.requires_grad],
-                                                max_grad_norm)
+        trained = [p for p in loss_module.parameters() if p.requires_grad]
+        if accelerator.distributed_type in (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU):
+            grad_norm = clip_gradients(trained, max_grad_norm)  # DDP's gradients are the global ones already
+        else:  # DeepSpeed and FSDP hold partitions: their own clipping
+            grad_norm = accelerator.clip_grad_norm_(trained, max_grad_norm)
         if grad_norm is not None and not math.isfinite(float(grad_norm)):  # the same on every rank
             raise FicError(f"the gradient norm is {float(grad_norm)}: training diverged (try a lower optim.lr, "
                            f"now {lr:g}); stopped before this update, without saving a model", field="optim.lr")
@@ -206,6 +211,24 @@ def optimizer_step(accelerator: Any, loss_module: torch.nn.Module, optimizer: An
     # The process's peak so far: the step where it jumps is the batch that sets the run's memory.
     return {"lr": lr, "grad_norm": None if grad_norm is None else float(grad_norm),
             "peak_memory_mb": round(peak_memory_mb(accelerator.device))}
+
+
+def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> float:
+    """Scale the gradients to a total 2-norm of at most `max_norm`; return the norm before.
+
+    `torch.nn.utils.clip_grad_norm_` multiplies every gradient by the clipping factor even when it
+    is 1, through foreach kernels that run slowly on a CPU: on the bundled model 1.6-1.8 s a step
+    (a fifth of an SFT step), against 0.07 s for the norm itself. Here the gradients are scaled
+    only when the norm is over the bound, one tensor at a time."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return 0.0
+    total = float(torch.linalg.vector_norm(torch.stack([n.float() for n in torch._foreach_norm(grads, 2.0)])))
+    if math.isfinite(total) and total > max_norm:
+        scale = max_norm / (total + 1e-6)
+        for grad in grads:
+            grad.mul_(scale)
+    return total
 
 
 def restore(accelerator: Any, cfg: RunConfig, resume_from: Path | None, saved: dict | None) -> tuple[int, str]:

@@ -79,8 +79,13 @@ class Bf16Copy:
     def __init__(self, model: torch.nn.Module, enabled: bool = True):
         self.params = [p for p in model.parameters() if p.dtype == torch.float32] if enabled else []
         self.copies = [torch.empty_like(p, dtype=torch.bfloat16) for p in self.params]
+        # Gradient buffers kept from step to step, bf16 for the backward passes and float32 for the
+        # window: a fresh tensor of the model's size each micro-batch costs its page faults again
+        # (0.15-0.2 s per 540 MB here, against 0.05 to write into one already mapped).
+        self.bf16_grads: list[torch.Tensor | None] = [None] * len(self.params)
+        self.sums: list[torch.Tensor | None] = [None] * len(self.params)
         self.masters: list[torch.Tensor] = []
-        self.grads: list[torch.Tensor | None] = []
+        self.summed: list[bool] = []
         self.stale = True
         self.inside = False
 
@@ -88,36 +93,48 @@ class Bf16Copy:
         if not self.params or self.inside:
             return
         self.masters = [p.data for p in self.params]
-        self.grads = [p.grad for p in self.params]  # float32 gradients already there are added to
+        self.summed = [False] * len(self.params)
         with torch.no_grad():
-            for param, copy, master in zip(self.params, self.copies, self.masters):
+            for k, (param, copy, master) in enumerate(zip(self.params, self.copies, self.masters)):
                 if self.stale:
                     copy.copy_(master)
+                if param.grad is not None:  # float32 gradients already there are added to
+                    self.sums[k] = param.grad
+                    self.summed[k] = True
                 param.grad = None
                 param.data = copy
+                if self.bf16_grads[k] is not None:  # zeroed when its sum was taken
+                    param.grad = self.bf16_grads[k]
         self.stale, self.inside = False, True
 
     def accumulate(self) -> None:
-        """Move the gradients of the last backward pass into the float32 accumulators."""
+        """Add the gradients of the last backward pass into the float32 sums."""
         if not self.inside:
             return
-        for k, param in enumerate(self.params):
-            if param.grad is None:
-                continue
-            if self.grads[k] is None:
-                self.grads[k] = param.grad.float()
-            else:
-                self.grads[k].add_(param.grad)
-            param.grad = None
+        with torch.no_grad():
+            for k, param in enumerate(self.params):
+                grad = param.grad
+                if grad is None:
+                    continue
+                if self.sums[k] is None:
+                    self.sums[k] = torch.empty_like(grad, dtype=torch.float32)
+                if self.summed[k]:
+                    self.sums[k].add_(grad)
+                else:
+                    self.sums[k].copy_(grad)
+                    self.summed[k] = True
+                self.bf16_grads[k] = grad
+                grad.zero_()
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, *exc: Any) -> None:
         if not self.inside:
             return
         self.accumulate()
-        for param, master, grad in zip(self.params, self.masters, self.grads):
+        for k, (param, master) in enumerate(zip(self.params, self.masters)):
+            param.grad = None
             param.data = master
-            param.grad = grad
-        self.masters, self.grads, self.inside = [], [], False
+            param.grad = self.sums[k] if self.summed[k] else None
+        self.masters, self.summed, self.inside = [], [], False
 
     def refresh(self) -> None:
         """The masters changed (an optimizer step, a checkpoint load): cast them again next time."""

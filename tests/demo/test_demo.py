@@ -31,9 +31,14 @@ def markers(out: Path) -> dict[str, float]:
 
 
 def test_the_demo_runs_every_stage_to_its_table_and_reruns_from_a_stage(tiny_model_dir, tmp_path, capsys):
+    """Every stage to the table; a second run skips them all; `--from` redoes a stage and what
+    follows. Each stage is priced before it starts (from the finished ones of its kind), and one
+    whose peak is above memory_budget_mb is refused before it starts, naming what lowers it."""
     out = tmp_path / "demo"
     assert main(["demo", "--recipes", str(RECIPES), *small(tiny_model_dir, out)]) == 0
     printed = capsys.readouterr().out
+    assert "[demo] estimate: no figures for these settings yet" in printed  # a tiny model: no reference figures
+    assert "[control] running (about" in printed and "measured here (sft)" in printed
     assert "SmolLM2-135M-Instruct + single-turn warm-up: test set, N = 4 instances" in printed
     for stage in ("starting point", "FiC stage 1 (SFT)", "FiC stage 1+2 (SFT + VASD)",
                   "control: more SFT for VASD's time"):
@@ -64,6 +69,26 @@ def test_the_demo_runs_every_stage_to_its_table_and_reruns_from_a_stage(tiny_mod
     after = markers(out)
     redone = {stage for stage in STAGES if after[stage] != before[stage]}
     assert redone == {"vasd", "eval-vasd", "control", "eval-control", "report"}
+
+    sft = json.loads((out / "stages" / "sft.json").read_text())
+    assert sft["units"] == 1 and sft["unit"] == "step" and sft["peak_rss_mb"] > 0
+    capsys.readouterr()
+    assert main(["demo", "--recipes", str(RECIPES), *small(tiny_model_dir, out)[:-1],
+                 f"memory_budget_mb={sft['peak_rss_mb'] // 2}", "--from", "control", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "stage control needs about" in err and "control.model.gradient_checkpointing=true" in err
+    assert "\n" not in err and not (out / "stages" / "control.json").exists()
+
+
+def test_the_shipped_settings_are_priced_from_the_reference_machine(tmp_path):
+    from fic.demo import costs
+
+    cfg = load_demo(str(RECIPES), [f"out={tmp_path}"])
+    line, planned = costs.plan(cfg, load_demo(str(RECIPES), []), list(STAGES[:-1]), {})
+    assert all(c is not None and c["source"] == "reference machine" for c in planned.values())
+    assert "estimate: about" in line and "not priced" not in line
+    faster = load_demo(str(RECIPES), [f"out={tmp_path}", "vasd.train.micro_batch_size=8"])
+    assert costs.estimate(faster, load_demo(str(RECIPES), []), "vasd", {}) is None  # not what was measured
 
 
 def test_a_bad_stage_or_missing_recipe_is_one_line(tmp_path, capsys):
@@ -257,30 +282,3 @@ def test_the_shipped_demo_is_sized_for_8_gb_and_the_documented_faster_command_un
     cfg = load_demo(str(RECIPES), overrides)
     assert (cfg.vasd.train.micro_batch_size, cfg.vasd.train.grad_accum_steps) == (8, 1)
     assert not any(s.model.gradient_checkpointing for s in (cfg.warmup, cfg.sft, cfg.vasd, cfg.control))
-
-
-def test_the_demo_prices_its_stages_before_it_starts_and_refuses_one_that_would_not_fit(tiny_model_dir, tmp_path,
-                                                                                      capsys):
-    """Before the first stage a line with the estimated minutes and peak; later stages are priced
-    from the finished ones of the same kind (the SFT stage prices the control); a stage whose
-    peak is above memory_budget_mb is refused before it starts, naming the settings that lower it."""
-    from fic.demo import costs
-
-    out = tmp_path / "demo"
-    settings = small(tiny_model_dir, out)[:-1]
-    assert main(["demo", "--recipes", str(RECIPES), *settings, "--quiet"]) == 0
-    printed = capsys.readouterr().out
-    assert "[demo] estimate: no figures for these settings yet" in printed  # a tiny model: no reference figures
-    sft = json.loads((out / "stages" / "sft.json").read_text())
-    assert sft["units"] == 1 and sft["unit"] == "step" and sft["peak_rss_mb"] > 0
-    assert "[control] running (about" in printed and "measured here (" in printed
-    budget = sft["peak_rss_mb"] // 2
-    assert main(["demo", "--recipes", str(RECIPES), *settings, f"memory_budget_mb={budget}", "--from", "control",
-                 "--quiet"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert "stage control needs about" in err and "control.model.gradient_checkpointing=true" in err
-    assert "\n" not in err and not (out / "stages" / "control.json").exists()
-    cfg = load_demo(str(RECIPES), [f"out={tmp_path / 'fresh'}"])  # the shipped settings: the reference's figures
-    line, planned = costs.plan(cfg, load_demo(str(RECIPES), []), list(STAGES[:-1]), {})
-    assert all(c is not None and c["source"] == "reference machine" for c in planned.values())
-    assert "estimate: about" in line and "not priced" not in line

@@ -81,7 +81,8 @@ def test_micro_batches_accumulate_into_float32_and_ties_hold(model):
         for data in (first, second):
             loss(**data)["ce"].backward()
             copy.accumulate()
-            assert all(p.grad is None for p in model.parameters())  # moved out of the bf16 weights
+            # moved out of the bf16 gradients, which are kept (zeroed) for the next backward pass
+            assert all(p.grad.dtype == torch.bfloat16 and not p.grad.any() for p in model.parameters())
     together = grads_of(model)
     for name, grad in together.items():
         torch.testing.assert_close(grad, separate[0][name] + separate[1][name], rtol=0, atol=0)
@@ -169,3 +170,23 @@ def test_the_fused_head_sums_a_bf16_weights_gradient_over_chunks_in_float32():
         assert head.weight.grad.dtype == dtype
         grads[dtype] = head.weight.grad.float()
     assert relative_error(grads[torch.bfloat16], grads[torch.float32]) < 0.006
+
+
+def test_clipping_scales_only_over_the_bound_and_matches_torchs():
+    from fic.training.loop import clip_gradients
+
+    g = torch.Generator().manual_seed(0)
+    for scale, max_norm in ((1.0, 0.5), (1e-3, 1.0)):  # over the bound, then under it
+        ours = [torch.nn.Parameter(torch.zeros(n)) for n in (7, 300, 4096)]
+        theirs = [torch.nn.Parameter(torch.zeros(n)) for n in (7, 300, 4096)]
+        for a, b in zip(ours, theirs):
+            a.grad = torch.randn(a.shape, generator=g) * scale
+            b.grad = a.grad.clone()
+        before = [a.grad.clone() for a in ours]
+        total = clip_gradients(ours, max_norm)
+        expected = torch.nn.utils.clip_grad_norm_(theirs, max_norm)
+        assert total == pytest.approx(float(expected), rel=1e-6)
+        for a, b, old in zip(ours, theirs, before):
+            torch.testing.assert_close(a.grad, b.grad, rtol=1e-6, atol=1e-9)
+            if total <= max_norm:
+                assert torch.equal(a.grad, old)  # under the bound nothing is touched

@@ -547,9 +547,11 @@ def test_bench_sft_puts_the_ratios_against_trl_and_float32_in_one_object_where_b
 
     monkeypatch.setenv("FIC_CPU_FLAGS", "avx512_bf16")
     assert main(["bench", "sft", "--json", "--model", str(tiny_model_dir), "--steps", "1", "--warmup", "0",
-                 "--micro-batch-size", "2", "--memory-tokens", "0", "--precision", precision]) == 0
+                 "--micro-batch-size", "2", "--memory-tokens", "0", "--precision", precision, "--also", "bf16"]) == 0
     figures = json.loads(capsys.readouterr().out)
     assert figures["precision"] == resolved and figures["trl_precision"] == "bf16"
+    assert figures["also_precision"] == "bf16" and figures["also_ratio"] == pytest.approx(
+        figures["fic_target_tokens_per_s"] / figures["also_target_tokens_per_s"])
     assert figures["fp32_ratio"] == pytest.approx(figures["fic_target_tokens_per_s"]
                                                   / figures["fic_fp32_target_tokens_per_s"])
     assert figures["ratio"] == pytest.approx(figures["fic_target_tokens_per_s"] / figures["trl_target_tokens_per_s"])
