@@ -205,16 +205,17 @@ def ablation_table(runs: dict[str, Path], seconds: dict[str, dict], seeds: list[
              "greedy, LiC's rules)", "",
              "| run | P(full) | P(sharded) | first-answer acc. | premature | tokens / sharded conv. | train min (wall / CPU) | "
              "vs SFT (wins-losses, p) | vs control (wins-losses, p) |", "|---|---|---|---|---|---|---|---|---|"]
+    def test(row: dict, other: str) -> str:
+        t = row.get(f"vs_{other}")
+        return "-" if t is None else f"{t['better']}-{t['worse']}, p = {t['p_value']:.3g}"
+
     for name, row in rows.items():
-        def test(other: str) -> str:
-            t = row.get(f"vs_{other}")
-            return "-" if t is None else f"{t['better']}-{t['worse']}, p = {t['p_value']:.3g}"
         minutes = "-" if row["minutes"] is None else f"{row['minutes']} / {row['cpu_minutes']}"
         minutes += " (resumed: scaled)" if row["time_estimated"] else ""
         lines.append(f"| {name} | {row['P_full']:.1f} | {row['P_sharded']:.1f} | "
                      f"{row['first_answer_accuracy']:.1f} | {100 * row['premature_answer_rate']:.1f}% | "
                      f"{row['tokens_per_sharded_conversation']:.1f} | {minutes} | "
-                     f"{test('sft')} | {test('control')} |")
+                     f"{test(row, 'sft')} | {test(row, 'control')} |")
     if chosen is not None:
         lines += ["", f"Rule `{rule}` (fixed before the table was read): the choice is **{chosen['choice']}**: "
                       f"{chosen['why']}."]

@@ -126,7 +126,7 @@ class Bf16Copy:
                 self.bf16_grads[k] = grad
                 grad.zero_()
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         if not self.inside:
             return
         self.accumulate()
