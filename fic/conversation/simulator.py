@@ -149,6 +149,14 @@ class Conversation:
             return bool(self.turns)
         return not self.unrevealed and (self.view != "recap" or self.recapped)
 
+    def most_turns(self, user_idles: bool = True) -> int:
+        """The most assistant replies this conversation can take in all: one in a single-turn
+        view; else one per shard, the recap turn, and the turns that reveal nothing (only a user
+        model idles; the verbatim user reveals a shard every turn)."""
+        if self.view in SINGLE_TURN_VIEWS:
+            return 1
+        return len(self.shard_ids) + (self.view == "recap") + (self.max_idle_turns if user_idles else 0)
+
     def needs_user_simulator(self) -> bool:
         """Turns 2.. of a multi-turn view are written by the user simulator."""
         return self.view in MULTI_TURN_VIEWS and bool(self.turns) and bool(self.unrevealed)

@@ -60,7 +60,7 @@ def _type_name(tp: Any) -> str:
         args = typing.get_args(tp)
         return f"a mapping of {_type_name(args[1])}" if args and args[1] is not Any else "a mapping"
     if dataclasses.is_dataclass(tp):
-        return "a mapping"
+        return "a mapping (or the path of a YAML file holding it)"
     return {int: "an integer", float: "a number", str: "a string", bool: "true or false",
             type(None): "null"}.get(tp, getattr(tp, "__name__", str(tp)))
 
@@ -229,6 +229,39 @@ def _merge(base: dict, given: dict) -> dict:
     return merged
 
 
+class _SectionFile(dict):
+    """A config section read from a YAML file of its own (`data: data/my-bench.yaml`): its keys are
+    checked against that file, and keys it does not give take the section class's own defaults,
+    not those the parent config declares (a file names the whole section)."""
+
+    def __init__(self, data: dict, path: str):
+        super().__init__(data)
+        self.path = path
+
+
+def _is_section_file(value: Any) -> bool:
+    text = value.raw if isinstance(value, _CliValue) else value
+    return isinstance(text, str) and text.strip().endswith((".yaml", ".yml"))
+
+
+def _inline_section_files(cls: type, data: dict, where: dict[str, str], prefix: str = "") -> None:
+    """Replace, in place, every section of `data` given as the path of a YAML file by the file's
+    mapping (a `_SectionFile`), recording in `where` that its keys were set in that file."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name not in data or not dataclasses.is_dataclass(hints[f.name]):
+            continue
+        value = data[f.name]
+        if _is_section_file(value):
+            path = (value.raw if isinstance(value, _CliValue) else value).strip()
+            value = data[f.name] = _SectionFile(read_yaml(path), path)
+            where.pop(f"{prefix}{f.name}", None)  # what the file leaves out keeps its default
+            for key in flatten(dict(value)):
+                where[f"{prefix}{f.name}.{key}"] = path
+        if isinstance(value, dict):
+            _inline_section_files(hints[f.name], value, where, f"{prefix}{f.name}.")
+
+
 def _build(cls: type, data: dict, source: str, prefix: str = "") -> Any:
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
@@ -240,13 +273,17 @@ def _build(cls: type, data: dict, source: str, prefix: str = "") -> Any:
     for name, value in data.items():
         key = prefix + name
         f = fields[name]
-        if isinstance(value, dict) and dataclasses.is_dataclass(hints[name]) and f.default_factory is not _MISSING:
+        where = source
+        if isinstance(value, _SectionFile):  # checked as that file's settings
+            where = value.path if not getattr(value, "overridden", False) else \
+                f"{value.path} (with command-line overrides)"
+        elif isinstance(value, dict) and dataclasses.is_dataclass(hints[name]) and f.default_factory is not _MISSING:
             # A section's unnamed keys keep the default its parent declares (VASD's `data` source),
             # not the section class's own: `data.limit=5` must not reset `data.source`.
             value = _merge(_declared(f.default_factory()), value)
-        converted = _convert(value, hints[name], key, source)
-        _check_range(converted, dict(fields[name].metadata), key, source)
-        _check_physical(converted, name, key, source)
+        converted = _convert(value, hints[name], key, where)
+        _check_range(converted, dict(fields[name].metadata), key, where)
+        _check_physical(converted, name, key, where)
         kwargs[name] = converted
     for name, f in fields.items():
         if name not in kwargs and f.default is _MISSING and f.default_factory is _MISSING:
@@ -408,15 +445,43 @@ def _checked_build(cls: type, data: dict, source: str, prefix: str = "") -> Any:
 
 
 def load_config(cls: type, path: str | Path | None = None, overrides: Sequence[str] = ()) -> Any:
-    """Build `cls` from an optional YAML file and `key=value` overrides, checking every value."""
+    """Build `cls` from an optional YAML file and `key=value` overrides, checking every value.
+
+    A section may be given as the path of a YAML file that holds it (`data: data/my-bench.yaml`,
+    or `data=data/my-bench.yaml` on the command line): one dataset and its mapping named once,
+    read by every verb. The config returned remembers where each key was set (`set_in`)."""
     data = read_yaml(path) if path is not None else {}
     source = str(path) if path is not None else "command line"
+    where = {key: source for key in flatten(data)} if path is not None else {}
+    _inline_section_files(cls, data, where)
     for text in overrides:
         keys, value = _parse_override(text)
         _set_nested(data, keys, value)
+        node = data
+        for part in keys[:-1]:  # a section file changed on the command line says so in its errors
+            node = node.get(part) if isinstance(node, dict) else None
+            if isinstance(node, _SectionFile):
+                node.overridden = True
+        dotted = ".".join(keys)
+        for key in [k for k in where if k == dotted or k.startswith(dotted + ".")]:
+            del where[key]
+        where[dotted] = "command line"
+        _inline_section_files(cls, data, where)
     if overrides:
         source = f"{source} (with command-line overrides)" if path is not None else source
-    return _checked_build(cls, data, source)
+    config = _checked_build(cls, data, source)
+    object.__setattr__(config, "_fic_set_in", where)
+    return config
+
+
+def set_in(config: Any, key: str) -> str | None:
+    """Where the dotted `key` of a config built by `load_config` was set: its YAML file's path,
+    a section file's, "command line", or None where it keeps its default."""
+    where = getattr(config, "_fic_set_in", {})
+    if key in where:
+        return where[key]
+    # a whole mapping given at once (`data.fields.question=problem` sets one key of `data.fields`)
+    return next((where[k] for k in where if key.startswith(k + ".")), None)
 
 
 def add_config_arguments(parser: Any, *, example: str, overrides_help: str) -> None:

@@ -29,6 +29,7 @@ builder enforces it on every reply it writes.
 from __future__ import annotations
 
 import json
+import logging
 import random
 import re
 from collections import Counter
@@ -40,7 +41,7 @@ from tqdm import tqdm
 
 from fic import tasks
 from fic.backends import make_backend
-from fic.core.config import config_to_dict, setting
+from fic.core.config import config_to_dict, set_in, setting
 from fic.core.errors import FicError
 from fic.core.files import check_writable, write_together
 from fic.core.generation import BackendConfig, SamplingParams
@@ -48,11 +49,12 @@ from fic.core.instance import Instance
 from fic.core.parsing import number_values
 from fic.core.progress import Progress
 from fic.core.seeding import seeded_rng
-from fic.data.sources import InstancesSection, load_sharded
+from fic.data.sources import InstancesSection, describe_loaded, load_sharded
 from fic.data.splits import ExcludeSection, build_exclusion
 from fic.data.views import partial_instance, system_message, user_turns
 from fic.tasks.deferrals import MENTION, choose_fresh
 
+log = logging.getLogger(__name__)
 KINDS = ("deferral", "recovery", "single_turn", "partial")
 REPLY_KINDS = ("defer", "ask", "premature", "answer")
 LLM_BATCH = 64
@@ -160,7 +162,8 @@ def load_instances(cfg: SFTDataConfig) -> tuple[list[Instance], list[dict]]:
     evaluation's, each with a gold reply that scores as correct; and what happened to each source."""
     exclusion = build_exclusion(cfg.exclude)
     kept, sources, seen = [], [], {}
-    for report in load_sharded(cfg.data, several_shards=True).sources:
+    loaded = load_sharded(cfg.data, several_shards=True)
+    for report in loaded.sources:
         dropped = Counter(report.dropped)
         usable, overlap = exclusion.apply(report.instances)
         for why, n in overlap.items():
@@ -183,6 +186,12 @@ def load_instances(cfg: SFTDataConfig) -> tuple[list[Instance], list[dict]]:
                         **({"origin": report.origin} if report.origin is not None else {})})
     if not kept:
         raise FicError(f"no usable instances in {', '.join(cfg.data.source)} ({sources})", field="data.source")
+    unusable = sum(s["loaded"] - s["kept"] for s in sources) - sum(len(r.rejected) for r in loaded.sources)
+    log.info(f"fic sft-data: {describe_loaded(loaded, cfg.data, limit_set_in=set_in(cfg, 'data.limit'))}"
+             + (f"; {unusable} more left out (evaluation problems of exclude.sources, gold replies that do not "
+                "score)" if unusable > 0 else "")
+             + f"; evaluation data kept out: {', '.join(cfg.exclude.sources) or 'none named (exclude.sources)'}"
+             f"; {len(kept) * cfg.conversations_per_instance} conversations from {len(kept)} instances to {cfg.out}")
     return kept, sources
 
 

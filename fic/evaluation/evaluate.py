@@ -24,7 +24,10 @@ one spec or several, `data.task` one task, a list, or `all` (every task of the f
 metrics per task and across tasks). Instances
 without shards are sharded on the fly with the rule sharder (those it cannot shard are
 skipped and counted), whatever the views: a run of only the full view evaluates exactly the
-instances a run with the sharded view does.
+instances a run with the sharded view does. With `data.seed` S they are the shards `fic shard
+--seed S` writes. Before any model loads, the run says in one line what it read (how many of how
+many instances, cut by which `data.limit` set where; sharded here with which seed), what it will
+play and where it writes (`start_line`).
 
 Baseline: the recovery rate R = P(model; sharded) / P(baseline; full) needs the single-turn
 score of the model *before* training. `baseline` names that run's folder (or its
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +57,7 @@ from fic.conversation.users import UserSimulatorSection, make_user
 from fic.core.config import (
     config_to_dict,
     flatten,
+    set_in,
     setting,
 )
 from fic.core.errors import FicError
@@ -69,7 +74,7 @@ from fic.core.files import (
 from fic.core.generation import BackendConfig, SamplingParams
 from fic.core.instance import Instance
 from fic.core.progress import Progress
-from fic.data.sources import InstancesSection, load_sharded
+from fic.data.sources import InstancesSection, ShardedInstances, describe_loaded, load_sharded
 from fic.data.views import VIEWS, check_views
 from fic.evaluation.metrics import summarize
 from fic.evaluation.report import write_report
@@ -83,6 +88,7 @@ SCORING_KEYS = ("temperature", "top_p", "max_new_tokens", "stop_at_correct", "pr
 # A baseline's value for a scoring key it does not record (written before the key existed).
 SCORING_DEFAULTS = {"prompts": "fic"}
 METRICS_FORMAT = 2  # metrics.json that records its instances and scoring settings (baseline checks)
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -243,7 +249,13 @@ def load_instances(cfg: EvalConfig) -> tuple[list[Instance], dict]:
 
 def load_instances_and_origins(cfg: EvalConfig) -> tuple[list[Instance], dict, list[dict]]:
     """`load_instances`, and where each hf: source's instances came from (repository, revision,
-    split, mapping) for metrics.json.
+    split, mapping) for metrics.json."""
+    loaded = load_data(cfg)
+    return loaded.instances, loaded.dropped, loaded.origins
+
+
+def load_data(cfg: EvalConfig) -> ShardedInstances:
+    """The instances to play, as `load_sharded` reports them.
 
     Unsharded instances are rule-sharded whatever the views, so that a full-view run and a
     sharded run of one source evaluate the same instances (one can be the other's baseline).
@@ -251,7 +263,21 @@ def load_instances_and_origins(cfg: EvalConfig) -> tuple[list[Instance], dict, l
     loaded = load_sharded(cfg.data, shard_all=any(view != "full" for view in cfg.views))
     if not loaded.instances:
         raise FicError(f"no instance could be sharded ({loaded.dropped})", field="data.source")
-    return loaded.instances, loaded.dropped, loaded.origins
+    return loaded
+
+
+def start_line(cfg: EvalConfig, loaded: ShardedInstances, played: set | frozenset = frozenset()) -> str:
+    """What the run will do, in one line, before any model loads: the instances read and why,
+    the views and conversations (and how many the folder holds already), the most replies they
+    can take, and where the outputs go."""
+    conversations = make_conversations(loaded.instances, cfg.views, cfg.runs, view_seed=cfg.seed,
+                                       max_idle_turns=cfg.user.max_idle_turns, prompts=cfg.prompts)
+    left = [c for c in conversations if c.key not in played]
+    replies = sum(c.most_turns(user_idles=cfg.user.kind == "llm") for c in left)
+    held = f", {len(conversations) - len(left)} already in the folder" if len(left) < len(conversations) else ""
+    return (f"fic eval: {describe_loaded(loaded, cfg.data, limit_set_in=set_in(cfg, 'data.limit'))}; views "
+            f"{', '.join(cfg.views)} x {cfg.runs} run(s): {len(conversations)} conversations{held}, "
+            f"{len(left)} to play in at most {replies} assistant replies; outputs in {cfg.out}")
 
 
 def _backend_cache(cfg: EvalConfig, given: dict) -> dict:
@@ -354,7 +380,8 @@ def evaluate(cfg: EvalConfig, *, assistant: Any = None, user_backend: Any = None
 def _evaluate(cfg: EvalConfig, out: Path, assistant: Any, user_backend: Any, classifier_backend: Any,
               judge_backend: Any, progress: bool) -> dict:
     baseline = read_baseline(cfg.baseline) if cfg.baseline else None
-    instances, skipped, origins = load_instances_and_origins(cfg)
+    loaded = load_data(cfg)
+    instances, skipped, origins = loaded.instances, loaded.dropped, loaded.origins
     if baseline is not None:
         check_baseline(baseline, cfg, instances)  # before any model loads
     runs_code = any(tasks.get(name).runs_code for name in {i.task for i in instances})
@@ -368,6 +395,7 @@ def _evaluate(cfg: EvalConfig, out: Path, assistant: Any, user_backend: Any, cla
 
     log_path = out / LOG_NAME
     done = {(r["task_id"], r["view"], r["run"]): r for r in read_log(log_path)}
+    log.info(start_line(cfg, loaded, set(done)))
     conversations = make_conversations(instances, cfg.views, cfg.runs, view_seed=cfg.seed, skip=set(done),
                                        max_idle_turns=cfg.user.max_idle_turns, prompts=cfg.prompts)
     total = len(instances) * len(cfg.views) * cfg.runs
