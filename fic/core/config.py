@@ -474,6 +474,11 @@ def load_config(cls: type, path: str | Path | None = None, overrides: Sequence[s
     return config
 
 
+def set_where(where: str) -> str:
+    """`set_in`'s answer in words: "set in FILE" or "set on the command line"."""
+    return "set on the command line" if where == "command line" else f"set in {where}"
+
+
 def set_in(config: Any, key: str) -> str | None:
     """Where the dotted `key` of a config built by `load_config` was set: its YAML file's path,
     a section file's, "command line", or None where it keeps its default."""
@@ -484,19 +489,34 @@ def set_in(config: Any, key: str) -> str | None:
     return next((where[k] for k in where if key.startswith(k + ".")), None)
 
 
+KEYS_HELP = ("list every config key with its default and help and exit; with --config (and key=value), also the "
+             "value this run would use and where it was set")
+DRY_RUN_HELP = "print the resolved config and the start line (what the run would read, do and write), then exit " \
+    "without loading a model"
+
+
 def add_config_arguments(parser: Any, *, example: str, overrides_help: str) -> None:
-    """A config verb's arguments: `--config FILE`, `key=value` overrides and `--keys`."""
+    """A config verb's arguments: `--config FILE`, `key=value` overrides, `--keys` and `--dry-run`."""
     parser.add_argument("--config", default=None, help=f"recipe YAML, e.g. {example}")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help=overrides_help)
-    parser.add_argument("--keys", action="store_true", help="list every config key with its help and exit")
+    parser.add_argument("--keys", action="store_true", help=KEYS_HELP)
+    parser.add_argument("--dry-run", action="store_true", help=DRY_RUN_HELP)
 
 
-def print_keys(args: Any, cls: type) -> bool:
-    """With `--keys`, print every key of `cls` with its help and say so (the verb stops there)."""
-    if getattr(args, "keys", False):
-        print(describe(cls))
-        return True
-    return False
+def print_keys(args: Any, cls: type, run: Any = None) -> bool:
+    """With `--keys`, print every key of `cls` with its default and help, and, given a config
+    (`run`, or `--config`/key=value in `args`), the value the run would use (the verb stops there)."""
+    if not getattr(args, "keys", False):
+        return False
+    if run is None and (getattr(args, "config", None) or getattr(args, "overrides", None)):
+        run = load_config(cls, args.config, args.overrides)
+    print(describe(cls, run=run))
+    return True
+
+
+def resolved_yaml(config: Any) -> str:
+    """The config as YAML, every key with the value the run uses (`--dry-run`, config.yaml)."""
+    return yaml.safe_dump(config_to_dict(config), sort_keys=False)
 
 
 def with_overrides(config: Any, overrides: Sequence[str], source: str) -> Any:
@@ -532,25 +552,37 @@ def flatten(tree: Any, prefix: str = "") -> dict:
     return flat
 
 
-def describe(cls: type, prefix: str = "") -> str:
-    """A help listing of every key of a config class: name, type, default and help text."""
+def describe(cls: type, prefix: str = "", *, run: Any = None, defaults: Any = None, root: Any = None) -> str:
+    """A help listing of every key of a config class: name, type, default and help text. A nested
+    section's defaults are those its parent declares (sft-data's `data.limit` is 1000, not the
+    section class's null). With `run` (a config built by `load_config`), each key also shows the
+    value that run will use and where it was set (`root`: the config `run` is a section of)."""
     lines = []
     hints = typing.get_type_hints(cls)
+    root = run if root is None else root
     for f in dataclasses.fields(cls):
         key = prefix + f.name
         tp = hints[f.name]
+        if defaults is not None:
+            default: Any = getattr(defaults, f.name)
+        elif f.default is not _MISSING:
+            default = f.default
+        elif f.default_factory is not _MISSING:
+            default = f.default_factory()
+        else:
+            default = _MISSING
         if dataclasses.is_dataclass(tp):
             lines.append(f"{key}:  {f.metadata.get('help', '')}")
-            lines.append(describe(tp, prefix=key + "."))
+            lines.append(describe(tp, key + ".", run=None if run is None else getattr(run, f.name),
+                                  defaults=None if default is _MISSING else default, root=root))
             continue
-        if f.default is not _MISSING:
-            default = repr(f.default)
-        elif f.default_factory is not _MISSING:
-            default = repr(f.default_factory())
-        else:
-            default = "(required)"
+        shown = "(required)" if default is _MISSING else repr(default)
         extra = ""
         if f.metadata.get("choices"):
             extra = f" one of {', '.join(map(str, f.metadata['choices']))}."
-        lines.append(f"{key} ({_type_name(tp)}, default {default}): {f.metadata.get('help', '')}{extra}")
+        this_run = ""
+        if run is not None:
+            where = set_in(root, key)
+            this_run = f"; this run: {getattr(run, f.name)!r}" + (f", {set_where(where)}" if where else "")
+        lines.append(f"{key} ({_type_name(tp)}, default {shown}{this_run}): {f.metadata.get('help', '')}{extra}")
     return "\n".join(line for line in lines if line)

@@ -160,6 +160,13 @@ def card_paths(out: str | Path) -> tuple[Path, Path]:
 def load_instances(cfg: SFTDataConfig) -> tuple[list[Instance], list[dict]]:
     """Instances from every source, sharded where needed, of several shards, none of the
     evaluation's, each with a gold reply that scores as correct; and what happened to each source."""
+    instances, sources, _ = plan(cfg)
+    return instances, sources
+
+
+def plan(cfg: SFTDataConfig) -> tuple[list[Instance], list[dict], str]:
+    """`load_instances`, and the start line: what was read and why, what is kept out, how many
+    conversations will be written and where (`fic sft-data --dry-run` prints it and stops)."""
     exclusion = build_exclusion(cfg.exclude)
     kept, sources, seen = [], [], {}
     loaded = load_sharded(cfg.data, several_shards=True)
@@ -187,12 +194,12 @@ def load_instances(cfg: SFTDataConfig) -> tuple[list[Instance], list[dict]]:
     if not kept:
         raise FicError(f"no usable instances in {', '.join(cfg.data.source)} ({sources})", field="data.source")
     unusable = sum(s["loaded"] - s["kept"] for s in sources) - sum(len(r.rejected) for r in loaded.sources)
-    log.info(f"fic sft-data: {describe_loaded(loaded, cfg.data, limit_set_in=set_in(cfg, 'data.limit'))}"
-             + (f"; {unusable} more left out (evaluation problems of exclude.sources, gold replies that do not "
-                "score)" if unusable > 0 else "")
-             + f"; evaluation data kept out: {', '.join(cfg.exclude.sources) or 'none named (exclude.sources)'}"
-             f"; {len(kept) * cfg.conversations_per_instance} conversations from {len(kept)} instances to {cfg.out}")
-    return kept, sources
+    line = (f"fic sft-data: {describe_loaded(loaded, cfg.data, limit_set_in=set_in(cfg, 'data.limit'))}"
+            + (f"; {unusable} more left out (evaluation problems of exclude.sources, gold replies that do not "
+               "score)" if unusable > 0 else "")
+            + f"; evaluation data kept out: {', '.join(cfg.exclude.sources) or 'none named (exclude.sources)'}"
+            f"; {len(kept) * cfg.conversations_per_instance} conversations from {len(kept)} instances to {cfg.out}")
+    return kept, sources, line
 
 
 def _message(role: str, content: str, train: bool = False) -> dict:
@@ -497,7 +504,8 @@ def build_corpus(cfg: SFTDataConfig, *, user_backend: Any = None, reply_backend:
     """Load, build, and write the corpus and its data card atomically; return the card."""
 
     check_writable(cfg.out, field="out")  # before a source is generated or a model loads
-    instances, sources = load_instances(cfg)
+    instances, sources, line = plan(cfg)
+    log.info(line)
     records, stats = make_corpus(instances, cfg, user_backend=user_backend, reply_backend=reply_backend,
                                  progress=progress)
     info = card(records, sources, stats, cfg)

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Callable
 
 from fic import tasks
-from fic.core.config import setting
+from fic.core.config import set_where, setting
 from fic.core.errors import FicError
 from fic.core.files import read_numbered_records, read_records
 from fic.core.instance import Instance
@@ -475,12 +475,25 @@ def load_sharded(data: InstancesSection, *, section: str = "data", several_shard
         if several_shards:
             rejected += [(i, SINGLE_SHARD) for i in kept if len(i.shards) < 2]
             kept = [i for i in kept if len(i.shards) >= 2]
-        dropped = Counter(reason for _, reason in rejected)
-        dropped.update({f"task {name!r} is not a FiC task": n for name, n in loaded.unknown_tasks.items()})
-        dropped.update(loaded.skipped)
-        reports.append(SourceReport(loaded.spec, len(loaded.instances), len(done), kept, rejected, dict(dropped),
-                                    loaded.origin, loaded.available, loaded.generated))
+        reports.append(_report(loaded, len(done), kept, rejected))
     return ShardedInstances(reports)
+
+
+def _report(loaded: SourceInstances, sharded_here: int, kept: list[Instance],
+            rejected: list[tuple[Instance, str]]) -> SourceReport:
+    """What one source gave and what was kept, everything left out counted by reason: the
+    instances rejected here, and the records never loaded (tasks FiC does not know, rows skipped)."""
+    dropped = Counter(reason for _, reason in rejected)
+    dropped.update({f"task {name!r} is not a FiC task": n for name, n in loaded.unknown_tasks.items()})
+    dropped.update(loaded.skipped)
+    return SourceReport(loaded.spec, len(loaded.instances), sharded_here, kept, rejected, dict(dropped),
+                        loaded.origin, loaded.available, loaded.generated)
+
+
+def load_unsharded(data: InstancesSection, *, section: str = "data") -> ShardedInstances:
+    """Every source of `data` read as it is, nothing sharded (the probe's single-turn questions),
+    reported as `load_sharded` reports (what was left out as loaded, by reason)."""
+    return ShardedInstances([_report(loaded, 0, loaded.instances, []) for loaded in load_sources(data, section=section)])
 
 
 def describe_loaded(loaded: ShardedInstances, data: InstancesSection, *, section: str = "data",
@@ -492,8 +505,7 @@ def describe_loaded(loaded: ShardedInstances, data: InstancesSection, *, section
         return f"{section}.{name}" if section else f"--{name.replace('_', '-')}"
 
     limit = f"{key('limit')} {data.limit if data.limit is not None else 'null'}, " + \
-        (("set on the command line" if limit_set_in == "command line" else f"set in {limit_set_in}")
-         if limit_set_in else "the default")
+        (set_where(limit_set_in) if limit_set_in else "the default")
     parts = []
     for report in loaded.sources:
         if report.generated:

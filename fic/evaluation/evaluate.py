@@ -266,6 +266,14 @@ def load_data(cfg: EvalConfig) -> ShardedInstances:
     return loaded
 
 
+def plan(cfg: EvalConfig) -> str:
+    """The start line of a run of `cfg` (`fic eval --dry-run`): the data read, the conversations
+    an output folder already holds counted; no model loads."""
+    log_path = Path(cfg.out) / LOG_NAME
+    played = {(r["task_id"], r["view"], r["run"]) for r in read_log(log_path)} if log_path.is_file() else set()
+    return start_line(cfg, load_data(cfg), played)
+
+
 def start_line(cfg: EvalConfig, loaded: ShardedInstances, played: set | frozenset = frozenset()) -> str:
     """What the run will do, in one line, before any model loads: the instances read and why,
     the views and conversations (and how many the folder holds already), the most replies they

@@ -38,6 +38,7 @@ For every instance of every data source:
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from dataclasses import dataclass
@@ -50,18 +51,19 @@ from fic import tasks
 from fic.backends import make_backend
 from fic.conversation.simulator import score_reply
 from fic.core.chat import prompt_ids, user_turn_ids
-from fic.core.config import config_to_dict, setting
+from fic.core.config import config_to_dict, set_in, setting
 from fic.core.errors import FicError
 from fic.core.files import check_writable, read_json, read_records, write_json, write_jsonl, write_text
 from fic.core.generation import BackendConfig, Generation, SamplingParams
 from fic.core.instance import Instance
 from fic.core.progress import Progress
 from fic.core.seeding import derive_seed, pick
-from fic.data.sources import InstancesSection, load_sources
+from fic.data.sources import InstancesSection, ShardedInstances, describe_loaded, load_unsharded
 from fic.data.views import system_message, user_turns
 from fic.probe.judge import JUDGE_KINDS, make_judge
 from fic.probe.report import compare, summarize, write_report
 
+log = logging.getLogger(__name__)
 SWITCHES = ("user_turn", "swap_roles", "instruct")
 PERTURBATIONS = ("truncate", "explicit_question")
 ORIGINAL = "original"
@@ -225,7 +227,35 @@ def probe_prompt_ids(tokenizer: Any, switch: str, messages: list[dict]) -> list[
 
 def load_datasets(cfg: ProbeConfig) -> list[tuple[str, Instance]]:
     """(source spec, instance) pairs: the probe reports each source as its own dataset."""
-    return [(loaded.spec, instance) for loaded in load_sources(cfg.data) for instance in loaded.instances]
+    return _pairs(load_unsharded(cfg.data))
+
+
+def _pairs(loaded: ShardedInstances) -> list[tuple[str, Instance]]:
+    return [(report.spec, instance) for report in loaded.sources for instance in report.instances]
+
+
+def draws(cfg: ProbeConfig) -> int:
+    """User turns drawn per instance and condition: `samples` at each temperature above 0, one greedy."""
+    return sum(1 if t == 0 else cfg.samples for t in cfg.temperatures)
+
+
+def start_line(cfg: ProbeConfig, loaded: ShardedInstances) -> str:
+    """What the probe will do, before any model loads: the instances read and why, where the
+    single-turn replies come from, the user turns it will draw and who labels them, where it writes."""
+    n = len(loaded.instances)
+    conditions = [ORIGINAL, *cfg.perturbations]
+    temperatures = ", ".join(f"{t:g}" for t in cfg.temperatures)
+    replies = f"read from {cfg.replies.path}" if cfg.replies.path else "written by the model (greedy)"
+    return (f"fic probe: {describe_loaded(loaded, cfg.data, limit_set_in=set_in(cfg, 'data.limit'))}; {n} "
+            f"single-turn replies {replies}; {len(conditions)} conditions ({', '.join(conditions)}) x {draws(cfg)} "
+            f"draws (temperatures {temperatures}; {cfg.samples} samples above 0) = "
+            f"{n * len(conditions) * draws(cfg)} user turns, labelled by the {cfg.judge.kind} judge; outputs in "
+            f"{cfg.out}")
+
+
+def plan(cfg: ProbeConfig) -> str:
+    """The start line of a probe of `cfg` (`fic probe --dry-run`); no model loads."""
+    return start_line(cfg, load_unsharded(cfg.data))
 
 
 def _replies_from_file(path: str, datasets: list[tuple[str, Instance]]) -> dict:
@@ -398,7 +428,9 @@ def probe(cfg: ProbeConfig, *, model: Any = None, judge_backend: Any = None, pro
     out = Path(cfg.out)
     check_writable(out, folder=True, field="out")  # before any data or model loads
     baseline = read_baseline(cfg) if cfg.baseline else None
-    datasets = load_datasets(cfg)
+    loaded = load_unsharded(cfg.data)
+    log.info(start_line(cfg, loaded))
+    datasets = _pairs(loaded)
     given = _replies_from_file(cfg.replies.path, datasets) if cfg.replies.path else None
     model = model if model is not None else make_backend(cfg.model)
     if cfg.judge.kind == "llm":
