@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from fic import tasks
+from fic.core import progress
 from fic.core.chat import continue_ids, prompt_ids
 from fic.core.errors import FicError, cut_short_on_sigterm, one_line
 from fic.core.generation import Backend, Generation, SamplingParams
@@ -277,6 +278,7 @@ def play(conversations: Sequence[Conversation], assistant: Backend, user: Any, c
         active = [c for c in conversations if not c.done]
         if not active:
             return list(conversations)
+        progress.note(turn=step + 1, conversations=len(active))  # for the heartbeat of the bar around
         if on_step is not None:
             on_step(step, len(active))
         # 1. The user speaks. Only later turns of multi-turn views ask the simulator.

@@ -416,22 +416,30 @@ def _evaluate(cfg: EvalConfig, out: Path, assistant: Any, user_backend: Any, cla
                                       seed=cfg.seed) if cfg.classifier.kind == "llm" else make_classifier("rule"))
         params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
                                 seed=cfg.seed)
-        bar = Progress(total, "conversations", "conv", initial=total - len(conversations), enabled=progress)
+        # Progress in replies (turns x conversations), not finished conversations: all conversations
+        # advance together and most finish at the end, so finished ones said nothing until then.
+        # A conversation that ends early counts its turns left as done: the time left is a bound.
+        most = {id(c): c.most_turns(user_idles=cfg.user.kind == "llm") for c in conversations}
+        bar = Progress(sum(most.values()), "eval", "replies", enabled=progress)
+
+        def replies_done() -> int:
+            return sum(most[id(c)] if c.done else len(c.turns) for c in conversations)
 
         def finished(conv) -> None:
             record = conv.to_record()
             append_jsonl(log_path, record)  # fsync'd: an interruption after this keeps it
             done[conv.key] = record
-            bar.update(1)
+            bar.update(0, conversations=f"{len(done)}/{total}")
 
         def step(number: int, active: int) -> None:
-            bar.update(0, turn=number + 1, active=active)
+            bar.update(replies_done() - bar.done)
 
         max_context = _max_context(backends["assistant"])
         try:
             play(conversations, backends["assistant"], user, classifier, params, batch_size=cfg.batch_size,
                  stop_at_correct=cfg.stop_at_correct, seed=cfg.seed, max_context=max_context,
                  on_finish=finished, on_step=step, judge=backends["judge"])
+            bar.update(replies_done() - bar.done)
         except FicError as err:  # e.g. the server went away for good: say that nothing finished is lost
             saved = total - sum(1 for conv in conversations if not conv.done)
             err.message += (f" ({saved} of {total} conversations are saved in {log_path}; "
