@@ -29,7 +29,6 @@ builder enforces it on every reply it writes.
 from __future__ import annotations
 
 import json
-import logging
 import random
 import re
 from collections import Counter
@@ -54,7 +53,6 @@ from fic.data.splits import ExcludeSection, build_exclusion
 from fic.data.views import partial_instance, system_message, user_turns
 from fic.tasks.deferrals import MENTION, choose_fresh
 
-log = logging.getLogger(__name__)
 KINDS = ("deferral", "recovery", "single_turn", "partial")
 REPLY_KINDS = ("defer", "ask", "premature", "answer")
 LLM_BATCH = 64
@@ -505,7 +503,7 @@ def build_corpus(cfg: SFTDataConfig, *, user_backend: Any = None, reply_backend:
 
     check_writable(cfg.out, field="out")  # before a source is generated or a model loads
     instances, sources, line = plan(cfg)
-    log.info(line)
+    print(line, flush=True)  # stdout: stderr is for the one-line error
     records, stats = make_corpus(instances, cfg, user_backend=user_backend, reply_backend=reply_backend,
                                  progress=progress)
     info = card(records, sources, stats, cfg)

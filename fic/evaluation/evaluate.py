@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,7 +87,6 @@ SCORING_KEYS = ("temperature", "top_p", "max_new_tokens", "stop_at_correct", "pr
 # A baseline's value for a scoring key it does not record (written before the key existed).
 SCORING_DEFAULTS = {"prompts": "fic"}
 METRICS_FORMAT = 2  # metrics.json that records its instances and scoring settings (baseline checks)
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -403,7 +401,7 @@ def _evaluate(cfg: EvalConfig, out: Path, assistant: Any, user_backend: Any, cla
 
     log_path = out / LOG_NAME
     done = {(r["task_id"], r["view"], r["run"]): r for r in read_log(log_path)}
-    log.info(start_line(cfg, loaded, set(done)))
+    print(start_line(cfg, loaded, set(done)), flush=True)  # stdout: stderr is for the one-line error
     conversations = make_conversations(instances, cfg.views, cfg.runs, view_seed=cfg.seed, skip=set(done),
                                        max_idle_turns=cfg.user.max_idle_turns, prompts=cfg.prompts)
     total = len(instances) * len(cfg.views) * cfg.runs

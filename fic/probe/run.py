@@ -42,7 +42,6 @@ For every instance of every data source:
 
 from __future__ import annotations
 
-import logging
 import re
 import time
 from dataclasses import dataclass
@@ -76,7 +75,6 @@ from fic.data.views import system_message, user_turns
 from fic.probe.judge import JUDGE_KINDS, make_judge
 from fic.probe.report import compare, summarize, write_report
 
-log = logging.getLogger(__name__)
 SWITCHES = ("user_turn", "swap_roles", "instruct")
 PERTURBATIONS = ("truncate", "explicit_question")
 ORIGINAL = "original"
@@ -495,7 +493,7 @@ def _probe(cfg: ProbeConfig, out: Path, model: Any, judge_backend: Any, progress
     started, cpu_started = time.perf_counter(), time.process_time()
     baseline = read_baseline(cfg) if cfg.baseline else None
     loaded = load_unsharded(cfg.data)
-    log.info(start_line(cfg, loaded))
+    print(start_line(cfg, loaded), flush=True)  # stdout: stderr is for the one-line error
     datasets = _pairs(loaded)
     given = _replies_from_file(cfg.replies.path, datasets) if cfg.replies.path else None
     check_resume(out, cfg)
@@ -504,8 +502,8 @@ def _probe(cfg: ProbeConfig, out: Path, model: Any, judge_backend: Any, progress
         raise FicError(f"{REPLIES_NAME} holds replies to other instances (the data changed); use another out= or "
                        "delete the folder", path=str(out), field="data.source")
     if kept is not None:
-        log.info(f"fic probe: resuming in {out}: {len(kept)} single-turn replies and "
-                 f"{len(read_log(out / TURNS_NAME))} user turns made before are kept")
+        print(f"fic probe: resuming in {out}: {len(kept)} single-turn replies and "
+              f"{len(read_log(out / TURNS_NAME))} user turns made before are kept", flush=True)
     model = model if model is not None else make_backend(cfg.model)
     if cfg.judge.kind == "llm":
         same = config_to_dict(cfg.judge.backend) == config_to_dict(cfg.model)

@@ -5,7 +5,6 @@ shards of the same unsharded source, and a data YAML names a dataset once for ev
 from __future__ import annotations
 
 import json
-import logging
 
 import pytest
 from scripted import FunctionBackend
@@ -34,30 +33,28 @@ def never_right(_messages) -> str:
     return "Let me think about it."
 
 
-def start_lines(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("fic eval:")]
+def start_lines(capsys) -> list[str]:
+    return [line for line in capsys.readouterr().out.splitlines() if line.startswith("fic eval:")]
 
 
-def test_a_limit_that_cuts_a_file_says_how_many_of_how_many_and_where_it_was_set(tmp_path, caplog):
+def test_a_limit_that_cuts_a_file_says_how_many_of_how_many_and_where_it_was_set(tmp_path, capsys):
     data = write_jsonl(tmp_path / "mine.jsonl", problems(20))
     recipe = tmp_path / "eval.yaml"
     recipe.write_text(f"model: {{model: unused}}\ndata: {{source: 'jsonl:{data}', limit: 8}}\nviews: [full]\n"
                       f"out: {tmp_path / 'run'}\n")
     cfg = load_config(EvalConfig, recipe)
     assert set_in(cfg, "data.limit") == str(recipe) and set_in(cfg, "data.seed") is None
-    with caplog.at_level(logging.INFO):
-        metrics = evaluate(cfg, assistant=FunctionBackend(never_right), progress=False)
+    metrics = evaluate(cfg, assistant=FunctionBackend(never_right), progress=False)
     assert sum(len(ids) for ids in metrics["instances"].values()) == 8
-    (line,) = start_lines(caplog)
+    (line,) = start_lines(capsys)
     assert f"8 of 20 instances of jsonl:{data} (cut by data.limit 8, set in {recipe})" in line
     assert "8 conversations" in line and f"outputs in {tmp_path / 'run'}" in line
 
-    caplog.clear()
+    capsys.readouterr()
     again = load_config(EvalConfig, recipe, ["data.limit=3", f"out={tmp_path / 'three'}"])
-    with caplog.at_level(logging.INFO):
-        evaluate(again, assistant=FunctionBackend(never_right), progress=False)
-    assert "3 of 20 instances" in start_lines(caplog)[0] and "data.limit 3, set on the command line" in \
-        start_lines(caplog)[0]
+    evaluate(again, assistant=FunctionBackend(never_right), progress=False)
+    (line,) = start_lines(capsys)
+    assert "3 of 20 instances" in line and "data.limit 3, set on the command line" in line
 
 
 def test_a_generated_source_says_how_many_it_made_and_from_which_seed():
@@ -73,7 +70,7 @@ def sharded_view_turns(run_dir) -> dict[str, list[str]]:
 
 
 @pytest.mark.parametrize("kind", ["jsonl", "hf"])
-def test_fic_shard_and_fic_eval_shard_one_source_alike(tmp_path, kind, caplog, monkeypatch):
+def test_fic_shard_and_fic_eval_shard_one_source_alike(tmp_path, kind, capsys, monkeypatch):
     records = problems(4)
     if kind == "hf":
         datasets = pytest.importorskip("datasets")
@@ -94,23 +91,21 @@ def test_fic_shard_and_fic_eval_shard_one_source_alike(tmp_path, kind, caplog, m
     for name, data in (("source", [f"data.source={source}", "data.seed=3", *fields]),
                        ("file", [f"data.source=jsonl:{shards}"])):
         cfg = load_config(EvalConfig, None, ["model.model=unused", *data, "views=[sharded]", f"out={tmp_path / name}"])
-        with caplog.at_level(logging.INFO):
-            evaluate(cfg, assistant=FunctionBackend(never_right), progress=False)
+        evaluate(cfg, assistant=FunctionBackend(never_right), progress=False)
         runs[name] = tmp_path / name
     assert read_json(runs["source"] / "fingerprint.json")["instances"] == instance_digests(written)
     assert read_json(runs["file"] / "fingerprint.json")["instances"] == instance_digests(written)
     assert sharded_view_turns(runs["source"]) == sharded_view_turns(runs["file"])
-    line = start_lines(caplog)[0]
+    line = start_lines(capsys)[0]
     assert "4 sharded here by the rule sharder with data.seed 3 (`fic shard --seed 3` writes the same shards)" in line
 
     # another seed re-phrases the shards, and says with which seed
-    caplog.clear()
+    capsys.readouterr()
     cfg = load_config(EvalConfig, None, ["model.model=unused", f"data.source={source}", "data.seed=4", *fields,
                                          "views=[sharded]", f"out={tmp_path / 'seed4'}"])
-    with caplog.at_level(logging.INFO):
-        evaluate(cfg, assistant=FunctionBackend(never_right), progress=False)
+    evaluate(cfg, assistant=FunctionBackend(never_right), progress=False)
     assert read_json(tmp_path / "seed4" / "fingerprint.json")["instances"] != instance_digests(written)
-    assert "with data.seed 4" in start_lines(caplog)[0]
+    assert "with data.seed 4" in start_lines(capsys)[0]
 
 
 def test_a_data_yaml_names_the_dataset_once_for_every_verb(tmp_path, capsys):
