@@ -441,9 +441,10 @@ def load_hf_backend(cfg: BackendConfig) -> HFBackend:
     `column_major_linears`."""
 
     device = default_device() if cfg.device == "auto" else cfg.device
-    tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
+    # A checkpoint's model/ or a LoRA adapter (a run's final/, a checkpoint's) loads over its base.
+    tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code, adapter_ok=True)
     model = load_model(cfg.model, dtype=cfg.dtype, device=device,
-                       trust_remote_code=cfg.trust_remote_code)
+                       trust_remote_code=cfg.trust_remote_code, adapter_ok=True)
     if _model_device(model).type == "cpu":
         column_major_linears(model)
     return HFBackend(model, tokenizer, batch_size=cfg.batch_size, kv_reuse_mb=cfg.kv_reuse_mb)

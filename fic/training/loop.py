@@ -257,7 +257,7 @@ def maybe_checkpoint(accelerator: Any, cfg: RunConfig, step: int, steps: int, st
     kills the process after a chosen step (to check that a resume repeats nothing)."""
     if cfg.checkpoint.every and (step % cfg.checkpoint.every == 0 or step == steps):
         save_checkpoint(accelerator, Path(cfg.out), step, {"step": step, **state},
-                        keep_last=cfg.checkpoint.keep_last, lora=cfg.lora.enabled, extra=extra)
+                        keep_last=cfg.checkpoint.keep_last, lora=cfg.lora.enabled, extra=extra, cfg=cfg)
     if step == int(os.environ.get(KILL_ENV, "0") or 0):
         os.kill(os.getpid(), signal.SIGKILL)
 

@@ -128,7 +128,7 @@ def test_missing_package_is_a_user_error(monkeypatch, tmp_path):
 
 def test_missing_model_folder_is_a_user_error(tmp_path):
     for load in (load_model, load_tokenizer):
-        with pytest.raises(FicError, match=r"model folder .*nope not found; run `fic prepare-model`"):
+        with pytest.raises(FicError, match=r"model folder .*nope not found; point to a Hugging Face model folder, .*`fic prepare-model`"):
             load(tmp_path / "nope")
         with pytest.raises(FicError, match="no config.json"):
             load(tmp_path)
