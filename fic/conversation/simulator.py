@@ -48,6 +48,7 @@ change in the logits).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -74,6 +75,7 @@ MULTI_TURN_VIEWS = tuple(v for v in VIEWS if v not in SINGLE_TURN_VIEWS)
 NOT_CLASSIFIED = "not_classified"  # the label of single-turn replies: scored always, never classified
 NOTHING = -1  # LiC's shard id of a user turn that reveals no shard
 DEFAULT_MAX_IDLE_TURNS = 3
+TIME_FORMAT = "%Y-%m-%d %H:%M:%S"  # the turns' timestamps, as LiC's logs write them
 
 
 @dataclass
@@ -93,6 +95,8 @@ class Turn:
     user_note: str | None = None    # why the user simulator fell back, if it did
     label_note: str | None = None   # why the classifier fell back, if it did
     score_note: str | None = None   # why the score is what it is beyond a wrong answer (sandbox, no judge)
+    sent_at: str = ""               # when the user turn was sent and the reply came back: local time,
+    replied_at: str = ""            # to the second, as Lost in Conversation's logs stamp them
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -174,6 +178,7 @@ class Conversation:
         """The log line: the key, the outcome and the full trace of turns."""
         last_shard_turn = max((k for k, t in enumerate(self.turns) if t.shard_ids), default=None)
         first_attempt = next((k for k, t in enumerate(self.turns) if t.label == "answer_attempt"), None)
+        system = self.messages[0]["content"] if self.messages and self.messages[0]["role"] == "system" else None
         return {
             "task_id": self.instance.task_id, "task": self.instance.task, "view": self.view, "run": self.run,
             "score": self.score(), "stop_reason": self.stop_reason, "num_turns": len(self.turns),
@@ -190,6 +195,7 @@ class Conversation:
             "last_shard_turn": last_shard_turn,
             "prompt_tokens": self.turns[-1].prompt_tokens if self.turns else 0,
             "generated_tokens": sum(t.reply_tokens for t in self.turns),
+            "system": system,  # the system prompt the assistant saw (with the instance's tools, if any)
             "turns": [t.to_dict() for t in self.turns],
         }
 
@@ -291,7 +297,7 @@ def play(conversations: Sequence[Conversation], assistant: Backend, user: Any, c
             _grow_ids(assistant, conv, message)
             conv.messages.append(message)
             conv.revealed.extend(shard_ids)
-            conv.turns.append(Turn(user=text, shard_ids=shard_ids, user_note=note))
+            conv.turns.append(Turn(user=text, shard_ids=shard_ids, user_note=note, sent_at=now()))
         ready = []
         for conv in active:
             if max_context is not None and len(conv.ids) + params.max_new_tokens > max_context:
@@ -311,7 +317,7 @@ def play(conversations: Sequence[Conversation], assistant: Backend, user: Any, c
                 turn = conv.turns[-1]
                 turn.prompt_tokens = len(conv.ids) if conv.ids else 0
                 turn.reply, turn.reply_tokens = out.text, len(out.token_ids)
-                turn.finish_reason, turn.seed = out.finish_reason, reply
+                turn.finish_reason, turn.seed, turn.replied_at = out.finish_reason, reply, now()
                 conv.ids = conv.ids + list(out.token_ids)
                 conv.messages.append({"role": "assistant", "content": out.text})
         # 3. Single-turn replies are scored whatever they look like; multi-turn replies are
@@ -331,6 +337,11 @@ def play(conversations: Sequence[Conversation], assistant: Backend, user: Any, c
             elif max_turns is not None and len(conv.turns) >= max_turns:
                 _finish(conv, "max_turns", on_finish)
         step += 1
+
+
+def now() -> str:
+    """The wall-clock time to the second, in Lost in Conversation's format (`utils.date_str`)."""
+    return time.strftime(TIME_FORMAT)
 
 
 def score_reply(task: Any, reply: str, instance: Instance, judge: Any = None) -> tuple[str | None, float, str | None]:

@@ -424,7 +424,7 @@ def _evaluate(cfg: EvalConfig, out: Path, assistant: Any, user_backend: Any, cla
             return sum(most[id(c)] if c.done else len(c.turns) for c in conversations)
 
         def finished(conv) -> None:
-            record = conv.to_record()
+            record = {**conv.to_record(), "model": cfg.model.model}  # every record names its model
             append_jsonl(log_path, record)  # fsync'd: an interruption after this keeps it
             done[conv.key] = record
             bar.update(0, conversations=f"{len(done)}/{total}")
