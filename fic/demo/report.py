@@ -185,6 +185,10 @@ def render_markdown(cfg: Any, summary: dict, stages: dict) -> str:
              "comes first). R = P(stage; sharded) / P(starting point; full); retention = P(stage; full) / "
              "P(starting point; full); intervals: 95% paired bootstrap over instances "
              f"({cfg.bootstrap} resamples). Premature answers: an answer attempt before the last shard.", ""]
+    if getattr(cfg, "smoke", False):
+        parts += [f"**Smoke run** (`fic demo --quick`): {cfg.data.test} test instances, a few steps of every stage. "
+                  "The intervals are wide and the figures say nothing about the method: this run shows what the demo "
+                  "does and writes. The measured demo is `fic demo`.", ""]
     for split in summary["sets"]:
         parts += [f"## {split}", "", render_table(summary, split), ""]
     plateau = (stages.get("sft", {}).get("figures") or {}).get("plateau")

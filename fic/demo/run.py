@@ -128,6 +128,19 @@ class DemoConfig:
     stage_processes: bool = setting(True, "Run each stage in a process of its own, so that what a stage held in "
                                     "memory is given back before the next one (the demo's peak is its largest "
                                     "stage's); false runs them all in this process.")
+    smoke: bool = setting(False, "A smoke run (`fic demo --quick`): every output says its figures come from tiny "
+                          "splits and a few steps, so their intervals are wide and they say nothing about the "
+                          "method.")
+
+
+# `fic demo --quick`: the whole pipeline in a few minutes on 2 cores, into its own folder. Tiny
+# splits and a few steps of every stage: a look at what the demo does and writes, not a measure.
+QUICK = ("out=runs/demo-quick", "smoke=true", "label=SmolLM2-135M-Instruct + single-turn warm-up (smoke run)",
+         "data.train=48", "data.dev=8", "data.test=16", "data.test_unseen=8", "bootstrap=200",
+         "warmup.train.max_steps=4", "sft.train.max_steps=6", "vasd.train.max_steps=2",
+         "vasd.train.micro_batch_size=2", "vasd.train.grad_accum_steps=1", "vasd.checkpoint.every=0",
+         "vasd.logging.samples_every=0", "warmup.checkpoint.every=0", "sft.checkpoint.every=0",
+         "control.checkpoint.every=0")
 
 
 def expand(config: Any, values: dict[str, str]) -> None:
@@ -380,6 +393,16 @@ def run_stage_process(stage: str, recipes: str, overrides: list[str], progress: 
 
 
 def start_line(cfg: DemoConfig, stages: tuple[str, ...] = STAGES[:-1]) -> str:
+    """The demo's start line (`_start_line`), a smoke run's said first."""
+    line = _start_line(cfg, stages)
+    if cfg.smoke:  # --quick's settings arrive as command-line overrides
+        return line.replace("fic demo: ", "fic demo: SMOKE RUN (--quick: tiny splits, a few steps; wide intervals, "
+                            "no measure of the method): ", 1).replace("set on the command line",
+                                                                      "set by --quick or the command line")
+    return line
+
+
+def _start_line(cfg: DemoConfig, stages: tuple[str, ...]) -> str:
     """What the demo will do, before any stage starts: the splits it generates (their sizes and
     where they were set), the stages left and done, each training stage's size, where it writes."""
     done = [stage for stage in stages if (paths(cfg)["stages"] / f"{stage}.json").is_file()]
