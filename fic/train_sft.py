@@ -128,11 +128,14 @@ def start_line(cfg: SFTConfig, corpus: dict, steps: int, world: int) -> str:
     dev = (f"; the dev curve every {cfg.dev.every} steps on {cfg.dev.data.limit or 'all'} instances of "
            f"{', '.join(cfg.dev.data.source)} ({', '.join(cfg.dev.views)}), stopping at its plateau" if cfg.dev.every
            else "")
-    return (f"fic train sft: {corpus['used']} of {corpus['records']} conversations of {cfg.data.path} "
-            f"({corpus['skipped_too_long']} longer than data.max_seq_len {cfg.data.max_seq_len} tokens left out), "
-            f"{corpus['target_tokens']} target tokens; {steps} steps ({why}) of {per_step} conversations{dev}; "
-            f"from {cfg.model.path}{' with LoRA r=' + str(cfg.lora.r) if cfg.lora.enabled else ''}; outputs in "
-            f"{cfg.out} (checkpoints every {cfg.checkpoint.every} steps, the model in {Path(cfg.out) / 'final'})")
+    read = (f"{corpus['used']} of {corpus['records']} conversations of {cfg.data.path} ({corpus['skipped_too_long']} "
+            f"longer than data.max_seq_len {cfg.data.max_seq_len} tokens left out), {corpus['target_tokens']} target "
+            "tokens")
+    clauses = [read, f"{steps} steps ({why}) of {per_step} conversations{dev}",
+               f"from {cfg.model.path}" + (f" with LoRA r={cfg.lora.r}" if cfg.lora.enabled else ""),
+               f"outputs in {cfg.out} (checkpoints every {cfg.checkpoint.every} steps, the model in "
+               f"{Path(cfg.out) / 'final'})"]
+    return "fic train sft: " + "; ".join(clauses)
 
 
 def plan(cfg: SFTConfig) -> str:

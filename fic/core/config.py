@@ -552,6 +552,14 @@ def flatten(tree: Any, prefix: str = "") -> dict:
     return flat
 
 
+def differences(old: dict, new: dict, limit: int = 4) -> str:
+    """What differs between two (nested) settings, key by key: `a.b: 1 -> 2; c: 'x' -> None`
+    (the first `limit` keys), for an error that refuses to mix two runs' outputs."""
+    before, after = flatten(old), flatten(new)
+    keys = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    return "; ".join(f"{k}: {before.get(k)!r} -> {after.get(k)!r}" for k in keys[:limit])
+
+
 def describe(cls: type, prefix: str = "", *, run: Any = None, defaults: Any = None, root: Any = None) -> str:
     """A help listing of every key of a config class: name, type, default and help text. A nested
     section's defaults are those its parent declares (sft-data's `data.limit` is 1000, not the

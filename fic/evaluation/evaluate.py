@@ -55,7 +55,7 @@ from fic.conversation.simulator import make_conversations, play
 from fic.conversation.users import UserSimulatorSection, make_user
 from fic.core.config import (
     config_to_dict,
-    flatten,
+    differences,
     set_in,
     setting,
 )
@@ -218,11 +218,8 @@ def check_resume(out: Path, cfg: EvalConfig, instances: list[Instance]) -> None:
         wanted_instances = wanted.pop("instances")
         saved = {**FINGERPRINT_DEFAULTS, **saved}
         if saved != wanted:
-            old, new = flatten(saved), flatten(wanted)
-            diff = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
-            details = "; ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff[:4])
-            raise FicError(f"this folder holds conversations from a different config ({details}); resuming "
-                           "would mix them. Use another out= or delete the folder", field="out")
+            raise FicError(f"this folder holds conversations from a different config ({differences(saved, wanted)}); "
+                           "resuming would mix them. Use another out= or delete the folder", field="out")
         if saved_instances is None:  # a folder from before instance hashes: it resumes, as it did, and says so
             print(f"fic eval: {path} predates instance hashes: the data could not be checked against the "
                   "conversations already played; it is recorded now", file=sys.stderr, flush=True)

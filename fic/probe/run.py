@@ -52,7 +52,7 @@ from fic import tasks
 from fic.backends import make_backend
 from fic.conversation.simulator import score_reply
 from fic.core.chat import prompt_ids, user_turn_ids
-from fic.core.config import config_to_dict, flatten, resolved_yaml, set_in, setting
+from fic.core.config import config_to_dict, differences, resolved_yaml, set_in, setting
 from fic.core.errors import FicError
 from fic.core.files import (
     append_jsonl,
@@ -260,11 +260,12 @@ def start_line(cfg: ProbeConfig, loaded: ShardedInstances) -> str:
     conditions = [ORIGINAL, *cfg.perturbations]
     temperatures = ", ".join(f"{t:g}" for t in cfg.temperatures)
     replies = f"read from {cfg.replies.path}" if cfg.replies.path else "written by the model (greedy)"
-    return (f"fic probe: {describe_loaded(loaded, cfg.data, limit_set_in=set_in(cfg, 'data.limit'))}; {n} "
-            f"single-turn replies {replies}; {len(conditions)} conditions ({', '.join(conditions)}) x {draws(cfg)} "
-            f"draws (temperatures {temperatures}; {cfg.samples} samples above 0) = "
-            f"{n * len(conditions) * draws(cfg)} user turns, labelled by the {cfg.judge.kind} judge; outputs in "
-            f"{cfg.out}")
+    turns = (f"{len(conditions)} conditions ({', '.join(conditions)}) x {draws(cfg)} draws (temperatures "
+             f"{temperatures}; {cfg.samples} samples above 0) = {n * len(conditions) * draws(cfg)} user turns, "
+             f"labelled by the {cfg.judge.kind} judge")
+    clauses = [describe_loaded(loaded, cfg.data, limit_set_in=set_in(cfg, "data.limit")),
+               f"{n} single-turn replies {replies}", turns, f"outputs in {cfg.out}"]
+    return "fic probe: " + "; ".join(clauses)
 
 
 def plan(cfg: ProbeConfig) -> str:
@@ -477,11 +478,8 @@ def check_resume(out: Path, cfg: ProbeConfig) -> None:
     if holds and path.is_file():
         saved = read_json(path)
         if saved != wanted:
-            old, new = flatten(saved), flatten(wanted)
-            diff = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
-            details = "; ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff[:4])
-            raise FicError(f"this folder holds a probe of other settings ({details}); resuming would mix them. Use "
-                           "another out= or delete the folder", field="out")
+            raise FicError(f"this folder holds a probe of other settings ({differences(saved, wanted)}); resuming "
+                           "would mix them. Use another out= or delete the folder", field="out")
     elif holds:
         raise FicError(f"holds probe outputs without {FINGERPRINT_NAME}; cannot tell which settings made them. Use "
                        "another out= or delete the folder", path=str(out), field="out")
