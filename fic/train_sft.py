@@ -32,7 +32,7 @@ from typing import Any
 
 from accelerate.utils import set_seed
 
-from fic.core.config import config_to_dict
+from fic.core.config import config_to_dict, set_in, set_where
 from fic.core.errors import FicError
 from fic.core.files import append_jsonl, file_sha256, read_json, write_json
 from fic.core.model import load_template_checked_tokenizer
@@ -66,9 +66,7 @@ def train(cfg: SFTConfig) -> dict:
             say(f"resuming with changed settings: {', '.join(changed)}")
     steps = total_steps(cfg, len(examples), world)
     G = cfg.train.grad_accum_steps
-    say(f"{corpus['used']} conversations ({corpus['skipped_too_long']} skipped as too long), "
-        f"{corpus['target_tokens']} target tokens; {steps} steps of {cfg.train.micro_batch_size} x {G} x {world} "
-        "conversations")
+    say(start_line(cfg, corpus, steps, world))
 
     set_seed(cfg.train.seed)
     model = loop.build_model(cfg, device=str(accelerator.device))
@@ -116,6 +114,38 @@ def train(cfg: SFTConfig) -> dict:
     say(f"saved {final}" + (f" and {out / 'final-merged'}" if cfg.save_merged else ""))
     accelerator.end_training()
     return {"model_dir": final, "model": sft.model, **result}
+
+
+def start_line(cfg: SFTConfig, corpus: dict, steps: int, world: int) -> str:
+    """What the run will do, before the model loads: the conversations it read and why some are
+    left out, the steps and what sets their number, the dev curve, where it writes."""
+    per_step = f"{cfg.train.micro_batch_size} x {cfg.train.grad_accum_steps} x {world}"
+    if cfg.train.max_steps is not None:
+        where = set_in(cfg, "train.max_steps")
+        why = f"train.max_steps, {set_where(where)}" if where else "train.max_steps"
+    else:
+        why = f"train.epochs {cfg.train.epochs:g} of {corpus['used']} conversations"
+    dev = (f"; the dev curve every {cfg.dev.every} steps on {cfg.dev.data.limit or 'all'} instances of "
+           f"{', '.join(cfg.dev.data.source)} ({', '.join(cfg.dev.views)}), stopping at its plateau" if cfg.dev.every
+           else "")
+    read = (f"{corpus['used']} of {corpus['records']} conversations of {cfg.data.path} ({corpus['skipped_too_long']} "
+            f"longer than data.max_seq_len {cfg.data.max_seq_len} tokens left out), {corpus['target_tokens']} target "
+            "tokens")
+    clauses = [read, f"{steps} steps ({why}) of {per_step} conversations{dev}",
+               f"from {cfg.model.path}" + (f" with LoRA r={cfg.lora.r}" if cfg.lora.enabled else ""),
+               f"outputs in {cfg.out} (checkpoints every {cfg.checkpoint.every} steps, the model in "
+               f"{Path(cfg.out) / 'final'})"]
+    return "fic train sft: " + "; ".join(clauses)
+
+
+def plan(cfg: SFTConfig) -> str:
+    """The start line of a run of `cfg` (`fic train sft --dry-run`): the tokenizer reads the corpus;
+    no model loads."""
+    check_inputs(cfg)
+    tokenizer = load_template_checked_tokenizer(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
+    examples, corpus = load_corpus(cfg.data.path, tokenizer, cfg.data.max_seq_len, progress=False)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return start_line(cfg, corpus, total_steps(cfg, len(examples), world), world)
 
 
 class DevCurve:
@@ -205,7 +235,7 @@ def _plateau_fact(plateau: dict | None) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return loop.recipe_main(SFTConfig, train, "sft", __doc__, argv)
+    return loop.recipe_main(SFTConfig, train, "sft", __doc__, argv, plan=plan)
 
 
 if __name__ == "__main__":

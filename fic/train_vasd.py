@@ -37,14 +37,16 @@ checkpoints hold weights, optimizer, RNG and the EMA teacher: losses after a kil
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 from accelerate.utils import set_seed
 
-from fic.core.config import config_to_dict
+from fic.core.config import config_to_dict, set_in, set_where
 from fic.core.files import append_jsonl, file_sha256, write_json
 from fic.core.model import load_template_checked_tokenizer
+from fic.data.sources import describe_loaded, load_sharded
 from fic.evaluation.live import evaluate_live
 from fic.training import checkpoints, loop
 from fic.training.checkpoints import model_card as card
@@ -66,8 +68,7 @@ def train(cfg: VASDConfig) -> dict:
     tokenizer = load_template_checked_tokenizer(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
     instances, data_sha, overlap = load_rollout_tasks(cfg)
     held_out = load_held_out(cfg, instances)
-    say(f"evaluation data kept out: {overlap['dropped']} overlapping instance(s) dropped "
-        f"({', '.join(cfg.exclude.sources) or 'no exclude.sources named'})")
+    say(start_line(cfg, instances, held_out, overlap, world))
     check_against_tokenizer(cfg, tokenizer, instances)
     anchors, anchor_stats = [], {"used": 0}
     if cfg.regularizer.kind in ("anchor", "both"):
@@ -172,8 +173,32 @@ def model_card(cfg: VASDConfig, result: dict, kind: str) -> str:
                        f"Training: {result['steps']} optimizer steps"])
 
 
+def start_line(cfg: VASDConfig, instances: list, held_out: list, overlap: dict, world: int) -> str:
+    """What the run will do, before the model loads: the rollout tasks read and why (the sources
+    are read once more for their counts, a second or two), the evaluation data kept out, the steps
+    and rollouts, the anchor corpus and held-out set, where it writes."""
+    read = describe_loaded(load_sharded(cfg.data, several_shards=True), cfg.data, limit_set_in=set_in(cfg, "data.limit"))
+    where = set_in(cfg, "train.max_steps")
+    per_step = cfg.train.micro_batch_size * cfg.train.grad_accum_steps * world
+    anchor = (f"; anchor {cfg.regularizer.anchor_share:g} of each batch from {cfg.regularizer.anchor_path}"
+              if cfg.regularizer.kind in ("anchor", "both") else "")
+    evaluated = f"; {len(held_out)} held-out tasks evaluated every {cfg.eval.every} steps" if held_out else ""
+    return (f"fic train vasd: {read}; {len(instances)} rollout tasks after {overlap['dropped']} evaluation "
+            f"instance(s) dropped ({', '.join(cfg.exclude.sources) or 'no exclude.sources named'}); "
+            f"{cfg.train.max_steps} steps (train.max_steps{', ' + set_where(where) if where else ''}) of "
+            f"{cfg.train.micro_batch_size} x {cfg.train.grad_accum_steps} x {world} = {per_step} sharded rollouts, "
+            f"{cfg.train.max_steps * per_step} in all{anchor}{evaluated}; from {cfg.model.path}; outputs in {cfg.out}")
+
+
+def plan(cfg: VASDConfig) -> str:
+    """The start line of a run of `cfg` (`fic train vasd --dry-run`); no model or tokenizer loads."""
+    check_inputs(cfg)
+    instances, _, overlap = load_rollout_tasks(cfg)
+    return start_line(cfg, instances, load_held_out(cfg, instances), overlap, int(os.environ.get("WORLD_SIZE", "1")))
+
+
 def main(argv: list[str] | None = None) -> int:
-    return loop.recipe_main(VASDConfig, train, "vasd", __doc__, argv)
+    return loop.recipe_main(VASDConfig, train, "vasd", __doc__, argv, plan=plan)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ from fic.backends.kv_reuse import (
     shared_prefixes,
     spans_kv,
 )
+from fic.core import progress
 from fic.core.generation import (
     BackendConfig,
     Generation,
@@ -282,7 +283,7 @@ def _decode(model: Any, cache: Any, input_ids: torch.Tensor, attention_mask: tor
     active = torch.arange(rows, device=device)  # original row of each batch row
     finished = torch.zeros(rows, dtype=torch.bool, device=device)
     positions = _positions(attention_mask, input_ids.shape[1])
-    step_ids, steps = input_ids, 0
+    step_ids, steps, writing = input_ids, 0, rows
     for step in range(params.max_new_tokens):
         out = model(input_ids=step_ids, attention_mask=attention_mask, position_ids=positions,
                     use_cache=True, **_forward_kwargs(model, cache))
@@ -304,9 +305,12 @@ def _decode(model: Any, cache: Any, input_ids: torch.Tensor, attention_mask: tor
         out_logprobs[active, step] = raw.gather(-1, chosen)[:, 0]
         finished |= torch.isin(chosen[:, 0], stop_tensor)
         steps = step + 1
-        if bool(finished.all()) or steps == params.max_new_tokens:
+        done_rows = int(finished.sum())
+        progress.decoded(writing, len(active) - done_rows)  # the heartbeat's rows and tokens
+        writing = len(active) - done_rows
+        if done_rows == len(active) or steps == params.max_new_tokens:
             break
-        if int(finished.sum()) >= max(1, len(active) // 4):
+        if done_rows >= max(1, len(active) // 4):
             if row_kvs is not None:  # copied: the batch storage is about to be rebuilt without them
                 leaving = finished.nonzero()[:, 0].tolist()
                 for row, kv in zip(active[leaving].tolist(), batch_rows(layer_kv(cache), leaving, copy=True)):
@@ -437,9 +441,10 @@ def load_hf_backend(cfg: BackendConfig) -> HFBackend:
     `column_major_linears`."""
 
     device = default_device() if cfg.device == "auto" else cfg.device
-    tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
+    # A checkpoint's model/ or a LoRA adapter (a run's final/, a checkpoint's) loads over its base.
+    tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code, adapter_ok=True)
     model = load_model(cfg.model, dtype=cfg.dtype, device=device,
-                       trust_remote_code=cfg.trust_remote_code)
+                       trust_remote_code=cfg.trust_remote_code, adapter_ok=True)
     if _model_device(model).type == "cpu":
         column_major_linears(model)
     return HFBackend(model, tokenizer, batch_size=cfg.batch_size, kv_reuse_mb=cfg.kv_reuse_mb)

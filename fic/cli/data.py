@@ -9,14 +9,21 @@ from pathlib import Path
 
 from fic.backends import make_backend
 from fic.core.chat import format_masks, render_chat
-from fic.core.config import load_config
+from fic.core.config import config_to_dict, load_config
 from fic.core.errors import FicError
 from fic.core.files import check_writable, read_records, write_json, write_jsonl
 from fic.core.generation import BackendConfig
 from fic.core.instance import Instance
 from fic.data.hub import ANSWER_FROM
 from fic.data.llm_sharder import shard_with_llm
-from fic.data.sources import InstancesSection, ShardedInstances, Sharder, load_sharded, read_instance
+from fic.data.sources import (
+    InstancesSection,
+    ShardedInstances,
+    Sharder,
+    describe_loaded,
+    load_sharded,
+    read_instance,
+)
 from fic.data.views import VIEWS, format_view, render_view
 from fic.evaluation.shard_validation import validate_shards
 from fic.tasks.base import PROMPT_STYLES
@@ -27,15 +34,20 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
         parser.add_argument("--out", default=None, help="output folder (default: models/smollm2-135m-instruct)")
         parser.add_argument("--force", action="store_true", help="rebuild even if the folder is already prepared")
     elif verb == "shard":
-        parser.add_argument("--source", required=True,
+        parser.add_argument("--data", default=None, metavar="FILE",
+                            help="a data YAML naming the dataset once (the keys of any recipe's `data:` section: "
+                            "source, task, limit, seed, fields, answer_from); the same file goes in every verb's "
+                            "config as `data: FILE` (docs/data.md). Instead of --source, --task, --fields, "
+                            "--answer-from, --limit and --seed")
+        parser.add_argument("--source", default=None,
                             help="lic:PATH, gsm8k[:SPLIT|:PATH], reasoning-gym:NAME, actions-gen:SPLIT "
                             "(with --task actions), jsonl:PATH, or hf:REPO[@REVISION][:CONFIG][:SPLIT] / hf:PATH "
                             "(a dataset on the hub, a save_to_disk folder, a Parquet, CSV or JSON file)")
-        parser.add_argument("--task", default="math", help="task of the instances (default: math)")
+        parser.add_argument("--task", default=None, help="task of the instances (default: math)")
         parser.add_argument("--fields", default=None, metavar="KEY=COLUMN,...",
                             help="hf: sources: which column holds each task key, e.g. question=problem,answer=solution "
                             "(keys not given are read from the column of their own name)")
-        parser.add_argument("--answer-from", default="auto", choices=ANSWER_FROM,
+        parser.add_argument("--answer-from", default=None, choices=ANSWER_FROM,
                             help="hf: sources, task math: the answer column is a solution ending '#### n' (hash), "
                             "one with \\boxed{} (boxed), the answer itself (value), or the first that fits (auto)")
         parser.add_argument("--out", required=True, help="output JSONL file (LiC schema, one instance a line)")
@@ -48,7 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
         parser.add_argument("--retries", type=int, default=2,
                             help="llm sharder: ask again this many times when the output fails a check (default: 2)")
         parser.add_argument("--limit", type=int, default=None, help="at most this many instances")
-        parser.add_argument("--seed", type=int, default=0, help="seed for generated sources and phrasing")
+        parser.add_argument("--seed", type=int, default=None,
+                            help="seed for generated sources and phrasing (default: 0; a verb that reads the same "
+                            "unsharded source shards it with its data.seed: the same seed gives the same shards)")
         parser.add_argument("--reshard", action="store_true",
                             help="re-shard instances that already have shards instead of keeping them")
         parser.add_argument("--validate", default=None, metavar="MODEL_CONFIG",
@@ -96,15 +110,18 @@ def shard(args: argparse.Namespace) -> int:
 
     _check_shard_args(args)
     check_writable(args.out, field="--out")  # before a generator runs or a model loads
-    section = InstancesSection(source=[args.source], task=args.task, limit=args.limit, seed=args.seed,
-                               fields=parse_fields(args.fields), answer_from=args.answer_from)
+    section = shard_section(args)
 
     def llm_sharder(instances: list[Instance]) -> tuple[list[Instance], list[tuple[Instance, str]]]:
         # The model loads only once the data has loaded and something needs sharding.
         backend = _backend_from_yaml(args.sharder_config, "--sharder-config")
-        return shard_with_llm(instances, backend, retries=args.retries, seed=args.seed)
+        return shard_with_llm(instances, backend, retries=args.retries, seed=section.seed)
 
-    (loaded,) = _load_for_shard(section, llm_sharder if args.sharder == "llm" else None, args.reshard).sources
+    everything = _load_for_shard(section, llm_sharder if args.sharder == "llm" else None, args.reshard)
+    (loaded,) = everything.sources
+    print("fic shard: " + describe_loaded(everything, section, section="", limit_set_in=args.data or
+                                          ("command line" if args.limit is not None else None),
+                                          sharder=f"the {args.sharder} sharder"))
     if loaded.origin is not None:
         print(describe_origin(loaded.origin))
     kept, rejected, reasons = loaded.instances, [], Counter()
@@ -119,7 +136,7 @@ def shard(args: argparse.Namespace) -> int:
 
         verdicts = validate_shards(kept, _backend_from_yaml(args.validate, "--validate"), runs=args.validate_runs,
                                    temperature=args.validate_temperature, threshold=args.validate_threshold,
-                                   max_new_tokens=args.validate_max_new_tokens, seed=args.seed)
+                                   max_new_tokens=args.validate_max_new_tokens, seed=section.seed)
         kept = [v.instance for v in verdicts if v.keep]
         for verdict in verdicts:
             if not verdict.keep:
@@ -138,12 +155,35 @@ def shard(args: argparse.Namespace) -> int:
     if loaded.origin is not None:  # where they came from, which the JSONL alone no longer says
         card = Path(args.out).with_suffix(".card.json")
         write_json(card, {"file": args.out, "built_by": "fic shard", "origin": loaded.origin, "written": count,
-                          "rejected": len(rejected), "sharder": args.sharder, "seed": args.seed})
+                          "rejected": len(rejected), "sharder": args.sharder, "seed": section.seed,
+                          "data": config_to_dict(section)})
         print(f"data card: {card}")
     if rejected:
         summary = "; ".join(f"{n} x {reason}" for reason, n in reasons.most_common(5))
         print(f"dropped {len(rejected)} ({summary}); see {rejected_path}")
     return 0
+
+
+SECTION_OPTIONS = {"source": "--source", "task": "--task", "fields": "--fields", "answer_from": "--answer-from",
+                   "limit": "--limit", "seed": "--seed"}
+
+
+def shard_section(args: argparse.Namespace) -> InstancesSection:
+    """The data section `fic shard` reads: a data YAML (`--data`), else the options."""
+    given = [option for name, option in SECTION_OPTIONS.items() if getattr(args, name) is not None]
+    if args.data is not None:
+        if given:
+            raise FicError(f"--data names the whole dataset; set {given[0].lstrip('-').replace('-', '_')} in "
+                           f"{args.data} instead of {given[0]}", field=given[0])
+        section = load_config(InstancesSection, args.data)
+        if len(section.source) != 1:
+            raise FicError(f"fic shard writes one source to one file; the data YAML names {len(section.source)}",
+                           path=args.data, field="source")
+        return section
+    if args.source is None:
+        raise FicError("give --source SPEC (or --data FILE, a data YAML)", field="--source")
+    return InstancesSection(source=[args.source], task=args.task or "math", limit=args.limit, seed=args.seed or 0,
+                            fields=parse_fields(args.fields), answer_from=args.answer_from or "auto")
 
 
 def _load_for_shard(section: InstancesSection, sharder: Sharder | None, reshard: bool) -> ShardedInstances:

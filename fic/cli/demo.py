@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import argparse
 
-from fic.core.config import print_keys
+from fic.core.config import DRY_RUN_HELP, print_keys, resolved_yaml
 from fic.core.errors import FicError, one_line, os_error
 from fic.core.files import write_text
 from fic.demo.ablation import ablation_dir, run_ablation
-from fic.demo.run import STAGES, DemoConfig, load_demo, paths, run_demo, run_stage
+from fic.demo.run import QUICK, STAGES, DemoConfig, load_demo, paths, plan, run_demo, run_stage
 
 
 def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
@@ -19,17 +19,28 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
                         help=f"run again from this stage on: {', '.join(STAGES)}")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="override demo.yaml, e.g. out=runs/d2 "
                         "data.test=64 vasd.train.max_steps=4")
-    parser.add_argument("--keys", action="store_true", help="list every key of demo.yaml with its help and exit")
+    parser.add_argument("--keys", action="store_true", help="list every key of demo.yaml with its default, the value "
+                        "this run would use (demo.yaml and the overrides) and its help, and exit")
+    parser.add_argument("--dry-run", action="store_true", help=DRY_RUN_HELP)
     parser.add_argument("--quiet", action="store_true", help="no progress bars or lines")
+    parser.add_argument("--quick", action="store_true", help="a smoke run of every stage in a few minutes on 2 CPU "
+                        "cores, into runs/demo-quick: tiny splits and a few steps (wide intervals; a look at what the "
+                        "demo does and writes, not a measure). Overrides given beside it win")
     parser.add_argument("--ablate", action="store_true", help="train and compare the stage 2 variants of "
                         "ablation.variants (and the equal-compute control) on the dev split, instead of the demo")
     parser.add_argument("--stage", default=None, choices=STAGES[:-1], help=argparse.SUPPRESS)  # one stage's process
 
 
 def run(args: argparse.Namespace) -> int:
-    if print_keys(args, DemoConfig):
+    if args.quick:  # before the user's overrides, which win; stage processes get the same list
+        args.overrides = [*QUICK, *args.overrides]
+    if args.keys:  # demo.yaml is always read: its values are what a run uses
+        print_keys(args, DemoConfig, run=load_demo(args.recipes, args.overrides))
         return 0
     cfg = load_demo(args.recipes, args.overrides)
+    if args.dry_run:
+        print(resolved_yaml(cfg) + plan(cfg, (args.recipes, args.overrides)))
+        return 0
     if args.stage is not None:  # a stage's own process: its error goes to the demo that started it
         errors = paths(cfg)["stages"] / f"{args.stage}.error"
         try:

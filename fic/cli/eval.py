@@ -7,8 +7,8 @@ import argparse
 import time
 from pathlib import Path
 
-from fic.core.config import add_config_arguments, load_cli_config, print_keys
-from fic.evaluation.evaluate import REPORT_NAME, EvalConfig, evaluate
+from fic.core.config import add_config_arguments, load_cli_config, print_keys, resolved_yaml
+from fic.evaluation.evaluate import REPORT_NAME, EvalConfig, evaluate, plan
 
 
 def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
@@ -21,6 +21,9 @@ def run(args: argparse.Namespace) -> int:
     if print_keys(args, EvalConfig):
         return 0
     cfg = load_cli_config(EvalConfig, args.config, args.overrides)
+    if args.dry_run:
+        print(resolved_yaml(cfg) + plan(cfg))
+        return 0
     started = time.perf_counter()
     metrics = evaluate(cfg, progress=not args.quiet)
     elapsed = time.perf_counter() - started

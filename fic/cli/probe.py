@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from fic.core.config import add_config_arguments, load_cli_config, print_keys
+from fic.core.config import add_config_arguments, load_cli_config, print_keys, resolved_yaml
 from fic.probe.report import REPORT_NAME, follow_up_table
-from fic.probe.run import ProbeConfig, probe
+from fic.probe.run import ProbeConfig, plan, probe
 
 
 def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
@@ -22,6 +22,9 @@ def run(args: argparse.Namespace) -> int:
     if print_keys(args, ProbeConfig):
         return 0
     cfg = load_cli_config(ProbeConfig, args.config, args.overrides)
+    if args.dry_run:
+        print(resolved_yaml(cfg) + plan(cfg))
+        return 0
     metrics = probe(cfg, progress=not args.quiet)
     print("\n".join(follow_up_table(metrics)))
     for dataset, figures in metrics["datasets"].items():

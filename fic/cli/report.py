@@ -7,6 +7,10 @@
 - a demo folder (`stages/`: `fic demo`): every training run and evaluation in it, and
   `demo_scores.png` from `stages/report.json`.
 
+`--format lic` writes an evaluation's conversations (each evaluation's of a demo folder) in Lost in
+Conversation's log format instead (`fic.evaluation.lic_logs`): `lic_logs/<task>/<conv_type>/...jsonl`,
+which LiC's viewer and analyses read.
+
 Files are only read (a line a running job is writing is passed over); figures go to RUN_DIR,
 or with `--out` to another folder (a read-only run folder, a shared disk). Every file is read
 through FiC's guarded readers and checked for the shape its figures need: a file that is not
@@ -19,9 +23,11 @@ import argparse
 from pathlib import Path
 from typing import Any, Callable
 
+from fic.core.config import read_yaml
 from fic.core.errors import FicError
 from fic.core.files import check_writable, read_growing_log, read_json
 from fic.demo.report import PLOT, plot_demo
+from fic.evaluation.lic_logs import LOG_FOLDER, run_settings, write_lic_logs
 from fic.evaluation.metrics import record_problem, summarize
 from fic.evaluation.report import write_report
 from fic.training.curves import CURVES_PNG, read_metrics, write_curves
@@ -33,6 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
                         "demo folder (runs/demo)")
     parser.add_argument("--out", default=None, metavar="FOLDER",
                         help="write the figures here instead of into RUN_DIR (a demo keeps its layout below it)")
+    parser.add_argument("--format", default="figures", choices=("figures", "lic"),
+                        help="figures (default): the run's report and figures; lic: an evaluation's conversations "
+                        f"as Lost in Conversation's logs, in {LOG_FOLDER}/<task>/<conv_type>/ (docs/outputs.md)")
 
 
 def kind_of(folder: Path) -> str | None:
@@ -99,6 +108,30 @@ def report_evaluation(folder: Path, out: Path) -> list[Path]:
     return [report, *(out / name for name in ("scores_by_view.png", "answer_timing.png", "tokens_per_conversation.png"))]
 
 
+def export_lic(folder: Path, out: Path) -> list[Path]:
+    """An evaluation's conversations (each evaluation's of a demo folder) as LiC's logs."""
+    runs = [folder] if kind_of(folder) == "evaluation" else \
+        sorted(p for p in folder.rglob("*") if p.is_dir() and kind_of(p) == "evaluation")
+    written = []
+    for run in runs:
+        records = _conversations(run / "conversations.jsonl")
+        if not records:
+            continue
+        config = read_yaml(run / "config.yaml") if (run / "config.yaml").is_file() else {}
+        metrics = _read_json(run / "metrics.json") if (run / "metrics.json").is_file() else None
+        settings = run_settings(config, metrics)
+        if not settings["model"] and not all(r.get("model") for r in records):
+            raise FicError("cannot tell which model played these conversations (no config.yaml, no model in the "
+                           "records)", path=str(run))
+        target = out / run.relative_to(folder) / LOG_FOLDER
+        written += _drawn(run / "conversations.jsonl", "the conversations of a fic eval run",
+                          lambda records=records, settings=settings, target=target:
+                          write_lic_logs(records, settings, target))
+    if not written:
+        raise FicError("no finished conversation to export (no evaluation with conversations.jsonl)", path=str(folder))
+    return written
+
+
 def report_demo(folder: Path, out: Path) -> list[Path]:
     written = []
     for sub in sorted(p for p in folder.rglob("*") if p.is_dir()):
@@ -134,7 +167,13 @@ def run(args: argparse.Namespace) -> int:
                        "metrics.json (an evaluation), or stages/ (a demo)", path=str(folder), field="RUN_DIR")
     if not args.out:
         check_writable(out, folder=True, field="RUN_DIR")
-    written = {"training": report_training, "evaluation": report_evaluation, "demo": report_demo}[kind](folder, out)
+    if args.format == "lic":
+        if kind == "training":
+            raise FicError("--format lic exports an evaluation's conversations; this is a training run", path=str(folder),
+                           field="RUN_DIR")
+        written = export_lic(folder, out)
+    else:
+        written = {"training": report_training, "evaluation": report_evaluation, "demo": report_demo}[kind](folder, out)
     for path in written:
         print(f"wrote {path}")
     return 0

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import argparse
 
-from fic.core.config import add_config_arguments, load_config, print_keys
+from fic.core.config import add_config_arguments, load_config, print_keys, resolved_yaml
 from fic.core.files import read_records
-from fic.corpus.build import SFTDataConfig, build_corpus, card_paths
+from fic.corpus.build import SFTDataConfig, build_corpus, card_paths, plan
 
 
 def format_record(record: dict) -> str:
@@ -28,6 +28,9 @@ def run(args: argparse.Namespace) -> int:
     if print_keys(args, SFTDataConfig):
         return 0
     cfg = load_config(SFTDataConfig, args.config, args.overrides)
+    if args.dry_run:
+        print(resolved_yaml(cfg) + plan(cfg)[2])
+        return 0
     info = build_corpus(cfg)
     if args.show:
         for record in read_records(cfg.out)[:args.show]:

@@ -48,10 +48,12 @@ change in the logits).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from fic import tasks
+from fic.core import progress
 from fic.core.chat import continue_ids, prompt_ids
 from fic.core.errors import FicError, cut_short_on_sigterm, one_line
 from fic.core.generation import Backend, Generation, SamplingParams
@@ -73,6 +75,7 @@ MULTI_TURN_VIEWS = tuple(v for v in VIEWS if v not in SINGLE_TURN_VIEWS)
 NOT_CLASSIFIED = "not_classified"  # the label of single-turn replies: scored always, never classified
 NOTHING = -1  # LiC's shard id of a user turn that reveals no shard
 DEFAULT_MAX_IDLE_TURNS = 3
+TIME_FORMAT = "%Y-%m-%d %H:%M:%S"  # the turns' timestamps, as LiC's logs write them
 
 
 @dataclass
@@ -92,6 +95,8 @@ class Turn:
     user_note: str | None = None    # why the user simulator fell back, if it did
     label_note: str | None = None   # why the classifier fell back, if it did
     score_note: str | None = None   # why the score is what it is beyond a wrong answer (sandbox, no judge)
+    sent_at: str = ""               # when the user turn was sent and the reply came back: local time,
+    replied_at: str = ""            # to the second, as Lost in Conversation's logs stamp them
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -149,6 +154,14 @@ class Conversation:
             return bool(self.turns)
         return not self.unrevealed and (self.view != "recap" or self.recapped)
 
+    def most_turns(self, user_idles: bool = True) -> int:
+        """The most assistant replies this conversation can take in all: one in a single-turn
+        view; else one per shard, the recap turn, and the turns that reveal nothing (only a user
+        model idles; the verbatim user reveals a shard every turn)."""
+        if self.view in SINGLE_TURN_VIEWS:
+            return 1
+        return len(self.shard_ids) + (self.view == "recap") + (self.max_idle_turns if user_idles else 0)
+
     def needs_user_simulator(self) -> bool:
         """Turns 2.. of a multi-turn view are written by the user simulator."""
         return self.view in MULTI_TURN_VIEWS and bool(self.turns) and bool(self.unrevealed)
@@ -165,6 +178,7 @@ class Conversation:
         """The log line: the key, the outcome and the full trace of turns."""
         last_shard_turn = max((k for k, t in enumerate(self.turns) if t.shard_ids), default=None)
         first_attempt = next((k for k, t in enumerate(self.turns) if t.label == "answer_attempt"), None)
+        system = self.messages[0]["content"] if self.messages and self.messages[0]["role"] == "system" else None
         return {
             "task_id": self.instance.task_id, "task": self.instance.task, "view": self.view, "run": self.run,
             "score": self.score(), "stop_reason": self.stop_reason, "num_turns": len(self.turns),
@@ -181,6 +195,7 @@ class Conversation:
             "last_shard_turn": last_shard_turn,
             "prompt_tokens": self.turns[-1].prompt_tokens if self.turns else 0,
             "generated_tokens": sum(t.reply_tokens for t in self.turns),
+            "system": system,  # the system prompt the assistant saw (with the instance's tools, if any)
             "turns": [t.to_dict() for t in self.turns],
         }
 
@@ -269,6 +284,7 @@ def play(conversations: Sequence[Conversation], assistant: Backend, user: Any, c
         active = [c for c in conversations if not c.done]
         if not active:
             return list(conversations)
+        progress.note(turn=step + 1, conversations=len(active))  # for the heartbeat of the bar around
         if on_step is not None:
             on_step(step, len(active))
         # 1. The user speaks. Only later turns of multi-turn views ask the simulator.
@@ -281,7 +297,7 @@ def play(conversations: Sequence[Conversation], assistant: Backend, user: Any, c
             _grow_ids(assistant, conv, message)
             conv.messages.append(message)
             conv.revealed.extend(shard_ids)
-            conv.turns.append(Turn(user=text, shard_ids=shard_ids, user_note=note))
+            conv.turns.append(Turn(user=text, shard_ids=shard_ids, user_note=note, sent_at=now()))
         ready = []
         for conv in active:
             if max_context is not None and len(conv.ids) + params.max_new_tokens > max_context:
@@ -301,7 +317,7 @@ def play(conversations: Sequence[Conversation], assistant: Backend, user: Any, c
                 turn = conv.turns[-1]
                 turn.prompt_tokens = len(conv.ids) if conv.ids else 0
                 turn.reply, turn.reply_tokens = out.text, len(out.token_ids)
-                turn.finish_reason, turn.seed = out.finish_reason, reply
+                turn.finish_reason, turn.seed, turn.replied_at = out.finish_reason, reply, now()
                 conv.ids = conv.ids + list(out.token_ids)
                 conv.messages.append({"role": "assistant", "content": out.text})
         # 3. Single-turn replies are scored whatever they look like; multi-turn replies are
@@ -321,6 +337,11 @@ def play(conversations: Sequence[Conversation], assistant: Backend, user: Any, c
             elif max_turns is not None and len(conv.turns) >= max_turns:
                 _finish(conv, "max_turns", on_finish)
         step += 1
+
+
+def now() -> str:
+    """The wall-clock time to the second, in Lost in Conversation's format (`utils.date_str`)."""
+    return time.strftime(TIME_FORMAT)
 
 
 def score_reply(task: Any, reply: str, instance: Instance, judge: Any = None) -> tuple[str | None, float, str | None]:

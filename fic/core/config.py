@@ -60,7 +60,7 @@ def _type_name(tp: Any) -> str:
         args = typing.get_args(tp)
         return f"a mapping of {_type_name(args[1])}" if args and args[1] is not Any else "a mapping"
     if dataclasses.is_dataclass(tp):
-        return "a mapping"
+        return "a mapping (or the path of a YAML file holding it)"
     return {int: "an integer", float: "a number", str: "a string", bool: "true or false",
             type(None): "null"}.get(tp, getattr(tp, "__name__", str(tp)))
 
@@ -229,6 +229,39 @@ def _merge(base: dict, given: dict) -> dict:
     return merged
 
 
+class _SectionFile(dict):
+    """A config section read from a YAML file of its own (`data: data/my-bench.yaml`): its keys are
+    checked against that file, and keys it does not give take the section class's own defaults,
+    not those the parent config declares (a file names the whole section)."""
+
+    def __init__(self, data: dict, path: str):
+        super().__init__(data)
+        self.path = path
+
+
+def _is_section_file(value: Any) -> bool:
+    text = value.raw if isinstance(value, _CliValue) else value
+    return isinstance(text, str) and text.strip().endswith((".yaml", ".yml"))
+
+
+def _inline_section_files(cls: type, data: dict, where: dict[str, str], prefix: str = "") -> None:
+    """Replace, in place, every section of `data` given as the path of a YAML file by the file's
+    mapping (a `_SectionFile`), recording in `where` that its keys were set in that file."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name not in data or not dataclasses.is_dataclass(hints[f.name]):
+            continue
+        value = data[f.name]
+        if _is_section_file(value):
+            path = (value.raw if isinstance(value, _CliValue) else value).strip()
+            value = data[f.name] = _SectionFile(read_yaml(path), path)
+            where.pop(f"{prefix}{f.name}", None)  # what the file leaves out keeps its default
+            for key in flatten(dict(value)):
+                where[f"{prefix}{f.name}.{key}"] = path
+        if isinstance(value, dict):
+            _inline_section_files(hints[f.name], value, where, f"{prefix}{f.name}.")
+
+
 def _build(cls: type, data: dict, source: str, prefix: str = "") -> Any:
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
@@ -240,13 +273,17 @@ def _build(cls: type, data: dict, source: str, prefix: str = "") -> Any:
     for name, value in data.items():
         key = prefix + name
         f = fields[name]
-        if isinstance(value, dict) and dataclasses.is_dataclass(hints[name]) and f.default_factory is not _MISSING:
+        where = source
+        if isinstance(value, _SectionFile):  # checked as that file's settings
+            where = value.path if not getattr(value, "overridden", False) else \
+                f"{value.path} (with command-line overrides)"
+        elif isinstance(value, dict) and dataclasses.is_dataclass(hints[name]) and f.default_factory is not _MISSING:
             # A section's unnamed keys keep the default its parent declares (VASD's `data` source),
             # not the section class's own: `data.limit=5` must not reset `data.source`.
             value = _merge(_declared(f.default_factory()), value)
-        converted = _convert(value, hints[name], key, source)
-        _check_range(converted, dict(fields[name].metadata), key, source)
-        _check_physical(converted, name, key, source)
+        converted = _convert(value, hints[name], key, where)
+        _check_range(converted, dict(fields[name].metadata), key, where)
+        _check_physical(converted, name, key, where)
         kwargs[name] = converted
     for name, f in fields.items():
         if name not in kwargs and f.default is _MISSING and f.default_factory is _MISSING:
@@ -408,30 +445,78 @@ def _checked_build(cls: type, data: dict, source: str, prefix: str = "") -> Any:
 
 
 def load_config(cls: type, path: str | Path | None = None, overrides: Sequence[str] = ()) -> Any:
-    """Build `cls` from an optional YAML file and `key=value` overrides, checking every value."""
+    """Build `cls` from an optional YAML file and `key=value` overrides, checking every value.
+
+    A section may be given as the path of a YAML file that holds it (`data: data/my-bench.yaml`,
+    or `data=data/my-bench.yaml` on the command line): one dataset and its mapping named once,
+    read by every verb. The config returned remembers where each key was set (`set_in`)."""
     data = read_yaml(path) if path is not None else {}
     source = str(path) if path is not None else "command line"
+    where = {key: source for key in flatten(data)} if path is not None else {}
+    _inline_section_files(cls, data, where)
     for text in overrides:
         keys, value = _parse_override(text)
         _set_nested(data, keys, value)
+        node = data
+        for part in keys[:-1]:  # a section file changed on the command line says so in its errors
+            node = node.get(part) if isinstance(node, dict) else None
+            if isinstance(node, _SectionFile):
+                node.overridden = True
+        dotted = ".".join(keys)
+        for key in [k for k in where if k == dotted or k.startswith(dotted + ".")]:
+            del where[key]
+        where[dotted] = "command line"
+        _inline_section_files(cls, data, where)
     if overrides:
         source = f"{source} (with command-line overrides)" if path is not None else source
-    return _checked_build(cls, data, source)
+    config = _checked_build(cls, data, source)
+    object.__setattr__(config, "_fic_set_in", where)
+    return config
+
+
+def set_where(where: str) -> str:
+    """`set_in`'s answer in words: "set in FILE" or "set on the command line"."""
+    return "set on the command line" if where == "command line" else f"set in {where}"
+
+
+def set_in(config: Any, key: str) -> str | None:
+    """Where the dotted `key` of a config built by `load_config` was set: its YAML file's path,
+    a section file's, "command line", or None where it keeps its default."""
+    where = getattr(config, "_fic_set_in", {})
+    if key in where:
+        return where[key]
+    # a whole mapping given at once (`data.fields.question=problem` sets one key of `data.fields`)
+    return next((where[k] for k in where if key.startswith(k + ".")), None)
+
+
+KEYS_HELP = ("list every config key with its default and help and exit; with --config (and key=value), also the "
+             "value this run would use and where it was set")
+DRY_RUN_HELP = "print the resolved config and the start line (what the run would read, do and write), then exit " \
+    "without loading a model"
 
 
 def add_config_arguments(parser: Any, *, example: str, overrides_help: str) -> None:
-    """A config verb's arguments: `--config FILE`, `key=value` overrides and `--keys`."""
+    """A config verb's arguments: `--config FILE`, `key=value` overrides, `--keys` and `--dry-run`."""
     parser.add_argument("--config", default=None, help=f"recipe YAML, e.g. {example}")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help=overrides_help)
-    parser.add_argument("--keys", action="store_true", help="list every config key with its help and exit")
+    parser.add_argument("--keys", action="store_true", help=KEYS_HELP)
+    parser.add_argument("--dry-run", action="store_true", help=DRY_RUN_HELP)
 
 
-def print_keys(args: Any, cls: type) -> bool:
-    """With `--keys`, print every key of `cls` with its help and say so (the verb stops there)."""
-    if getattr(args, "keys", False):
-        print(describe(cls))
-        return True
-    return False
+def print_keys(args: Any, cls: type, run: Any = None) -> bool:
+    """With `--keys`, print every key of `cls` with its default and help, and, given a config
+    (`run`, or `--config`/key=value in `args`), the value the run would use (the verb stops there)."""
+    if not getattr(args, "keys", False):
+        return False
+    if run is None and (getattr(args, "config", None) or getattr(args, "overrides", None)):
+        run = load_config(cls, args.config, args.overrides)
+    print(describe(cls, run=run))
+    return True
+
+
+def resolved_yaml(config: Any) -> str:
+    """The config as YAML, every key with the value the run uses (`--dry-run`, config.yaml)."""
+    return yaml.safe_dump(config_to_dict(config), sort_keys=False)
 
 
 def with_overrides(config: Any, overrides: Sequence[str], source: str) -> Any:
@@ -467,25 +552,45 @@ def flatten(tree: Any, prefix: str = "") -> dict:
     return flat
 
 
-def describe(cls: type, prefix: str = "") -> str:
-    """A help listing of every key of a config class: name, type, default and help text."""
+def differences(old: dict, new: dict, limit: int = 4) -> str:
+    """What differs between two (nested) settings, key by key: `a.b: 1 -> 2; c: 'x' -> None`
+    (the first `limit` keys), for an error that refuses to mix two runs' outputs."""
+    before, after = flatten(old), flatten(new)
+    keys = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    return "; ".join(f"{k}: {before.get(k)!r} -> {after.get(k)!r}" for k in keys[:limit])
+
+
+def describe(cls: type, prefix: str = "", *, run: Any = None, defaults: Any = None, root: Any = None) -> str:
+    """A help listing of every key of a config class: name, type, default and help text. A nested
+    section's defaults are those its parent declares (sft-data's `data.limit` is 1000, not the
+    section class's null). With `run` (a config built by `load_config`), each key also shows the
+    value that run will use and where it was set (`root`: the config `run` is a section of)."""
     lines = []
     hints = typing.get_type_hints(cls)
+    root = run if root is None else root
     for f in dataclasses.fields(cls):
         key = prefix + f.name
         tp = hints[f.name]
+        if defaults is not None:
+            default: Any = getattr(defaults, f.name)
+        elif f.default is not _MISSING:
+            default = f.default
+        elif f.default_factory is not _MISSING:
+            default = f.default_factory()
+        else:
+            default = _MISSING
         if dataclasses.is_dataclass(tp):
             lines.append(f"{key}:  {f.metadata.get('help', '')}")
-            lines.append(describe(tp, prefix=key + "."))
+            lines.append(describe(tp, key + ".", run=None if run is None else getattr(run, f.name),
+                                  defaults=None if default is _MISSING else default, root=root))
             continue
-        if f.default is not _MISSING:
-            default = repr(f.default)
-        elif f.default_factory is not _MISSING:
-            default = repr(f.default_factory())
-        else:
-            default = "(required)"
+        shown = "(required)" if default is _MISSING else repr(default)
         extra = ""
         if f.metadata.get("choices"):
             extra = f" one of {', '.join(map(str, f.metadata['choices']))}."
-        lines.append(f"{key} ({_type_name(tp)}, default {default}): {f.metadata.get('help', '')}{extra}")
+        this_run = ""
+        if run is not None:
+            where = set_in(root, key)
+            this_run = f"; this run: {getattr(run, f.name)!r}" + (f", {set_where(where)}" if where else "")
+        lines.append(f"{key} ({_type_name(tp)}, default {shown}{this_run}): {f.metadata.get('help', '')}{extra}")
     return "\n".join(line for line in lines if line)

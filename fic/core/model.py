@@ -118,8 +118,13 @@ def is_hub_id(path: str | os.PathLike) -> bool:
     return bool(HUB_ID.match(text)) and not Path(text).exists() and not text.startswith((".", "/"))
 
 
-def check_model_folder(path: str | os.PathLike) -> str | Path:
-    """A local model folder, checked; or a hub id, passed through (loading it says if it fails)."""
+CHECKPOINT_MODEL = "model"  # the Hugging Face folder inside a training checkpoint (fic.training.checkpoints)
+
+
+def check_model_folder(path: str | os.PathLike, *, adapter_ok: bool = False) -> str | Path:
+    """A local model folder, checked; or a hub id, passed through (loading it says if it fails).
+    A training checkpoint (`out/checkpoints/step-N`) stands for its `model/` folder. With
+    `adapter_ok`, a LoRA adapter folder passes too (transformers loads it over its base with peft)."""
     if is_hub_id(path):
         return str(path)
     path = Path(path)
@@ -127,13 +132,35 @@ def check_model_folder(path: str | os.PathLike) -> str | Path:
         raise FicError("is a file, expected a model folder (config.json, weights, tokenizer files)",
                        path=str(path))
     if not path.is_dir():
-        raise FicError(f"model folder {path} not found; run `fic prepare-model` to create the bundled "
-                       "one, point to a Hugging Face model folder, or name a hub model as org/name")
+        raise FicError(f"model folder {path} not found; {_missing_hint(path)}")
     if not (path / "config.json").is_file():
-        raise FicError("not a Hugging Face model folder (no config.json); run `fic prepare-model` "
-                       "to create the bundled one, or point to a folder saved with save_pretrained",
-                       path=str(path))
+        inner = path / CHECKPOINT_MODEL
+        if (inner / "config.json").is_file() or (inner / "adapter_config.json").is_file():
+            return check_model_folder(inner, adapter_ok=adapter_ok)
+        if (path / "adapter_config.json").is_file():
+            if adapter_ok:
+                return path
+            raise FicError("is a LoRA adapter, not a whole model; use the merged model (save_merged=true: "
+                           "out/final-merged)", path=str(path))
+        if (path / "trainer_state.json").is_file():
+            raise FicError("a training checkpoint without model/ (written with checkpoint.model_folder=false or by "
+                           "an older FiC): resume the run from it, or use its out/final", path=str(path))
+        raise FicError("not a Hugging Face model folder (no config.json); point to a folder saved with "
+                       f"save_pretrained ({_missing_hint(path)})", path=str(path))
     return path
+
+
+def _missing_hint(path: Path) -> str:
+    """What to do about a model folder that is not there: the bundled one is made by `fic prepare-model`;
+    a training run's folder by that run."""
+    if path.resolve() == BUNDLED_MODEL_DIR.resolve():
+        return "run `fic prepare-model` to create the bundled one"
+    if path.name in ("final", "final-merged") or "checkpoints" in path.parts:
+        run = path.parent if path.name in ("final", "final-merged") else path.parents[len(path.parts) - 1 -
+                                                                                      path.parts.index("checkpoints")]
+        return f"a training run into {run} writes it (fic train sft|vasd, out={run}): run that stage first"
+    return "point to a Hugging Face model folder, name a hub model as org/name, or run `fic prepare-model` for the " \
+        "bundled one"
 
 
 def _hub_hint(path: str | Path) -> str:
@@ -141,7 +168,7 @@ def _hub_hint(path: str | Path) -> str:
             "gated models)") if is_hub_id(path) else ""
 
 
-def load_tokenizer(path: str | os.PathLike, trust_remote_code: bool = False) -> Any:
+def load_tokenizer(path: str | os.PathLike, trust_remote_code: bool = False, *, adapter_ok: bool = False) -> Any:
     """Load the tokenizer of a local model folder (or a hub id) and make sure it has a pad token.
 
     A missing pad token falls back to the eos token on this instance only; nothing is
@@ -150,7 +177,7 @@ def load_tokenizer(path: str | os.PathLike, trust_remote_code: bool = False) -> 
     """
     from transformers import AutoTokenizer
 
-    path = check_model_folder(path)
+    path = check_model_folder(path, adapter_ok=adapter_ok)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except Exception as err:  # a damaged tokenizer.json raises the tokenizers library's bare Exception
@@ -183,12 +210,13 @@ def load_template_checked_tokenizer(path: str | os.PathLike, trust_remote_code: 
 
 
 def load_model(path: str | os.PathLike, dtype: str | torch.dtype = "auto", device: str = "cpu",
-               trust_remote_code: bool = False) -> Any:
-    """Load a causal LM from a local folder (or a hub id, `org/name`) onto `device` ("auto" picks
+               trust_remote_code: bool = False, *, adapter_ok: bool = False) -> Any:
+    """Load a causal LM from a local folder (or a hub id, `org/name`; a training checkpoint's
+    `model/`; with `adapter_ok` a LoRA adapter over its base) onto `device` ("auto" picks
     `default_device()`), in eval mode."""
     from transformers import AutoModelForCausalLM
 
-    path = check_model_folder(path)
+    path = check_model_folder(path, adapter_ok=adapter_ok)
     device = default_device() if device == "auto" else device
     kwargs = {dtype_kwarg(): resolve_dtype(dtype, device), "trust_remote_code": trust_remote_code}
     try:

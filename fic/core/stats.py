@@ -30,7 +30,9 @@ def wilson_interval(successes: float, n: float, z: float = Z95) -> tuple[float, 
     denominator = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denominator
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # The interval holds p; at p = 0 or 1 rounding would put its end a hair inside (1 - 1e-16), and a
+    # plot's error bar would come out negative.
+    return max(0.0, min(p, centre - half)), min(1.0, max(p, centre + half))
 
 
 def sign_test(differences: Iterable[float]) -> dict:

@@ -40,7 +40,7 @@ from tqdm import tqdm
 
 from fic import tasks
 from fic.backends import make_backend
-from fic.core.config import config_to_dict, setting
+from fic.core.config import config_to_dict, set_in, setting
 from fic.core.errors import FicError
 from fic.core.files import check_writable, write_together
 from fic.core.generation import BackendConfig, SamplingParams
@@ -48,7 +48,7 @@ from fic.core.instance import Instance
 from fic.core.parsing import number_values
 from fic.core.progress import Progress
 from fic.core.seeding import seeded_rng
-from fic.data.sources import InstancesSection, load_sharded
+from fic.data.sources import InstancesSection, describe_loaded, load_sharded
 from fic.data.splits import ExcludeSection, build_exclusion
 from fic.data.views import partial_instance, system_message, user_turns
 from fic.tasks.deferrals import MENTION, choose_fresh
@@ -158,9 +158,17 @@ def card_paths(out: str | Path) -> tuple[Path, Path]:
 def load_instances(cfg: SFTDataConfig) -> tuple[list[Instance], list[dict]]:
     """Instances from every source, sharded where needed, of several shards, none of the
     evaluation's, each with a gold reply that scores as correct; and what happened to each source."""
+    instances, sources, _ = plan(cfg)
+    return instances, sources
+
+
+def plan(cfg: SFTDataConfig) -> tuple[list[Instance], list[dict], str]:
+    """`load_instances`, and the start line: what was read and why, what is kept out, how many
+    conversations will be written and where (`fic sft-data --dry-run` prints it and stops)."""
     exclusion = build_exclusion(cfg.exclude)
     kept, sources, seen = [], [], {}
-    for report in load_sharded(cfg.data, several_shards=True).sources:
+    loaded = load_sharded(cfg.data, several_shards=True)
+    for report in loaded.sources:
         dropped = Counter(report.dropped)
         usable, overlap = exclusion.apply(report.instances)
         for why, n in overlap.items():
@@ -183,7 +191,13 @@ def load_instances(cfg: SFTDataConfig) -> tuple[list[Instance], list[dict]]:
                         **({"origin": report.origin} if report.origin is not None else {})})
     if not kept:
         raise FicError(f"no usable instances in {', '.join(cfg.data.source)} ({sources})", field="data.source")
-    return kept, sources
+    unusable = sum(s["loaded"] - s["kept"] for s in sources) - sum(len(r.rejected) for r in loaded.sources)
+    line = (f"fic sft-data: {describe_loaded(loaded, cfg.data, limit_set_in=set_in(cfg, 'data.limit'))}"
+            + (f"; {unusable} more left out (evaluation problems of exclude.sources, gold replies that do not "
+               "score)" if unusable > 0 else "")
+            + f"; evaluation data kept out: {', '.join(cfg.exclude.sources) or 'none named (exclude.sources)'}"
+            f"; {len(kept) * cfg.conversations_per_instance} conversations from {len(kept)} instances to {cfg.out}")
+    return kept, sources, line
 
 
 def _message(role: str, content: str, train: bool = False) -> dict:
@@ -488,7 +502,8 @@ def build_corpus(cfg: SFTDataConfig, *, user_backend: Any = None, reply_backend:
     """Load, build, and write the corpus and its data card atomically; return the card."""
 
     check_writable(cfg.out, field="out")  # before a source is generated or a model loads
-    instances, sources = load_instances(cfg)
+    instances, sources, line = plan(cfg)
+    print(line, flush=True)  # stdout: stderr is for the one-line error
     records, stats = make_corpus(instances, cfg, user_backend=user_backend, reply_backend=reply_backend,
                                  progress=progress)
     info = card(records, sources, stats, cfg)

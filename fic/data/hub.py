@@ -261,7 +261,7 @@ def _precheck_json(path: Path, source: str) -> None:
     for file in files:
         for number, line in enumerate(read_data_bytes(file, "a JSON or JSONL file").splitlines(), start=1):
             if len(line) > MAX_RECORD_BYTES:
-                raise FicError(f"line {number} is {len(line) >> 20} MB, more than the {MAX_RECORD_BYTES >> 20} MB "
+                raise FicError(f"line {number} is {len(line) >> 20} MiB, more than the {MAX_RECORD_BYTES >> 20} MiB "
                                "FiC reads as one record", path=str(file), field="source")
         read_records(file)  # nesting, bad JSON, huge numbers: one line naming the line
 

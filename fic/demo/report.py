@@ -27,6 +27,9 @@ from fic.core.stats import paired_bootstrap, sign_test
 
 STAGE_NAMES = {"start": "starting point", "sft": "FiC stage 1 (SFT)", "vasd": "FiC stage 1+2 (SFT + VASD)",
                "control": "control: more SFT for VASD's time"}
+# The stages under the figure's bars: short, on two lines, so that four stages' labels never overlap.
+TICK_NAMES = {"start": "starting\npoint", "sft": "stage 1\n(SFT)", "vasd": "stage 1+2\n(SFT + VASD)",
+              "control": "control\n(more SFT)"}
 COMPARISONS = (("vasd", "sft", "VASD vs SFT alone"), ("vasd", "control", "VASD vs the equal-compute SFT control"),
                ("control", "sft", "The control vs SFT (the plateau check: a gain here means stage 1 had not stopped "
                                   "improving)"))
@@ -159,15 +162,20 @@ def render_table(summary: dict, split: str) -> str:
                      f"{_pct(row['premature_answer_rate'])} | "
                      f"{_pct(row['final_not_answer_rate'])} | {_interval(row.get('recovery_rate'))} | "
                      f"{_interval(row.get('retention'))} | {_p(row['tokens_per_sharded_conversation'])} |")
-    lines.append("")  # the paired tests are sentences, not table rows
+    tests = []
     for stage, other, name in COMPARISONS:
         paired = summary["sets"][split][f"{stage}_vs_{other}"]
         if paired is not None:
             verdict = "shown" if paired["shown"] else "NOT shown (p >= 0.05 or no more wins than losses)"
-            lines.append(f"{name} on the same {paired['instances']} instances (sharded): {paired['better']} wins, "
-                         f"{paired['worse']} losses, {paired['tied']} ties, exact sign test p = "
-                         f"{paired['p_value']:.3g}: gain {verdict}.")
-    return "\n".join(lines)
+            tests.append(f"- {name} on the same {paired['instances']} instances (sharded): "
+                         f"{_count(paired['better'], 'win')}, {_count(paired['worse'], 'loss', 'losses')}, "
+                         f"{_count(paired['tied'], 'tie')}, exact sign test p = {paired['p_value']:.3g}: gain {verdict}.")
+    # The paired tests are a list after a blank line: a line right under a table is one more row.
+    return "\n".join(lines + ([""] + tests if tests else []))
+
+
+def _count(n: int, one: str, many: str | None = None) -> str:
+    return f"{n} {one if n == 1 else many or one + 's'}"
 
 
 def render_markdown(cfg: Any, summary: dict, stages: dict) -> str:
@@ -177,6 +185,10 @@ def render_markdown(cfg: Any, summary: dict, stages: dict) -> str:
              "comes first). R = P(stage; sharded) / P(starting point; full); retention = P(stage; full) / "
              "P(starting point; full); intervals: 95% paired bootstrap over instances "
              f"({cfg.bootstrap} resamples). Premature answers: an answer attempt before the last shard.", ""]
+    if getattr(cfg, "smoke", False):
+        parts += [f"**Smoke run** (`fic demo --quick`): {cfg.data.test} test instances, a few steps of every stage. "
+                  "The intervals are wide and the figures say nothing about the method: this run shows what the demo "
+                  "does and writes. The measured demo is `fic demo`.", ""]
     for split in summary["sets"]:
         parts += [f"## {split}", "", render_table(summary, split), ""]
     plateau = (stages.get("sft", {}).get("figures") or {}).get("plateau")
@@ -216,7 +228,7 @@ def demo_figure(summary: dict) -> Any:
                              gridspec_kw={"width_ratios": [3, 2]})
     for (scores, timing), split in zip(axes, sets):
         rows = summary["sets"][split]["rows"]
-        names = [STAGE_NAMES[s].split(" (")[0] for s in rows]
+        names = [TICK_NAMES[s] for s in rows]
         x = list(range(len(rows)))
         n = next((r["instances"] for r in rows.values()), 0)
         for k, view in enumerate(("full", "sharded")):

@@ -47,7 +47,7 @@ from typing import Any, Callable
 from fic import tasks, train_sft, train_vasd
 from fic.backends import make_backend
 from fic.bundled.prepare import prepare_model
-from fic.core.config import load_config, setting
+from fic.core.config import load_config, set_in, set_where, setting
 from fic.core.errors import FicError
 from fic.core.files import check_writable, folder_lock, read_json, write_json, write_jsonl
 from fic.core.model import BUNDLED_MODEL_DIR, peak_memory_mb
@@ -140,6 +140,19 @@ class DemoConfig:
     stage_processes: bool = setting(True, "Run each stage in a process of its own, so that what a stage held in "
                                     "memory is given back before the next one (the demo's peak is its largest "
                                     "stage's); false runs them all in this process.")
+    smoke: bool = setting(False, "A smoke run (`fic demo --quick`): every output says its figures come from tiny "
+                          "splits and a few steps, so their intervals are wide and they say nothing about the "
+                          "method.")
+
+
+# `fic demo --quick`: the whole pipeline in a few minutes on 2 cores, into its own folder. Tiny
+# splits and a few steps of every stage: a look at what the demo does and writes, not a measure.
+QUICK = ("out=runs/demo-quick", "smoke=true", "label=SmolLM2-135M-Instruct + single-turn warm-up (smoke run)",
+         "data.train=48", "data.dev=8", "data.test=16", "data.test_unseen=8", "bootstrap=200",
+         "warmup.train.max_steps=4", "sft.train.max_steps=6", "vasd.train.max_steps=2",
+         "vasd.train.micro_batch_size=2", "vasd.train.grad_accum_steps=1", "vasd.checkpoint.every=0",
+         "vasd.logging.samples_every=0", "warmup.checkpoint.every=0", "sft.checkpoint.every=0",
+         "control.checkpoint.every=0")
 
 
 def expand(config: Any, values: dict[str, str]) -> None:
@@ -391,6 +404,44 @@ def run_stage_process(stage: str, recipes: str, overrides: list[str], progress: 
         raise FicError(f"stage {stage} failed: {message}", field="--from")
 
 
+def start_line(cfg: DemoConfig, stages: tuple[str, ...] = STAGES[:-1]) -> str:
+    """The demo's start line (`_start_line`), a smoke run's said first."""
+    line = _start_line(cfg, stages)
+    if cfg.smoke:  # --quick's settings arrive as command-line overrides
+        return line.replace("fic demo: ", "fic demo: SMOKE RUN (--quick: tiny splits, a few steps; wide intervals, "
+                            "no measure of the method): ", 1).replace("set on the command line",
+                                                                      "set by --quick or the command line")
+    return line
+
+
+def _start_line(cfg: DemoConfig, stages: tuple[str, ...]) -> str:
+    """What the demo will do, before any stage starts: the splits it generates (their sizes and
+    where they were set), the stages left and done, each training stage's size, where it writes."""
+    done = [stage for stage in stages if (paths(cfg)["stages"] / f"{stage}.json").is_file()]
+    left = [stage for stage in stages if stage not in done]
+    by_where: dict[str, list[str]] = {}  # the split sizes, grouped by where they were set
+    for split in SPLITS:
+        key = f"data.{split.replace('-', '_')}"
+        where = set_in(cfg, key)
+        by_where.setdefault(set_where(where) if where else "the defaults",
+                            []).append(f"{split} {getattr(cfg.data, key[5:])}")
+    sizes = "; ".join(f"{', '.join(splits)} {where}" for where, splits in by_where.items())
+    per_step = cfg.vasd.train.micro_batch_size * cfg.vasd.train.grad_accum_steps
+    control = f"{cfg.control_steps} steps" if cfg.control_steps else "VASD's CPU seconds at SFT's cost per step"
+    return (f"fic demo: splits of {cfg.data.source} with data.seed {cfg.data.seed} ({sizes}); warm-up {cfg.warmup.train.max_steps} steps, FiC stage 1 "
+            f"{cfg.sft.train.max_steps} steps, stage 2 {cfg.vasd.train.max_steps} steps of {per_step} rollouts, the "
+            f"control ({control}), each evaluated on test and test-unseen; stages to run: {', '.join(left) or 'none'}"
+            f"{' (done before: ' + ', '.join(done) + ')' if done else ''}; outputs in {cfg.out}, the report in "
+            f"{paths(cfg)['report']}")
+
+
+def plan(cfg: DemoConfig, launch: tuple[str, list[str]] | None = None) -> str:
+    """The start line and the cost estimate of what is left (`fic demo --dry-run`); nothing runs."""
+    shipped = load_demo(launch[0], []) if launch is not None else None
+    left = [stage for stage in STAGES[:-1] if not (paths(cfg)["stages"] / f"{stage}.json").is_file()]
+    return start_line(cfg) + ("\n[demo] " + costs.plan(cfg, shipped, left, stage_summaries(cfg))[0] if left else "")
+
+
 def run_stages(cfg: DemoConfig, stages: tuple[str, ...], *, progress: bool, say: Callable[[str], None],
                launch: tuple[str, list[str]] | None) -> None:
     """Run the stages not done yet, in order, each in its own process when it can. Before the first
@@ -399,6 +450,7 @@ def run_stages(cfg: DemoConfig, stages: tuple[str, ...], *, progress: bool, say:
     markers = paths(cfg)["stages"]
     shipped = load_demo(launch[0], []) if launch is not None else None
     left = [stage for stage in stages if not (markers / f"{stage}.json").is_file()]
+    say(start_line(cfg, stages))
     if left:
         line, _ = costs.plan(cfg, shipped, left, stage_summaries(cfg))
         say(f"[demo] {line}")

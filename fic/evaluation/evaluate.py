@@ -24,7 +24,10 @@ one spec or several, `data.task` one task, a list, or `all` (every task of the f
 metrics per task and across tasks). Instances
 without shards are sharded on the fly with the rule sharder (those it cannot shard are
 skipped and counted), whatever the views: a run of only the full view evaluates exactly the
-instances a run with the sharded view does.
+instances a run with the sharded view does. With `data.seed` S they are the shards `fic shard
+--seed S` writes. Before any model loads, the run says in one line what it read (how many of how
+many instances, cut by which `data.limit` set where; sharded here with which seed), what it will
+play and where it writes (`start_line`).
 
 Baseline: the recovery rate R = P(model; sharded) / P(baseline; full) needs the single-turn
 score of the model *before* training. `baseline` names that run's folder (or its
@@ -52,7 +55,8 @@ from fic.conversation.simulator import make_conversations, play
 from fic.conversation.users import UserSimulatorSection, make_user
 from fic.core.config import (
     config_to_dict,
-    flatten,
+    differences,
+    set_in,
     setting,
 )
 from fic.core.errors import FicError
@@ -69,7 +73,7 @@ from fic.core.files import (
 from fic.core.generation import BackendConfig, SamplingParams
 from fic.core.instance import Instance
 from fic.core.progress import Progress
-from fic.data.sources import InstancesSection, load_sharded
+from fic.data.sources import InstancesSection, ShardedInstances, describe_loaded, load_sharded
 from fic.data.views import VIEWS, check_views
 from fic.evaluation.metrics import summarize
 from fic.evaluation.report import write_report
@@ -214,11 +218,8 @@ def check_resume(out: Path, cfg: EvalConfig, instances: list[Instance]) -> None:
         wanted_instances = wanted.pop("instances")
         saved = {**FINGERPRINT_DEFAULTS, **saved}
         if saved != wanted:
-            old, new = flatten(saved), flatten(wanted)
-            diff = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
-            details = "; ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff[:4])
-            raise FicError(f"this folder holds conversations from a different config ({details}); resuming "
-                           "would mix them. Use another out= or delete the folder", field="out")
+            raise FicError(f"this folder holds conversations from a different config ({differences(saved, wanted)}); "
+                           "resuming would mix them. Use another out= or delete the folder", field="out")
         if saved_instances is None:  # a folder from before instance hashes: it resumes, as it did, and says so
             print(f"fic eval: {path} predates instance hashes: the data could not be checked against the "
                   "conversations already played; it is recorded now", file=sys.stderr, flush=True)
@@ -243,7 +244,13 @@ def load_instances(cfg: EvalConfig) -> tuple[list[Instance], dict]:
 
 def load_instances_and_origins(cfg: EvalConfig) -> tuple[list[Instance], dict, list[dict]]:
     """`load_instances`, and where each hf: source's instances came from (repository, revision,
-    split, mapping) for metrics.json.
+    split, mapping) for metrics.json."""
+    loaded = load_data(cfg)
+    return loaded.instances, loaded.dropped, loaded.origins
+
+
+def load_data(cfg: EvalConfig) -> ShardedInstances:
+    """The instances to play, as `load_sharded` reports them.
 
     Unsharded instances are rule-sharded whatever the views, so that a full-view run and a
     sharded run of one source evaluate the same instances (one can be the other's baseline).
@@ -251,7 +258,29 @@ def load_instances_and_origins(cfg: EvalConfig) -> tuple[list[Instance], dict, l
     loaded = load_sharded(cfg.data, shard_all=any(view != "full" for view in cfg.views))
     if not loaded.instances:
         raise FicError(f"no instance could be sharded ({loaded.dropped})", field="data.source")
-    return loaded.instances, loaded.dropped, loaded.origins
+    return loaded
+
+
+def plan(cfg: EvalConfig) -> str:
+    """The start line of a run of `cfg` (`fic eval --dry-run`): the data read, the conversations
+    an output folder already holds counted; no model loads."""
+    log_path = Path(cfg.out) / LOG_NAME
+    played = {(r["task_id"], r["view"], r["run"]) for r in read_log(log_path)} if log_path.is_file() else set()
+    return start_line(cfg, load_data(cfg), played)
+
+
+def start_line(cfg: EvalConfig, loaded: ShardedInstances, played: set | frozenset = frozenset()) -> str:
+    """What the run will do, in one line, before any model loads: the instances read and why,
+    the views and conversations (and how many the folder holds already), the most replies they
+    can take, and where the outputs go."""
+    conversations = make_conversations(loaded.instances, cfg.views, cfg.runs, view_seed=cfg.seed,
+                                       max_idle_turns=cfg.user.max_idle_turns, prompts=cfg.prompts)
+    left = [c for c in conversations if c.key not in played]
+    replies = sum(c.most_turns(user_idles=cfg.user.kind == "llm") for c in left)
+    held = f", {len(conversations) - len(left)} already in the folder" if len(left) < len(conversations) else ""
+    return (f"fic eval: {describe_loaded(loaded, cfg.data, limit_set_in=set_in(cfg, 'data.limit'))}; views "
+            f"{', '.join(cfg.views)} x {cfg.runs} run(s): {len(conversations)} conversations{held}, "
+            f"{len(left)} to play in at most {replies} assistant replies; outputs in {cfg.out}")
 
 
 def _backend_cache(cfg: EvalConfig, given: dict) -> dict:
@@ -354,7 +383,8 @@ def evaluate(cfg: EvalConfig, *, assistant: Any = None, user_backend: Any = None
 def _evaluate(cfg: EvalConfig, out: Path, assistant: Any, user_backend: Any, classifier_backend: Any,
               judge_backend: Any, progress: bool) -> dict:
     baseline = read_baseline(cfg.baseline) if cfg.baseline else None
-    instances, skipped, origins = load_instances_and_origins(cfg)
+    loaded = load_data(cfg)
+    instances, skipped, origins = loaded.instances, loaded.dropped, loaded.origins
     if baseline is not None:
         check_baseline(baseline, cfg, instances)  # before any model loads
     runs_code = any(tasks.get(name).runs_code for name in {i.task for i in instances})
@@ -368,6 +398,7 @@ def _evaluate(cfg: EvalConfig, out: Path, assistant: Any, user_backend: Any, cla
 
     log_path = out / LOG_NAME
     done = {(r["task_id"], r["view"], r["run"]): r for r in read_log(log_path)}
+    print(start_line(cfg, loaded, set(done)), flush=True)  # stdout: stderr is for the one-line error
     conversations = make_conversations(instances, cfg.views, cfg.runs, view_seed=cfg.seed, skip=set(done),
                                        max_idle_turns=cfg.user.max_idle_turns, prompts=cfg.prompts)
     total = len(instances) * len(cfg.views) * cfg.runs
@@ -380,22 +411,30 @@ def _evaluate(cfg: EvalConfig, out: Path, assistant: Any, user_backend: Any, cla
                                       seed=cfg.seed) if cfg.classifier.kind == "llm" else make_classifier("rule"))
         params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
                                 seed=cfg.seed)
-        bar = Progress(total, "conversations", "conv", initial=total - len(conversations), enabled=progress)
+        # Progress in replies (turns x conversations), not finished conversations: all conversations
+        # advance together and most finish at the end, so finished ones said nothing until then.
+        # A conversation that ends early counts its turns left as done: the time left is a bound.
+        most = {id(c): c.most_turns(user_idles=cfg.user.kind == "llm") for c in conversations}
+        bar = Progress(sum(most.values()), "eval", "replies", enabled=progress)
+
+        def replies_done() -> int:
+            return sum(most[id(c)] if c.done else len(c.turns) for c in conversations)
 
         def finished(conv) -> None:
-            record = conv.to_record()
+            record = {**conv.to_record(), "model": cfg.model.model}  # every record names its model
             append_jsonl(log_path, record)  # fsync'd: an interruption after this keeps it
             done[conv.key] = record
-            bar.update(1)
+            bar.update(0, conversations=f"{len(done)}/{total}")
 
         def step(number: int, active: int) -> None:
-            bar.update(0, turn=number + 1, active=active)
+            bar.update(replies_done() - bar.done)
 
         max_context = _max_context(backends["assistant"])
         try:
             play(conversations, backends["assistant"], user, classifier, params, batch_size=cfg.batch_size,
                  stop_at_correct=cfg.stop_at_correct, seed=cfg.seed, max_context=max_context,
                  on_finish=finished, on_step=step, judge=backends["judge"])
+            bar.update(replies_done() - bar.done)
         except FicError as err:  # e.g. the server went away for good: say that nothing finished is lost
             saved = total - sum(1 for conv in conversations if not conv.done)
             err.message += (f" ({saved} of {total} conversations are saved in {log_path}; "

@@ -31,7 +31,11 @@ For every instance of every data source:
    generated user turn with one of 8 labels; the report states which judge was used.
 6. Outputs in `out`: `replies.jsonl`, `generations.jsonl` (every user turn with its seed,
    label and whether its text changed vs the unperturbed turn), `metrics.json`, `report.md`,
-   `followup_vs_temperature.png`, `labels.png`, `config.yaml` (see `fic.probe.report`).
+   `followup_vs_temperature.png`, `labels.png`, `config.yaml` (see `fic.probe.report`). What has
+   finished is written as it goes: `replies.jsonl` once the replies are written, each generation
+   call's user turns appended to `user_turns.jsonl` as the call returns; `fingerprint.json` binds
+   the folder to the settings that made them. Re-running into the folder resumes (the calls it
+   holds are not made again; other settings are refused, the judge excepted).
 7. `baseline=RUN_DIR` (an earlier `fic probe` run with the same settings, e.g. of the base
    checkpoint) adds a side-by-side comparison with paired differences per instance.
 """
@@ -44,20 +48,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-import yaml
-
 from fic import tasks
 from fic.backends import make_backend
 from fic.conversation.simulator import score_reply
 from fic.core.chat import prompt_ids, user_turn_ids
-from fic.core.config import config_to_dict, setting
+from fic.core.config import config_to_dict, differences, resolved_yaml, set_in, setting
 from fic.core.errors import FicError
-from fic.core.files import check_writable, read_json, read_records, write_json, write_jsonl, write_text
+from fic.core.files import (
+    append_jsonl,
+    check_writable,
+    folder_lock,
+    read_json,
+    read_log,
+    read_records,
+    removed_if_failed,
+    write_json,
+    write_jsonl,
+    write_text,
+)
 from fic.core.generation import BackendConfig, Generation, SamplingParams
 from fic.core.instance import Instance
 from fic.core.progress import Progress
 from fic.core.seeding import derive_seed, pick
-from fic.data.sources import InstancesSection, load_sources
+from fic.data.sources import InstancesSection, ShardedInstances, describe_loaded, load_unsharded
 from fic.data.views import system_message, user_turns
 from fic.probe.judge import JUDGE_KINDS, make_judge
 from fic.probe.report import compare, summarize, write_report
@@ -67,6 +80,7 @@ PERTURBATIONS = ("truncate", "explicit_question")
 ORIGINAL = "original"
 REPLIES_NAME, GENERATIONS_NAME, METRICS_NAME, CONFIG_NAME = ("replies.jsonl", "generations.jsonl", "metrics.json",
                                                              "config.yaml")
+TURNS_NAME, FINGERPRINT_NAME = "user_turns.jsonl", "fingerprint.json"  # the resumable log and what binds it
 EXPLICIT_QUESTIONS = ("Does that make sense?", "Do you have any questions?", "What do you think?",
                       "Is there anything you would like me to explain further?")
 DEFAULT_INSTRUCTION = {
@@ -125,7 +139,9 @@ class ProbeConfig:
     judge: JudgeSection = setting(JudgeSection(), "Who labels the user turns.")
     baseline: str = setting("", "An earlier probe run folder with the same settings (e.g. of the base "
                             "checkpoint): the report adds paired differences against it.")
-    out: str = setting("runs/probe", "Output folder (files in it are replaced).")
+    out: str = setting("runs/probe", "Output folder. The replies and each generation call's user turns are saved as "
+                       "they finish (replies.jsonl, user_turns.jsonl): re-running into it resumes, with the same "
+                       "settings (else refused); the judge may change.")
     seed: int = setting(0, "Seed of the sampled user turns and of the per-instance question pick.")
     batch_size: int = setting(64, "Most prompts per generation call for replies and greedy user turns (the "
                               "backend splits further into model.batch_size).", min=1)
@@ -225,7 +241,36 @@ def probe_prompt_ids(tokenizer: Any, switch: str, messages: list[dict]) -> list[
 
 def load_datasets(cfg: ProbeConfig) -> list[tuple[str, Instance]]:
     """(source spec, instance) pairs: the probe reports each source as its own dataset."""
-    return [(loaded.spec, instance) for loaded in load_sources(cfg.data) for instance in loaded.instances]
+    return _pairs(load_unsharded(cfg.data))
+
+
+def _pairs(loaded: ShardedInstances) -> list[tuple[str, Instance]]:
+    return [(report.spec, instance) for report in loaded.sources for instance in report.instances]
+
+
+def draws(cfg: ProbeConfig) -> int:
+    """User turns drawn per instance and condition: `samples` at each temperature above 0, one greedy."""
+    return sum(1 if t == 0 else cfg.samples for t in cfg.temperatures)
+
+
+def start_line(cfg: ProbeConfig, loaded: ShardedInstances) -> str:
+    """What the probe will do, before any model loads: the instances read and why, where the
+    single-turn replies come from, the user turns it will draw and who labels them, where it writes."""
+    n = len(loaded.instances)
+    conditions = [ORIGINAL, *cfg.perturbations]
+    temperatures = ", ".join(f"{t:g}" for t in cfg.temperatures)
+    replies = f"read from {cfg.replies.path}" if cfg.replies.path else "written by the model (greedy)"
+    turns = (f"{len(conditions)} conditions ({', '.join(conditions)}) x {draws(cfg)} draws (temperatures "
+             f"{temperatures}; {cfg.samples} samples above 0) = {n * len(conditions) * draws(cfg)} user turns, "
+             f"labelled by the {cfg.judge.kind} judge")
+    clauses = [describe_loaded(loaded, cfg.data, limit_set_in=set_in(cfg, "data.limit")),
+               f"{n} single-turn replies {replies}", turns, f"outputs in {cfg.out}"]
+    return "fic probe: " + "; ".join(clauses)
+
+
+def plan(cfg: ProbeConfig) -> str:
+    """The start line of a probe of `cfg` (`fic probe --dry-run`); no model loads."""
+    return start_line(cfg, load_unsharded(cfg.data))
 
 
 def _replies_from_file(path: str, datasets: list[tuple[str, Instance]]) -> dict:
@@ -261,7 +306,7 @@ def single_turn_replies(cfg: ProbeConfig, model: Any, datasets: list[tuple[str, 
                          for _, i in datasets]
         params = SamplingParams(max_new_tokens=cfg.replies.max_new_tokens, temperature=0.0, seed=cfg.seed)
         outputs: list[Generation] = []
-        bar = Progress(len(conversations), "replies", "reply", enabled=progress)
+        bar = Progress(len(conversations), "probe: single-turn replies", "reply", enabled=progress)
         for start in range(0, len(conversations), cfg.batch_size):
             outputs += model.chat(conversations[start:start + cfg.batch_size], params)
             bar.update(len(conversations[start:start + cfg.batch_size]))
@@ -287,8 +332,11 @@ def _call(model: Any, keys: Sequence, messages: dict, prompts: dict, params: Sam
     return model.generate([prompts[key] for key in keys], params)
 
 
-def generate_user_turns(cfg: ProbeConfig, model: Any, replies: list[dict], progress: bool) -> list[dict]:
-    """Every (instance, condition, temperature, sample) user turn, unlabelled."""
+def generate_user_turns(cfg: ProbeConfig, model: Any, replies: list[dict], progress: bool,
+                        log_path: Path | None = None) -> list[dict]:
+    """Every (instance, condition, temperature, sample) user turn, unlabelled. With `log_path`,
+    each generation call's turns are appended to it (fsync'd) as the call returns, and the calls
+    it already holds are not made again: an interrupted probe resumes where it stopped."""
     tokenizer = model.tokenizer
     if cfg.switch == "user_turn" and tokenizer is None:
         raise FicError(f"the {model.name} backend has no token ids; switch user_turn needs a local backend "
@@ -319,20 +367,33 @@ def generate_user_turns(cfg: ProbeConfig, model: Any, replies: list[dict], progr
             for chunk, start in enumerate(range(0, len(rows), cfg.batch_size)):
                 seed = None if temperature == 0 else derive_seed(cfg.seed, "probe", temperature, sample, chunk)
                 calls.append((temperature, seed, rows[start:start + cfg.batch_size]))
+    logged: dict[int, list[dict]] = {}
+    for record in read_log(log_path) if log_path is not None else []:
+        logged.setdefault(record["call"], []).append(record)
     records = []
-    bar = Progress(sum(len(rows) for _, _, rows in calls), "user turns", "turn", enabled=progress)
+    total = sum(len(rows) for _, _, rows in calls)
+    bar = Progress(total, "probe: user turns", "turn", enabled=progress)
     try:
-        for temperature, seed, rows in calls:
+        for number, (temperature, seed, rows) in enumerate(calls):
+            if len(logged.get(number, [])) == len(rows):  # made before this run: kept
+                records += logged[number]
+                bar.update(len(rows))
+                continue
             params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=temperature, top_p=cfg.top_p,
                                     seed=0 if seed is None else seed)
             keys = [key for key, _ in rows]
             outputs = _call(model, keys, messages, prompts, params)
+            made = []
             for (key, sample), out in zip(rows, outputs):
                 dataset, task_id, condition = key
-                records.append({"dataset": dataset, "task_id": task_id, "condition": condition,
-                                "temperature": temperature, "sample": sample, "seed": seed,
-                                "reply_shown": shown_text[key], "user_turn": out.text,
-                                "finish_reason": out.finish_reason, "tokens": len(out.token_ids)})
+                made.append({"call": number, "dataset": dataset, "task_id": task_id, "condition": condition,
+                             "temperature": temperature, "sample": sample, "seed": seed,
+                             "reply_shown": shown_text[key], "user_turn": out.text,
+                             "finish_reason": out.finish_reason, "tokens": len(out.token_ids)})
+            if log_path is not None:
+                for record in made:
+                    append_jsonl(log_path, record)
+            records += made
             bar.update(len(rows))
     finally:
         bar.close()
@@ -394,12 +455,53 @@ def probe(cfg: ProbeConfig, *, model: Any = None, judge_backend: Any = None, pro
     """Run the probe and write its outputs; return the metrics. Backends may be passed in
     (tests, a live model); else they are built from the config."""
 
-    started, cpu_started = time.perf_counter(), time.process_time()
     out = Path(cfg.out)
     check_writable(out, folder=True, field="out")  # before any data or model loads
+    # A probe that fails before anything is saved leaves no new folder (lock, fingerprint) behind.
+    with removed_if_failed(out, [FINGERPRINT_NAME]), folder_lock(out):
+        return _probe(cfg, out, model, judge_backend, progress)
+
+
+def resume_fingerprint(cfg: ProbeConfig) -> dict:
+    """What decides the replies and user turns a folder holds: the pairing settings (without the
+    judge, which labels afterwards and may change), the model, where the replies come from, and the
+    chunking that seeds each call."""
+    return {**{k: v for k, v in fingerprint(cfg).items() if k != "judge"}, "model": cfg.model.model,
+            "replies": {"path": cfg.replies.path, "max_new_tokens": cfg.replies.max_new_tokens},
+            "batch_size": cfg.batch_size}
+
+
+def check_resume(out: Path, cfg: ProbeConfig) -> None:
+    """Bind a fresh folder to this probe's settings; refuse to resume one that holds another's."""
+    path, wanted = out / FINGERPRINT_NAME, resume_fingerprint(cfg)
+    holds = any((out / name).exists() for name in (REPLIES_NAME, TURNS_NAME))
+    if holds and path.is_file():
+        saved = read_json(path)
+        if saved != wanted:
+            raise FicError(f"this folder holds a probe of other settings ({differences(saved, wanted)}); resuming "
+                           "would mix them. Use another out= or delete the folder", field="out")
+    elif holds:
+        raise FicError(f"holds probe outputs without {FINGERPRINT_NAME}; cannot tell which settings made them. Use "
+                       "another out= or delete the folder", path=str(out), field="out")
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(path, wanted)
+
+
+def _probe(cfg: ProbeConfig, out: Path, model: Any, judge_backend: Any, progress: bool) -> dict:
+    started, cpu_started = time.perf_counter(), time.process_time()
     baseline = read_baseline(cfg) if cfg.baseline else None
-    datasets = load_datasets(cfg)
+    loaded = load_unsharded(cfg.data)
+    print(start_line(cfg, loaded), flush=True)  # stdout: stderr is for the one-line error
+    datasets = _pairs(loaded)
     given = _replies_from_file(cfg.replies.path, datasets) if cfg.replies.path else None
+    check_resume(out, cfg)
+    kept = read_records(out / REPLIES_NAME) if (out / REPLIES_NAME).is_file() else None
+    if kept is not None and [(r["dataset"], r["task_id"]) for r in kept] != [(d, i.task_id) for d, i in datasets]:
+        raise FicError(f"{REPLIES_NAME} holds replies to other instances (the data changed); use another out= or "
+                       "delete the folder", path=str(out), field="data.source")
+    if kept is not None:
+        print(f"fic probe: resuming in {out}: {len(kept)} single-turn replies and "
+              f"{len(read_log(out / TURNS_NAME))} user turns made before are kept", flush=True)
     model = model if model is not None else make_backend(cfg.model)
     if cfg.judge.kind == "llm":
         same = config_to_dict(cfg.judge.backend) == config_to_dict(cfg.model)
@@ -411,9 +513,13 @@ def probe(cfg: ProbeConfig, *, model: Any = None, judge_backend: Any = None, pro
 
     phases = {"setup": time.perf_counter() - started}
     clock = time.perf_counter()
-    replies = single_turn_replies(cfg, model, datasets, given, progress)
+    if kept is not None:
+        replies = kept
+    else:
+        replies = single_turn_replies(cfg, model, datasets, given, progress)
+        write_jsonl(out / REPLIES_NAME, replies)  # what has finished is on disk
     phases["replies"], clock = time.perf_counter() - clock, time.perf_counter()
-    generations = generate_user_turns(cfg, model, replies, progress)
+    generations = generate_user_turns(cfg, model, replies, progress, log_path=out / TURNS_NAME)
     phases["user_turns"], clock = time.perf_counter() - clock, time.perf_counter()
     query = {(r["dataset"], r["task_id"]): r["query"] for r in replies}
     labels = judge.judge([(query[(g["dataset"], g["task_id"])], g["reply_shown"], g["user_turn"])
@@ -447,9 +553,7 @@ def probe(cfg: ProbeConfig, *, model: Any = None, judge_backend: Any = None, pro
     for g in generations:
         examples.setdefault(g["label"], g)
 
-    out.mkdir(parents=True, exist_ok=True)
-    write_text(out / CONFIG_NAME, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
-    write_jsonl(out / REPLIES_NAME, replies)
+    write_text(out / CONFIG_NAME, resolved_yaml(cfg))
     write_jsonl(out / GENERATIONS_NAME, generations)
     write_json(out / METRICS_NAME, metrics)
     write_report(out, metrics, examples, baseline["metrics"] if baseline else None)

@@ -475,8 +475,8 @@ def _reason(verdict: dict, returncode: int | None, stdout: str, stderr: str, lim
     if verdict["reason"] == "cpu":
         return f"time limit: {limits.seconds:g} s of CPU time used, killed{also}"
     if verdict["reason"] == "memory":
-        return (f"memory limit: the process tree held more than {limits.tree_memory} MB "
-                f"({verdict.get('peak_memory_mb', 0)} MB), killed{also}")
+        return (f"memory limit: the process tree held more than {limits.tree_memory} MiB "
+                f"({verdict.get('peak_memory_mb', 0)} MiB), killed{also}")
     if verdict["reason"] == "wall":
         return (f"time limit: still running after {limits.wall:g} s of wall-clock time "
                 f"({verdict.get('cpu_seconds', 0):.1f} s of CPU), killed{also}")

@@ -89,7 +89,7 @@ def run(uri, query, seconds, max_rows, max_bytes, max_value_bytes, max_sql_bytes
                 if len(rows) > max_rows:
                     return ("error", "row limit: more than %d rows" % max_rows)
                 if size > max_bytes:
-                    return ("error", "size limit: more than %d MB fetched" % (max_bytes >> 20))
+                    return ("error", "size limit: more than %d MiB fetched" % (max_bytes >> 20))
         except sqlite3.Error as err:
             if time.monotonic() > deadline:
                 return ("error", "time limit: still running after %g s, interrupted" % seconds)
@@ -111,7 +111,7 @@ while True:
     try:
         answer = run(*request)
     except MemoryError:
-        answer = ("error", "memory limit: the query needed more than %d MB" % (memory >> 20))
+        answer = ("error", "memory limit: the query needed more than %d MiB" % (memory >> 20))
     except Exception as err:
         answer = ("error", "SQL error: %s: %s" % (type(err).__name__, err))
     data = pickle.dumps(answer, protocol=4)

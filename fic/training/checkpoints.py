@@ -2,7 +2,9 @@
 
 `out/checkpoints/step-N/` holds what Accelerate saves (weights, or only the adapter for LoRA;
 optimizer; scheduler; every RNG), plus `trainer_state.json` (step, data position, the
-resolved config, the data's sha256) and a `complete` marker written last. A checkpoint is
+resolved config, the data's sha256), `model/` (the trained network as a Hugging Face folder:
+config, weights or the adapter, tokenizer; `checkpoint.model_folder`) and a `complete` marker
+written last. A checkpoint is
 written under a temporary name and renamed, so a kill at any moment leaves either a complete
 checkpoint or none; folders without the marker are never resumed from.
 
@@ -24,6 +26,7 @@ from fic import __version__
 from fic.core.config import config_to_dict, flatten
 from fic.core.errors import FicError
 from fic.core.files import publish_folder, read_json, unlock_folder, write_json, write_text
+from fic.core.model import CHECKPOINT_MODEL, check_model_folder
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "chat_template.json", "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
@@ -75,10 +78,13 @@ def lora_state_hooks(accelerator: Any, trainable: set[str]) -> None:
 
 
 def save_checkpoint(accelerator: Any, out: Path, step: int, state: dict, *, keep_last: int, lora: bool,
-                    extra: Callable[[Path], None] | None = None) -> Path:
+                    extra: Callable[[Path], None] | None = None, cfg: Any = None) -> Path:
     """Write `out/checkpoints/step-N` atomically (temp folder, `complete` marker, rename) and
     delete all but the newest `keep_last` complete checkpoints. Every rank must call it.
-    `extra(folder)` writes recipe-specific files (e.g. an EMA teacher) on the main process."""
+    `extra(folder)` writes recipe-specific files (e.g. an EMA teacher) on the main process. With
+    `cfg` (a run config whose `checkpoint.model_folder` is on), the checkpoint also holds `model/`,
+    the trained network as a Hugging Face folder (`AutoModelForCausalLM.from_pretrained`, `fic eval
+    model.model=.../step-N`; the adapter for LoRA), written from the run's prepared loss module."""
     from accelerate.utils import DistributedType
 
     check_finite_weights(accelerator, f"at step {step}")
@@ -94,6 +100,9 @@ def save_checkpoint(accelerator: Any, out: Path, step: int, state: dict, *, keep
         kwargs["exclude_frozen_parameters"] = True
     with _removed_on_failure(accelerator, tmp, f"checkpoint step-{step}"):
         accelerator.save_state(str(tmp), safe_serialization=True, **kwargs)
+        if cfg is not None and cfg.checkpoint.model_folder:  # every rank: ZeRO-3 gathers the weights
+            write_model_folder(accelerator, accelerator._models[0], cfg, tmp / CHECKPOINT_MODEL,
+                               checkpoint_card(cfg, out, step))
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
             if extra is not None:
@@ -225,9 +234,35 @@ def load_checkpoint(accelerator: Any, path: Path, lora: bool) -> None:
 # --------------------------------------------------------------------------- final model
 
 def copy_tokenizer(src: str, dst: Path) -> None:
+    """The tokenizer files of the model folder `src` (a checkpoint's `model/` when `src` is one)
+    into `dst`; a hub model's are in the hub's cache, not copied."""
+    folder = check_model_folder(src, adapter_ok=True)
     for name in TOKENIZER_FILES:
-        if (Path(src) / name).is_file():
-            shutil.copy(Path(src) / name, dst / name)
+        if isinstance(folder, Path) and (folder / name).is_file():
+            shutil.copy(folder / name, dst / name)
+
+
+def checkpoint_card(cfg: Any, out: Path, step: int) -> str:
+    """The README of a checkpoint's `model/` folder."""
+    kind = "a LoRA adapter over" if cfg.lora.enabled else "a full model trained from"
+    return (f"# Checkpoint step-{step} of `{out}`\n\nThe model at optimizer step {step} of the FiC training run in "
+            f"`{out}`: {kind} `{cfg.model.path}`. It loads with `AutoModelForCausalLM.from_pretrained` (an adapter "
+            "needs peft) and with `fic eval model.model=<this checkpoint>`; the resumable state (optimizer, RNG, "
+            "data position) is in the folder above. The run's config is its `config.yaml`.\n")
+
+
+def write_model_folder(accelerator: Any, loss_model: Any, cfg: Any, folder: Path, card: str) -> None:
+    """The trained network of `loss_model` (its `.model`) as a Hugging Face folder: config, weights
+    (the adapter for LoRA), generation config, the tokenizer of `cfg.model.path` and `card` as its
+    README. Every rank must call it (ZeRO-3 gathers the weights); the main process writes."""
+    state = accelerator.get_state_dict(loss_model)  # full weights on the main process, also under ZeRO-3
+    if not accelerator.is_main_process:
+        return
+    inner = accelerator.unwrap_model(loss_model).model
+    state = {k[len("model."):]: v for k, v in state.items() if k.startswith("model.")}
+    inner.save_pretrained(folder, state_dict=state, safe_serialization=True)
+    copy_tokenizer(cfg.model.path, folder)
+    write_text(folder / "README.md", card)
 
 
 def save_final(accelerator: Any, loss_model: Any, cfg: Any, out: Path, card: Callable[[str], str]) -> Path:
@@ -236,18 +271,14 @@ def save_final(accelerator: Any, loss_model: Any, cfg: Any, out: Path, card: Cal
     `card(kind)`. Every rank must call it (ZeRO-3 gathers the weights). `loss_model.model` is
     the trained network."""
     check_finite_weights(accelerator, "at the end of training")
-    state = accelerator.get_state_dict(loss_model)  # full weights on the main process, also under ZeRO-3
-    inner = accelerator.unwrap_model(loss_model).model
-    final = out / "final"
+    final, tmp = out / "final", out / ".final.tmp"
     if accelerator.is_main_process:
-        state = {k[len("model."):]: v for k, v in state.items() if k.startswith("model.")}
-        tmp = out / ".final.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
-        with _removed_on_failure(accelerator, tmp, "the final model"):
-            inner.save_pretrained(tmp, state_dict=state, safe_serialization=True)
-            copy_tokenizer(cfg.model.path, tmp)
-            write_text(tmp / "README.md", card("LoRA adapter" if cfg.lora.enabled else "full model"))
+    with _removed_on_failure(accelerator, tmp, "the final model"):
+        write_model_folder(accelerator, loss_model, cfg, tmp, card("LoRA adapter" if cfg.lora.enabled else "full model"))
+        if accelerator.is_main_process:
             publish_folder(tmp, final)
+    if accelerator.is_main_process:
         if cfg.save_merged:
             from peft import PeftModel
 

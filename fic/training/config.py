@@ -88,6 +88,10 @@ class CheckpointSection:
     every: int = setting(100, "Write a resumable checkpoint every this many optimizer steps (0: none), and "
                          "at the last step.", min=0)
     keep_last: int = setting(2, "Checkpoints kept; older ones are deleted.", min=1)
+    model_folder: bool = setting(True, "Also write step-N/model/, the model as a Hugging Face folder (config, "
+                                 "weights or the LoRA adapter, tokenizer): AutoModelForCausalLM.from_pretrained and "
+                                 "`fic eval model.model=OUT/checkpoints/step-N` load it. It holds the weights a "
+                                 "second time (the resumable state keeps its own copy): false saves that disk.")
 
 
 @dataclass

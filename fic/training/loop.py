@@ -34,7 +34,14 @@ from typing import Any, Callable
 
 import torch
 
-from fic.core.config import config_to_dict, describe, load_config
+from fic.core.config import (
+    add_config_arguments,
+    config_to_dict,
+    describe,
+    load_config,
+    print_keys,
+    resolved_yaml,
+)
 from fic.core.errors import FicError, exit_status
 from fic.core.files import append_jsonl, lock_folder, write_text
 from fic.core.model import load_model, peak_memory_mb
@@ -273,7 +280,7 @@ def maybe_checkpoint(accelerator: Any, cfg: RunConfig, step: int, steps: int, st
     kills the process after a chosen step (to check that a resume repeats nothing)."""
     if cfg.checkpoint.every and (step % cfg.checkpoint.every == 0 or step == steps):
         save_checkpoint(accelerator, Path(cfg.out), step, {"step": step, **state},
-                        keep_last=cfg.checkpoint.keep_last, lora=cfg.lora.enabled, extra=extra)
+                        keep_last=cfg.checkpoint.keep_last, lora=cfg.lora.enabled, extra=extra, cfg=cfg)
     if step == int(os.environ.get(KILL_ENV, "0") or 0):
         os.kill(os.getpid(), signal.SIGKILL)
 
@@ -383,19 +390,26 @@ class RunLog:
 
 
 def recipe_main(config_class: type, train: Callable[[Any], Any], method: str, doc: str,
-                argv: list[str] | None) -> int:
+                argv: list[str] | None, plan: Callable[[Any], str] | None = None) -> int:
     """The command line of a recipe script (`accelerate launch fic/train_<method>.py --config ...`):
-    `--config` anywhere among the key=value overrides, `--help` listing every key, and bad input
-    or an operating-system refusal as one line with exit 2 (`accelerate launch` runs the script
-    directly, past the fic CLI's handler)."""
+    `--config` anywhere among the key=value overrides, `--help` listing every key, `--keys` (with
+    the values of this run), `--dry-run` (the resolved config and `plan(cfg)`, the start line,
+    without loading a model), and bad input or an operating-system refusal as one line with exit 2
+    (`accelerate launch` runs the script directly, past the fic CLI's handler)."""
     parser = argparse.ArgumentParser(prog=f"train_{method}.py", description=doc.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="settings (key=value):\n" + describe(config_class))
-    parser.add_argument("--config", default=None, help=f"recipe YAML, e.g. recipes/smollm2-135m-instruct/{method}.yaml")
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="override recipe settings")
-    parser.add_argument("--keys", action="store_true", help="list every key with its help and exit")
+    add_config_arguments(parser, example=f"recipes/smollm2-135m-instruct/{method}.yaml",
+                         overrides_help="override recipe settings")
     args = parser.parse_intermixed_args(sys.argv[1:] if argv is None else argv)
-    if args.keys:
-        print(describe(config_class))
-        return 0
-    return exit_status(f"fic train {method}", lambda: train(load_config(config_class, args.config, args.overrides)))
+
+    def run() -> Any:
+        if print_keys(args, config_class):
+            return 0
+        cfg = load_config(config_class, args.config, args.overrides)
+        if args.dry_run:
+            print(resolved_yaml(cfg) + (plan(cfg) if plan is not None else ""))
+            return 0
+        return train(cfg)
+
+    return exit_status(f"fic train {method}", run)

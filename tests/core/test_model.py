@@ -128,7 +128,7 @@ def test_missing_package_is_a_user_error(monkeypatch, tmp_path):
 
 def test_missing_model_folder_is_a_user_error(tmp_path):
     for load in (load_model, load_tokenizer):
-        with pytest.raises(FicError, match=r"model folder .*nope not found; run `fic prepare-model`"):
+        with pytest.raises(FicError, match=r"model folder .*nope not found; point to a Hugging Face model folder, .*`fic prepare-model`"):
             load(tmp_path / "nope")
         with pytest.raises(FicError, match="no config.json"):
             load(tmp_path)
@@ -225,3 +225,13 @@ def test_a_chat_template_that_loops_a_huge_range_is_one_line_naming_the_folder(t
     with pytest.raises(FicError) as err:
         prompt_ids(tokenizer, [{"role": "user", "content": "Hi"}])
     assert str(err.value).startswith(f"{folder}: the chat template cannot render this conversation: Range too big")
+
+
+def test_a_missing_training_output_names_the_run_that_writes_it(tmp_path):
+    """A recipe pointing at an SFT checkpoint not trained yet is told which run writes it, not to
+    prepare the bundled model."""
+    for missing, run in ((tmp_path / "runs" / "llama-8b" / "sft" / "final", tmp_path / "runs" / "llama-8b" / "sft"),
+                         (tmp_path / "runs" / "x" / "checkpoints" / "step-50", tmp_path / "runs" / "x")):
+        with pytest.raises(FicError) as err:
+            load_model(missing)
+        assert f"a training run into {run} writes it" in str(err.value) and "prepare-model" not in str(err.value)

@@ -295,7 +295,7 @@ def test_a_local_record_over_the_bound_is_refused_before_pyarrow(tmp_path, monke
     path.write_text(json.dumps({"question": "q", "answer": "#### 1"}) + "\n"
                     + json.dumps({"question": "x" * 2000, "answer": "#### 2"}) + "\n")
     monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: pytest.fail("pyarrow was asked to read it"))
-    with pytest.raises(FicError, match="line 2 is 0 MB, more than the 0 MB FiC reads as one record"):
+    with pytest.raises(FicError, match="line 2 is 0 MiB, more than the 0 MiB FiC reads as one record"):
         load_source(f"hf:{path}", "math")
 
 

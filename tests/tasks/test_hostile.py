@@ -345,7 +345,7 @@ TREE = ("import os, time\nfor _ in range(4):\n    if os.fork() == 0:\n        he
 def test_the_memory_of_the_whole_process_tree_is_bounded(isolation, guard, runs_here):
     # Four children of 150 MB each: every one is under the 256 MB per process, the tree is not.
     result = run_python(TREE, ROOMY, isolation=isolation, guard=guard)
-    assert not result.passed and result.reason.startswith("memory limit: the process tree held more than 256 MB")
+    assert not result.passed and result.reason.startswith("memory limit: the process tree held more than 256 MiB")
     assert "held 600 MB" not in result.stdout
     assert not left_behind()
     # The bound is the tree's: with room for it, the same program runs to its end.

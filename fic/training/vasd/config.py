@@ -125,9 +125,9 @@ class CorrectionsSection:
 
 @dataclass
 class RegularizerSection:
-    kind: str = setting("anchor", "anchor: cross-entropy on the non-final turns of SFT-corpus conversations mixed "
-                        "into each batch; reference: divergence to the starting model on the rollouts' earlier "
-                        "replies; both; none.", choices=REGULARIZERS)
+    kind: str = setting("anchor", "anchor: cross-entropy on SFT-corpus conversations mixed into each batch, on the "
+                        "turns anchor_targets names (by default every trained assistant turn); reference: divergence "
+                        "to the starting model on the rollouts' earlier replies; both; none.", choices=REGULARIZERS)
     anchor_share: float = setting(0.5, "Anchor conversations per rollout conversation.", min=0.0)
     anchor_weight: float = setting(1.0, "Weight of the anchor term next to the distillation term.", min=0.0)
     anchor_targets: str = setting("assistant", "Which SFT-corpus turns the anchor trains: assistant (every trained "

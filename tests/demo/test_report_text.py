@@ -1,0 +1,43 @@
+"""The demo report's words and figure: its paired tests are sentences after the table (not more
+rows), counted in good English, and the figure's stage names never overlap."""
+
+from __future__ import annotations
+
+from fic.demo.report import demo_figure, render_table
+
+
+def row(full, sharded):
+    return {"P": {"full": full, "concat": None, "sharded": sharded}, "P_interval": {"full": [full - 5, full + 5],
+            "sharded": [sharded - 5, sharded + 5]}, "first_answer_accuracy": 10.0, "premature_answer_rate": 0.8,
+            "final_not_answer_rate": 0.1, "recovery_rate": {"value": 0.5, "low": 0.4, "high": 0.6},
+            "retention": {"value": 1.0, "low": 0.9, "high": 1.1}, "tokens_per_sharded_conversation": 80.0,
+            "instances": 256}
+
+
+def summary():
+    rows = {"start": row(66, 7), "sft": row(78, 24), "vasd": row(79, 55), "control": row(88, 70)}
+    paired = {"instances": 256, "better": 92, "worse": 1, "tied": 163, "p_value": 2e-16, "shown": True}
+    return {"label": "test model", "sets": {"test": {"rows": rows, "vasd_vs_sft": paired,
+                                                      "vasd_vs_control": {**paired, "better": 1, "worse": 64,
+                                                                          "tied": 1, "shown": False},
+                                                      "control_vs_sft": None}}}
+
+
+def test_the_paired_tests_are_a_list_after_the_table_in_good_english():
+    lines = render_table(summary(), "test").split("\n")
+    last_row = max(k for k, line in enumerate(lines) if line.startswith("|"))
+    assert lines[last_row + 1] == ""  # a line right under a table would be rendered as one more row
+    tests = lines[last_row + 2:]
+    assert len(tests) == 2 and all(line.startswith("- ") for line in tests)
+    assert "92 wins, 1 loss, 163 ties" in tests[0]
+    assert "1 win, 64 losses, 1 tie" in tests[1] and "gain NOT shown" in tests[1]
+
+
+def test_the_figure_s_stage_names_do_not_overlap():
+    fig = demo_figure(summary())
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.get_axes():
+        boxes = [label.get_window_extent(renderer) for label in ax.get_xticklabels()]
+        assert len(boxes) == 4
+        assert not any(a.overlaps(b) for k, a in enumerate(boxes) for b in boxes[k + 1:]), ax.get_title()
