@@ -56,7 +56,7 @@ def test_each_optional_module_has_the_extra_its_error_names():
 
 def test_the_readme_installs_the_main_job_and_the_tests_with_their_extras():
     readme = (ROOT / "README.md").read_text()
-    assert 'pip install torch==2.13.0 -e ".[demo]"' in readme and "&& fic demo" in readme
+    assert 'pip install torch==2.13.0 -e ".[demo]"' in readme and "```bash\nfic demo\n```" in readme
     assert '-e ".[dev]"' in readme and "python -m pytest -q" in readme
 
 

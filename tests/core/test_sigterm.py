@@ -18,13 +18,14 @@ def run():
     a = torch.randn(3000, 3000)
     print("ready", flush=True)
     with cut_short_on_sigterm() if sys.argv[1] == "step" else open(__file__):
-        torch.linalg.matrix_power(a, 4096)  # one native call of a minute or more: no bytecode runs meanwhile
+        torch.linalg.matrix_power(a, 2 ** 40)  # one native call of 40+ products: no bytecode runs meanwhile
     print("finished", flush=True)
 
 sys.exit(exit_status("fic test", run))
 """
 
 
+@pytest.mark.slow  # a process that computes for seconds
 @pytest.mark.parametrize("where", ["step", "outside"])
 def test_sigterm_ends_a_long_native_call_in_a_step_within_seconds(where, tmp_path):
     """Inside a step (`cut_short_on_sigterm`) the watchdog ends the process 3 s after SIGTERM, with

@@ -115,6 +115,7 @@ def test_the_masters_move_by_the_optimizers_update_and_the_copy_follows_them(mod
                                        rtol=0, atol=0)
 
 
+@pytest.mark.slow  # end to end: two runs and a resume
 def test_sft_trains_resumes_and_logs_under_the_copy(tiny_model_dir, tmp_path):
     """The SFT recipe with train.mixed_precision=bf16_copy: it says so, trains (finite, falling
     loss), and a resumed run repeats the uninterrupted losses (the copy is cast from the restored
