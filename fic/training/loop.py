@@ -70,7 +70,7 @@ def make_accelerator(cfg: RunConfig) -> Any:
     logging.getLogger("accelerate.checkpointing").setLevel(logging.WARNING)
     logging.getLogger("accelerate.accelerator").setLevel(logging.WARNING)
     logging.getLogger("accelerate.utils.other").setLevel(logging.ERROR)
-    mixed, copy, said = training_precision(cfg, int(os.environ.get("WORLD_SIZE", "1")))
+    mixed, copy, said = training_precision(cfg)
     accelerator = Accelerator(
         gradient_accumulation_steps=cfg.train.grad_accum_steps, mixed_precision=mixed,
         step_scheduler_with_optimizer=False)  # the schedule counts optimizer steps, not steps x processes
@@ -86,9 +86,8 @@ def make_accelerator(cfg: RunConfig) -> Any:
 
 
 def computes_on_copy(cfg: RunConfig, accelerator: Any) -> bool:
-    """Whether the run's passes run on a bfloat16 copy of the weights (`train.mixed_precision`
-    bf16_copy, or auto where that is the pick)."""
-    return training_precision(cfg, accelerator.num_processes)[1]
+    """Whether the run's passes run on a bfloat16 copy of the weights (`train.mixed_precision=bf16_copy`)."""
+    return training_precision(cfg)[1]
 
 
 def compute_copy(cfg: RunConfig, accelerator: Any, model: torch.nn.Module) -> Bf16Copy:

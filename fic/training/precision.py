@@ -13,9 +13,13 @@
   head's backward runs in bfloat16 too (under autocast it ran in float32). One process only: DDP
   and DeepSpeed hold gradient buckets of the weights' dtype.
 
-`auto` is `bf16_copy` on one CPU process with fast bfloat16 (AMX or AVX-512 BF16), where per-op
-casts are a measured share of the step; bf16 autocast on a bf16 GPU or under several processes;
-else none.
+`auto` is bf16 autocast where bfloat16 is fast (AMX or AVX-512 BF16, a bf16 GPU), else none.
+Measured on the reference machine (2026-12-02, `fic bench sft --precision bf16_copy --also bf16`,
+the bundled model, one micro-batch of 4 a step, interleaved): the copy ran at 0.95x autocast's
+target tokens per second. Autocast caches each weight's bf16 cast for the forward and backward of
+a micro-batch, so with one micro-batch a step the two cast as often, and the copy's bf16 residual
+stream gains nothing on this CPU; the copy saves a cast per extra micro-batch of a window, which
+is small beside the passes. It stays a choice (`train.mixed_precision=bf16_copy`), not the default.
 """
 
 from __future__ import annotations
@@ -30,10 +34,10 @@ from fic.training.config import RunConfig
 COPY = "bf16_copy"
 
 
-def training_precision(cfg: RunConfig, world: int = 1) -> tuple[str | None, bool, str]:
+def training_precision(cfg: RunConfig) -> tuple[str | None, bool, str]:
     """The Accelerator's mixed precision for `cfg` (None: what a launch config says, or none),
     whether forward and backward run on a bfloat16 copy (`Bf16Copy`), and a line saying what the
-    run computes in and why. `world`: the processes the launch starts."""
+    run computes in and why."""
     wanted = cfg.train.mixed_precision
     launched = os.environ.get("ACCELERATE_MIXED_PRECISION")
     if wanted == COPY:
@@ -47,11 +51,7 @@ def training_precision(cfg: RunConfig, world: int = 1) -> tuple[str | None, bool
                              "launch config)")
     if cfg.model.dtype != "auto":
         return None, False, f"precision: {cfg.model.dtype} weights and compute (model.dtype={cfg.model.dtype})"
-    device = default_device()
-    reason = fast_bf16(device)
-    if reason and device == "cpu" and world == 1:
-        return "no", True, (f"precision: float32 master weights, forward and backward on a bfloat16 copy cast once "
-                            f"per optimizer step ({reason}: bf16 is fast here)")
+    reason = fast_bf16(default_device())
     if reason:
         return "bf16", False, f"precision: float32 master weights, bfloat16 autocast ({reason}: bf16 is fast here)"
     return None, False, "precision: float32 (no fast bfloat16 on this machine)"

@@ -1134,12 +1134,12 @@ def test_bf16_rollouts_run_on_a_decoding_copy_refreshed_after_every_step(tiny_mo
 
 
 @pytest.mark.slow  # end to end: the recipe
-@pytest.mark.parametrize("precision, said", [("auto", "bfloat16 copy"), ("bf16", "float32 weights, mixed_precision=bf16")])
+@pytest.mark.parametrize("precision, said", [("auto", "bfloat16 autocast"), ("bf16_copy", "bfloat16 copy")])
 def test_the_recipe_trains_in_bf16_with_bf16_rollouts(tiny_model_dir, anchor_corpus, tmp_path, monkeypatch, capsys,
                                                       precision, said):
-    """On a CPU with fast bf16 the recipe computes on a bf16 copy of the float32 masters (auto) or
-    under autocast (bf16); either way the rollouts play on a bf16 decoding copy, and the saved
-    model holds the float32 masters."""
+    """On a CPU with fast bf16 the recipe computes under autocast (auto) or on a bf16 copy of the
+    float32 masters (bf16_copy); either way the rollouts play on a bf16 decoding copy, and the
+    saved model holds the float32 masters."""
     from fic.cli.main import main
 
     monkeypatch.setenv("FIC_CPU_FLAGS", "avx512_bf16")
