@@ -43,7 +43,7 @@ from fic.core.config import (
     resolved_yaml,
 )
 from fic.core.errors import FicError, exit_status
-from fic.core.files import append_jsonl, lock_folder, write_text
+from fic.core.files import append_jsonl, lock_folder, removed_if_failed, write_text
 from fic.core.model import load_model, peak_memory_mb
 from fic.core.plots import save_png
 from fic.core.progress import Progress
@@ -409,6 +409,8 @@ def recipe_main(config_class: type, train: Callable[[Any], Any], method: str, do
         if args.dry_run:
             print(resolved_yaml(cfg) + (plan(cfg) if plan is not None else ""))
             return 0
-        return train(cfg)
+        # A run that fails before it has trained anything leaves no new output folder behind.
+        with removed_if_failed(cfg.out, ["config.yaml", "data_overlap.json"]):
+            return train(cfg)
 
     return exit_status(f"fic train {method}", run)

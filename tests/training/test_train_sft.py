@@ -700,3 +700,19 @@ def test_the_profile_splits_a_step_by_kind_of_work(tiny_model_dir):
     assert shares["profile_share_MLP"] > 0 and shares["profile_share_LM_head"] > 0
     assert shares["profile_share_attention_projections"] > 0 and shares["profile_share_optimizer"] > 0
     assert 0 < figures["padding_share"] < 1  # widths padded to 64
+
+
+def test_a_run_that_fails_before_it_trains_leaves_no_new_output_folder(tiny_model_dir, corpus, tmp_path, capsys):
+    """The folder is made (and locked) before the corpus is read; a corpus none of whose records
+    fit is one line, and the new folder goes again. One that existed stays."""
+    from fic.train_sft import main
+
+    out = tmp_path / "new" / "run"
+    assert main([f"model.path={tiny_model_dir}", f"data.path={corpus}", f"out={out}", "data.max_seq_len=8",
+                 "train.max_steps=1", "logging.wandb=false"]) == 2
+    assert "none of the" in capsys.readouterr().err and not (tmp_path / "new").exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    assert main([f"model.path={tiny_model_dir}", f"data.path={corpus}", f"out={kept}", "data.max_seq_len=8",
+                 "train.max_steps=1", "logging.wandb=false"]) == 2
+    assert kept.is_dir()
