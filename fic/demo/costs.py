@@ -28,16 +28,20 @@ KIND = {"data": "data", "warmup": "sft", "sft": "sft", "control": "sft", "vasd":
 UNIT = {"data": "stage", "sft": "step", "vasd": "step", "premise": "dev instance", "eval": "conversation"}
 
 # Reference machine (2 quiet cores, AMX), the shipped demo.yaml: seconds a unit and the stage's peak
-# resident MiB. From the 2026-12-01 measurements (docs/results.md, docs/performance.md): SFT at 8.2 s a
-# step x 1.2 for checkpointing and widths padded to 64, 3.8 GB; VASD at 4 x 2 with checkpointing,
-# 45.4 s a step, 7.2 GB; evaluation 0.45-0.5 s a conversation, 4.0 GB with kv_reuse_mb=1024.
+# resident MiB, from the whole demo of 2026-12-02 (docs/results.md): data 29 s with the model's first
+# preparation; SFT 12.2 s a training step (warm-up 15.1 with its load and save), 5.3 GB with the dev
+# probe; VASD 53.2 s a step, 8.0 GB; evaluation 0.84-0.90 s a conversation with kv_reuse_mb=1024,
+# 5.3 GB; the premise check 1.56 s a dev instance.
 REFERENCE = {
-    "data": {"seconds": 6.0, "peak_mb": 300},
-    "sft": {"seconds": 9.8, "peak_mb": 3900},
-    "vasd": {"seconds": 45.0, "peak_mb": 7400},
-    "premise": {"seconds": 0.9, "peak_mb": 4000},
-    "eval": {"seconds": 0.45, "peak_mb": 4100},
+    "data": {"seconds": 30.0, "peak_mb": 2000},
+    "sft": {"seconds": 12.5, "peak_mb": 5300},
+    "vasd": {"seconds": 53.2, "peak_mb": 8200},
+    "premise": {"seconds": 1.6, "peak_mb": 4200},
+    "eval": {"seconds": 0.87, "peak_mb": 5400},
 }
+# A dev-curve conversation against an evaluation's average one: float32 weights and the sharded view,
+# the longest (2026-12-02: 3.4 s against 0.9).
+DEV_CONVERSATION_COST = 3.8
 
 # How to lower a stage's peak, said when it would not fit.
 LOWER = {
@@ -126,15 +130,15 @@ def estimate(cfg: Any, shipped: Any, stage: str, done: dict[str, dict], control:
 
 
 def dev_curve_seconds(cfg: Any, shipped: Any, stage: str, done: dict[str, dict]) -> float:
-    """The dev scores of a stage trained to its plateau (`dev.every`), at twice an evaluation
-    conversation's cost (float32 weights); 0 for the others."""
+    """The dev scores of a stage trained to its plateau (`dev.every`), at DEV_CONVERSATION_COST
+    evaluation conversations each; 0 for the others."""
     section = getattr(cfg, stage, None) if KIND[stage] == "sft" and stage != "control" else None
     dev = getattr(section, "dev", None)
     if dev is None or not dev.every:
         return 0.0
     cost = unit_cost(cfg, shipped, "eval-start", done) or REFERENCE["eval"]
     scores = section.train.max_steps // dev.every + 1
-    return 2 * cost["seconds"] * scores * min(dev.data.limit or cfg.data.dev, cfg.data.dev) * len(dev.views)
+    return DEV_CONVERSATION_COST * cost["seconds"] * scores * min(dev.data.limit or cfg.data.dev, cfg.data.dev) * len(dev.views)
 
 
 def available_mb() -> float | None:
