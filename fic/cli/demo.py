@@ -9,6 +9,7 @@ from fic.core.config import DRY_RUN_HELP, print_keys, resolved_yaml
 from fic.core.errors import FicError, one_line, os_error
 from fic.core.files import write_text
 from fic.demo.ablation import ablation_dir, run_ablation
+from fic.demo.ablation import plan as ablation_plan
 from fic.demo.run import QUICK, STAGES, DemoConfig, load_demo, paths, plan, run_demo, run_stage
 
 
@@ -39,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     cfg = load_demo(args.recipes, args.overrides)
     if args.dry_run:
-        print(resolved_yaml(cfg) + plan(cfg, (args.recipes, args.overrides)))
+        print(resolved_yaml(cfg) + (ablation_plan if args.ablate else plan)(cfg, (args.recipes, args.overrides)))
         return 0
     if args.stage is not None:  # a stage's own process: its error goes to the demo that started it
         errors = paths(cfg)["stages"] / f"{args.stage}.error"

@@ -34,10 +34,15 @@ from fic.core.config import config_to_dict, with_overrides
 from fic.core.errors import FicError
 from fic.core.files import folder_lock, read_log, write_json, write_text
 from fic.core.stats import sign_test
-from fic.demo.run import DemoConfig, control_steps, cpu_seconds, model_of, paths, run_stages, split_file
+from fic.demo import costs
+from fic.demo.run import (DemoConfig, control_steps, cpu_seconds, load_demo, model_of, paths, run_stages, split_file,
+                          stage_summaries)
 from fic.training.checkpoints import complete_checkpoints, step_of
 
 ABLATION = "ablation"
+# A dev-evaluation conversation (full and sharded views, float32 weights) against the demo's
+# evaluation conversation (bf16): MEASURE.
+ABLATION_CONVERSATION_COST = 2.5
 
 
 def ablation_dir(cfg: DemoConfig) -> Path:
@@ -150,6 +155,51 @@ def _run_ablation(cfg: DemoConfig, progress: bool, say: Callable[[str], None],
     write_json(root / "ablation.json", figures)
     write_text(root / "table.md", figures["table"] + "\n")
     return figures
+
+
+def run_keys(cfg: DemoConfig) -> list[str]:
+    """Every run the ablation trains, in its order: the variants, then the control, per seed."""
+    seeds = list(cfg.ablation.seeds)
+    control = ["control"] if cfg.ablation.control and cfg.ablation.variants else []
+    return [run_name(name, s, seeds) for s in seeds for name in [*cfg.ablation.variants, *control]]
+
+
+def plan(cfg: DemoConfig, launch: tuple[str, list[str]] | None = None) -> str:
+    """What `fic demo --ablate` will run and what is left, with an estimate (`--dry-run`); nothing runs.
+    A dev evaluation is priced at ABLATION_CONVERSATION_COST of the demo's evaluation conversations
+    each; a variant at its own steps at VASD's cost a step; the control at the variants' mean time."""
+    shipped = load_demo(launch[0], []) if launch is not None else None
+    done = stage_summaries(cfg)
+    first = [stage for stage in ("data", "warmup", "sft") if stage not in done]
+    root, seeds = ablation_dir(cfg), list(cfg.ablation.seeds)
+    keys = run_keys(cfg)
+    trained = {k for k in keys if (root / k / "train" / "trained.json").is_file()}
+    scored = {k for k in ["sft", *keys] if (root / k / "dev" / "metrics.json").is_file()}
+    line = (f"fic demo --ablate: from stage 1's model in {model_of(cfg, 'sft')} (stages first: "
+            f"{', '.join(first) or 'none, done before'}), {len(cfg.ablation.variants)} variant(s) "
+            f"({', '.join(cfg.ablation.variants) or 'none'}) x seeds {', '.join(map(str, seeds))}"
+            f"{', the equal-compute control per seed' if cfg.ablation.control else ''}; each and stage 1 "
+            f"evaluated on the dev split ({cfg.data.dev} instances, full and sharded, {cfg.ablation.eval_dtype}); "
+            f"runs left: {', '.join(k for k in ['sft', *keys] if k not in scored) or 'none'}"
+            f"{' (done before: ' + ', '.join(k for k in ['sft', *keys] if k in scored) + ')' if scored else ''}; "
+            f"the table in {root / 'table.md'}")
+    stages_line, stage_costs = costs.plan(cfg, shipped, first, done) if first else ("", {})
+    vasd, evaluation = costs.unit_cost(cfg, shipped, "vasd", done), costs.unit_cost(cfg, shipped, "eval-start", done)
+    if vasd is None or evaluation is None or any(c is None for c in stage_costs.values()):
+        return line + "\n[ablation] estimate: no figures for these settings yet"
+    steps = {name: vasd_config(cfg, list(o), root / name / "train").train.max_steps
+             for name, o in cfg.ablation.variants.items()}
+    variant_minutes = {name: s * vasd["seconds"] / 60 for name, s in steps.items()}
+    mean = sum(variant_minutes.values()) / max(len(variant_minutes), 1)
+    train_minutes = sum(mean if k.split("@")[0] == "control" else variant_minutes[k.split("@")[0]]
+                        for k in keys if k not in trained)
+    eval_minutes = ABLATION_CONVERSATION_COST * evaluation["seconds"] * 2 * cfg.data.dev / 60
+    evals = sum(1 for k in ["sft", *keys] if k not in scored)
+    total = sum(c["minutes"] for c in stage_costs.values()) + train_minutes + evals * eval_minutes
+    return (line + f"\n[ablation] estimate: about {total:.0f} min ({vasd['source']} figures): "
+            + (f"stage 1 first {sum(c['minutes'] for c in stage_costs.values()):.0f} min, " if first else "")
+            + f"{len([k for k in keys if k not in trained])} training run(s) {train_minutes:.0f} min, "
+            f"{evals} dev evaluation(s) of about {eval_minutes:.0f} min each")
 
 
 def _sharded_scores(run: Path) -> dict[str, float]:

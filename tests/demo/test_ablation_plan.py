@@ -1,0 +1,55 @@
+"""`fic demo --ablate --dry-run`: the ablation's runs, what is left of them, and its estimate."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from fic.cli.main import main
+
+RECIPES = Path(__file__).resolve().parents[2] / "recipes" / "smollm2-135m-instruct"
+VARIANTS = "ablation.variants={a: [], b: [labels.weight=1.0, train.max_steps=64]}"
+
+
+def dry_run(capsys, out: Path, *overrides: str) -> str:
+    assert main(["demo", "--recipes", str(RECIPES), "--ablate", "--dry-run", f"out={out}", VARIANTS,
+                 "ablation.seeds=[0,1]", *overrides]) == 0
+    return capsys.readouterr().out.strip().splitlines()[-2:]
+
+
+def minutes(line: str) -> int:
+    return int(re.search(r"about (\d+) min", line).group(1))
+
+
+def test_the_ablation_dry_run_lists_its_runs_and_prices_only_those_left(tmp_path, capsys):
+    out = tmp_path / "demo"
+    plan, estimate = dry_run(capsys, out)
+    assert plan.startswith("fic demo --ablate: ")  # not the demo's own plan
+    assert "2 variant(s) (a, b) x seeds 0, 1, the equal-compute control per seed" in plan
+    assert "dev split (96 instances, full and sharded, float32)" in plan
+    assert "runs left: sft, a@0, b@0, control@0, a@1, b@1, control@1;" in plan
+    assert "stages first: data, warmup, sft" in plan
+    assert "reference machine figures" in estimate
+    assert "6 training run(s)" in estimate and "7 dev evaluation(s)" in estimate
+    before = minutes(estimate)
+
+    (out / "ablation" / "a@0" / "train").mkdir(parents=True)
+    (out / "ablation" / "a@0" / "train" / "trained.json").write_text("{}")
+    (out / "ablation" / "sft" / "dev").mkdir(parents=True)
+    (out / "ablation" / "sft" / "dev" / "metrics.json").write_text("{}")
+    plan, estimate = dry_run(capsys, out)
+    assert "runs left: a@0, b@0, control@0, a@1, b@1, control@1 (done before: sft);" in plan
+    assert "5 training run(s)" in estimate and "6 dev evaluation(s)" in estimate
+    assert minutes(estimate) < before
+
+
+def test_a_variants_own_steps_price_it_and_settings_with_no_figures_are_said(tmp_path, capsys):
+    _, estimate = dry_run(capsys, tmp_path / "d", "ablation.seeds=[0]", "ablation.control=false",
+                          "ablation.variants={a: []}")
+    _, longer = dry_run(capsys, tmp_path / "d", "ablation.seeds=[0]", "ablation.control=false",
+                        "ablation.variants={a: [train.max_steps=64]}")
+    one = re.search(r"1 training run\(s\) (\d+) min", estimate).group(1)
+    two = re.search(r"1 training run\(s\) (\d+) min", longer).group(1)
+    assert abs(int(two) - 2 * int(one)) <= 1  # 64 steps against the recipe's 32
+    _, unknown = dry_run(capsys, tmp_path / "d", "vasd.train.micro_batch_size=2")
+    assert unknown == "[ablation] estimate: no figures for these settings yet"
