@@ -35,13 +35,24 @@ from fic.core.errors import FicError
 from fic.core.files import folder_lock, read_log, write_json, write_text
 from fic.core.stats import sign_test
 from fic.demo import costs
-from fic.demo.run import (DemoConfig, control_steps, cpu_seconds, load_demo, model_of, paths, run_stages, split_file,
-                          stage_summaries)
+from fic.demo.run import (
+    DemoConfig,
+    control_steps,
+    cpu_seconds,
+    load_demo,
+    model_of,
+    paths,
+    run_stages,
+    split_file,
+    stage_summaries,
+)
 from fic.training.checkpoints import complete_checkpoints, step_of
 
 ABLATION = "ablation"
 # A dev-evaluation conversation (full and sharded views, float32 weights) against the demo's
-# evaluation conversation (bf16): MEASURE.
+# evaluation conversation (bf16), on the reference machine. Derived, not yet timed in an ablation:
+# a float32 sharded dev conversation took 3.4 s in the 2026-12-02 dev curve (64 at a time), and a
+# full-view one is a single reply, taken as a quarter of that: (3.4 + 0.85) / 2 = 2.1 s = 2.5 x 0.87.
 ABLATION_CONVERSATION_COST = 2.5
 
 
@@ -183,10 +194,11 @@ def plan(cfg: DemoConfig, launch: tuple[str, list[str]] | None = None) -> str:
             f"runs left: {', '.join(k for k in ['sft', *keys] if k not in scored) or 'none'}"
             f"{' (done before: ' + ', '.join(k for k in ['sft', *keys] if k in scored) + ')' if scored else ''}; "
             f"the table in {root / 'table.md'}")
-    stages_line, stage_costs = costs.plan(cfg, shipped, first, done) if first else ("", {})
+    stage_costs = {stage: costs.estimate(cfg, shipped, stage, done) for stage in first}
     vasd, evaluation = costs.unit_cost(cfg, shipped, "vasd", done), costs.unit_cost(cfg, shipped, "eval-start", done)
     if vasd is None or evaluation is None or any(c is None for c in stage_costs.values()):
-        return line + "\n[ablation] estimate: no figures for these settings yet"
+        why = costs.off_reference()
+        return line + "\n[ablation] estimate: no figures for these settings yet" + (f"; {why}" if why else "")
     steps = {name: vasd_config(cfg, list(o), root / name / "train").train.max_steps
              for name, o in cfg.ablation.variants.items()}
     variant_minutes = {name: s * vasd["seconds"] / 60 for name, s in steps.items()}

@@ -6,7 +6,8 @@ times a cost per unit, and its peak resident memory. Both come from, in this ord
 1. the latest finished stage of the same kind in this output folder (the SFT stage prices the
    control, the evaluations price the later ones): this machine, these settings;
 2. the reference machine (`REFERENCE`: 2 quiet cores with AMX, the bundled SmolLM2-135M, the
-   shipped demo.yaml), when the stage's memory-relevant settings are the shipped ones;
+   shipped demo.yaml), when the stage's memory-relevant settings are the shipped ones and this
+   machine computes as that one did (a CPU with fast bfloat16: `off_reference` says why not);
 3. nothing: the estimate says so rather than guess.
 
 Before each stage the demo compares the peak with the memory this machine has free
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from fic.core.errors import FicError
+from fic.core.model import default_device, fast_bf16
 
 # The stage each stage is priced like, and its unit.
 KIND = {"data": "data", "warmup": "sft", "sft": "sft", "control": "sft", "vasd": "vasd", "premise": "premise",
@@ -101,6 +103,19 @@ def as_shipped(cfg: Any, shipped: Any, stage: str) -> bool:
     return all(_value(mine, key) == _value(theirs, key) for key in MEMORY_KEYS)
 
 
+def off_reference() -> str | None:
+    """Why the reference figures do not price this machine, or None where they do. They were
+    measured on a CPU computing in bfloat16 (AMX); a CPU without fast bfloat16 trains and plays in
+    float32 (an SFT step of the demo took about 2.5-3x the reference's on 2026-12-02, on 2 cores of
+    an AMD EPYC with AVX2 alone), and a GPU is another machine altogether."""
+    if default_device() != "cpu":
+        return "this run uses a GPU and the reference figures are of 2 CPU cores"
+    if not fast_bf16("cpu"):
+        return ("this CPU has no fast bfloat16 (AMX or AVX-512 BF16), so it computes in float32, and the reference "
+                "figures are of one that has")
+    return None
+
+
 def unit_cost(cfg: Any, shipped: Any, stage: str, done: dict[str, dict]) -> dict | None:
     """{"seconds" a unit, "peak_mb", "source"} of `stage` (see the module docstring), or None.
     `done`: the finished stages' markers; `shipped`: the config demo.yaml ships."""
@@ -111,7 +126,7 @@ def unit_cost(cfg: Any, shipped: Any, stage: str, done: dict[str, dict]) -> dict
             scoring = ((marker.get("figures") or {}).get("plateau") or {}).get("seconds", 0.0)  # not training
             return {"seconds": (marker["seconds"] - scoring) / size, "peak_mb": float(marker["peak_rss_mb"]),
                     "source": f"measured here ({name})"}
-    if as_shipped(cfg, shipped, stage):
+    if as_shipped(cfg, shipped, stage) and off_reference() is None:
         return {**REFERENCE[kind], "source": "reference machine"}
     return None
 
@@ -167,11 +182,14 @@ def plan(cfg: Any, shipped: Any, stages: list[str], done: dict[str, dict],
     """A line with the estimated minutes and peak of `stages`, and each stage's estimate."""
     costs = {stage: estimate(cfg, shipped, stage, done, control) for stage in stages}
     known = {s: c for s, c in costs.items() if c is not None}
+    why = off_reference()
     if not known:
-        return "estimate: no figures for these settings yet (they will come from the first stages)", costs
+        return ("estimate: no figures for these settings yet (they will come from the first stages)"
+                + (f"; {why}" if why else "")), costs
     minutes = sum(c["minutes"] for c in known.values())
     peak = max(c["peak_mb"] for c in known.values())
     sources = sorted({c["source"].split(" (")[0] for c in known.values()})
     unknown = [s for s, c in costs.items() if c is None]
     return (f"estimate: about {minutes:.0f} min for {len(known)} stage(s), peak {peak / 1024:.1f} GiB "
-            f"({' and '.join(sources)} figures)" + (f"; not priced: {', '.join(unknown)}" if unknown else "")), costs
+            f"({' and '.join(sources)} figures)" + (f"; not priced: {', '.join(unknown)}" if unknown else "")
+            + (f" ({why})" if unknown and why else "")), costs

@@ -108,7 +108,8 @@ def test_keys_with_a_config_show_the_values_this_run_uses(capsys):
     assert "data.limit (an integer or null, default 1000)" in capsys.readouterr().out
 
 
-def test_demo_keys_and_dry_run_show_demo_yaml_s_values(tmp_path, capsys, no_model_loads):
+def test_demo_keys_and_dry_run_show_demo_yaml_s_values(tmp_path, capsys, no_model_loads, monkeypatch):
+    monkeypatch.setenv("FIC_CPU_FLAGS", "amx_bf16")  # the reference machine's CPU: its figures price the plan
     assert main(["demo", "--keys"]) == 0
     text = capsys.readouterr().out
     assert f"data.test (an integer, default 128; this run: 256, set in {RECIPES}/demo.yaml)" in text

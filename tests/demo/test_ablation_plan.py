@@ -21,7 +21,8 @@ def minutes(line: str) -> int:
     return int(re.search(r"about (\d+) min", line).group(1))
 
 
-def test_the_ablation_dry_run_lists_its_runs_and_prices_only_those_left(tmp_path, capsys):
+def test_the_ablation_dry_run_lists_its_runs_and_prices_only_those_left(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("FIC_CPU_FLAGS", "amx_bf16")  # the reference machine's CPU: its figures price the plan
     out = tmp_path / "demo"
     plan, estimate = dry_run(capsys, out)
     assert plan.startswith("fic demo --ablate: ")  # not the demo's own plan
@@ -43,7 +44,8 @@ def test_the_ablation_dry_run_lists_its_runs_and_prices_only_those_left(tmp_path
     assert minutes(estimate) < before
 
 
-def test_a_variants_own_steps_price_it_and_settings_with_no_figures_are_said(tmp_path, capsys):
+def test_a_variants_own_steps_price_it_and_settings_with_no_figures_are_said(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("FIC_CPU_FLAGS", "amx_bf16")
     _, estimate = dry_run(capsys, tmp_path / "d", "ablation.seeds=[0]", "ablation.control=false",
                           "ablation.variants={a: []}")
     _, longer = dry_run(capsys, tmp_path / "d", "ablation.seeds=[0]", "ablation.control=false",
@@ -53,3 +55,16 @@ def test_a_variants_own_steps_price_it_and_settings_with_no_figures_are_said(tmp
     assert abs(int(two) - 2 * int(one)) <= 1  # 64 steps against the recipe's 32
     _, unknown = dry_run(capsys, tmp_path / "d", "vasd.train.micro_batch_size=2")
     assert unknown == "[ablation] estimate: no figures for these settings yet"
+
+
+def test_a_cpu_without_fast_bf16_is_not_priced_from_the_reference_machine(tmp_path, capsys, monkeypatch):
+    """The reference figures are bf16 on AMX; a CPU without it computes in float32, several times
+    slower: the plan says so instead of printing the reference machine's minutes."""
+    monkeypatch.setenv("FIC_CPU_FLAGS", "avx2 fma")
+    _, estimate = dry_run(capsys, tmp_path / "d")
+    assert estimate.startswith("[ablation] estimate: no figures for these settings yet; this CPU has no fast "
+                               "bfloat16") and "min" not in estimate
+    assert main(["demo", "--recipes", str(RECIPES), "--dry-run", f"out={tmp_path / 'd'}"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("[demo] estimate: no figures for these settings yet (they will come from the first "
+                           "stages); this CPU has no fast bfloat16")

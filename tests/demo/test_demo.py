@@ -80,9 +80,10 @@ def test_the_demo_runs_every_stage_to_its_table_and_reruns_from_a_stage(tiny_mod
     assert "\n" not in err and not (out / "stages" / "control.json").exists()
 
 
-def test_the_shipped_settings_are_priced_from_the_reference_machine(tmp_path):
+def test_the_shipped_settings_are_priced_from_the_reference_machine(tmp_path, monkeypatch):
     from fic.demo import costs
 
+    monkeypatch.setenv("FIC_CPU_FLAGS", "amx_bf16")  # the reference machine's CPU
     cfg = load_demo(str(RECIPES), [f"out={tmp_path}"])
     line, planned = costs.plan(cfg, load_demo(str(RECIPES), []), list(STAGES[:-1]), {})
     assert all(c is not None and c["source"] == "reference machine" for c in planned.values())
