@@ -15,19 +15,47 @@ from typing import Any, Sequence
 
 import torch
 
+from fic.core.model import fast_bf16
 
-def matmul_rate(dtype: torch.dtype = torch.bfloat16, n: int = 2048, repeats: int = 5) -> float:
-    """FLOP/s of an n x n matrix product in `dtype` on this machine, now (the best of `repeats`)."""
+
+def matmul_rate(dtype: torch.dtype = torch.bfloat16, n: int = 2048, repeats: int = 5, budget_s: float = 0.25) -> float:
+    """FLOP/s of an n x n matrix product in `dtype` on this machine, now (the best of `repeats`).
+
+    The product is made smaller where one of n x n would take over `budget_s`, as judged from a
+    256 x 256 product first: a CPU without bfloat16 instructions emulates them, about a hundred
+    times slower, and 2048 x 2048 then takes minutes. Where bf16 is fast, n stays as asked."""
     generator = torch.Generator().manual_seed(0)
-    a = torch.randn(n, n, generator=generator).to(dtype)
-    b = torch.randn(n, n, generator=generator).to(dtype)
-    a @ b  # warm-up: kernel selection and page faults
-    best = float("inf")
-    for _ in range(repeats):
-        began = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - began)
-    return 2 * n ** 3 / best
+
+    def best_of(size: int, times: int) -> float:
+        a = torch.randn(size, size, generator=generator).to(dtype)
+        b = torch.randn(size, size, generator=generator).to(dtype)
+        a @ b  # warm-up: kernel selection and page faults
+        best = float("inf")
+        for _ in range(times):
+            began = time.perf_counter()
+            a @ b
+            best = min(best, time.perf_counter() - began)
+        return best
+
+    probe = min(n, 256)
+    n = product_size(2 * probe ** 3 / best_of(probe, 1), n, budget_s, probe)
+    return 2 * n ** 3 / best_of(n, repeats)
+
+
+def peak_rate() -> tuple[float, str]:
+    """The machine's matmul ceiling for a training step, now, and its dtype: bfloat16 where it is
+    fast (what `dtype: auto` computes in there), else float32 (what auto computes in: emulated
+    bfloat16 was 48x slower than float32 on an AVX2 CPU, measured 2026-12-02)."""
+    if fast_bf16("cpu"):
+        return matmul_rate(torch.bfloat16), "bfloat16"
+    return matmul_rate(torch.float32), "float32"
+
+
+def product_size(rate: float, n: int, budget_s: float, smallest: int = 256) -> int:
+    """The side of the square product to time: `n`, or the multiple of 64 whose product takes
+    `budget_s` at `rate` FLOP/s where that is smaller (never under `smallest`)."""
+    fits = int((budget_s * rate / 2) ** (1 / 3)) // 64 * 64
+    return max(smallest, min(n, fits))
 
 
 def shape(model: Any) -> dict:

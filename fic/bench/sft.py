@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from fic.bench.profile import profile
-from fic.bench.roofline import matmul_rate, shape, train_flops
+from fic.bench.roofline import peak_rate, shape, train_flops
 from fic.core.errors import FicError
 from fic.core.model import BUNDLED_MODEL_DIR, fast_bf16, load_model, load_tokenizer
 from fic.corpus.build import SFTDataConfig, load_instances, make_corpus
@@ -243,11 +243,13 @@ def measure(args: argparse.Namespace) -> dict:
                "tokens_per_step": sum(len(e.input_ids) for b in timed for e in b) / args.steps,
                "threads": torch.get_num_threads(),
                "fic_target_tokens_per_s": target_tokens / sum(fic), "fic_median_step_s": statistics.median(fic)}
-    # The roofline: the step's FLOP/s (padding not counted) against this machine's bf16 matmul rate, now.
+    # The roofline: the step's FLOP/s (padding not counted) against this machine's matmul rate in the dtype
+    # `auto` computes in (`peak_rate`), now.
     dims = shape(load_model(args.model, dtype="float32"))
     flops = sum(train_flops(dims, [len(e.input_ids) for e in b], sum(e.n_targets for e in b)) for b in timed)
-    peak = matmul_rate(torch.bfloat16)
-    figures.update({"fic_tflops": flops / sum(fic) / 1e12, "bf16_matmul_2048_tflops": peak / 1e12,
+    peak, peak_dtype = peak_rate()
+    figures.update({"fic_tflops": flops / sum(fic) / 1e12, "matmul_peak_tflops": peak / 1e12,
+                    "matmul_peak_dtype": peak_dtype,
                     "fic_roofline_share": flops / sum(fic) / peak})
     if "fic_also" in times:
         figures.update({"also_precision": _resolved(args.also)["precision"],

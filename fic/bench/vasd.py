@@ -46,7 +46,7 @@ from typing import Any, Callable
 import torch
 
 from fic.bench.profile import profile
-from fic.bench.roofline import forward_flops, matmul_rate, shape, train_flops
+from fic.bench.roofline import forward_flops, peak_rate, shape, train_flops
 from fic.bench.sft import make_records
 from fic.core.config import load_config
 from fic.core.errors import FicError
@@ -194,8 +194,9 @@ def step_figures(cfg: VASDConfig, repeats: int, sft_micro_batch_size: int, profi
                        for p in teacher_prompts(tokenizer, c.instance, ["full"])]
     flops = train_flops(dims, lengths, head_rows) + forward_flops(dims, teacher_lengths, 0)
     passes_s = clock.median("teacher") + clock.median("student")
-    peak = matmul_rate(torch.bfloat16)
-    figures.update({"passes_tflops": flops / passes_s / 1e12, "bf16_matmul_2048_tflops": peak / 1e12,
+    peak, peak_dtype = peak_rate()
+    figures.update({"passes_tflops": flops / passes_s / 1e12, "matmul_peak_tflops": peak / 1e12,
+                    "matmul_peak_dtype": peak_dtype,
                     "passes_roofline_share": flops / passes_s / peak,
                     "answer_tokens": int(sum(c["distill"] for c in counts)),
                     "student_rows": sum(len(b["input_ids"]) for b in batches),

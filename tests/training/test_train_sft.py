@@ -534,8 +534,9 @@ def test_bench_sft_json_is_one_object_on_stdout_with_the_roofline(tiny_model_dir
                  "--micro-batch-size", "2", "--memory-tokens", "0"]) == 0
     figures = json.loads(capsys.readouterr().out)  # TRL's own {'train_runtime': ...} line goes to stderr
     assert figures["precision"] == "fp32"  # the tests' CPU has no fast bf16 (FIC_CPU_FLAGS)
-    assert figures["bf16_matmul_2048_tflops"] > 0 and 0 < figures["fic_roofline_share"]
-    assert figures["fic_tflops"] == pytest.approx(figures["fic_roofline_share"] * figures["bf16_matmul_2048_tflops"])
+    assert figures["matmul_peak_tflops"] > 0 and 0 < figures["fic_roofline_share"]
+    assert figures["matmul_peak_dtype"] == "float32"  # no fast bf16 here: the ceiling is what auto computes in
+    assert figures["fic_tflops"] == pytest.approx(figures["fic_roofline_share"] * figures["matmul_peak_tflops"])
 
 
 @pytest.mark.parametrize("precision, resolved", [("auto", "bf16"), ("bf16_copy", "bf16_copy")])
@@ -555,7 +556,16 @@ def test_bench_sft_puts_the_ratios_against_trl_and_float32_in_one_object_where_b
     assert figures["fp32_ratio"] == pytest.approx(figures["fic_target_tokens_per_s"]
                                                   / figures["fic_fp32_target_tokens_per_s"])
     assert figures["ratio"] == pytest.approx(figures["fic_target_tokens_per_s"] / figures["trl_target_tokens_per_s"])
-    assert 0 < figures["fic_roofline_share"]
+    assert 0 < figures["fic_roofline_share"] and figures["matmul_peak_dtype"] == "bfloat16"
+
+
+def test_the_rooflines_product_shrinks_only_where_one_would_outlast_its_budget():
+    from fic.bench.roofline import product_size
+
+    assert product_size(250e9, 2048, 0.25) == 2048  # AMX's bf16 rate: 2048^3 x 2 in 0.07 s
+    small = product_size(1.3e9, 2048, 0.25)  # bf16 emulated without AVX-512 BF16 (measured 1.3 GFLOP/s)
+    assert small % 64 == 0 and 2 * small ** 3 / 1.3e9 <= 0.25 < 2 * (small + 64) ** 3 / 1.3e9
+    assert product_size(1e3, 2048, 0.25) == 256  # never under the probe's own size
 
 
 def test_roofline_counts_the_body_attention_and_the_head_on_target_rows_only():

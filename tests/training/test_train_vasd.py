@@ -1106,7 +1106,7 @@ def test_bench_vasd_times_the_recipes_own_step(tiny_model_dir, anchor_corpus, tm
     assert figures["rollouts"] == 4 and figures["student_rows"] > 4  # anchors and label rows beside the rollouts
     assert figures["step_s"] == pytest.approx(figures["rollout_s"] + figures["teacher_s"] + figures["student_s"]
                                               + figures["optimizer_s"])
-    assert figures["bf16_matmul_2048_tflops"] > 0 and figures["passes_roofline_share"] > 0
+    assert figures["matmul_peak_tflops"] > 0 and figures["passes_roofline_share"] > 0
     assert figures["sft_step_cpu_s"] > 0 and figures["vasd_over_sft"] == pytest.approx(
         figures["step_cpu_s"] / figures["sft_step_cpu_s"])
 
