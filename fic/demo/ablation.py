@@ -54,6 +54,7 @@ ABLATION = "ablation"
 # a float32 sharded dev conversation took 3.4 s in the 2026-12-02 dev curve (64 at a time), and a
 # full-view one is a single reply, taken as a quarter of that: (3.4 + 0.85) / 2 = 2.1 s = 2.5 x 0.87.
 ABLATION_CONVERSATION_COST = 2.5
+EVALUATED = "evaluated.json"  # a dev evaluation's wall and CPU seconds, beside its metrics
 
 
 def ablation_dir(cfg: DemoConfig) -> Path:
@@ -103,9 +104,15 @@ def evaluate_dev(cfg: DemoConfig, model: Path, folder: Path, progress: bool) -> 
                                                        task=cfg.data.task, limit=None),
                               views=["full", "sharded"], out=str(folder), baseline="")
     if not (folder / "metrics.json").is_file():
+        fresh = not (folder / "conversations.jsonl").is_file()
         folder.mkdir(parents=True, exist_ok=True)
+        began, cpu = time.perf_counter(), cpu_seconds(resource.RUSAGE_CHILDREN)
         _run([sys.executable, "-m", "fic", "eval", "--config", str(_config_file(run, folder / "eval.yaml")),
               *([] if progress else ["--quiet"])], f"evaluation in {folder}")
+        if fresh:  # a resumed one timed only its rest: it prices nothing
+            write_json(folder / EVALUATED, {"seconds": round(time.perf_counter() - began, 1), "conversations":
+                                            2 * cfg.data.dev, "cpu_seconds": round(cpu_seconds(
+                                                resource.RUSAGE_CHILDREN) - cpu, 1)})
     return folder
 
 
@@ -195,23 +202,39 @@ def plan(cfg: DemoConfig, launch: tuple[str, list[str]] | None = None) -> str:
             f"{' (done before: ' + ', '.join(k for k in ['sft', *keys] if k in scored) + ')' if scored else ''}; "
             f"the table in {root / 'table.md'}")
     stage_costs = {stage: costs.estimate(cfg, shipped, stage, done) for stage in first}
-    vasd, evaluation = costs.unit_cost(cfg, shipped, "vasd", done), costs.unit_cost(cfg, shipped, "eval-start", done)
-    if vasd is None or evaluation is None or any(c is None for c in stage_costs.values()):
-        why = costs.off_reference()
-        return line + "\n[ablation] estimate: no figures for these settings yet" + (f"; {why}" if why else "")
     steps = {name: vasd_config(cfg, list(o), root / name / "train").train.max_steps
              for name, o in cfg.ablation.variants.items()}
-    variant_minutes = {name: s * vasd["seconds"] / 60 for name, s in steps.items()}
+    step_s, conversation_s, source = _unit_seconds(cfg, shipped, done, root, keys, steps)
+    if step_s is None or conversation_s is None or any(c is None for c in stage_costs.values()):
+        why = costs.off_reference()
+        return line + "\n[ablation] estimate: no figures for these settings yet" + (f"; {why}" if why else "")
+    variant_minutes = {name: s * step_s / 60 for name, s in steps.items()}
     mean = sum(variant_minutes.values()) / max(len(variant_minutes), 1)
     train_minutes = sum(mean if k.split("@")[0] == "control" else variant_minutes[k.split("@")[0]]
                         for k in keys if k not in trained)
-    eval_minutes = ABLATION_CONVERSATION_COST * evaluation["seconds"] * 2 * cfg.data.dev / 60
+    eval_minutes = conversation_s * 2 * cfg.data.dev / 60
     evals = sum(1 for k in ["sft", *keys] if k not in scored)
     total = sum(c["minutes"] for c in stage_costs.values()) + train_minutes + evals * eval_minutes
-    return (line + f"\n[ablation] estimate: about {total:.0f} min ({vasd['source']} figures): "
+    return (line + f"\n[ablation] estimate: about {total:.0f} min ({source} figures): "
             + (f"stage 1 first {sum(c['minutes'] for c in stage_costs.values()):.0f} min, " if first else "")
             + f"{len([k for k in keys if k not in trained])} training run(s) {train_minutes:.0f} min, "
             f"{evals} dev evaluation(s) of about {eval_minutes:.0f} min each")
+
+
+def _unit_seconds(cfg: DemoConfig, shipped: object, done: dict, root: Path, keys: list[str],
+                  steps: dict[str, int]) -> tuple[float | None, float | None, str]:
+    """Seconds a VASD step and a dev conversation: from this folder's finished runs where there
+    are some (`trained.json`, `evaluated.json`), else from the demo's cost figures (`costs`)."""
+    variants = [k for k in keys if k.split("@")[0] in steps and (root / k / "train" / "trained.json").is_file()]
+    timed = [json.loads((root / k / "train" / "trained.json").read_text(encoding="utf-8")) for k in variants]
+    evaluated = [json.loads(f.read_text(encoding="utf-8")) for f in sorted(root.glob(f"*/dev/{EVALUATED}"))]
+    vasd, evaluation = costs.unit_cost(cfg, shipped, "vasd", done), costs.unit_cost(cfg, shipped, "eval-start", done)
+    step_s = (sum(t["seconds"] for t in timed) / sum(steps[k.split("@")[0]] for k in variants) if timed
+              else vasd and vasd["seconds"])
+    conversation_s = (sum(e["seconds"] for e in evaluated) / sum(e["conversations"] for e in evaluated) if evaluated
+                      else evaluation and ABLATION_CONVERSATION_COST * evaluation["seconds"])
+    measured = timed or evaluated
+    return step_s, conversation_s, "measured here" if measured else (vasd or evaluation or {}).get("source", "")
 
 
 def _sharded_scores(run: Path) -> dict[str, float]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -34,14 +35,26 @@ def test_the_ablation_dry_run_lists_its_runs_and_prices_only_those_left(tmp_path
     assert "6 training run(s)" in estimate and "7 dev evaluation(s)" in estimate
     before = minutes(estimate)
 
-    (out / "ablation" / "a@0" / "train").mkdir(parents=True)
-    (out / "ablation" / "a@0" / "train" / "trained.json").write_text("{}")
-    (out / "ablation" / "sft" / "dev").mkdir(parents=True)
-    (out / "ablation" / "sft" / "dev" / "metrics.json").write_text("{}")
+    finished(out, trained={"a@0": 320.0}, evaluated={"sft": 192.0})
     plan, estimate = dry_run(capsys, out)
     assert "runs left: a@0, b@0, control@0, a@1, b@1, control@1 (done before: sft);" in plan
-    assert "5 training run(s)" in estimate and "6 dev evaluation(s)" in estimate
+    # what finished here prices the rest: 10 s a VASD step (a: 32 steps in 320 s), 1 s a dev conversation
+    assert "(measured here figures)" in estimate
+    # b 64 steps (10.7 min), a 32 (5.3), each control their mean (8.0): 42.7 min; 6 x 192 conversations
+    assert "5 training run(s) 43 min" in estimate and "6 dev evaluation(s) of about 3 min each" in estimate
     assert minutes(estimate) < before
+
+
+def finished(out: Path, trained: dict[str, float], evaluated: dict[str, float]) -> None:
+    """The markers finished ablation runs leave: a training run's seconds, a dev evaluation's."""
+    for key, seconds in trained.items():
+        (out / "ablation" / key / "train").mkdir(parents=True)
+        (out / "ablation" / key / "train" / "trained.json").write_text(json.dumps({"seconds": seconds}))
+    for key, seconds in evaluated.items():
+        (out / "ablation" / key / "dev").mkdir(parents=True)
+        (out / "ablation" / key / "dev" / "metrics.json").write_text("{}")
+        (out / "ablation" / key / "dev" / "evaluated.json").write_text(
+            json.dumps({"seconds": seconds, "conversations": 192}))
 
 
 def test_a_variants_own_steps_price_it_and_settings_with_no_figures_are_said(tmp_path, capsys, monkeypatch):
@@ -68,3 +81,11 @@ def test_a_cpu_without_fast_bf16_is_not_priced_from_the_reference_machine(tmp_pa
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert line.startswith("[demo] estimate: no figures for these settings yet (they will come from the first "
                            "stages); this CPU has no fast bfloat16")
+    # once stage 1 and a first arm have run here, their own figures price the rest
+    out = tmp_path / "d"
+    (out / "stages").mkdir(parents=True)
+    for stage in ("data", "warmup", "sft"):
+        (out / "stages" / f"{stage}.json").write_text("{}")
+    finished(out, trained={"a@0": 320.0}, evaluated={"sft": 192.0})
+    _, estimate = dry_run(capsys, out)
+    assert estimate.startswith("[ablation] estimate: about ") and "(measured here figures)" in estimate

@@ -154,6 +154,8 @@ def test_a_miniature_ablation_trains_every_variant_and_writes_its_table(tiny_mod
     for run in ("sft", "final@0", "final@1", "per-turn@0", "per-turn@1", "control@0", "control@1"):
         assert f"| {run} |" in table
         assert (out / "ablation" / run / "dev" / "metrics.json").is_file()
+        timed = json.loads((out / "ablation" / run / "dev" / "evaluated.json").read_text())  # prices a later plan
+        assert timed["conversations"] == 4 and timed["seconds"] > 0  # 2 dev instances x full and sharded
     assert "Rule `beats_control` (fixed before the table was read): the choice is **" in table
     figures = json.loads((out / "ablation" / "ablation.json").read_text())
     assert figures["rows"]["per-turn@1"]["vs_control"]["better"] >= 0 and figures["rows"]["control@0"]["vs_sft"]
