@@ -32,7 +32,7 @@ import yaml
 
 from fic.core.config import config_to_dict, with_overrides
 from fic.core.errors import FicError
-from fic.core.files import folder_lock, read_log, write_json, write_text
+from fic.core.files import folder_lock, read_json, read_log, write_json, write_text
 from fic.core.stats import sign_test
 from fic.demo import costs
 from fic.demo.run import (
@@ -66,6 +66,13 @@ def _run(command: list[str], what: str) -> None:
         raise FicError(f"the ablation's {what} failed (its error is above)", field="--ablate")
 
 
+def _timed_run(command: list[str], what: str) -> dict[str, float]:
+    """`_run`, and the wall and CPU seconds the command's process took."""
+    began, cpu = time.perf_counter(), cpu_seconds(resource.RUSAGE_CHILDREN)
+    _run(command, what)
+    return {"seconds": time.perf_counter() - began, "cpu_seconds": cpu_seconds(resource.RUSAGE_CHILDREN) - cpu}
+
+
 def _config_file(config: object, path: Path) -> Path:
     write_text(path, yaml.safe_dump(config_to_dict(config), sort_keys=False))
     return path
@@ -82,10 +89,9 @@ def train(kind: str, config: object, folder: Path, progress: bool) -> dict:
     if not done and folder.exists():
         shutil.rmtree(folder)  # killed before its first checkpoint: nothing to keep
     folder.mkdir(parents=True, exist_ok=True)
-    began, cpu = time.perf_counter(), cpu_seconds(resource.RUSAGE_CHILDREN)
-    _run([sys.executable, "-m", "fic", "train", kind, "--config", str(_config_file(config, folder / f"{kind}.yaml")),
-          f"logging.progress={str(progress).lower()}", f"resume={str(bool(done)).lower()}"], f"{kind} run in {folder}")
-    spent = {"seconds": time.perf_counter() - began, "cpu_seconds": cpu_seconds(resource.RUSAGE_CHILDREN) - cpu}
+    spent = _timed_run([sys.executable, "-m", "fic", "train", kind, "--config",
+                        str(_config_file(config, folder / f"{kind}.yaml")), f"logging.progress={str(progress).lower()}",
+                        f"resume={str(bool(done)).lower()}"], f"{kind} run in {folder}")
     if resumed_at:  # only the steps after the checkpoint were timed: scale to the whole run, and say so
         steps = config.train.max_steps
         spent = {k: v * steps / (steps - resumed_at) for k, v in spent.items()} | {"resumed_at_step": resumed_at,
@@ -106,13 +112,10 @@ def evaluate_dev(cfg: DemoConfig, model: Path, folder: Path, progress: bool) -> 
     if not (folder / "metrics.json").is_file():
         fresh = not (folder / "conversations.jsonl").is_file()
         folder.mkdir(parents=True, exist_ok=True)
-        began, cpu = time.perf_counter(), cpu_seconds(resource.RUSAGE_CHILDREN)
-        _run([sys.executable, "-m", "fic", "eval", "--config", str(_config_file(run, folder / "eval.yaml")),
-              *([] if progress else ["--quiet"])], f"evaluation in {folder}")
+        spent = _timed_run([sys.executable, "-m", "fic", "eval", "--config", str(_config_file(run, folder / "eval.yaml")),
+                            *([] if progress else ["--quiet"])], f"evaluation in {folder}")
         if fresh:  # a resumed one timed only its rest: it prices nothing
-            write_json(folder / EVALUATED, {"seconds": round(time.perf_counter() - began, 1), "conversations":
-                                            2 * cfg.data.dev, "cpu_seconds": round(cpu_seconds(
-                                                resource.RUSAGE_CHILDREN) - cpu, 1)})
+            write_json(folder / EVALUATED, {k: round(v, 1) for k, v in spent.items()} | {"conversations": 2 * cfg.data.dev})
     return folder
 
 
@@ -175,6 +178,11 @@ def _run_ablation(cfg: DemoConfig, progress: bool, say: Callable[[str], None],
     return figures
 
 
+def variant_of(key: str) -> str:
+    """The variant (or `control`) a run's key names: `run_name` without its seed."""
+    return key.split("@")[0]
+
+
 def run_keys(cfg: DemoConfig) -> list[str]:
     """Every run the ablation trains, in its order: the variants, then the control, per seed."""
     seeds = list(cfg.ablation.seeds)
@@ -210,14 +218,15 @@ def plan(cfg: DemoConfig, launch: tuple[str, list[str]] | None = None) -> str:
         return line + "\n[ablation] estimate: no figures for these settings yet" + (f"; {why}" if why else "")
     variant_minutes = {name: s * step_s / 60 for name, s in steps.items()}
     mean = sum(variant_minutes.values()) / max(len(variant_minutes), 1)
-    train_minutes = sum(mean if k.split("@")[0] == "control" else variant_minutes[k.split("@")[0]]
-                        for k in keys if k not in trained)
+    left = [k for k in keys if k not in trained]
+    train_minutes = sum(mean if variant_of(k) == "control" else variant_minutes[variant_of(k)] for k in left)
     eval_minutes = conversation_s * 2 * cfg.data.dev / 60
     evals = sum(1 for k in ["sft", *keys] if k not in scored)
-    total = sum(c["minutes"] for c in stage_costs.values()) + train_minutes + evals * eval_minutes
+    first_minutes = sum(c["minutes"] for c in stage_costs.values())
+    total = first_minutes + train_minutes + evals * eval_minutes
     return (line + f"\n[ablation] estimate: about {total:.0f} min ({source} figures): "
-            + (f"stage 1 first {sum(c['minutes'] for c in stage_costs.values()):.0f} min, " if first else "")
-            + f"{len([k for k in keys if k not in trained])} training run(s) {train_minutes:.0f} min, "
+            + (f"stage 1 first {first_minutes:.0f} min, " if first else "")
+            + f"{len(left)} training run(s) {train_minutes:.0f} min, "
             f"{evals} dev evaluation(s) of about {eval_minutes:.0f} min each")
 
 
@@ -225,11 +234,11 @@ def _unit_seconds(cfg: DemoConfig, shipped: object, done: dict, root: Path, keys
                   steps: dict[str, int]) -> tuple[float | None, float | None, str]:
     """Seconds a VASD step and a dev conversation: from this folder's finished runs where there
     are some (`trained.json`, `evaluated.json`), else from the demo's cost figures (`costs`)."""
-    variants = [k for k in keys if k.split("@")[0] in steps and (root / k / "train" / "trained.json").is_file()]
-    timed = [json.loads((root / k / "train" / "trained.json").read_text(encoding="utf-8")) for k in variants]
-    evaluated = [json.loads(f.read_text(encoding="utf-8")) for f in sorted(root.glob(f"*/dev/{EVALUATED}"))]
+    variants = [k for k in keys if variant_of(k) in steps and (root / k / "train" / "trained.json").is_file()]
+    timed = [read_json(root / k / "train" / "trained.json") for k in variants]
+    evaluated = [read_json(f) for f in sorted(root.glob(f"*/dev/{EVALUATED}"))]
     vasd, evaluation = costs.unit_cost(cfg, shipped, "vasd", done), costs.unit_cost(cfg, shipped, "eval-start", done)
-    step_s = (sum(t["seconds"] for t in timed) / sum(steps[k.split("@")[0]] for k in variants) if timed
+    step_s = (sum(t["seconds"] for t in timed) / sum(steps[variant_of(k)] for k in variants) if timed
               else vasd and vasd["seconds"])
     conversation_s = (sum(e["seconds"] for e in evaluated) / sum(e["conversations"] for e in evaluated) if evaluated
                       else evaluation and ABLATION_CONVERSATION_COST * evaluation["seconds"])
