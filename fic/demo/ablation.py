@@ -132,6 +132,22 @@ def vasd_config(cfg: DemoConfig, overrides: list[str], out: Path, seed: int = 0)
     return base
 
 
+def check_variants(cfg: DemoConfig) -> None:
+    """Refuse two variants that resolve to the same vasd settings: overrides are applied over
+    demo.yaml's vasd section, so a variant named for what that section already sets (`[]` beside
+    `[labels.weight=1.0]` when labels are on there) would train the same run twice under two names."""
+    seen: dict[str, str] = {}
+    for name, overrides in cfg.ablation.variants.items():
+        settings = json.dumps(config_to_dict(vasd_config(cfg, list(overrides), Path("train"))), sort_keys=True,
+                              default=str)
+        if settings in seen:
+            raise FicError(f"variants {seen[settings]} and {name} come to the same vasd settings (their overrides "
+                           f"over demo.yaml's vasd section: {list(cfg.ablation.variants[seen[settings]])} and "
+                           f"{list(overrides)}); make them differ, e.g. set explicitly what one of them turns off",
+                           field="ablation.variants")
+        seen[settings] = name
+
+
 def run_name(name: str, seed: int, seeds: list[int]) -> str:
     return name if len(seeds) == 1 and seed == 0 else f"{name}@{seed}"
 
@@ -139,6 +155,7 @@ def run_name(name: str, seed: int, seeds: list[int]) -> str:
 def run_ablation(cfg: DemoConfig, *, progress: bool = True, say: Callable[[str], None] = print,
                  launch: tuple[str, list[str]] | None = None) -> dict:
     """Train and evaluate every variant in every seed (see the module docstring); return the table's figures."""
+    check_variants(cfg)
     with folder_lock(cfg.out):  # the demo and a second ablation into the same folder fail at once
         return _run_ablation(cfg, progress, say, launch)
 
@@ -194,6 +211,7 @@ def plan(cfg: DemoConfig, launch: tuple[str, list[str]] | None = None) -> str:
     """What `fic demo --ablate` will run and what is left, with an estimate (`--dry-run`); nothing runs.
     A dev evaluation is priced at ABLATION_CONVERSATION_COST of the demo's evaluation conversations
     each; a variant at its own steps at VASD's cost a step; the control at the variants' mean time."""
+    check_variants(cfg)
     shipped = load_demo(launch[0], []) if launch is not None else None
     done = stage_summaries(cfg)
     first = [stage for stage in ("data", "warmup", "sft") if stage not in done]

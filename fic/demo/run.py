@@ -85,15 +85,16 @@ class DemoDataSection:
 @dataclass
 class AblationSection:
     variants: dict[str, list[str]] = setting({
-        "vasd-final": [],
+        "vasd-final": ["labels.weight=0"],  # the paper's; demo.yaml's vasd section has deferral labels on
         "vasd-labels": ["labels.weight=1.0"],
         "vasd-decision": ["loss.turns=all", "loss.nonfinal_tokens=4", "labels.weight=1.0", "labels.select=premature",
                           "labels.max_turns=8"],
-        "corrections": ["loss.weight=0", "corrections.weight=1.0", "regularizer.kind=anchor"],
+        "corrections": ["loss.weight=0", "labels.weight=0", "corrections.weight=1.0", "regularizer.kind=anchor"],
         "vasd-hinted": ["teacher.view=hinted", "loss.max_log_ratio=2.0", "labels.weight=1.0"],
         "vasd-labels-lr1e-4": ["labels.weight=1.0", "optim.lr=1.0e-4", "optim.schedule=cosine"],
     }, "Name -> overrides of the vasd section (e.g. [loss.turns=all]); each variant trains from the same SFT "
-       "model with the same seeds and is evaluated on the dev split.")
+       "model with the same seeds and is evaluated on the dev split. Two variants that come to the same settings are "
+       "refused.")
     control: bool = setting(True, "Also continue stage 1 for the variants' mean CPU time (the equal-compute "
                             "control, one per seed) and evaluate it.")
     seeds: list[int] = setting([0], "Seeds: every variant and the control train once per seed (train.seed, and "

@@ -7,6 +7,8 @@ import re
 from pathlib import Path
 
 from fic.cli.main import main
+from fic.demo.ablation import check_variants, vasd_config
+from fic.demo.run import load_demo
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes" / "smollm2-135m-instruct"
 VARIANTS = "ablation.variants={a: [], b: [labels.weight=1.0, train.max_steps=64]}"
@@ -89,3 +91,21 @@ def test_a_cpu_without_fast_bf16_is_not_priced_from_the_reference_machine(tmp_pa
     finished(out, trained={"a@0": 320.0}, evaluated={"sft": 192.0})
     _, estimate = dry_run(capsys, out)
     assert estimate.startswith("[ablation] estimate: about ") and "(measured here figures)" in estimate
+
+
+def test_variants_that_come_to_the_same_settings_are_refused_before_anything_runs(tmp_path, capsys):
+    # demo.yaml's vasd section already has deferral labels on, so [] and [labels.weight=1.0] are one run
+    code = main(["demo", "--recipes", str(RECIPES), "--ablate", "--dry-run", f"out={tmp_path / 'demo'}",
+                 "ablation.variants={plain: [], labels: [labels.weight=1.0]}"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "field 'ablation.variants'" in err and "variants plain and labels come to the same vasd settings" in err
+    assert "Traceback" not in err and not (tmp_path / "demo").exists()
+
+
+def test_the_shipped_variants_are_each_their_own_run():
+    cfg = load_demo(str(RECIPES), [])
+    check_variants(cfg)  # raises where two shipped variants are one run under two names
+    weight = {name: vasd_config(cfg, list(o), Path("train")).labels.weight for name, o in cfg.ablation.variants.items()}
+    assert weight["vasd-final"] == 0 and weight["corrections"] == 0  # the paper's VASD and corrections alone
+    assert weight["vasd-labels"] == 1.0
