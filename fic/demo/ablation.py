@@ -1,7 +1,8 @@
 """`fic demo --ablate`: FiC stage 2's variants side by side on the dev split, to choose the default.
 
 From the demo's own SFT model (the stages `data`, `warmup` and `sft` run first when they have not
-yet; with `sft.dev.every` it is the plateau of stage 1), every variant of `ablation.variants`
+yet; with `sft.dev.every` it is the plateau of stage 1), or from `ablation.start` (e.g. stage 1
+continued by hand to where its dev curve flattens), every variant of `ablation.variants`
 (overrides of the `vasd` section) trains once per seed of `ablation.seeds` on the same rollout
 tasks, then plays the dev split in the full and sharded views, its weights in
 `ablation.eval_dtype` (float32: paired wins and losses that are not bf16 batch-shape noise). Per
@@ -48,17 +49,37 @@ from fic.demo.run import (
 )
 from fic.training.checkpoints import complete_checkpoints, step_of
 
-ABLATION = "ablation"
 # A dev-evaluation conversation (full and sharded views, float32 weights) against the demo's
 # evaluation conversation (bf16), on the reference machine. Derived, not yet timed in an ablation:
 # a float32 sharded dev conversation took 3.4 s in the 2026-12-02 dev curve (64 at a time), and a
 # full-view one is a single reply, taken as a quarter of that: (3.4 + 0.85) / 2 = 2.1 s = 2.5 x 0.87.
 ABLATION_CONVERSATION_COST = 2.5
+START = "start.json"  # the model the folder's runs start from
 EVALUATED = "evaluated.json"  # a dev evaluation's wall and CPU seconds, beside its metrics
 
 
 def ablation_dir(cfg: DemoConfig) -> Path:
-    return Path(cfg.out) / ABLATION
+    return Path(cfg.ablation.folder)
+
+
+def start_model(cfg: DemoConfig) -> Path:
+    """The model every variant and the control start from: `ablation.start`, else stage 1's."""
+    return Path(cfg.ablation.start) if cfg.ablation.start else model_of(cfg, "sft")
+
+
+def check_start(cfg: DemoConfig) -> None:
+    """A given start must be a saved model, and the folder's runs must all be from one start:
+    a variant from one model beside a control from another would be compared for nothing."""
+    start = start_model(cfg)
+    if cfg.ablation.start and not (start / "config.json").is_file():
+        raise FicError(f"no saved model (config.json) in {start}", field="ablation.start")
+    root = ablation_dir(cfg)
+    # a folder from before the start was recorded holds runs from stage 1's model
+    recorded = (read_json(root / START)["start"] if (root / START).is_file()
+                else str(model_of(cfg, "sft")) if (root / "sft").is_dir() else None)
+    if recorded is not None and recorded != str(start):
+        raise FicError(f"{root} holds an ablation from {recorded}, not {start}: give this start a folder of its "
+                       f"own (ablation.folder=...)", field="ablation.start")
 
 
 def _run(command: list[str], what: str) -> None:
@@ -123,7 +144,7 @@ def vasd_config(cfg: DemoConfig, overrides: list[str], out: Path, seed: int = 0)
     """The demo's VASD stage config with a variant's overrides and a seed, wired like the stage."""
     base = dataclasses.replace(cfg.vasd)
     base = with_overrides(base, overrides, f"ablation.variants ({' '.join(overrides) or 'no overrides'})")
-    base.model.path, base.out = str(model_of(cfg, "sft")), str(out)
+    base.model.path, base.out = str(start_model(cfg)), str(out)
     base.data.source, base.data.task = [f"jsonl:{split_file(cfg, 'train')}"], cfg.data.task
     base.regularizer.anchor_path = str(paths(cfg)["data"] / "sft.sft.jsonl")
     base.exclude.sources = [f"jsonl:{split_file(cfg, s)}" for s in ("dev", "test", "test-unseen")]
@@ -163,8 +184,10 @@ def run_ablation(cfg: DemoConfig, *, progress: bool = True, say: Callable[[str],
 def _run_ablation(cfg: DemoConfig, progress: bool, say: Callable[[str], None],
                   launch: tuple[str, list[str]] | None) -> dict:
     run_stages(cfg, ("data", "warmup", "sft"), progress=progress, say=say, launch=launch)
+    check_start(cfg)
     root, seeds = ablation_dir(cfg), list(cfg.ablation.seeds)
-    runs, seconds = {"sft": evaluate_dev(cfg, model_of(cfg, "sft"), root / "sft" / "dev", progress)}, {}
+    write_json(root / START, {"start": str(start_model(cfg))})
+    runs, seconds = {"sft": evaluate_dev(cfg, start_model(cfg), root / "sft" / "dev", progress)}, {}
     for seed in seeds:
         trained = []
         for name, overrides in cfg.ablation.variants.items():
@@ -180,7 +203,7 @@ def _run_ablation(cfg: DemoConfig, progress: bool, say: Callable[[str], None],
             mean = sum(seconds[k]["cpu_seconds"] for k in trained) / len(trained)
             key = run_name("control", seed, seeds)
             control = dataclasses.replace(cfg.control)
-            control.model.path, control.data.path = str(model_of(cfg, "sft")), str(paths(cfg)["data"] / "sft.sft.jsonl")
+            control.model.path, control.data.path = str(start_model(cfg)), str(paths(cfg)["data"] / "sft.sft.jsonl")
             control.out = str(root / key / "train")
             control.train.max_steps, control.dev.every = control_steps(cfg, mean), 0
             control.train.seed, control.data.seed = control.train.seed + seed, control.data.seed + seed
@@ -212,6 +235,7 @@ def plan(cfg: DemoConfig, launch: tuple[str, list[str]] | None = None) -> str:
     A dev evaluation is priced at ABLATION_CONVERSATION_COST of the demo's evaluation conversations
     each; a variant at its own steps at VASD's cost a step; the control at the variants' mean time."""
     check_variants(cfg)
+    check_start(cfg)
     shipped = load_demo(launch[0], []) if launch is not None else None
     done = stage_summaries(cfg)
     first = [stage for stage in ("data", "warmup", "sft") if stage not in done]
@@ -219,7 +243,8 @@ def plan(cfg: DemoConfig, launch: tuple[str, list[str]] | None = None) -> str:
     keys = run_keys(cfg)
     trained = {k for k in keys if (root / k / "train" / "trained.json").is_file()}
     scored = {k for k in ["sft", *keys] if (root / k / "dev" / "metrics.json").is_file()}
-    line = (f"fic demo --ablate: from stage 1's model in {model_of(cfg, 'sft')} (stages first: "
+    start = "the model" if cfg.ablation.start else "stage 1's model"
+    line = (f"fic demo --ablate: from {start} in {start_model(cfg)} (stages first: "
             f"{', '.join(first) or 'none, done before'}), {len(cfg.ablation.variants)} variant(s) "
             f"({', '.join(cfg.ablation.variants) or 'none'}) x seeds {', '.join(map(str, seeds))}"
             f"{', the equal-compute control per seed' if cfg.ablation.control else ''}; each and stage 1 "

@@ -102,6 +102,11 @@ class AblationSection:
     eval_dtype: str = setting("float32", "Weights dtype of the dev evaluations: float32, so that paired wins and "
                               "losses are not bf16 batch-shape noise (7 of 16 greedy conversations changed with the "
                               "batch in bf16, none in float32).", choices=("float32", "auto", "bfloat16"))
+    start: str = setting("", "A model to start every variant and the control from, in place of stage 1's (empty: "
+                         "stage 1's model): e.g. stage 1 continued to where its dev curve stops rising. The table's "
+                         "`sft` row is this model.")
+    folder: str = setting("{out}/ablation", "Where the runs and the table go; an ablation from another start needs a "
+                          "folder of its own (a folder holds one start's runs, and says so when given another).")
     rule: str = setting("beats_control", "The selection rule, fixed before the table is read. beats_control: among "
                         "the variants with more wins than losses against the control in every seed (exact sign test "
                         "p < 0.05 on the sharded scores), the highest mean P(sharded); with none, stage 1 continued "

@@ -109,3 +109,11 @@ def test_the_shipped_variants_are_each_their_own_run():
     weight = {name: vasd_config(cfg, list(o), Path("train")).labels.weight for name, o in cfg.ablation.variants.items()}
     assert weight["vasd-final"] == 0 and weight["corrections"] == 0  # the paper's VASD and corrections alone
     assert weight["vasd-labels"] == 1.0
+
+
+def test_a_start_that_is_not_a_saved_model_is_refused_before_anything_runs(tmp_path, capsys):
+    code = main(["demo", "--recipes", str(RECIPES), "--ablate", "--dry-run", f"out={tmp_path / 'demo'}",
+                 f"ablation.start={tmp_path / 'nowhere'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "field 'ablation.start'" in err and "no saved model (config.json)" in err
+    assert "Traceback" not in err and not (tmp_path / "demo").exists()

@@ -223,6 +223,39 @@ def test_the_ablation_resumes_a_killed_variant_from_its_checkpoint_and_restarts_
     assert len(commands) == 2  # a finished variant is not trained again
 
 
+def test_an_ablation_from_a_given_start_trains_and_scores_every_run_from_it(tmp_path, monkeypatch):
+    """ablation.start: the variants, their teacher, the control and the table's `sft` row all read
+    that model, and the folder keeps to it: a second start into it is refused before anything runs."""
+    from fic.core.errors import FicError
+    from fic.demo import ablation
+
+    start = tmp_path / "plateau"
+    start.mkdir()
+    (start / "config.json").write_text("{}")
+    out = tmp_path / "demo"
+    (out / "stages").mkdir(parents=True)
+    (out / "stages" / "sft.json").write_text(json.dumps({"cpu_seconds": 1200.0, "figures": {"steps": 80}}))
+    read = []
+    monkeypatch.setattr(ablation, "run_stages", lambda *a, **k: None)
+    monkeypatch.setattr(ablation, "train", lambda kind, config, folder, progress: (
+        read.append((kind, config.model.path)), {"seconds": 60.0, "cpu_seconds": 120.0})[1])
+    monkeypatch.setattr(ablation, "evaluate_dev", lambda cfg, model, folder, progress: (
+        read.append(("dev", str(model))), folder)[1])
+    monkeypatch.setattr(ablation, "ablation_table", lambda *a, **k: {"table": "", "rows": {}, "choice": None})
+    cfg = load_demo(str(RECIPES), [f"out={out}", f"ablation.start={start}", "ablation.folder={out}/from-plateau",
+                                   "ablation.variants={a: []}"])
+    ablation.run_ablation(cfg, progress=False, say=lambda line: None)
+    assert read == [("dev", str(start)), ("vasd", str(start)), ("dev", str(start)), ("sft", str(start)),
+                    ("dev", str(start))]  # sft row, variant a, its dev run, the control, its dev run
+    assert json.loads((out / "from-plateau" / "start.json").read_text()) == {"start": str(start)}
+    assert not (out / "ablation").exists()
+
+    other = load_demo(str(RECIPES), [f"out={out}", "ablation.folder={out}/from-plateau", "ablation.variants={a: []}"])
+    with pytest.raises(FicError, match="holds an ablation from .*plateau, not .*sft/final") as refused:
+        ablation.run_ablation(other, progress=False, say=lambda line: None)
+    assert refused.value.field == "ablation.start" and len(read) == 5
+
+
 def test_the_control_gets_vasds_cpu_seconds_at_sfts_cost_per_step_unless_its_steps_are_set(tmp_path):
     from fic.demo.run import control_steps
 

@@ -71,9 +71,10 @@ def documented_demo_paths() -> set[str]:
 def test_every_output_of_the_demo_is_in_docs_outputs():
     from fic.demo.ablation import ablation_dir
     from fic.demo.report import PLOT
-    from fic.demo.run import STAGES, DemoConfig, paths, stage_outputs
+    from fic.demo.run import STAGES, DemoConfig, expand, paths, stage_outputs
 
     cfg = DemoConfig(out="runs/demo")
+    expand(cfg, {"out": cfg.out, "base_model": cfg.base_model})
     written = {p.as_posix() for stage in STAGES for p in stage_outputs(cfg, stage)}
     written |= {p.as_posix() for p in paths(cfg).values()} | {f"runs/demo/{PLOT}", ablation_dir(cfg).as_posix()}
     documented = documented_demo_paths()
