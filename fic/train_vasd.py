@@ -148,7 +148,8 @@ def evaluate_now(cfg: VASDConfig, held_out: list, vasd: VASDStep, *, out: Path) 
     with vasd.copy:
         figures = {"eval_divergence_per_token": held_out_divergence(cfg, held_out, vasd.generator, vasd.tokenizer,
                                                                     vasd.parts, vasd.loss, device=accelerator.device,
-                                                                    autocast=accelerator.autocast)}
+                                                                    autocast=accelerator.autocast,
+                                                                    share_prefixes=vasd.share_prefixes)}
     vasd.policy.train()
     if cfg.eval.views:
         figures.update(evaluate_live(vasd.policy, vasd.tokenizer, cfg.eval.data, cfg.eval.views,

@@ -57,7 +57,7 @@ from fic.training.loop import build_model, make_accelerator
 from fic.training.losses import divergence, divergence_rows
 from fic.training.sft import SFTConfig, SFTStep
 from fic.training.vasd.config import VASDConfig
-from fic.training.vasd.distill import TERMS, rollout_from, teacher_prompts
+from fic.training.vasd.distill import TERMS, body_inputs, rollout_from, teacher_prompts
 from fic.training.vasd.inputs import check_inputs, load_rollout_tasks
 from fic.training.vasd.step import VASDStep
 
@@ -213,9 +213,10 @@ def step_figures(cfg: VASDConfig, repeats: int, sft_micro_batch_size: int, profi
 
 def _sft_figures(cfg: VASDConfig, anchors: list, pad_id: int, micro_batch_size: int, repeats: int,
                  vasd_cpu_s: float) -> dict:
-    """An SFT step of `micro_batch_size` anchor conversations (the SFT corpus) on the same model
-    and precision, as `fic.training.sft.SFTStep` takes it."""
+    """An SFT step of `micro_batch_size` anchor conversations (the SFT corpus) on the same model,
+    precision and activation checkpointing, as `fic.training.sft.SFTStep` takes it."""
     sft_cfg = load_config(SFTConfig, None, [f"model.path={cfg.model.path}", f"out={Path(cfg.out).parent / 'sft'}",
+                                            f"model.gradient_checkpointing={cfg.model.gradient_checkpointing}",
                                             "train.max_steps=1000", f"train.micro_batch_size={micro_batch_size}",
                                             f"train.mixed_precision={cfg.train.mixed_precision}",
                                             f"train.pad_to_multiple={cfg.train.pad_to_multiple}"])
@@ -237,9 +238,9 @@ def _bare_passes(vasd: VASDStep, convs: list, batches: list[dict]) -> None:
     with vasd.accelerator.autocast():
         for batch in batches:
             labels = batch["distill_targets"].clone()
-            for term in ("anchor", "labels"):
+            for term in ("anchor", "labels", "corrections"):
                 labels = torch.where(labels != IGNORE, labels, batch[f"{term}_targets"])
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            logits = model(input_ids=batch["input_ids"], **body_inputs(batch)).logits
             ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE)
             ce.backward()
         model.eval()

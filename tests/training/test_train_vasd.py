@@ -581,33 +581,41 @@ def test_a_step_with_an_over_long_rollout_trains_on(tiny_model_dir, anchor_corpu
 def test_smaller_micro_batches_and_padded_widths_give_the_same_step(tiny_model_dir, anchor_corpus, tmp_path,
                                                                     monkeypatch):
     """The memory knobs: 4 rollouts a step as 1 x 4, 2 x 2 or 4 x 1 (micro-batch x accumulation),
-    or with every width padded to a multiple of 64 (`train.pad_to_multiple`), play the same
-    rollouts and make the same update (losses, gradient norm), with anchors and deferral labels
-    split across the micro-batches; only the passes' shapes change."""
-    common = ("train.max_steps=2", "checkpoint.every=0", "regularizer.kind=anchor", "labels.weight=1.0")
+    with every width padded to a multiple of 64 (`train.pad_to_multiple`), or with label and
+    correction rows apart from their rollouts' (`train.share_prefixes=false`), play the same
+    rollouts and make the same update (losses, gradient norm), with anchors, deferral labels and
+    corrections split across the micro-batches; only the passes' shapes change."""
+    common = ("train.max_steps=2", "checkpoint.every=0", "regularizer.kind=anchor", "labels.weight=1.0",
+              "labels.select=premature", "labels.max_turns=8", "corrections.weight=1.0")
     import fic.training.vasd.step as step_module
 
     widths = []  # the student batches' widths, to see that the padded run really pads
+    branched = []  # whether a batch had rows with branches, to see that the shared runs really share
 
     def recording_collate(rows, pad_id, multiple=0):
         batch = collate_rows(rows, pad_id, multiple)
         widths.append((multiple, batch["input_ids"].shape[1], max(len(r["input_ids"]) for r in rows)))
+        branched.append("segments" in batch and bool((batch["segments"] > 0).any()))
         return batch
 
     monkeypatch.setattr(step_module, "collate_rows", recording_collate)
     runs = {}
-    for name, mbs, accum, multiple in (("4x1", 4, 1, 0), ("2x2", 2, 2, 0), ("1x4", 1, 4, 0), ("padded", 4, 1, 64)):
+    for name, mbs, accum, multiple in (("4x1", 4, 1, 0), ("2x2", 2, 2, 0), ("1x4", 1, 4, 0), ("padded", 4, 1, 64),
+                                       ("unshared", 4, 1, 0)):
         out = tmp_path / name
+        branched.clear()
         train(load_config(VASDConfig, None, settings(tiny_model_dir, anchor_corpus, out, *common,
                                                      f"train.micro_batch_size={mbs}",
                                                      f"train.grad_accum_steps={accum}",
-                                                     f"train.pad_to_multiple={multiple}")))
+                                                     f"train.pad_to_multiple={multiple}",
+                                                     f"train.share_prefixes={name != 'unshared'}")))
+        assert any(branched) == (name != "unshared")
         runs[name] = metrics(out)
     whole = runs["4x1"]
     assert all(m["labels_ce"] is not None and m["anchor_ce"] is not None for m in whole)
     padded = [(width, longest) for multiple, width, longest in widths if multiple == 64]
     assert padded and all(width % 64 == 0 for width, _ in padded) and any(width > longest for width, longest in padded)
-    for name in ("2x2", "1x4", "padded"):
+    for name in ("2x2", "1x4", "padded", "unshared"):
         for a, b in zip(runs[name], whole):
             assert a["rollout_tokens"] == b["rollout_tokens"] and a["answer_tokens"] == b["answer_tokens"]
             assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-6)
@@ -1155,3 +1163,68 @@ def test_the_recipe_trains_in_bf16_with_bf16_rollouts(tiny_model_dir, anchor_cor
     from safetensors.torch import load_file
 
     assert {t.dtype for t in load_file(str(out / "final" / "model.safetensors")).values()} == {torch.float32}
+
+
+def test_label_and_correction_rows_on_their_rollouts_row_train_exactly_as_separate_rows(smollm2_tokenizer):
+    """train.share_prefixes: a rollout that answered at turns 1 and 2 of 4, distilled on its final
+    reply, with deferral labels at both premature turns and a correction from the first, becomes
+    one row: the rollout's ids, then each gold row's tokens after the prefix it shares with them,
+    at the positions they have in their own rows. On a random model every term's loss and every
+    gradient is that of the separate rows, and the shared context is computed once."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from fic.training.vasd.distill import body_inputs, shared_prefix_rows
+    from fic.training.vasd.step import correction_rows, label_rows
+
+    cfg = load_config(VASDConfig, None, ["regularizer.kind=none", "labels.weight=1.0", "labels.select=premature",
+                                         "labels.max_turns=8", "corrections.weight=1.0", "train.max_steps=1"])
+    early = FunctionBackend(lambda p: "So it is 4 * 40 = 160.\n#### 160" if "4 years" in p else "Go on.",
+                            smollm2_tokenizer)
+    (conv,) = make_conversations([ara()], ["sharded"], 1)
+    play([conv], early, VerbatimUser(), RuleClassifier(), SamplingParams(max_new_tokens=64), stop_at_correct=False)
+    rollout = rollout_from(conv)
+    rollout.distilled = [(rollout.final, 1.0)]
+    labels, corrections = label_rows(cfg, conv, smollm2_tokenizer), correction_rows(cfg, conv, smollm2_tokenizer)
+    assert len(labels) == 2 and len(corrections) == 1
+    separate = student_rows([rollout], [], labels, corrections, reference=False, first_tokens=2, first_weight=3.0)
+    (shared,) = shared_prefix_rows(separate)
+    branch_points = [conv.turns[1].prompt_tokens, conv.turns[2].prompt_tokens, conv.turns[1].prompt_tokens]
+    tails = [len(g.ids) - point for g, point in zip(labels + corrections, branch_points)]
+    assert all(g.ids[:p] == conv.ids[:p] and g.ids[p] != conv.ids[p] for g, p in zip(labels + corrections,
+                                                                                        branch_points))
+    n = len(conv.ids)
+    assert len(shared["input_ids"]) == n + sum(tails) < sum(len(r["input_ids"]) for r in separate)
+    assert shared["segments"] == [0] * n + [1] * tails[0] + [2] * tails[1] + [3] * tails[2]
+    start = n
+    for g, point, tail in zip(labels + corrections, branch_points, tails):
+        assert shared["input_ids"][start:start + tail] == g.ids[point:]
+        assert shared["position_ids"][start:start + tail] == list(range(point, len(g.ids)))
+        assert shared["limits"][start:start + tail] == [point] * tail
+        start += tail
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(smollm2_tokenizer), hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2))
+    other = {name: value[:40] for name, value in separate[1].items()}  # a row without branches beside one with
+
+    def terms(rows):
+        batch = collate_rows(rows, smollm2_tokenizer.pad_token_id, 64)
+        model.zero_grad()
+        hidden = model.model(input_ids=batch["input_ids"], **body_inputs(batch)).last_hidden_state
+        logp = torch.log_softmax(model.lm_head(hidden).float(), -1)
+        out = {}
+        for term in ("labels", "corrections"):
+            t, w = batch[f"{term}_targets"], batch[f"{term}_weights"]
+            where = t != IGNORE
+            out[term] = -(logp[where].gather(1, t[where][:, None])[:, 0] * w[where]).sum()
+        where = batch["distill_targets"] != IGNORE
+        out["distill_hidden"] = hidden[where]
+        sum(out[term] for term in ("labels", "corrections")).backward()
+        out["grads"] = [p.grad.clone() for p in model.parameters()]
+        return {**out, "labels": out["labels"].item(), "corrections": out["corrections"].item()}
+
+    a, b = terms(separate + [other]), terms([shared, other])
+    for term in ("labels", "corrections"):
+        assert a[term] > 0 and b[term] == pytest.approx(a[term], rel=1e-5)
+    assert torch.allclose(a["distill_hidden"], b["distill_hidden"], atol=1e-5)
+    assert all(torch.allclose(x, y, atol=1e-6, rtol=1e-4) for x, y in zip(a["grads"], b["grads"]))

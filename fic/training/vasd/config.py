@@ -11,7 +11,7 @@ from fic.core.errors import FicError
 from fic.data.sources import InstancesSection
 from fic.data.splits import ExcludeSection
 from fic.data.views import VIEWS, check_views
-from fic.training.config import LoggingSection, RunConfig
+from fic.training.config import LoggingSection, RunConfig, TrainSection
 from fic.training.data import TARGET_KINDS
 from fic.training.losses import DIVERGENCES, ESTIMATORS
 
@@ -162,6 +162,14 @@ class VASDLoggingSection(LoggingSection):
 
 
 @dataclass
+class VASDTrainSection(TrainSection):
+    share_prefixes: bool = setting(True, "A rollout's label and correction rows (its own ids up to an earlier turn, "
+                                   "then gold replies) ride on its row as branches that attend to the shared "
+                                   "context, which is computed once: the same losses and gradients as separate "
+                                   "rows, fewer positions (sdpa attention; false: one sequence a row).")
+
+
+@dataclass
 class VASDConfig(RunConfig):
     """Settings of the VASD recipe (`fic/train_vasd.py`, `fic train vasd`)."""
 
@@ -170,6 +178,7 @@ class VASDConfig(RunConfig):
     exclude: ExcludeSection = setting(ExcludeSection(), "Evaluation data the rollouts must not see "
                                       "(fic.data.splits); the overlap found is logged and written to "
                                       "out/data_overlap.json.")
+    train: VASDTrainSection = setting(VASDTrainSection(), "Steps, batch sizes, precision.")
     rollout: RolloutSection = setting(RolloutSection(), "On-policy rollouts of the sharded view.")
     teacher: TeacherSection = setting(TeacherSection(), "The single-turn teacher.")
     loss: LossSection = setting(LossSection(), "The divergence to the single-turn teacher.")

@@ -218,17 +218,80 @@ def student_rows(rollouts: Sequence[Rollout], anchors: Sequence[Example], labels
     return rows
 
 
+BRANCHED = ("position_ids", "segments", "limits")  # what a row with branches adds (`shared_prefix_rows`)
+
+
+def shared_prefix_rows(rows: Sequence[dict]) -> list[dict]:
+    """Student rows of one rollout as few rows: the first row's ids are the trunk, and each other
+    row whose ids start like the trunk's adds only the tokens after their longest common prefix,
+    as a branch. A branch token keeps the position it has in its own row and attends to the trunk
+    before the branch point and to its branch up to itself (`segments`: 0 trunk, b branch b;
+    `limits`: a branch token's branch point; `branch_mask`), so every token sees what it saw in
+    its own row and the losses and gradients are those of the separate rows, while the shared
+    context (a label row is the rollout's own ids up to an earlier turn) is computed once. A row
+    sharing nothing, or whose targets would fall where the trunk already trains the same term,
+    stays a row of its own."""
+    trunk = {name: list(value) for name, value in rows[0].items()}
+    n = len(trunk["input_ids"])
+    trunk.update(position_ids=list(range(n)), segments=[0] * n, limits=[0] * n)
+    alone = []
+    for row in rows[1:]:
+        ids = row["input_ids"]
+        shared = next((t for t, (a, b) in enumerate(zip(ids, trunk["input_ids"][:n])) if a != b), min(len(ids), n))
+        on_trunk = [(name, t) for name in TERMS for t in range(shared) if row[f"{name}_targets"][t] != IGNORE]
+        if not shared or any(trunk[f"{name}_targets"][t] != IGNORE for name, t in on_trunk):
+            alone.append(row)
+            continue
+        for name, t in on_trunk:
+            trunk[f"{name}_targets"][t], trunk[f"{name}_weights"][t] = row[f"{name}_targets"][t], row[f"{name}_weights"][t]
+        segment = max(trunk["segments"]) + 1
+        for name in row:
+            trunk[name] += row[name][shared:]
+        tail = len(ids) - shared
+        trunk["position_ids"] += list(range(shared, len(ids)))
+        trunk["segments"] += [segment] * tail
+        trunk["limits"] += [shared] * tail
+    return [trunk, *alone]
+
+
+def branch_mask(segments: torch.Tensor, limits: torch.Tensor) -> torch.Tensor:
+    """The [batch, 1, width, width] attention mask (True: attends) of rows with branches: a token
+    attends to the earlier tokens of its own segment, and a branch token also to the trunk before
+    its branch point (`limits`). Padding (segment -1) attends to earlier padding only, so no row of
+    the mask is empty."""
+    index = torch.arange(segments.shape[1], device=segments.device)
+    causal = index[None, :] <= index[:, None]
+    same = segments[:, None, :] == segments[:, :, None]
+    trunk_before = (segments[:, None, :] == 0) & (index[None, None, :] < limits[:, :, None])
+    return (causal & (same | trunk_before))[:, None]
+
+
+def body_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The decoder's attention inputs for a collated batch: the padding mask, or, where rows have
+    branches, their positions and `branch_mask`."""
+    if "segments" not in batch:
+        return {"attention_mask": batch["attention_mask"]}
+    return {"attention_mask": branch_mask(batch["segments"], batch["limits"]), "position_ids": batch["position_ids"]}
+
+
 def collate_rows(rows: Sequence[dict], pad_id: int, multiple: int = 0) -> dict[str, torch.Tensor]:
-    """Right-pad the rows of `student_rows` into one batch (up to a multiple of `multiple`)."""
+    """Right-pad the rows of `student_rows` into one batch (up to a multiple of `multiple`); where
+    any row has branches (`shared_prefix_rows`), with every row's positions and segments."""
     width = padded_width((len(r["input_ids"]) for r in rows), multiple)
     batch = {"input_ids": torch.full((len(rows), width), pad_id, dtype=torch.long),
              "attention_mask": torch.zeros((len(rows), width), dtype=torch.long)}
     for term in TERMS:
         batch[f"{term}_targets"] = torch.full((len(rows), width), IGNORE, dtype=torch.long)
         batch[f"{term}_weights"] = torch.zeros((len(rows), width), dtype=torch.float32)
+    if any("segments" in r for r in rows):
+        batch["position_ids"] = torch.zeros((len(rows), width), dtype=torch.long)
+        batch["segments"] = torch.full((len(rows), width), -1, dtype=torch.long)
+        batch["limits"] = torch.zeros((len(rows), width), dtype=torch.long)
     for i, row in enumerate(rows):
         n = len(row["input_ids"])
         batch["attention_mask"][i, :n] = 1
+        if "segments" in batch and "segments" not in row:
+            row = {**row, "position_ids": list(range(n)), "segments": [0] * n, "limits": [0] * n}
         for name, value in row.items():
             batch[name][i, :n] = torch.tensor(value, dtype=batch[name].dtype)
     return batch
@@ -329,10 +392,13 @@ class DistillLoss(torch.nn.Module):
                 distill_weights: torch.Tensor, teacher_hidden: torch.Tensor, anchor_targets: torch.Tensor,
                 anchor_weights: torch.Tensor, reference_targets: torch.Tensor, reference_weights: torch.Tensor,
                 labels_targets: torch.Tensor, labels_weights: torch.Tensor, corrections_targets: torch.Tensor,
-                corrections_weights: torch.Tensor, reference_hidden: torch.Tensor | None = None
-                ) -> dict[str, torch.Tensor]:
+                corrections_weights: torch.Tensor, reference_hidden: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, segments: torch.Tensor | None = None,
+                limits: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         body, head = decoder_and_head(self.model)
-        hidden = body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        attention = body_inputs({"attention_mask": attention_mask} if segments is None else
+                                {"segments": segments, "limits": limits, "position_ids": position_ids})
+        hidden = body(input_ids=input_ids, use_cache=False, **attention).last_hidden_state
         terms = {"distill": self._term(hidden, distill_targets, distill_weights, teacher_hidden, head,
                                        self.teacher_head),
                  "anchor": self._anchor(hidden, anchor_targets, anchor_weights, head),

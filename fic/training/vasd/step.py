@@ -32,7 +32,7 @@ from fic.core.generation import SamplingParams
 from fic.core.seeding import derive_seed, seeded_rng
 from fic.training import loop
 from fic.training.data import DataOrder, Example
-from fic.training.losses import window_backward
+from fic.training.losses import causal_lm, window_backward
 from fic.training.vasd.config import VASDConfig
 from fic.training.vasd.distill import (
     TERMS,
@@ -44,6 +44,7 @@ from fic.training.vasd.distill import (
     hidden_at,
     partial_prompts,
     rollout_from,
+    shared_prefix_rows,
     student_rows,
     teacher_prompts,
 )
@@ -99,6 +100,10 @@ class VASDStep:
         self.classifier = make_classifier("rule")
         self.params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
                                      top_p=cfg.rollout.top_p)
+        self.share_prefixes = cfg.train.share_prefixes and shares_prefixes(self.policy)
+        if cfg.train.share_prefixes and not self.share_prefixes:
+            accelerator.print("train.share_prefixes: this model's attention is not sdpa, so every row is its own "
+                              "sequence")
 
     @property
     def loss(self) -> DistillLoss:
@@ -159,7 +164,8 @@ class VASDStep:
         try:
             with self.copy:  # a live teacher reads the weights the student computes with
                 return step_batches(self.cfg, convs, chosen, self.tokenizer, self.parts,
-                                    device=self.accelerator.device, autocast=self.accelerator.autocast)
+                                    device=self.accelerator.device, autocast=self.accelerator.autocast,
+                                    share_prefixes=self.share_prefixes)
         finally:
             self.policy.train()
 
@@ -198,7 +204,7 @@ class VASDStep:
 
 
 def step_batches(cfg: VASDConfig, convs: list, anchors: list, tokenizer: Any, parts: TeacherParts, *, device: Any,
-                 autocast: Any) -> tuple[list[dict], Counter]:
+                 autocast: Any, share_prefixes: bool = False) -> tuple[list[dict], Counter]:
     """The G micro-batches of one step, always G of them: student rows with teacher (and
     reference) hidden states; and counts of the rollouts left out of the distillation, once each
     under the first reason that applies (`LEFT_OUT`), their total (`rollouts`) and the
@@ -206,8 +212,11 @@ def step_batches(cfg: VASDConfig, convs: list, anchors: list, tokenizer: Any, pa
 
     Every row of the step (rollouts, anchors, labels, corrections) is one sequence; rows that
     train nothing are dropped, and the rest are cut, by length, into G groups of similar widths
-    (`length_groups`), so a short label row is never padded to the longest rollout. The loss is
-    normalised over the whole window, so the grouping changes the passes' shapes, not the update."""
+    (`length_groups`), so a short label row is never padded to the longest rollout. With
+    `share_prefixes` a rollout's label and correction rows, which start with its own ids, ride on
+    its row as branches (`shared_prefix_rows`): the same losses and gradients, the shared context
+    computed once. The loss is normalised over the whole window, so the grouping and the sharing
+    change the passes' shapes, not the update."""
     G = cfg.train.grad_accum_steps
     counts: Counter = Counter({name: 0 for name in (*LEFT_OUT, "empty_micro_batches")})
     rollouts = []
@@ -224,21 +233,24 @@ def step_batches(cfg: VASDConfig, convs: list, anchors: list, tokenizer: Any, pa
         rollouts.append(rollout)
     counts["rollouts"] = sum(counts[reason] for reason in LEFT_OUT)
     reference = parts.ref_head is not None
-    labels = [row for conv in convs for row in label_rows(cfg, conv, tokenizer)]
-    corrections = [row for conv in convs for row in correction_rows(cfg, conv, tokenizer)]
-    # (length, kind, item): a rollout trains something when it is distilled or read by the reference
-    items = [(len(r.ids), "rollout", r) for r in rollouts if r.distilled or (reference and r.earlier)]
-    items += [(len(a.input_ids), "anchor", a) for a in anchors]
-    items += [(len(g.ids), "labels", g) for g in labels] + [(len(g.ids), "corrections", g) for g in corrections]
+    shape = {"reference": reference, "first_tokens": cfg.regularizer.first_tokens,
+             "first_weight": cfg.regularizer.first_token_weight, "decision_tokens": cfg.loss.decision_tokens,
+             "decision_weight": cfg.loss.decision_weight}
+    # (rollout or None, row): a rollout's row trains something when it is distilled or read by the reference
+    items: list[tuple[Rollout | None, dict]] = []
+    for conv, rollout in zip([c for c in convs if c.stop_reason == "last_turn"], rollouts):
+        trains = bool(rollout.distilled or (reference and rollout.earlier))
+        rows = student_rows([rollout] if trains else [], [], label_rows(cfg, conv, tokenizer),
+                            correction_rows(cfg, conv, tokenizer), **shape)
+        if share_prefixes and len(rows) > 1:
+            rows = shared_prefix_rows(rows)
+        items += [(rollout if trains and i == 0 else None, row) for i, row in enumerate(rows)]
+    items += [(None, row) for row in student_rows([], anchors, **shape)]
     batches = []
-    for group in length_groups([length for length, _, _ in items], G):
+    for group in length_groups([len(row["input_ids"]) for _, row in items], G):
         chosen = [items[i] for i in group]
-        part = [item for _, kind, item in chosen if kind == "rollout"]
-        rows = student_rows(part, [item for _, kind, item in chosen if kind == "anchor"],
-                            [item for _, kind, item in chosen if kind == "labels"],
-                            [item for _, kind, item in chosen if kind == "corrections"], reference=reference,
-                            first_tokens=cfg.regularizer.first_tokens, first_weight=cfg.regularizer.first_token_weight,
-                            decision_tokens=cfg.loss.decision_tokens, decision_weight=cfg.loss.decision_weight)
+        part = [rollout for rollout, _ in chosen if rollout is not None]  # in row order: the teacher's rows follow
+        rows = [row for _, row in chosen]
         if not rows:
             # Nothing of the step landed here. It still runs (one token, no target: every term a
             # zero with a gradient graph), so each rank does the same G forward and backward
@@ -266,6 +278,12 @@ def step_batches(cfg: VASDConfig, convs: list, anchors: list, tokenizer: Any, pa
             batch["counts"]["tokens"] = 0.0
         batches.append(batch)
     return batches, counts
+
+
+def shares_prefixes(model: torch.nn.Module) -> bool:
+    """Whether rows with branches can run on `model`: its attention takes `branch_mask`, a
+    boolean 4D mask, as it is (sdpa, every backbone's default here; eager adds the mask)."""
+    return getattr(causal_lm(model).config, "_attn_implementation", None) == "sdpa"
 
 
 def distilled_spans(cfg: VASDConfig, rollout: Rollout, conv: Any, tokenizer: Any
@@ -450,7 +468,7 @@ def sync_rollout_backend(generator: Any, policy: Any, cfg: VASDConfig, convs: li
 
 
 def held_out_divergence(cfg: VASDConfig, instances: list, generator: Any, tokenizer: Any, parts: TeacherParts,
-                        loss: Any, *, device: Any, autocast: Any) -> float | None:
+                        loss: Any, *, device: Any, autocast: Any, share_prefixes: bool = False) -> float | None:
     """The distillation term per answer token on held-out tasks, without a gradient: the live
     model plays them greedily (sharded, every shard) and the teacher reads their single-turn
     views, as in training. Lower means the student's final replies moved towards the teacher's."""
@@ -466,7 +484,7 @@ def held_out_divergence(cfg: VASDConfig, instances: list, generator: Any, tokeni
         with torch.no_grad():
             for start in range(0, len(convs), per_step):
                 batches, _ = step_batches(cfg, convs[start:start + per_step], [], tokenizer, parts, device=device,
-                                          autocast=autocast)
+                                          autocast=autocast, share_prefixes=share_prefixes)
                 for batch in batches:
                     count += batch.pop("counts")["distill"]
                     total += float(loss(**{k: v.to(device) for k, v in batch.items()})["distill"])
