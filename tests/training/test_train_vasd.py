@@ -582,11 +582,12 @@ def test_smaller_micro_batches_and_padded_widths_give_the_same_step(tiny_model_d
                                                                     monkeypatch):
     """The memory knobs: 4 rollouts a step as 1 x 4, 2 x 2 or 4 x 1 (micro-batch x accumulation),
     with every width padded to a multiple of 64 (`train.pad_to_multiple`), or with label and
-    correction rows apart from their rollouts' (`train.share_prefixes=false`), play the same
-    rollouts and make the same update (losses, gradient norm), with anchors, deferral labels and
-    corrections split across the micro-batches; only the passes' shapes change."""
+    correction rows apart from their rollouts' and teacher rows apart from one another
+    (`train.share_prefixes=false`), play the same rollouts and make the same update (losses,
+    gradient norm), with anchors, deferral labels, corrections and per-turn distillation split
+    across the micro-batches; only the passes' shapes change."""
     common = ("train.max_steps=2", "checkpoint.every=0", "regularizer.kind=anchor", "labels.weight=1.0",
-              "labels.select=premature", "labels.max_turns=8", "corrections.weight=1.0")
+              "labels.select=premature", "labels.max_turns=8", "corrections.weight=1.0", "loss.turns=all")
     import fic.training.vasd.step as step_module
 
     widths = []  # the student batches' widths, to see that the padded run really pads
@@ -1228,3 +1229,28 @@ def test_label_and_correction_rows_on_their_rollouts_row_train_exactly_as_separa
         assert a[term] > 0 and b[term] == pytest.approx(a[term], rel=1e-5)
     assert torch.allclose(a["distill_hidden"], b["distill_hidden"], atol=1e-5)
     assert all(torch.allclose(x, y, atol=1e-6, rtol=1e-4) for x, y in zip(a["grads"], b["grads"]))
+
+
+def test_teacher_rows_that_share_a_prompt_are_read_once_with_the_same_hidden_states():
+    """hidden_at(share_prefixes=True): sequences that share at least half their ids with the row
+    before them ride on it as branches (`packed_sequences`), one that does not starts a row; the
+    hidden states at every asked position are those of the separate rows."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from fic.training.vasd.distill import hidden_at, packed_sequences
+
+    system = list(range(10, 40))
+    sequences = [system + [50, 51, 52, 53], system + [50, 60, 61], system[:5] + [70, 71, 72, 73, 74, 75],
+                 system[:5] + [70, 71, 80]]
+    rows, where = packed_sequences(sequences)
+    assert [len(r["input_ids"]) for r in rows] == [34 + 2, 11 + 1]
+    assert where == [(0, 34, 0), (0, 31, 34), (1, 11, 0), (1, 7, 11)]
+    assert rows[0]["position_ids"][34:] == [31, 32] and rows[0]["limits"][34:] == [31, 31]
+    assert rows[1]["segments"] == [0] * 11 + [1]
+    torch.manual_seed(0)
+    net = LlamaForCausalLM(LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2)).eval()
+    positions = [range(29, 34), [30, 31, 32], [0, 4, 9, 10], [3, 6, 7]]
+    apart = hidden_at(net, sequences, positions, 0, "cpu", 64)
+    shared = hidden_at(net, sequences, positions, 0, "cpu", 64, share_prefixes=True)
+    assert apart.shape == (15, 32) and torch.allclose(apart, shared, atol=1e-5)

@@ -165,8 +165,9 @@ class VASDLoggingSection(LoggingSection):
 class VASDTrainSection(TrainSection):
     share_prefixes: bool = setting(True, "A rollout's label and correction rows (its own ids up to an earlier turn, "
                                    "then gold replies) ride on its row as branches that attend to the shared "
-                                   "context, which is computed once: the same losses and gradients as separate "
-                                   "rows, fewer positions (sdpa attention; false: one sequence a row).")
+                                   "context, which is computed once, and its teacher rows (one system prompt, the "
+                                   "requests a few words apart) on one another: the same losses and gradients as "
+                                   "separate rows, fewer positions (sdpa attention; false: one sequence a row).")
 
 
 @dataclass

@@ -221,6 +221,21 @@ def student_rows(rollouts: Sequence[Rollout], anchors: Sequence[Example], labels
 BRANCHED = ("position_ids", "segments", "limits")  # what a row with branches adds (`shared_prefix_rows`)
 
 
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading ids `a` and `b` share."""
+    return next((t for t, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def _add_branch(row: dict, ids: Sequence[int], shared: int) -> None:
+    """Append ids[shared:] to a row with branches (`input_ids`, `position_ids`, `segments`,
+    `limits`) as a new branch at `shared`: its tokens keep their positions in `ids`."""
+    tail = len(ids) - shared
+    row["input_ids"] += list(ids[shared:])
+    row["position_ids"] += list(range(shared, len(ids)))
+    row["segments"] += [max(row["segments"]) + 1] * tail
+    row["limits"] += [shared] * tail
+
+
 def shared_prefix_rows(rows: Sequence[dict]) -> list[dict]:
     """Student rows of one rollout as few rows: the first row's ids are the trunk, and each other
     row whose ids start like the trunk's adds only the tokens after their longest common prefix,
@@ -237,21 +252,41 @@ def shared_prefix_rows(rows: Sequence[dict]) -> list[dict]:
     alone = []
     for row in rows[1:]:
         ids = row["input_ids"]
-        shared = next((t for t, (a, b) in enumerate(zip(ids, trunk["input_ids"][:n])) if a != b), min(len(ids), n))
+        shared = common_prefix(ids, trunk["input_ids"][:n])
         on_trunk = [(name, t) for name in TERMS for t in range(shared) if row[f"{name}_targets"][t] != IGNORE]
         if not shared or any(trunk[f"{name}_targets"][t] != IGNORE for name, t in on_trunk):
             alone.append(row)
             continue
         for name, t in on_trunk:
             trunk[f"{name}_targets"][t], trunk[f"{name}_weights"][t] = row[f"{name}_targets"][t], row[f"{name}_weights"][t]
-        segment = max(trunk["segments"]) + 1
-        for name in row:
-            trunk[name] += row[name][shared:]
-        tail = len(ids) - shared
-        trunk["position_ids"] += list(range(shared, len(ids)))
-        trunk["segments"] += [segment] * tail
-        trunk["limits"] += [shared] * tail
+        for name in TERMS:
+            for kind in ("targets", "weights"):
+                trunk[f"{name}_{kind}"] += row[f"{name}_{kind}"][shared:]
+        _add_branch(trunk, ids, shared)
     return [trunk, *alone]
+
+
+def packed_sequences(sequences: Sequence[Sequence[int]], min_shared: float = 0.5
+                     ) -> tuple[list[dict], list[tuple[int, int, int]]]:
+    """Sequences in order as rows with branches (see `shared_prefix_rows`): a sequence that shares
+    at least `min_shared` of its ids with the trunk of the row before it (the first sequence
+    there) rides on that row as a branch, else it starts a row. Also, for each sequence, (row,
+    shared, start): its token t sits at index t of that row when t < shared, else at
+    start + t - shared. The bar keeps rows short: sequences of one rollout (a teacher's prompts,
+    one system prompt and a few words apart) share, different tasks (a common preamble) do not."""
+    rows: list[dict] = []
+    where, trunk = [], 0
+    for ids in sequences:
+        shared = common_prefix(ids, rows[-1]["input_ids"][:trunk]) if rows else 0
+        if shared and shared >= min_shared * len(ids):
+            where.append((len(rows) - 1, shared, len(rows[-1]["input_ids"])))
+            _add_branch(rows[-1], ids, shared)
+            continue
+        trunk = len(ids)
+        rows.append({"input_ids": list(ids), "position_ids": list(range(trunk)), "segments": [0] * trunk,
+                     "limits": [0] * trunk})
+        where.append((len(rows) - 1, trunk, 0))
+    return rows, where
 
 
 def branch_mask(segments: torch.Tensor, limits: torch.Tensor) -> torch.Tensor:
@@ -274,13 +309,14 @@ def body_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {"attention_mask": branch_mask(batch["segments"], batch["limits"]), "position_ids": batch["position_ids"]}
 
 
-def collate_rows(rows: Sequence[dict], pad_id: int, multiple: int = 0) -> dict[str, torch.Tensor]:
-    """Right-pad the rows of `student_rows` into one batch (up to a multiple of `multiple`); where
-    any row has branches (`shared_prefix_rows`), with every row's positions and segments."""
+def collate_rows(rows: Sequence[dict], pad_id: int, multiple: int = 0, terms: bool = True) -> dict[str, torch.Tensor]:
+    """Right-pad the rows of `student_rows` (with `terms`; else bare ids) into one batch (up to a
+    multiple of `multiple`); where any row has branches (`shared_prefix_rows`), with every row's
+    positions and segments."""
     width = padded_width((len(r["input_ids"]) for r in rows), multiple)
     batch = {"input_ids": torch.full((len(rows), width), pad_id, dtype=torch.long),
              "attention_mask": torch.zeros((len(rows), width), dtype=torch.long)}
-    for term in TERMS:
+    for term in TERMS if terms else ():
         batch[f"{term}_targets"] = torch.full((len(rows), width), IGNORE, dtype=torch.long)
         batch[f"{term}_weights"] = torch.zeros((len(rows), width), dtype=torch.float32)
     if any("segments" in r for r in rows):
@@ -304,24 +340,27 @@ def batch_counts(batch: dict[str, torch.Tensor]) -> dict[str, float]:
 
 
 def hidden_at(net: torch.nn.Module, sequences: Sequence[list[int]], positions: Sequence[Sequence[int]],
-              pad_id: int, device: Any, multiple: int = 0) -> torch.Tensor:
+              pad_id: int, device: Any, multiple: int = 0, share_prefixes: bool = False) -> torch.Tensor:
     """Hidden states of `net` (no gradient) at the given positions of each sequence, rows in
     order: sequence by sequence, positions as listed. One forward pass, right-padded (up to a
-    multiple of `multiple`)."""
+    multiple of `multiple`); with `share_prefixes`, sequences that start like the one before them
+    ride on its row as branches (`packed_sequences`), the same hidden states from fewer positions."""
     if not sequences:  # in the weights' dtype, as the rows of a forward pass would be
         dtype = next(net.parameters()).dtype
         return torch.zeros((0, causal_lm(net).config.hidden_size), device=device, dtype=dtype)
     body, _ = decoder_and_head(net)
-    width = padded_width((len(s) for s in sequences), multiple)
-    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), width), dtype=torch.long)
-    for i, s in enumerate(sequences):
-        ids[i, :len(s)] = torch.tensor(s)
-        mask[i, :len(s)] = 1
+    if share_prefixes:
+        rows, where = packed_sequences(sequences)
+    else:
+        rows, where = [{"input_ids": list(s)} for s in sequences], [(i, len(s), 0) for i, s in enumerate(sequences)]
+    batch = collate_rows([{name: row[name] for name in ("input_ids", *BRANCHED) if name in row} for row in rows],
+                         pad_id, multiple, terms=False)
     with torch.no_grad():
-        hidden = body(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False).last_hidden_state
-    rows = [hidden[i, list(p)] for i, p in enumerate(positions) if len(p)]
-    return torch.cat(rows) if rows else hidden.new_zeros((0, hidden.shape[-1]))
+        hidden = body(input_ids=batch["input_ids"].to(device), use_cache=False,
+                      **{k: v.to(device) for k, v in body_inputs(batch).items()}).last_hidden_state
+    picked = [hidden[r, [t if t < shared else start + t - shared for t in p]]
+              for (r, shared, start), p in zip(where, positions) if len(p)]
+    return torch.cat(picked) if picked else hidden.new_zeros((0, hidden.shape[-1]))
 
 
 class DistillLoss(torch.nn.Module):

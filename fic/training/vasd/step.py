@@ -214,8 +214,9 @@ def step_batches(cfg: VASDConfig, convs: list, anchors: list, tokenizer: Any, pa
     train nothing are dropped, and the rest are cut, by length, into G groups of similar widths
     (`length_groups`), so a short label row is never padded to the longest rollout. With
     `share_prefixes` a rollout's label and correction rows, which start with its own ids, ride on
-    its row as branches (`shared_prefix_rows`): the same losses and gradients, the shared context
-    computed once. The loss is normalised over the whole window, so the grouping and the sharing
+    its row as branches (`shared_prefix_rows`), and so do a rollout's teacher rows on one another
+    (one system prompt, a few words of request apart): the same losses and gradients, the shared
+    context computed once. The loss is normalised over the whole window, so the grouping and the sharing
     change the passes' shapes, not the update."""
     G = cfg.train.grad_accum_steps
     counts: Counter = Counter({name: 0 for name in (*LEFT_OUT, "empty_micro_batches")})
@@ -266,7 +267,7 @@ def step_batches(cfg: VASDConfig, convs: list, anchors: list, tokenizer: Any, pa
                 sequences = [prompt + reply for prompt, reply in pairs]
                 positions = [range(len(prompt) - 1, len(prompt) - 1 + len(reply)) for prompt, reply in pairs]
                 views.append(hidden_at(parts.net, sequences, positions, tokenizer.pad_token_id, device,
-                                       cfg.train.pad_to_multiple))
+                                       cfg.train.pad_to_multiple, share_prefixes=share_prefixes))
         batch["teacher_hidden"] = torch.stack(views, dim=1)  # [answer tokens, views, hidden]
         if reference:
             with parts.ref_context(), autocast():
