@@ -245,8 +245,10 @@ def test_an_ablation_from_a_given_start_trains_and_scores_every_run_from_it(tmp_
     cfg = load_demo(str(RECIPES), [f"out={out}", f"ablation.start={start}", "ablation.folder={out}/from-plateau",
                                    "ablation.variants={a: []}"])
     ablation.run_ablation(cfg, progress=False, say=lambda line: None)
-    assert read == [("dev", str(start)), ("vasd", str(start)), ("dev", str(start)), ("sft", str(start)),
-                    ("dev", str(start))]  # sft row, variant a, its dev run, the control, its dev run
+    root = out / "from-plateau"
+    assert read == [("dev", str(start)), ("vasd", str(start)), ("dev", str(root / "a" / "train" / "final")),
+                    ("sft", str(start)), ("dev", str(root / "control" / "train" / "final"))]
+    # the sft row is the start itself; variant a and the control train from it, and each is scored
     assert json.loads((out / "from-plateau" / "start.json").read_text()) == {"start": str(start)}
     assert not (out / "ablation").exists()
 

@@ -216,8 +216,8 @@ def step_batches(cfg: VASDConfig, convs: list, anchors: list, tokenizer: Any, pa
     `share_prefixes` a rollout's label and correction rows, which start with its own ids, ride on
     its row as branches (`shared_prefix_rows`), and so do a rollout's teacher rows on one another
     (one system prompt, a few words of request apart): the same losses and gradients, the shared
-    context computed once. The loss is normalised over the whole window, so the grouping and the sharing
-    change the passes' shapes, not the update."""
+    context computed once. The loss is normalised over the whole window, so the grouping and the
+    sharing change the passes' shapes, not the update."""
     G = cfg.train.grad_accum_steps
     counts: Counter = Counter({name: 0 for name in (*LEFT_OUT, "empty_micro_batches")})
     rollouts = []
