@@ -218,9 +218,6 @@ def student_rows(rollouts: Sequence[Rollout], anchors: Sequence[Example], labels
     return rows
 
 
-BRANCHED = ("position_ids", "segments", "limits")  # what a row with branches adds (`shared_prefix_rows`)
-
-
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """How many leading ids `a` and `b` share."""
     return next((t for t, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
@@ -353,11 +350,9 @@ def hidden_at(net: torch.nn.Module, sequences: Sequence[list[int]], positions: S
         rows, where = packed_sequences(sequences)
     else:
         rows, where = [{"input_ids": list(s)} for s in sequences], [(i, len(s), 0) for i, s in enumerate(sequences)]
-    batch = collate_rows([{name: row[name] for name in ("input_ids", *BRANCHED) if name in row} for row in rows],
-                         pad_id, multiple, terms=False)
+    batch = {k: v.to(device) for k, v in collate_rows(rows, pad_id, multiple, terms=False).items()}
     with torch.no_grad():
-        hidden = body(input_ids=batch["input_ids"].to(device), use_cache=False,
-                      **{k: v.to(device) for k, v in body_inputs(batch).items()}).last_hidden_state
+        hidden = body(input_ids=batch["input_ids"], use_cache=False, **body_inputs(batch)).last_hidden_state
     picked = [hidden[r, [t if t < shared else start + t - shared for t in p]]
               for (r, shared, start), p in zip(where, positions) if len(p)]
     return torch.cat(picked) if picked else hidden.new_zeros((0, hidden.shape[-1]))

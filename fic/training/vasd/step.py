@@ -220,7 +220,7 @@ def step_batches(cfg: VASDConfig, convs: list, anchors: list, tokenizer: Any, pa
     sharing change the passes' shapes, not the update."""
     G = cfg.train.grad_accum_steps
     counts: Counter = Counter({name: 0 for name in (*LEFT_OUT, "empty_micro_batches")})
-    rollouts = []
+    played = []  # (conv, rollout) of the conversations that reached the last shard
     for conv in convs:
         if conv.stop_reason != "last_turn":
             counts["cut_before_last_shard"] += 1
@@ -231,7 +231,7 @@ def step_batches(cfg: VASDConfig, convs: list, anchors: list, tokenizer: Any, pa
             if reason:
                 counts[reason] += 1
             rollout.distilled = distilled
-        rollouts.append(rollout)
+        played.append((conv, rollout))
     counts["rollouts"] = sum(counts[reason] for reason in LEFT_OUT)
     reference = parts.ref_head is not None
     shape = {"reference": reference, "first_tokens": cfg.regularizer.first_tokens,
@@ -239,7 +239,7 @@ def step_batches(cfg: VASDConfig, convs: list, anchors: list, tokenizer: Any, pa
              "decision_weight": cfg.loss.decision_weight}
     # (rollout or None, row): a rollout's row trains something when it is distilled or read by the reference
     items: list[tuple[Rollout | None, dict]] = []
-    for conv, rollout in zip([c for c in convs if c.stop_reason == "last_turn"], rollouts):
+    for conv, rollout in played:
         trains = bool(rollout.distilled or (reference and rollout.earlier))
         rows = student_rows([rollout] if trains else [], [], label_rows(cfg, conv, tokenizer),
                             correction_rows(cfg, conv, tokenizer), **shape)
