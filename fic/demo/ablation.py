@@ -36,7 +36,9 @@ from fic.core.errors import FicError
 from fic.core.files import folder_lock, read_json, read_log, write_json, write_text
 from fic.core.stats import sign_test
 from fic.demo import costs
+from fic.demo.report import interval_text, never_answered, percent_text, stage_figures, view_scores
 from fic.demo.run import (
+    EVAL_SETS,
     DemoConfig,
     control_steps,
     cpu_seconds,
@@ -56,6 +58,7 @@ from fic.training.checkpoints import complete_checkpoints, step_of
 ABLATION_CONVERSATION_COST = 2.5
 START = "start.json"  # the model the folder's runs start from
 EVALUATED = "evaluated.json"  # a dev evaluation's wall and CPU seconds, beside its metrics
+VIEWS_SHOWN = ("full", "concat", "sharded")  # the test table's columns
 
 
 def ablation_dir(cfg: DemoConfig) -> Path:
@@ -122,22 +125,29 @@ def train(kind: str, config: object, folder: Path, progress: bool) -> dict:
     return spent
 
 
-def evaluate_dev(cfg: DemoConfig, model: Path, folder: Path, progress: bool) -> Path:
-    """Play the dev split in the full and sharded views (its own process; it resumes), with the
-    weights in `ablation.eval_dtype`."""
+def evaluate_split(cfg: DemoConfig, model: Path, folder: Path, split: str, views: list[str],
+                   baseline: Path | None, progress: bool) -> Path:
+    """Play `split` in `views` (its own process; it resumes), with the weights in
+    `ablation.eval_dtype`; R and retention against `baseline`'s run where one is given."""
     run = dataclasses.replace(cfg.eval, model=dataclasses.replace(cfg.eval.model, model=str(model),
                                                                   dtype=cfg.ablation.eval_dtype),
-                              data=dataclasses.replace(cfg.eval.data, source=[f"jsonl:{split_file(cfg, 'dev')}"],
+                              data=dataclasses.replace(cfg.eval.data, source=[f"jsonl:{split_file(cfg, split)}"],
                                                        task=cfg.data.task, limit=None),
-                              views=["full", "sharded"], out=str(folder), baseline="")
+                              views=views, out=str(folder), baseline=str(baseline or ""))
     if not (folder / "metrics.json").is_file():
         fresh = not (folder / "conversations.jsonl").is_file()
         folder.mkdir(parents=True, exist_ok=True)
         spent = _timed_run([sys.executable, "-m", "fic", "eval", "--config", str(_config_file(run, folder / "eval.yaml")),
                             *([] if progress else ["--quiet"])], f"evaluation in {folder}")
         if fresh:  # a resumed one timed only its rest: it prices nothing
-            write_json(folder / EVALUATED, {k: round(v, 1) for k, v in spent.items()} | {"conversations": 2 * cfg.data.dev})
+            size = getattr(cfg.data, split.replace("-", "_"))
+            write_json(folder / EVALUATED, {k: round(v, 1) for k, v in spent.items()} | {"conversations": len(views) * size})
     return folder
+
+
+def evaluate_dev(cfg: DemoConfig, model: Path, folder: Path, progress: bool) -> Path:
+    """Play the dev split in the full and sharded views (see `evaluate_split`)."""
+    return evaluate_split(cfg, model, folder, "dev", ["full", "sharded"], None, progress)
 
 
 def vasd_config(cfg: DemoConfig, overrides: list[str], out: Path, seed: int = 0) -> object:
@@ -167,6 +177,10 @@ def check_variants(cfg: DemoConfig) -> None:
                            f"{list(overrides)}); make them differ, e.g. set explicitly what one of them turns off",
                            field="ablation.variants")
         seen[settings] = name
+    unknown = [name for name in cfg.ablation.test_runs if name not in cfg.ablation.variants]
+    if unknown:
+        raise FicError(f"ablation.test_runs names {', '.join(unknown)}, not a variant of ablation.variants "
+                       f"({', '.join(cfg.ablation.variants) or 'none'})", field="ablation.test_runs")
 
 
 def run_name(name: str, seed: int, seeds: list[int]) -> str:
@@ -215,6 +229,8 @@ def _run_ablation(cfg: DemoConfig, progress: bool, say: Callable[[str], None],
     figures = ablation_table(runs, seconds, seeds, list(cfg.ablation.variants), cfg.ablation.rule)
     write_json(root / "ablation.json", figures)
     write_text(root / "table.md", figures["table"] + "\n")
+    if cfg.ablation.test:  # only now, the choice made on dev: the test split chooses nothing
+        figures["test"] = run_test(cfg, figures["choice"]["choice"], progress, say)
     return figures
 
 
@@ -266,11 +282,31 @@ def plan(cfg: DemoConfig, launch: tuple[str, list[str]] | None = None) -> str:
     eval_minutes = conversation_s * 2 * cfg.data.dev / 60
     evals = sum(1 for k in ["sft", *keys] if k not in scored)
     first_minutes = sum(c["minutes"] for c in stage_costs.values())
-    total = first_minutes + train_minutes + evals * eval_minutes
+    test_minutes = conversation_s * test_conversations_left(cfg) / 60
+    total = first_minutes + train_minutes + evals * eval_minutes + test_minutes
     return (line + f"\n[ablation] estimate: about {total:.0f} min ({source} figures): "
             + (f"stage 1 first {first_minutes:.0f} min, " if first else "")
             + f"{len(left)} training run(s) {train_minutes:.0f} min, "
-            f"{evals} dev evaluation(s) of about {eval_minutes:.0f} min each")
+            f"{evals} dev evaluation(s) of about {eval_minutes:.0f} min each"
+            + (f", the test table {test_minutes:.0f} min" if cfg.ablation.test else ""))
+
+
+def test_conversations_left(cfg: DemoConfig) -> int:
+    """Conversations `ablation.test` has still to play (0 when off). Before the choice is made,
+    the choice is counted as one more run unless the control is all there is to choose."""
+    if not cfg.ablation.test:
+        return 0
+    root, seeds = ablation_dir(cfg), list(cfg.ablation.seeds)
+    names = dict.fromkeys([*cfg.ablation.test_runs, *(["control"] if cfg.ablation.control else [])])
+    keys = ["start", "sft", *(run_name(n, seeds[0], seeds) for n in names)]
+    chosen = read_json(root / "ablation.json")["choice"]["choice"] if (root / "ablation.json").is_file() else None
+    if chosen is None and cfg.ablation.variants:
+        keys.append("the choice")
+    elif chosen is not None and chosen not in names:
+        keys.append(run_name(chosen, seeds[0], seeds))
+    sizes = {"test": cfg.data.test, "test-unseen": cfg.data.test_unseen}
+    return sum(sizes[split] * (3 if (key, split) == ("start", "test") else 2)
+               for key in keys for split in EVAL_SETS if not (root / key / split / "metrics.json").is_file())
 
 
 def _unit_seconds(cfg: DemoConfig, shipped: object, done: dict, root: Path, keys: list[str],
@@ -326,6 +362,7 @@ def ablation_table(runs: dict[str, Path], seconds: dict[str, dict], seeds: list[
         rows[name] = {"P_full": views["full"]["P"], "P_sharded": sharded["P"],
                       "first_answer_accuracy": sharded.get("first_answer_accuracy"),
                       "premature_answer_rate": sharded["premature_answer_rate"],
+                      "never_answered_rate": never_answered(views),
                       "tokens_per_sharded_conversation": sharded["generated_tokens_per_conversation"],
                       "minutes": round(seconds[name]["seconds"] / 60, 1) if name in seconds else None,
                       "time_estimated": bool(seconds.get(name, {}).get("estimated")),
@@ -340,20 +377,104 @@ def ablation_table(runs: dict[str, Path], seconds: dict[str, dict], seeds: list[
     n = len(_sharded_scores(runs["sft"]))
     lines = [f"Stage 2 variants on the dev split, N = {n} instances, seeds {', '.join(map(str, seeds))} (P in %, "
              "greedy, LiC's rules)", "",
-             "| run | P(full) | P(sharded) | first-answer acc. | premature | tokens / sharded conv. | train min (wall / CPU) | "
-             "vs SFT (wins-losses, p) | vs control (wins-losses, p) |", "|---|---|---|---|---|---|---|---|---|"]
-    def test(row: dict, other: str) -> str:
-        t = row.get(f"vs_{other}")
-        return "-" if t is None else f"{t['better']}-{t['worse']}, p = {t['p_value']:.3g}"
-
+             "| run | P(full) | P(sharded) | first-answer acc. | premature | never answered | tokens / sharded conv. | "
+             "train min (wall / CPU) | vs SFT (wins-losses, p) | vs control (wins-losses, p) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, row in rows.items():
         minutes = "-" if row["minutes"] is None else f"{row['minutes']} / {row['cpu_minutes']}"
         minutes += " (resumed: scaled)" if row["time_estimated"] else ""
         lines.append(f"| {name} | {row['P_full']:.1f} | {row['P_sharded']:.1f} | "
-                     f"{row['first_answer_accuracy']:.1f} | {100 * row['premature_answer_rate']:.1f}% | "
-                     f"{row['tokens_per_sharded_conversation']:.1f} | {minutes} | "
-                     f"{test(row, 'sft')} | {test(row, 'control')} |")
+                     f"{row['first_answer_accuracy']:.1f} | {percent_text(row['premature_answer_rate'])} | "
+                     f"{percent_text(row['never_answered_rate'])} | {row['tokens_per_sharded_conversation']:.1f} | "
+                     f"{minutes} | {paired_text(row, 'sft')} | {paired_text(row, 'control')} |")
     if chosen is not None:
         lines += ["", f"Rule `{rule}` (fixed before the table was read): the choice is **{chosen['choice']}**: "
                       f"{chosen['why']}."]
     return {"rows": rows, "choice": chosen, "table": "\n".join(lines)}
+
+
+def paired_text(row: dict, other: str) -> str:
+    t = row.get(f"vs_{other}")
+    return "-" if t is None else f"{t['better']}-{t['worse']}, p = {t['p_value']:.3g}"
+
+
+# --------------------------------------------------------------------------- after the choice: test
+
+def final_model(folder: Path) -> Path:
+    """The whole model a training run left (a LoRA run's `final` is only the adapter)."""
+    return folder / "final-merged" if (folder / "final-merged").is_dir() else folder / "final"
+
+
+def test_models(cfg: DemoConfig, choice: str) -> dict[str, Path]:
+    """What the test table plays, by key: the starting point (the warm-up model, whose P(full) R
+    divides by), stage 1 (the ablation's start), the rule's choice and `ablation.test_runs` (their
+    first seed's runs) and the first seed's control."""
+    seeds, root = list(cfg.ablation.seeds), ablation_dir(cfg)
+    names = dict.fromkeys([choice, *cfg.ablation.test_runs, "control"])
+    if not cfg.ablation.control:
+        names.pop("control")
+    models = {"start": model_of(cfg, "warmup"), "sft": start_model(cfg)}
+    for name in names:
+        key = run_name(name, seeds[0], seeds)
+        models[key] = final_model(root / key / "train")
+    return models
+
+
+def run_test(cfg: DemoConfig, choice: str, progress: bool, say: Callable[[str], None]) -> dict:
+    """`ablation.test`: every model of `test_models` plays the test split (the starting point in
+    the full, concat and sharded views, the rest in full and sharded) and the test-unseen split
+    (full and sharded), weights in `ablation.eval_dtype`; the table (`test.md`, `test.json`)."""
+    root, models = ablation_dir(cfg), test_models(cfg, choice)
+    runs: dict[str, dict[str, Path]] = {}
+    for split in EVAL_SETS:
+        runs[split] = {}
+        for key, model in models.items():
+            views = ["full", "concat", "sharded"] if (key, split) == ("start", "test") else ["full", "sharded"]
+            say(f"[ablation] {key} on {split} ({', '.join(views)}, {cfg.ablation.eval_dtype})")
+            baseline = None if key == "start" else runs[split]["start"]
+            runs[split][key] = evaluate_split(cfg, model, root / key / split, split, views, baseline, progress)
+    figures = test_table(cfg, runs, choice)
+    write_json(root / "test.json", {k: v for k, v in figures.items() if k != "table"})
+    write_text(root / "test.md", figures["table"] + "\n")
+    say(figures["table"])
+    return figures
+
+
+def test_table(cfg: DemoConfig, runs: dict[str, dict[str, Path]], choice: str) -> dict:
+    """Per split: each run's P per view, first-answer accuracy, premature and never-answered
+    rates, R and retention against the starting point (95% paired bootstrap) and its exact sign
+    test on the sharded scores against stage 1 and against the control."""
+    seeds = list(cfg.ablation.seeds)
+    control, chosen = run_name("control", seeds[0], seeds), run_name(choice, seeds[0], seeds)
+    names = {"start": f"starting point ({cfg.label})", "sft": "stage 1 (SFT, the ablation's start)",
+             control: f"{control}: stage 1 continued, equal compute"}
+    names[chosen] = f"{names.get(chosen, chosen)} (the rule's choice)"
+    sets, lines = {}, []
+    for split, by_key in runs.items():
+        start = {"scores": view_scores(by_key["start"])}
+        rows = {}
+        for key, run in by_key.items():
+            row = stage_figures(cfg, run, start)
+            row.pop("scores")
+            if key != "start":
+                row["vs_sft"] = None if key == "sft" else _paired(run, by_key["sft"])
+                row["vs_control"] = None if key in ("sft", control) or control not in by_key else _paired(
+                    run, by_key[control])
+            rows[key] = row
+        sets[split] = rows
+        lines += [f"{split} split, N = {rows['start']['instances']} instances, weights in {cfg.ablation.eval_dtype} "
+                  "(P in %, greedy, LiC's rules; R and retention against the starting point's P(full), 95% paired "
+                  "bootstrap; sign tests on the sharded scores)", "",
+                  "| run | P(full) | P(concat) | P(sharded) | first-answer acc. | premature | never answered | "
+                  "R [95% CI] | retention [95% CI] | vs SFT (wins-losses, p) | vs control (wins-losses, p) |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for key, row in rows.items():
+            p = {view: "-" if row["P"].get(view) is None else f"{row['P'][view]:.1f}" for view in VIEWS_SHOWN}
+            lines.append(f"| {names.get(key, key)} | {p['full']} | {p['concat']} | {p['sharded']} | "
+                         f"{row['first_answer_accuracy']:.1f} | {percent_text(row['premature_answer_rate'])} | "
+                         f"{percent_text(row['never_answered_rate'])} | {interval_text(row.get('recovery_rate'))} | "
+                         f"{interval_text(row.get('retention'))} | {paired_text(row, 'sft')} | "
+                         f"{paired_text(row, 'control')} |")
+        lines.append("")
+    return {"choice": chosen, "sets": sets, "table": "\n".join(lines).rstrip()}
+

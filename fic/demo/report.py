@@ -36,7 +36,7 @@ COMPARISONS = (("vasd", "sft", "VASD vs SFT alone"), ("vasd", "control", "VASD v
 PLOT = "demo_scores.png"
 
 
-def _scores(run: Path) -> dict[str, dict[str, float]]:
+def view_scores(run: Path) -> dict[str, dict[str, float]]:
     """view -> task id -> score (the mean over runs)."""
     by_view: dict[str, dict[str, list[float]]] = {}
     for record in read_log(run / "conversations.jsonl"):
@@ -53,11 +53,17 @@ def _final_not_answer(run: Path) -> float | None:
     return sum(r["turns"][-1].get("label") != "answer_attempt" for r in records) / len(records)
 
 
+def never_answered(views: dict) -> float | None:
+    """Share of sharded conversations with no answer attempt at all (LiC's answer timing `never`)."""
+    timing = (views.get("sharded") or {}).get("answer_timing") or {}
+    return (timing.get("never") or {}).get("share")
+
+
 def stage_figures(cfg: Any, run: Path, start: dict) -> dict | None:
     if not (run / "metrics.json").is_file():
         return None
     metrics = read_json(run / "metrics.json")
-    scores = _scores(run)
+    scores = view_scores(run)
     views = metrics["views"]
     base = start["scores"].get("full", {})
     ids = sorted(base)
@@ -68,6 +74,7 @@ def stage_figures(cfg: Any, run: Path, start: dict) -> dict | None:
            "premature_answer_rate": (views.get("sharded") or {}).get("premature_answer_rate"),
            "first_answer_accuracy": (views.get("sharded") or {}).get("first_answer_accuracy"),
            "final_not_answer_rate": _final_not_answer(run),
+           "never_answered_rate": never_answered(views),
            "tokens_per_sharded_conversation": (views.get("sharded") or {}).get("generated_tokens_per_conversation")}
     for name, view in (("recovery_rate", "sharded"), ("retention", "full")):
         mine = scores.get(view, {})
@@ -93,7 +100,7 @@ def write_demo_report(cfg: Any, runs: dict[str, dict[str, Path]], stages: dict[s
     summary: dict[str, Any] = {"label": cfg.label, "sets": {}}
     for split, by_stage in runs.items():
         start_run = by_stage["start"]
-        start = {"scores": _scores(start_run) if (start_run / "conversations.jsonl").is_file() else {}}
+        start = {"scores": view_scores(start_run) if (start_run / "conversations.jsonl").is_file() else {}}
         rows = {}
         for stage in STAGE_NAMES:
             figures = stage_figures(cfg, by_stage[stage], start)
@@ -133,7 +140,7 @@ def _without_scores(summary: dict) -> dict:
     return out
 
 
-def _pct(value: float | None) -> str:
+def percent_text(value: float | None) -> str:
     return "n/a" if value is None else f"{100 * value:.1f}%"
 
 
@@ -141,7 +148,7 @@ def _p(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1f}"
 
 
-def _interval(entry: dict | None) -> str:
+def interval_text(entry: dict | None) -> str:
     if not entry or entry.get("value") is None:
         return "n/a"
     if entry.get("low") is None:
@@ -159,9 +166,9 @@ def render_table(summary: dict, split: str) -> str:
     for stage, row in rows.items():
         lines.append(f"| {STAGE_NAMES[stage]} | {_p(row['P'].get('full'))} | {_p(row['P'].get('concat'))} | "
                      f"{_p(row['P'].get('sharded'))} | {_p(row.get('first_answer_accuracy'))} | "
-                     f"{_pct(row['premature_answer_rate'])} | "
-                     f"{_pct(row['final_not_answer_rate'])} | {_interval(row.get('recovery_rate'))} | "
-                     f"{_interval(row.get('retention'))} | {_p(row['tokens_per_sharded_conversation'])} |")
+                     f"{percent_text(row['premature_answer_rate'])} | "
+                     f"{percent_text(row['final_not_answer_rate'])} | {interval_text(row.get('recovery_rate'))} | "
+                     f"{interval_text(row.get('retention'))} | {_p(row['tokens_per_sharded_conversation'])} |")
     tests = []
     for stage, other, name in COMPARISONS:
         paired = summary["sets"][split][f"{stage}_vs_{other}"]

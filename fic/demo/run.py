@@ -111,6 +111,12 @@ class AblationSection:
                         "the variants with more wins than losses against the control in every seed (exact sign test "
                         "p < 0.05 on the sharded scores), the highest mean P(sharded); with none, stage 1 continued "
                         "(the control) is the choice, and the table says so.", choices=("beats_control",))
+    test: bool = setting(False, "After the dev table: the starting point, stage 1, the rule's choice and the control "
+                         "(the first seed's runs) play the test and test-unseen splits, weights in eval_dtype; one "
+                         "table (test.md) with R and retention against the starting point and the sign tests against "
+                         "stage 1 and the control. The test split is read only here, after the choice.")
+    test_runs: list[str] = setting([], "More variants (names of `variants`) played on test beside the choice, for the "
+                                   "record (the table marks the choice).")
 
 
 @dataclass

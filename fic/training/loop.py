@@ -140,7 +140,11 @@ def build_model(cfg: RunConfig, device: str) -> torch.nn.Module:
                        trust_remote_code=cfg.model.trust_remote_code)
     model.config.use_cache = False
     if cfg.model.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # transformers 5.2x renamed it (the old name warns and goes in v6); 4.57, which vLLM pins, has only the old one
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if cfg.lora.enabled:
         from peft import LoraConfig, get_peft_model
 

@@ -235,3 +235,20 @@ def test_a_missing_training_output_names_the_run_that_writes_it(tmp_path):
         with pytest.raises(FicError) as err:
             load_model(missing)
         assert f"a training run into {run} writes it" in str(err.value) and "prepare-model" not in str(err.value)
+
+
+def test_training_models_checkpoint_activations_without_a_deprecation_warning(tiny_model_dir):
+    """model.gradient_checkpointing turns activation checkpointing on, through the name the installed
+    transformers keeps (5.2x warns on the old one; 4.57 has only it)."""
+    import warnings
+
+    from fic.training.config import RunConfig
+    from fic.training.loop import build_model
+
+    cfg = RunConfig()
+    cfg.model.path, cfg.model.gradient_checkpointing = str(tiny_model_dir), True
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        model = build_model(cfg, "cpu")
+    checkpointing = [m.gradient_checkpointing for m in model.modules() if hasattr(m, "gradient_checkpointing")]
+    assert checkpointing and all(checkpointing)

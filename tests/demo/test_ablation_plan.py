@@ -117,3 +117,36 @@ def test_a_start_that_is_not_a_saved_model_is_refused_before_anything_runs(tmp_p
     err = capsys.readouterr().err
     assert code == 2 and "field 'ablation.start'" in err and "no saved model (config.json)" in err
     assert "Traceback" not in err and not (tmp_path / "demo").exists()
+
+
+def test_the_test_table_is_priced_by_what_it_has_left_to_play(tmp_path, capsys, monkeypatch):
+    """ablation.test: before the choice, the start, stage 1, the control and one choice each play
+    test and test-unseen (the start's test also in concat); once the table has chosen the control,
+    the control is the choice; a finished evaluation is not priced again."""
+    from fic.demo.ablation import test_conversations_left
+
+    out = tmp_path / "demo"
+    settings = [f"out={out}", VARIANTS, "data.test=10", "data.test_unseen=4", "ablation.test=true"]
+    cfg = load_demo(str(RECIPES), settings)
+    # 4 models x (2 x 10 + 2 x 4), and the start's concat view of test
+    assert test_conversations_left(cfg) == 4 * 28 + 10
+    (out / "ablation").mkdir(parents=True)
+    (out / "ablation" / "ablation.json").write_text(json.dumps({"choice": {"choice": "control"}}))
+    assert test_conversations_left(cfg) == 3 * 28 + 10
+    (out / "ablation" / "start" / "test").mkdir(parents=True)
+    (out / "ablation" / "start" / "test" / "metrics.json").write_text("{}")
+    assert test_conversations_left(cfg) == 3 * 28 - 20
+    assert test_conversations_left(load_demo(str(RECIPES), settings[:-1])) == 0  # off: nothing to play
+
+    monkeypatch.setenv("FIC_CPU_FLAGS", "amx_bf16")
+    finished(out, trained={"a@0": 320.0}, evaluated={"sft": 192.0})  # 1 s a conversation
+    _, estimate = dry_run(capsys, out, "data.test=10", "data.test_unseen=4", "ablation.test=true")
+    assert "the test table 1 min" in estimate  # (3 x 28 - 20) conversations at 1 s
+
+
+def test_test_runs_that_name_no_variant_are_refused_before_anything_runs(tmp_path, capsys):
+    code = main(["demo", "--recipes", str(RECIPES), "--ablate", "--dry-run", f"out={tmp_path / 'demo'}", VARIANTS,
+                 "ablation.test=true", "ablation.test_runs=[a, c]"])
+    err = capsys.readouterr().err
+    assert code == 2 and "field 'ablation.test_runs'" in err and "names c, not a variant" in err
+    assert "Traceback" not in err and not (tmp_path / "demo").exists()

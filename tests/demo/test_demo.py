@@ -143,11 +143,12 @@ def test_stage_processes_hand_on_their_outputs_and_a_failed_stage_stops_the_demo
 
 def test_a_miniature_ablation_trains_every_variant_and_writes_its_table(tiny_model_dir, tmp_path, capsys):
     """Two variants in two seeds, each against the control of its seed, evaluated in float32, and
-    the choice of the rule fixed in the config."""
+    the choice of the rule fixed in the config; then (ablation.test) the start, stage 1, the
+    choice, a variant asked for and the control on test and test-unseen, in float32."""
     out = tmp_path / "demo"
     variants = "ablation.variants={final: [], per-turn: [loss.turns=all]}"
     assert main(["demo", "--recipes", str(RECIPES), "--ablate", *small(tiny_model_dir, out)[:-1], variants,
-                 "ablation.seeds=[0,1]", "--quiet"]) == 0
+                 "ablation.seeds=[0,1]", "ablation.test=true", "ablation.test_runs=[per-turn]", "--quiet"]) == 0
     printed = capsys.readouterr().out
     table = (out / "ablation" / "table.md").read_text()
     assert "Stage 2 variants on the dev split, N = 2 instances, seeds 0, 1" in printed
@@ -166,6 +167,22 @@ def test_a_miniature_ablation_trains_every_variant_and_writes_its_table(tiny_mod
     assert yaml.safe_load((out / "ablation" / "final@0" / "train" / "vasd.yaml").read_text())["loss"]["turns"] == "final"
     dev = yaml.safe_load((out / "ablation" / "final@0" / "dev" / "eval.yaml").read_text())
     assert dev["model"]["dtype"] == "float32"
+
+    chosen = figures["choice"]["choice"]
+    tested = {"start", "sft", "per-turn@0", "control@0", "control@0" if chosen == "control" else f"{chosen}@0"}
+    test = json.loads((out / "ablation" / "test.json").read_text())
+    assert set(test["sets"]) == {"test", "test-unseen"} and set(test["sets"]["test"]) == tested
+    assert test["sets"]["test"]["per-turn@0"]["vs_control"] is not None and test["sets"]["test"]["sft"]["vs_control"] is None
+    assert {"recovery_rate", "retention", "never_answered_rate"} <= set(test["sets"]["test-unseen"]["control@0"])
+    start = yaml.safe_load((out / "ablation" / "start" / "test" / "eval.yaml").read_text())
+    assert start["views"] == ["full", "concat", "sharded"] and start["model"]["dtype"] == "float32"
+    assert start["data"]["source"] == [f"jsonl:{out / 'data' / 'test.jsonl'}"] and start["model"]["model"].endswith(
+        "warmup/final")
+    control = yaml.safe_load((out / "ablation" / "control@0" / "test-unseen" / "eval.yaml").read_text())
+    assert control["views"] == ["full", "sharded"] and control["baseline"] == str(out / "ablation" / "start" / "test-unseen")
+    shown = (out / "ablation" / "test.md").read_text()
+    assert "test split, N = 4 instances, weights in float32" in shown and "test-unseen split, N = 2 instances" in shown
+    assert "(the rule's choice) |" in shown and "| per-turn@0" in shown and "| starting point (" in shown
 
 
 def test_the_ablations_rule_picks_a_variant_only_when_it_beats_the_control_in_every_seed():
