@@ -192,6 +192,9 @@ class Conversation:
             # answer-timing bins of `fic.evaluation.metrics` read it as a share of num_shards).
             "shards_at_first_answer": (None if first_attempt is None else
                                        len({i for t in self.turns[:first_attempt + 1] for i in t.shard_ids})),
+            # Whether the shards said by the first answer attempt were enough to answer
+            # (`Task.answerable`): a premature answer that was not is an error of reading.
+            "answerable_at_first_answer": answerable_by(self.instance, self.view, self.turns, first_attempt),
             "last_shard_turn": last_shard_turn,
             "prompt_tokens": self.turns[-1].prompt_tokens if self.turns else 0,
             "generated_tokens": sum(t.reply_tokens for t in self.turns),
@@ -202,6 +205,25 @@ class Conversation:
     def _all_revealed_by(self, turn_index: int) -> bool:
         seen = {i for t in self.turns[:turn_index + 1] for i in t.shard_ids}
         return all(i in seen for i in self.shard_ids)
+
+
+def answerable_by(instance: Instance, view: str, turns: Sequence[Any], turn: int | None) -> bool | None:
+    """`Task.answerable` of the shards revealed by turn `turn` of a multi-turn view (turns as
+    `Turn`s or their dicts); None for no turn, in a single-turn view, or where the task cannot tell."""
+    if turn is None or view not in MULTI_TURN_VIEWS:
+        return None
+    ids = {i for t in turns[:turn + 1] for i in (t["shard_ids"] if isinstance(t, dict) else t.shard_ids)}
+    return tasks.get(instance.task).answerable(instance, [s.shard for s in instance.shards if s.shard_id in ids])
+
+
+def unanswerable_answer_rate(records: list[dict]) -> float | None:
+    """Share of conversations whose first answer attempt came before the shards said were enough
+    to answer (`Task.answerable`): the part of the premature answers that is an error of reading,
+    not the sharded view's own ambiguity. None where the task cannot tell for some premature one."""
+    premature = [r for r in records if r.get("premature_answer")]
+    if not records or any(r.get("answerable_at_first_answer") is None for r in premature):
+        return None
+    return sum(r["answerable_at_first_answer"] is False for r in premature) / len(records)
 
 
 @dataclass

@@ -36,7 +36,14 @@ from fic.core.errors import FicError
 from fic.core.files import folder_lock, read_json, read_log, write_json, write_text
 from fic.core.stats import sign_test
 from fic.demo import costs
-from fic.demo.report import interval_text, never_answered, percent_text, stage_figures, view_scores
+from fic.demo.report import (
+    interval_text,
+    never_answered,
+    percent_text,
+    premature_text,
+    stage_figures,
+    view_scores,
+)
 from fic.demo.run import (
     EVAL_SETS,
     DemoConfig,
@@ -362,6 +369,7 @@ def ablation_table(runs: dict[str, Path], seconds: dict[str, dict], seeds: list[
         rows[name] = {"P_full": views["full"]["P"], "P_sharded": sharded["P"],
                       "first_answer_accuracy": sharded.get("first_answer_accuracy"),
                       "premature_answer_rate": sharded["premature_answer_rate"],
+                      "unanswerable_answer_rate": sharded.get("unanswerable_answer_rate"),
                       "never_answered_rate": never_answered(views),
                       "tokens_per_sharded_conversation": sharded["generated_tokens_per_conversation"],
                       "minutes": round(seconds[name]["seconds"] / 60, 1) if name in seconds else None,
@@ -377,14 +385,14 @@ def ablation_table(runs: dict[str, Path], seconds: dict[str, dict], seeds: list[
     n = len(_sharded_scores(runs["sft"]))
     lines = [f"Stage 2 variants on the dev split, N = {n} instances, seeds {', '.join(map(str, seeds))} (P in %, "
              "greedy, LiC's rules)", "",
-             "| run | P(full) | P(sharded) | first-answer acc. | premature | never answered | tokens / sharded conv. | "
+             "| run | P(full) | P(sharded) | first-answer acc. | premature (unanswerable) | never answered | tokens / sharded conv. | "
              "train min (wall / CPU) | vs SFT (wins-losses, p) | vs control (wins-losses, p) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for name, row in rows.items():
         minutes = "-" if row["minutes"] is None else f"{row['minutes']} / {row['cpu_minutes']}"
         minutes += " (resumed: scaled)" if row["time_estimated"] else ""
         lines.append(f"| {name} | {row['P_full']:.1f} | {row['P_sharded']:.1f} | "
-                     f"{row['first_answer_accuracy']:.1f} | {percent_text(row['premature_answer_rate'])} | "
+                     f"{row['first_answer_accuracy']:.1f} | {premature_text(row)} | "
                      f"{percent_text(row['never_answered_rate'])} | {row['tokens_per_sharded_conversation']:.1f} | "
                      f"{minutes} | {paired_text(row, 'sft')} | {paired_text(row, 'control')} |")
     if chosen is not None:
@@ -465,13 +473,13 @@ def test_table(cfg: DemoConfig, runs: dict[str, dict[str, Path]], choice: str) -
         lines += [f"{split} split, N = {rows['start']['instances']} instances, weights in {cfg.ablation.eval_dtype} "
                   "(P in %, greedy, LiC's rules; R and retention against the starting point's P(full), 95% paired "
                   "bootstrap; sign tests on the sharded scores)", "",
-                  "| run | P(full) | P(concat) | P(sharded) | first-answer acc. | premature | never answered | "
+                  "| run | P(full) | P(concat) | P(sharded) | first-answer acc. | premature (unanswerable) | never answered | "
                   "R [95% CI] | retention [95% CI] | vs SFT (wins-losses, p) | vs control (wins-losses, p) |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
         for key, row in rows.items():
             p = {view: "-" if row["P"].get(view) is None else f"{row['P'][view]:.1f}" for view in VIEWS_SHOWN}
             lines.append(f"| {names.get(key, key)} | {p['full']} | {p['concat']} | {p['sharded']} | "
-                         f"{row['first_answer_accuracy']:.1f} | {percent_text(row['premature_answer_rate'])} | "
+                         f"{row['first_answer_accuracy']:.1f} | {premature_text(row)} | "
                          f"{percent_text(row['never_answered_rate'])} | {interval_text(row.get('recovery_rate'))} | "
                          f"{interval_text(row.get('retention'))} | {paired_text(row, 'sft')} | "
                          f"{paired_text(row, 'control')} |")

@@ -2,7 +2,8 @@
 
 Per stage (starting point, SFT, VASD, and the equal-compute control: more SFT for VASD's wall
 time) and evaluation set (test, test-unseen): P in each view, first-answer accuracy (the
-score of a sharded conversation's first answer attempt), the premature-answer rate and the
+score of a sharded conversation's first answer attempt), the premature-answer rate (with, in
+brackets, its part that came before the request was answerable, where the task tells) and the
 rate of sharded conversations whose reply to the last shard is no answer attempt
 (over-deferral), generated tokens per sharded conversation, and against the starting point's
 single-turn score the recovery rate R = P(stage; sharded) / P(start; full) and retention =
@@ -72,6 +73,7 @@ def stage_figures(cfg: Any, run: Path, start: dict) -> dict | None:
                                                       resamples=cfg.bootstrap, seed=cfg.data.seed))
                           for view, by_id in scores.items() if by_id},
            "premature_answer_rate": (views.get("sharded") or {}).get("premature_answer_rate"),
+           "unanswerable_answer_rate": (views.get("sharded") or {}).get("unanswerable_answer_rate"),
            "first_answer_accuracy": (views.get("sharded") or {}).get("first_answer_accuracy"),
            "final_not_answer_rate": _final_not_answer(run),
            "never_answered_rate": never_answered(views),
@@ -148,6 +150,12 @@ def _p(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1f}"
 
 
+def premature_text(row: dict) -> str:
+    """The premature-answer rate, and in brackets its unanswerable part where the task tells it."""
+    part = row.get("unanswerable_answer_rate")
+    return percent_text(row["premature_answer_rate"]) + ("" if part is None else f" ({percent_text(part)})")
+
+
 def interval_text(entry: dict | None) -> str:
     if not entry or entry.get("value") is None:
         return "n/a"
@@ -160,13 +168,13 @@ def render_table(summary: dict, split: str) -> str:
     rows = summary["sets"][split]["rows"]
     n = next((r["instances"] for r in rows.values()), 0)
     lines = [f"{summary['label']}: {split} set, N = {n} instances (P in %, greedy, LiC's rules)",
-             "| stage | P(full) | P(concat) | P(sharded) | first-answer accuracy | premature answers | "
+             "| stage | P(full) | P(concat) | P(sharded) | first-answer accuracy | premature answers (unanswerable) | "
              "final reply no answer | R [95% CI] | retention [95% CI] | tokens / sharded conv. |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for stage, row in rows.items():
         lines.append(f"| {STAGE_NAMES[stage]} | {_p(row['P'].get('full'))} | {_p(row['P'].get('concat'))} | "
                      f"{_p(row['P'].get('sharded'))} | {_p(row.get('first_answer_accuracy'))} | "
-                     f"{percent_text(row['premature_answer_rate'])} | "
+                     f"{premature_text(row)} | "
                      f"{percent_text(row['final_not_answer_rate'])} | {interval_text(row.get('recovery_rate'))} | "
                      f"{interval_text(row.get('retention'))} | {_p(row['tokens_per_sharded_conversation'])} |")
     tests = []

@@ -51,7 +51,7 @@ import yaml
 from fic import tasks
 from fic.backends import make_backend
 from fic.conversation.classify import ClassifierSection, make_classifier
-from fic.conversation.simulator import make_conversations, play
+from fic.conversation.simulator import answerable_by, make_conversations, play
 from fic.conversation.users import UserSimulatorSection, make_user
 from fic.core.config import (
     config_to_dict,
@@ -445,6 +445,11 @@ def _evaluate(cfg: EvalConfig, out: Path, assistant: Any, user_backend: Any, cla
 
     planned = {(i.task_id, view, run) for i in instances for view in cfg.views for run in range(cfg.runs)}
     records = [r for key, r in done.items() if key in planned]
+    by_id = {i.task_id: i for i in instances}
+    for r in records:  # a log written before records carried it
+        if "answerable_at_first_answer" not in r:
+            r["answerable_at_first_answer"] = answerable_by(by_id[r["task_id"]], r["view"], r["turns"],
+                                                            r["first_answer_turn"])
     metrics = summarize(records, baseline)
     metrics["metrics_format"] = METRICS_FORMAT
     metrics["instances"] = instance_ids(instances)

@@ -259,6 +259,25 @@ class ActionsTask(Task):
         return any(re.search(rf"(?<![\w.]){re.escape(f['name'])}\s*\(", text)
                    for f in instance.fields["function"])
 
+    def answerable(self, instance: Instance, revealed_texts: list[str]) -> bool | None:
+        """Every required parameter of each reference call has its value in what was said: a
+        call then is right unless an optional argument is still to come, which the sharded view
+        gives no way to know (a premature call, but not an error of reading). None when a
+        called function has no schema here or a required value is not text (a boolean)."""
+        schemas = {f.get("name"): f for f in instance.fields["function"] if isinstance(f, dict)}
+        given = set().union(*(self.values_in(text, instance) for text in revealed_texts))
+        for entry in instance.fields["reference_answer"]:
+            (name, params), = entry.items()
+            if name not in schemas:
+                return None
+            for param in (schemas[name].get("parameters") or {}).get("required") or []:
+                keys = value_keys(params.get(param))
+                if not keys:
+                    return None
+                if not keys & given:
+                    return False
+        return True
+
     # ------------------------------------------------------------------ classifying replies
 
     def committed_answer(self, reply: str) -> bool:

@@ -171,6 +171,12 @@ class Task:
             return match.group(0) if set(number_values(match.group(0))) <= revealed else "___"
         return NUMBER.sub(blank, text)
 
+    def answerable(self, instance: Instance, revealed_texts: list[str]) -> bool | None:
+        """Whether the shards said so far (`revealed_texts`) carry everything an answer needs, so
+        that answering now is not an error even if more shards follow; None where the task cannot
+        tell (here: premature answers are then reported as they are, without this split)."""
+        return None
+
     # ------------------------------------------------------------------ classifying replies
 
     def committed_answer(self, reply: str) -> bool | None:

@@ -152,3 +152,15 @@ def test_first_answer_accuracy_scores_only_the_first_answer_attempt():
     assert metrics["views"]["sharded"]["P"] == 100.0
     assert metrics["views"]["sharded"]["first_answer_accuracy"] == 50.0
     assert metrics["tasks"]["math"]["sharded"]["first_answer_accuracy"] == 50.0
+
+
+def test_the_unanswerable_part_of_premature_answers_is_counted_only_where_the_task_tells():
+    from fic.conversation.simulator import unanswerable_answer_rate
+
+    def record(premature, answerable):
+        return {"premature_answer": premature, "answerable_at_first_answer": answerable}
+
+    records = [record(True, False), record(True, True), record(False, True), record(False, None)]
+    assert unanswerable_answer_rate(records) == 0.25  # one call before the request was answerable, of 4
+    assert unanswerable_answer_rate(records + [record(True, None)]) is None  # a task that cannot tell
+    assert unanswerable_answer_rate([]) is None

@@ -1,6 +1,7 @@
 """The `actions` task: reading calls, BFCL's AST match, the task's hooks
 (values, leaks, labels, asks, premature calls), the SFT corpus and the simulator on actions."""
 
+import copy
 import json
 import random
 import re
@@ -10,6 +11,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
+from actions_instances import late_optional_instance
 from scripted import FunctionBackend
 
 from fic import tasks
@@ -392,3 +394,20 @@ def test_generated_instances_show_their_tools_as_signature_lines():
     assert tool_signature(schema) == 'rent_car(city: str, days: int, car_type: "suv" | "van" = None) -- Rent a car.'
     with pytest.raises(FicError, match="tool_format"):
         read_instance({**inst.to_dict(), "tool_format": "yaml"})
+
+
+def test_a_request_is_answerable_once_every_required_argument_is_said():
+    """actions: answerable once each required parameter's value has been said (an optional one
+    may still follow); not before; None when the called function's schema is not listed."""
+    task = tasks.get("actions")
+    instance, order, required = late_optional_instance()
+    texts = instance.shard_texts
+    complete = max(order.index(p) for p in required) + 2  # shards (intent first) that hold every required value
+    assert task.answerable(instance, texts[:complete - 1]) is False
+    assert task.answerable(instance, texts[:complete]) is True and complete < len(texts)
+    assert task.answerable(instance, texts) is True
+    assert task.answerable(instance, texts[:1]) is False  # the intent alone
+    unlisted = copy.deepcopy(instance)
+    unlisted.fields["function"] = [dict(f, name=f["name"] + "_x") for f in unlisted.fields["function"]]
+    assert task.answerable(unlisted, texts) is None
+    assert tasks.get("math").answerable(instance, texts) is None  # a task that cannot tell

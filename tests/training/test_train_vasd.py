@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from actions_instances import late_optional_instance
 from scripted import FunctionBackend
 from templates import LLAMA3, QWEN25
 
@@ -1254,3 +1255,30 @@ def test_teacher_rows_that_share_a_prompt_are_read_once_with_the_same_hidden_sta
     apart = hidden_at(net, sequences, positions, 0, "cpu", 64)
     shared = hidden_at(net, sequences, positions, 0, "cpu", 64, share_prefixes=True)
     assert apart.shape == (15, 32) and torch.allclose(apart, shared, atol=1e-5)
+
+
+def test_unanswerable_labels_go_only_to_calls_made_before_every_required_argument(smollm2_tokenizer):
+    """labels.select=unanswerable: a student that calls at every turn gets a deferral label at
+    each call made while a required argument was missing, none at the call made once the request
+    was complete but an optional argument was still to come, and none when nothing was premature."""
+    from fic import tasks
+    from fic.training.vasd.step import label_rows
+
+    instance, order, required = late_optional_instance()
+    complete = max(order.index(p) for p in required) + 1  # the turn index whose shard completes the required ones
+    gold = tasks.get("actions").gold_reply(instance)
+    cfg = load_config(VASDConfig, None, ["regularizer.kind=none", "labels.weight=1.0", "labels.select=unanswerable",
+                                         "labels.max_turns=8", "train.max_steps=1"])
+    (conv,) = make_conversations([instance], ["sharded"], 1)
+    play([conv], FunctionBackend(lambda p: gold, smollm2_tokenizer), VerbatimUser(), RuleClassifier(),
+         SamplingParams(max_new_tokens=64), stop_at_correct=False)
+    last = len(conv.turns) - 1
+    assert all(t.label == "answer_attempt" for t in conv.turns) and complete < last
+    rows = label_rows(cfg, conv, smollm2_tokenizer)
+    assert [r.spans[0][0] for r in rows] == [conv.turns[k].prompt_tokens for k in range(complete)]
+
+    (patient,) = make_conversations([instance], ["sharded"], 1)
+    play([patient], FunctionBackend(lambda p: gold if p.count("<|im_start|>user") > last else "Go on.",
+                                    smollm2_tokenizer), VerbatimUser(), RuleClassifier(), SamplingParams(max_new_tokens=64),
+         stop_at_correct=False)
+    assert patient.turns[-1].label == "answer_attempt" and label_rows(cfg, patient, smollm2_tokenizer) == []

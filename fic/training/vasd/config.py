@@ -105,8 +105,12 @@ class LabelsSection:
                             "deferral): imitation on the states the policy visits, as in DAgger.", min=0.0)
     select: str = setting("earliest", "Which earlier turns get a label. earliest: up to max_turns, its premature "
                           "answers first, then its earliest other turns; premature: every premature answer (up to "
-                          "max_turns), or the last turn before the final one when nothing was premature.",
-                          choices=("earliest", "premature"))
+                          "max_turns), or the last turn before the final one when nothing was premature; "
+                          "unanswerable: every premature answer given before the request was answerable "
+                          "(`Task.answerable`: in actions, a required argument missing; every premature answer "
+                          "where the task cannot tell), and nothing else: no deferral is taught where the "
+                          "request was complete but more was still to come.",
+                          choices=("earliest", "premature", "unanswerable"))
     max_turns: int = setting(1, "Labelled turns per rollout, at most.", min=1)
     ask_share: float = setting(0.5, "Share of labels that ask for the next detail rather than defer.", min=0.0,
                                max=1.0)

@@ -24,7 +24,7 @@ from fic.backends import make_backend
 from fic.backends.hf import HFBackend, column_major_linears
 from fic.backends.vllm import colocated_engine, sync_weights
 from fic.conversation.classify import make_classifier
-from fic.conversation.simulator import make_conversations, play
+from fic.conversation.simulator import answerable_by, make_conversations, play, unanswerable_answer_rate
 from fic.conversation.users import make_user
 from fic.core.chat import continue_ids, reply_ids
 from fic.core.errors import FicError, cut_short_on_sigterm
@@ -353,6 +353,9 @@ def label_rows(cfg: VASDConfig, conv: Any, tokenizer: Any) -> list[GoldRow]:
     premature = [k for k in earlier if conv.turns[k].label == "answer_attempt"]
     if cfg.labels.select == "premature":
         chosen = premature[:cfg.labels.max_turns] or [earlier[-1]]
+    elif cfg.labels.select == "unanswerable":
+        chosen = [k for k in premature
+                  if answerable_by(conv.instance, conv.view, conv.turns, k) is not True][:cfg.labels.max_turns]
     else:
         chosen = sorted(earlier, key=lambda k: (k not in premature, k))[:cfg.labels.max_turns]
     rows = []
@@ -413,6 +416,7 @@ def rollout_figures(convs: list) -> dict:
     return {
         "rollout_accuracy": sum(r["score"] for r in records) / n,
         "premature_answer_rate": sum(bool(r["premature_answer"]) for r in records) / n,
+        "unanswerable_answer_rate": unanswerable_answer_rate(records),
         "final_not_answer_rate": sum(t.label != "answer_attempt" for t in finals) / max(len(finals), 1),
         "first_answer_turn": sum(first) / len(first) if first else None,
         "rollout_tokens": sum(r["generated_tokens"] for r in records) / n,
