@@ -190,8 +190,10 @@ def check_variants(cfg: DemoConfig) -> None:
                        f"({', '.join(cfg.ablation.variants) or 'none'})", field="ablation.test_runs")
 
 
-def run_name(name: str, seed: int, seeds: list[int]) -> str:
-    return name if len(seeds) == 1 and seed == 0 else f"{name}@{seed}"
+def run_name(name: str, seed: int) -> str:
+    """A run's folder and row: the variant's (or control's) name for seed 0, `name@seed` for any
+    other, so that a seed added to `ablation.seeds` later keeps the runs seed 0 has finished."""
+    return name if seed == 0 else f"{name}@{seed}"
 
 
 def run_ablation(cfg: DemoConfig, *, progress: bool = True, say: Callable[[str], None] = print,
@@ -212,7 +214,7 @@ def _run_ablation(cfg: DemoConfig, progress: bool, say: Callable[[str], None],
     for seed in seeds:
         trained = []
         for name, overrides in cfg.ablation.variants.items():
-            key = run_name(name, seed, seeds)
+            key = run_name(name, seed)
             say(f"[ablation] {key}: {' '.join(overrides) or 'the recipe as it is'}")
             folder = root / key
             config = vasd_config(cfg, list(overrides), folder / "train", seed)
@@ -222,7 +224,7 @@ def _run_ablation(cfg: DemoConfig, progress: bool, say: Callable[[str], None],
             trained.append(key)
         if cfg.ablation.control and trained:
             mean = sum(seconds[k]["cpu_seconds"] for k in trained) / len(trained)
-            key = run_name("control", seed, seeds)
+            key = run_name("control", seed)
             control = dataclasses.replace(cfg.control)
             control.model.path, control.data.path = str(start_model(cfg)), str(paths(cfg)["data"] / "sft.sft.jsonl")
             control.out = str(root / key / "train")
@@ -233,7 +235,8 @@ def _run_ablation(cfg: DemoConfig, progress: bool, say: Callable[[str], None],
             seconds[key] = train("sft", control, Path(control.out), progress)
             final = Path(control.out) / ("final-merged" if control.lora.enabled else "final")
             runs[key] = evaluate_dev(cfg, final, root / key / "dev", progress)
-    figures = ablation_table(runs, seconds, seeds, list(cfg.ablation.variants), cfg.ablation.rule)
+    figures = ablation_table(runs, seconds, seeds, list(cfg.ablation.variants), cfg.ablation.rule,
+                             cfg.ablation.max_full_drop)
     write_json(root / "ablation.json", figures)
     write_text(root / "table.md", figures["table"] + "\n")
     if cfg.ablation.test:  # only now, the choice made on dev: the test split chooses nothing
@@ -250,7 +253,7 @@ def run_keys(cfg: DemoConfig) -> list[str]:
     """Every run the ablation trains, in its order: the variants, then the control, per seed."""
     seeds = list(cfg.ablation.seeds)
     control = ["control"] if cfg.ablation.control and cfg.ablation.variants else []
-    return [run_name(name, s, seeds) for s in seeds for name in [*cfg.ablation.variants, *control]]
+    return [run_name(name, s) for s in seeds for name in [*cfg.ablation.variants, *control]]
 
 
 def plan(cfg: DemoConfig, launch: tuple[str, list[str]] | None = None) -> str:
@@ -305,12 +308,12 @@ def test_conversations_left(cfg: DemoConfig) -> int:
         return 0
     root, seeds = ablation_dir(cfg), list(cfg.ablation.seeds)
     names = dict.fromkeys([*cfg.ablation.test_runs, *(["control"] if cfg.ablation.control else [])])
-    keys = ["start", "sft", *(run_name(n, seeds[0], seeds) for n in names)]
+    keys = ["start", "sft", *(run_name(n, seeds[0]) for n in names)]
     chosen = read_json(root / "ablation.json")["choice"]["choice"] if (root / "ablation.json").is_file() else None
     if chosen is None and cfg.ablation.variants:
         keys.append("the choice")
     elif chosen is not None and chosen not in names:
-        keys.append(run_name(chosen, seeds[0], seeds))
+        keys.append(run_name(chosen, seeds[0]))
     sizes = {"test": cfg.data.test, "test-unseen": cfg.data.test_unseen}
     return sum(sizes[split] * (3 if (key, split) == ("start", "test") else 2)
                for key in keys for split in EVAL_SETS if not (root / key / split / "metrics.json").is_file())
@@ -341,25 +344,33 @@ def _paired(run: Path, other: Path) -> dict:
     return sign_test(mine[i] - theirs[i] for i in sorted(set(mine) & set(theirs)))
 
 
-def choose(rows: dict[str, dict], seeds: list[int], variants: list[str]) -> dict:
+def choose(rows: dict[str, dict], seeds: list[int], variants: list[str], max_full_drop: float | None = None) -> dict:
     """The `beats_control` rule: the variants with more wins than losses against the control of
-    every seed at p < 0.05, the highest mean P(sharded) of them; none: the control."""
-    winners = {}
+    every seed at p < 0.05, and (with `max_full_drop`) a P(full) at most that many points below
+    that control's, the highest mean P(sharded) of them; none: the control."""
+    winners, kept_full = {}, []
     for name in variants:
-        keys = [run_name(name, s, seeds) for s in seeds]
+        keys = [run_name(name, s) for s in seeds]
         tests = [rows.get(k, {}).get("vs_control") for k in keys]
         if all(t is not None and t["better"] > t["worse"] and t["p_value"] < 0.05 for t in tests):
+            drops = [rows[run_name("control", s)]["P_full"] - rows[k]["P_full"] for s, k in zip(seeds, keys)]
+            if max_full_drop is not None and max(drops) > max_full_drop:
+                kept_full.append(f"{name} (P(full) {max(drops):.1f} points below the control's)")
+                continue
             winners[name] = sum(rows[k]["P_sharded"] for k in keys) / len(keys)
     if not winners:
-        return {"choice": "control", "why": "no variant beat the equal-compute control in every seed (more wins "
-                "than losses, p < 0.05): stage 1 continued is the better use of the compute"}
+        why = ("no variant beat the equal-compute control in every seed (more wins than losses, p < 0.05)"
+               + (f" with P(full) within {max_full_drop:g} points of it; beat it but lost single-turn skill: "
+                  + ", ".join(kept_full) if kept_full else "") + ": stage 1 continued is the better use of the compute")
+        return {"choice": "control", "why": why}
     best = max(winners, key=winners.get)
     return {"choice": best, "why": f"beat the control in every seed; the highest mean P(sharded) of those "
             f"({winners[best]:.1f})"}
 
 
 def ablation_table(runs: dict[str, Path], seconds: dict[str, dict], seeds: list[int] | None = None,
-                   variants: list[str] | None = None, rule: str = "beats_control") -> dict:
+                   variants: list[str] | None = None, rule: str = "beats_control",
+                   max_full_drop: float | None = None) -> dict:
     """The figures of every run, the rule's choice and the markdown table."""
     seeds = seeds or [0]
     rows = {}
@@ -375,13 +386,12 @@ def ablation_table(runs: dict[str, Path], seconds: dict[str, dict], seeds: list[
                       "minutes": round(seconds[name]["seconds"] / 60, 1) if name in seconds else None,
                       "time_estimated": bool(seconds.get(name, {}).get("estimated")),
                       "cpu_minutes": round(seconds[name]["cpu_seconds"] / 60, 1) if name in seconds else None}
-        seed = next((s for s in seeds if name.endswith(f"@{s}")), seeds[0])
-        control = run_name("control", seed, seeds)
+        control = run_name("control", int(name.rsplit("@", 1)[1]) if "@" in name else 0)
         if name != "sft":
             rows[name]["vs_sft"] = _paired(run, runs["sft"])
         if control in runs and name not in ("sft", control):
             rows[name]["vs_control"] = _paired(run, runs[control])
-    chosen = choose(rows, seeds, variants or []) if variants is not None else None
+    chosen = choose(rows, seeds, variants or [], max_full_drop) if variants is not None else None
     n = len(_sharded_scores(runs["sft"]))
     lines = [f"Stage 2 variants on the dev split, N = {n} instances, seeds {', '.join(map(str, seeds))} (P in %, "
              "greedy, LiC's rules)", "",
@@ -423,7 +433,7 @@ def test_models(cfg: DemoConfig, choice: str) -> dict[str, Path]:
         names.pop("control")
     models = {"start": model_of(cfg, "warmup"), "sft": start_model(cfg)}
     for name in names:
-        key = run_name(name, seeds[0], seeds)
+        key = run_name(name, seeds[0])
         models[key] = final_model(root / key / "train")
     return models
 
@@ -453,7 +463,7 @@ def test_table(cfg: DemoConfig, runs: dict[str, dict[str, Path]], choice: str) -
     rates, R and retention against the starting point (95% paired bootstrap) and its exact sign
     test on the sharded scores against stage 1 and against the control."""
     seeds = list(cfg.ablation.seeds)
-    control, chosen = run_name("control", seeds[0], seeds), run_name(choice, seeds[0], seeds)
+    control, chosen = run_name("control", seeds[0]), run_name(choice, seeds[0])
     names = {"start": f"starting point ({cfg.label})", "sft": "stage 1 (SFT, the ablation's start)",
              control: f"{control}: stage 1 continued, equal compute"}
     names[chosen] = f"{names.get(chosen, chosen)} (the rule's choice)"

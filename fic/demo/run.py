@@ -111,6 +111,9 @@ class AblationSection:
                         "the variants with more wins than losses against the control in every seed (exact sign test "
                         "p < 0.05 on the sharded scores), the highest mean P(sharded); with none, stage 1 continued "
                         "(the control) is the choice, and the table says so.", choices=("beats_control",))
+    max_full_drop: float = setting(2.0, "beats_control also asks that a variant's P(full) be at most this many points "
+                                   "below its seed's control's: a stage 2 that buys its multi-turn gain with single-turn "
+                                   "skill is not chosen.", min=0.0)
     test: bool = setting(False, "After the dev table: the starting point, stage 1, the rule's choice and the control "
                          "(the first seed's runs) play the test and test-unseen splits, weights in eval_dtype; one "
                          "table (test.md) with R and retention against the starting point and the sign tests against "

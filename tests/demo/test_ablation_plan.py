@@ -31,15 +31,15 @@ def test_the_ablation_dry_run_lists_its_runs_and_prices_only_those_left(tmp_path
     assert plan.startswith("fic demo --ablate: ")  # not the demo's own plan
     assert "2 variant(s) (a, b) x seeds 0, 1, the equal-compute control per seed" in plan
     assert "dev split (96 instances, full and sharded, float32)" in plan
-    assert "runs left: sft, a@0, b@0, control@0, a@1, b@1, control@1;" in plan
+    assert "runs left: sft, a, b, control, a@1, b@1, control@1;" in plan
     assert "stages first: data, warmup, sft" in plan
     assert "reference machine figures" in estimate
     assert "6 training run(s)" in estimate and "7 dev evaluation(s)" in estimate
     before = minutes(estimate)
 
-    finished(out, trained={"a@0": 320.0}, evaluated={"sft": 192.0})
+    finished(out, trained={"a": 320.0}, evaluated={"sft": 192.0})
     plan, estimate = dry_run(capsys, out)
-    assert "runs left: a@0, b@0, control@0, a@1, b@1, control@1 (done before: sft);" in plan
+    assert "runs left: a, b, control, a@1, b@1, control@1 (done before: sft);" in plan
     # what finished here prices the rest: 10 s a VASD step (a: 32 steps in 320 s), 1 s a dev conversation
     assert "(measured here figures)" in estimate
     # b 64 steps (10.7 min), a 32 (5.3), each control their mean (8.0): 42.7 min; 6 x 192 conversations
@@ -88,7 +88,7 @@ def test_a_cpu_without_fast_bf16_is_not_priced_from_the_reference_machine(tmp_pa
     (out / "stages").mkdir(parents=True)
     for stage in ("data", "warmup", "sft"):
         (out / "stages" / f"{stage}.json").write_text("{}")
-    finished(out, trained={"a@0": 320.0}, evaluated={"sft": 192.0})
+    finished(out, trained={"a": 320.0}, evaluated={"sft": 192.0})
     _, estimate = dry_run(capsys, out)
     assert estimate.startswith("[ablation] estimate: about ") and "(measured here figures)" in estimate
 
@@ -139,7 +139,7 @@ def test_the_test_table_is_priced_by_what_it_has_left_to_play(tmp_path, capsys, 
     assert test_conversations_left(load_demo(str(RECIPES), settings[:-1])) == 0  # off: nothing to play
 
     monkeypatch.setenv("FIC_CPU_FLAGS", "amx_bf16")
-    finished(out, trained={"a@0": 320.0}, evaluated={"sft": 192.0})  # 1 s a conversation
+    finished(out, trained={"a": 320.0}, evaluated={"sft": 192.0})  # 1 s a conversation
     _, estimate = dry_run(capsys, out, "data.test=10", "data.test_unseen=4", "ablation.test=true")
     assert "the test table 1 min" in estimate  # (3 x 28 - 20) conversations at 1 s
 

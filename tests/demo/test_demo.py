@@ -152,48 +152,53 @@ def test_a_miniature_ablation_trains_every_variant_and_writes_its_table(tiny_mod
     printed = capsys.readouterr().out
     table = (out / "ablation" / "table.md").read_text()
     assert "Stage 2 variants on the dev split, N = 2 instances, seeds 0, 1" in printed
-    for run in ("sft", "final@0", "final@1", "per-turn@0", "per-turn@1", "control@0", "control@1"):
+    for run in ("sft", "final", "final@1", "per-turn", "per-turn@1", "control", "control@1"):
         assert f"| {run} |" in table
         assert (out / "ablation" / run / "dev" / "metrics.json").is_file()
         timed = json.loads((out / "ablation" / run / "dev" / "evaluated.json").read_text())  # prices a later plan
         assert timed["conversations"] == 4 and timed["seconds"] > 0  # 2 dev instances x full and sharded
     assert "Rule `beats_control` (fixed before the table was read): the choice is **" in table
     figures = json.loads((out / "ablation" / "ablation.json").read_text())
-    assert figures["rows"]["per-turn@1"]["vs_control"]["better"] >= 0 and figures["rows"]["control@0"]["vs_sft"]
+    assert figures["rows"]["per-turn@1"]["vs_control"]["better"] >= 0 and figures["rows"]["control"]["vs_sft"]
     assert figures["choice"]["choice"] in ("final", "per-turn", "control")
     config = yaml.safe_load((out / "ablation" / "per-turn@1" / "train" / "vasd.yaml").read_text())
     assert config["loss"]["turns"] == "all" and config["model"]["path"].endswith("sft/final")
     assert config["train"]["seed"] == 1 and config["data"]["seed"] == load_demo(str(RECIPES), []).vasd.data.seed + 1
-    assert yaml.safe_load((out / "ablation" / "final@0" / "train" / "vasd.yaml").read_text())["loss"]["turns"] == "final"
-    dev = yaml.safe_load((out / "ablation" / "final@0" / "dev" / "eval.yaml").read_text())
+    assert yaml.safe_load((out / "ablation" / "final" / "train" / "vasd.yaml").read_text())["loss"]["turns"] == "final"
+    dev = yaml.safe_load((out / "ablation" / "final" / "dev" / "eval.yaml").read_text())
     assert dev["model"]["dtype"] == "float32"
 
     chosen = figures["choice"]["choice"]
-    tested = {"start", "sft", "per-turn@0", "control@0", "control@0" if chosen == "control" else f"{chosen}@0"}
+    tested = {"start", "sft", "per-turn", "control", chosen}
     test = json.loads((out / "ablation" / "test.json").read_text())
     assert set(test["sets"]) == {"test", "test-unseen"} and set(test["sets"]["test"]) == tested
-    assert test["sets"]["test"]["per-turn@0"]["vs_control"] is not None and test["sets"]["test"]["sft"]["vs_control"] is None
-    assert {"recovery_rate", "retention", "never_answered_rate"} <= set(test["sets"]["test-unseen"]["control@0"])
+    assert test["sets"]["test"]["per-turn"]["vs_control"] is not None and test["sets"]["test"]["sft"]["vs_control"] is None
+    assert {"recovery_rate", "retention", "never_answered_rate"} <= set(test["sets"]["test-unseen"]["control"])
     start = yaml.safe_load((out / "ablation" / "start" / "test" / "eval.yaml").read_text())
     assert start["views"] == ["full", "concat", "sharded"] and start["model"]["dtype"] == "float32"
     assert start["data"]["source"] == [f"jsonl:{out / 'data' / 'test.jsonl'}"] and start["model"]["model"].endswith(
         "warmup/final")
-    control = yaml.safe_load((out / "ablation" / "control@0" / "test-unseen" / "eval.yaml").read_text())
+    control = yaml.safe_load((out / "ablation" / "control" / "test-unseen" / "eval.yaml").read_text())
     assert control["views"] == ["full", "sharded"] and control["baseline"] == str(out / "ablation" / "start" / "test-unseen")
     shown = (out / "ablation" / "test.md").read_text()
     assert "test split, N = 4 instances, weights in float32" in shown and "test-unseen split, N = 2 instances" in shown
-    assert "(the rule's choice) |" in shown and "| per-turn@0" in shown and "| starting point (" in shown
+    assert "(the rule's choice) |" in shown and "| per-turn" in shown and "| starting point (" in shown
 
 
 def test_the_ablations_rule_picks_a_variant_only_when_it_beats_the_control_in_every_seed():
     from fic.demo.ablation import choose
 
-    def row(p, better, worse, p_value):
-        return {"P_sharded": p, "vs_control": {"better": better, "worse": worse, "p_value": p_value}}
+    def row(p, better, worse, p_value, full=88.0):
+        return {"P_sharded": p, "P_full": full, "vs_control": {"better": better, "worse": worse, "p_value": p_value}}
 
-    rows = {"a@0": row(60, 30, 5, 1e-5), "a@1": row(58, 28, 6, 1e-4), "b@0": row(70, 40, 2, 1e-9),
-            "b@1": row(40, 10, 12, 0.8)}
+    rows = {"a": row(60, 30, 5, 1e-5), "a@1": row(58, 28, 6, 1e-4), "b": row(70, 40, 2, 1e-9),
+            "b@1": row(40, 10, 12, 0.8), "control": {"P_full": 89.0}, "control@1": {"P_full": 90.5}}
     assert choose(rows, [0, 1], ["a", "b"])["choice"] == "a"  # b won one seed only
+    # a P(full) more than max_full_drop below its seed's control's in any seed is not chosen, and said
+    dropped = choose(rows, [0, 1], ["a", "b"], max_full_drop=2.0)  # a: 1.0 and 2.5 points below
+    assert dropped["choice"] == "control" and "a (P(full) 2.5 points below the control's)" in dropped["why"]
+    kept = choose(rows | {"a@1": row(58, 28, 6, 1e-4, full=88.5)}, [0, 1], ["a", "b"], max_full_drop=2.0)
+    assert kept["choice"] == "a"  # 2.0 below: within the bound
     rows["a@1"] = row(58, 28, 6, 0.07)
     chosen = choose(rows, [0, 1], ["a", "b"])
     assert chosen["choice"] == "control" and "no variant beat" in chosen["why"]
