@@ -280,6 +280,35 @@ def test_an_ablation_from_a_given_start_trains_and_scores_every_run_from_it(tmp_
     assert refused.value.field == "ablation.start" and len(read) == 5
 
 
+def test_a_control_trained_before_is_kept_and_the_log_says_so_rather_than_a_new_step_count(tmp_path, monkeypatch):
+    """A variant added after the control trained moves the variants' mean; the control is kept (its
+    marker), and the log must not claim the step count the new mean would give."""
+    from fic.demo import ablation
+
+    start = tmp_path / "plateau"
+    start.mkdir()
+    (start / "config.json").write_text("{}")
+    out = tmp_path / "demo"
+    (out / "stages").mkdir(parents=True)
+    (out / "stages" / "sft.json").write_text(json.dumps({"cpu_seconds": 1200.0, "figures": {"steps": 80}}))
+    monkeypatch.setattr(ablation, "run_stages", lambda *a, **k: None)
+    monkeypatch.setattr(ablation, "train", lambda kind, config, folder, progress: {"seconds": 60.0, "cpu_seconds": 120.0})
+    monkeypatch.setattr(ablation, "evaluate_dev", lambda cfg, model, folder, progress: folder)
+    monkeypatch.setattr(ablation, "ablation_table", lambda *a, **k: {"table": "", "rows": {}, "choice": None})
+    cfg = load_demo(str(RECIPES), [f"out={out}", f"ablation.start={start}", "ablation.variants={a: []}"])
+    said = []
+    ablation.run_ablation(cfg, progress=False, say=said.append)
+    assert "[ablation] control: 8 more SFT steps (the variants' mean 2.0 CPU minutes)" in said
+    marker = ablation.ablation_dir(cfg) / "control" / "train" / "trained.json"
+    marker.parent.mkdir(parents=True)
+    marker.write_text(json.dumps({"seconds": 60.0, "cpu_seconds": 120.0}))
+    said.clear()
+    ablation.run_ablation(cfg, progress=False, say=said.append)
+    assert [line for line in said if line.startswith("[ablation] control")] == [
+        "[ablation] control: trained before; kept, though the variants' mean is now 2.0 CPU minutes "
+        "(the table's train column shows both)"]
+
+
 def test_the_control_gets_vasds_cpu_seconds_at_sfts_cost_per_step_unless_its_steps_are_set(tmp_path):
     from fic.demo.run import control_steps
 
