@@ -230,7 +230,7 @@ def _run_ablation(cfg: DemoConfig, progress: bool, say: Callable[[str], None],
             control.out = str(root / key / "train")
             control.train.max_steps, control.dev.every = control_steps(cfg, mean), 0
             control.train.seed, control.data.seed = control.train.seed + seed, control.data.seed + seed
-            if (Path(control.out) / "trained.json").is_file():  # sized by the variants of its own time: kept, not resized
+            if (Path(control.out) / "trained.json").is_file():  # sized from the variants trained before it: kept, not resized
                 say(f"[ablation] {key}: trained before; kept, though the variants' mean is now "
                     f"{mean / 60:.1f} CPU minutes (the table's train column shows both)")
             else:
