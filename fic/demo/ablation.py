@@ -65,6 +65,7 @@ from fic.training.checkpoints import complete_checkpoints, step_of
 ABLATION_CONVERSATION_COST = 2.5
 START = "start.json"  # the model the folder's runs start from
 EVALUATED = "evaluated.json"  # a dev evaluation's wall and CPU seconds, beside its metrics
+TRAINED_MARKER = "trained.json"  # a finished training run's wall and CPU seconds, in its train folder
 VIEWS_SHOWN = ("full", "concat", "sharded")  # the test table's columns
 
 
@@ -112,7 +113,7 @@ def _config_file(config: object, path: Path) -> Path:
 def train(kind: str, config: object, folder: Path, progress: bool) -> dict:
     """Train one run (`kind` sft or vasd) in its own process; its wall and CPU seconds (from a
     marker on a second call)."""
-    marker = folder / "trained.json"
+    marker = folder / TRAINED_MARKER
     if marker.is_file():
         return json.loads(marker.read_text(encoding="utf-8"))
     done = complete_checkpoints(folder)
@@ -230,7 +231,7 @@ def _run_ablation(cfg: DemoConfig, progress: bool, say: Callable[[str], None],
             control.out = str(root / key / "train")
             control.train.max_steps, control.dev.every = control_steps(cfg, mean), 0
             control.train.seed, control.data.seed = control.train.seed + seed, control.data.seed + seed
-            if (Path(control.out) / "trained.json").is_file():  # sized from the variants trained before it: kept, not resized
+            if (Path(control.out) / TRAINED_MARKER).is_file():  # sized from the variants trained before it: kept, not resized
                 say(f"[ablation] {key}: trained before; kept, though the variants' mean is now "
                     f"{mean / 60:.1f} CPU minutes (the table's train column shows both)")
             else:
@@ -253,6 +254,11 @@ def variant_of(key: str) -> str:
     return key.split("@")[0]
 
 
+def seed_of(key: str) -> int:
+    """The seed a run's key names: the inverse of `run_name`."""
+    return int(key.rsplit("@", 1)[1]) if "@" in key else 0
+
+
 def run_keys(cfg: DemoConfig) -> list[str]:
     """Every run the ablation trains, in its order: the variants, then the control, per seed."""
     seeds = list(cfg.ablation.seeds)
@@ -271,7 +277,7 @@ def plan(cfg: DemoConfig, launch: tuple[str, list[str]] | None = None) -> str:
     first = [stage for stage in ("data", "warmup", "sft") if stage not in done]
     root, seeds = ablation_dir(cfg), list(cfg.ablation.seeds)
     keys = run_keys(cfg)
-    trained = {k for k in keys if (root / k / "train" / "trained.json").is_file()}
+    trained = {k for k in keys if (root / k / "train" / TRAINED_MARKER).is_file()}
     scored = {k for k in ["sft", *keys] if (root / k / "dev" / "metrics.json").is_file()}
     start = "the model" if cfg.ablation.start else "stage 1's model"
     line = (f"fic demo --ablate: from {start} in {start_model(cfg)} (stages first: "
@@ -327,8 +333,8 @@ def _unit_seconds(cfg: DemoConfig, shipped: object, done: dict, root: Path, keys
                   steps: dict[str, int]) -> tuple[float | None, float | None, str]:
     """Seconds a VASD step and a dev conversation: from this folder's finished runs where there
     are some (`trained.json`, `evaluated.json`), else from the demo's cost figures (`costs`)."""
-    variants = [k for k in keys if variant_of(k) in steps and (root / k / "train" / "trained.json").is_file()]
-    timed = [read_json(root / k / "train" / "trained.json") for k in variants]
+    variants = [k for k in keys if variant_of(k) in steps and (root / k / "train" / TRAINED_MARKER).is_file()]
+    timed = [read_json(root / k / "train" / TRAINED_MARKER) for k in variants]
     evaluated = [read_json(f) for f in sorted(root.glob(f"*/dev/{EVALUATED}"))]
     vasd, evaluation = costs.unit_cost(cfg, shipped, "vasd", done), costs.unit_cost(cfg, shipped, "eval-start", done)
     step_s = (sum(t["seconds"] for t in timed) / sum(steps[variant_of(k)] for k in variants) if timed
@@ -390,7 +396,7 @@ def ablation_table(runs: dict[str, Path], seconds: dict[str, dict], seeds: list[
                       "minutes": round(seconds[name]["seconds"] / 60, 1) if name in seconds else None,
                       "time_estimated": bool(seconds.get(name, {}).get("estimated")),
                       "cpu_minutes": round(seconds[name]["cpu_seconds"] / 60, 1) if name in seconds else None}
-        control = run_name("control", int(name.rsplit("@", 1)[1]) if "@" in name else 0)
+        control = run_name("control", seed_of(name))
         if name != "sft":
             rows[name]["vs_sft"] = _paired(run, runs["sft"])
         if control in runs and name not in ("sft", control):

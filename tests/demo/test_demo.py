@@ -245,10 +245,9 @@ def test_the_ablation_resumes_a_killed_variant_from_its_checkpoint_and_restarts_
     assert len(commands) == 2  # a finished variant is not trained again
 
 
-def test_an_ablation_from_a_given_start_trains_and_scores_every_run_from_it(tmp_path, monkeypatch):
-    """ablation.start: the variants, their teacher, the control and the table's `sft` row all read
-    that model, and the folder keeps to it: a second start into it is refused before anything runs."""
-    from fic.core.errors import FicError
+def ablation_from_a_given_start(tmp_path: Path, monkeypatch, train, evaluate_dev):
+    """An ablation whose start is a folder of its own and whose stages, training and dev scores are
+    the given fakes (no model runs): its out folder and its start."""
     from fic.demo import ablation
 
     start = tmp_path / "plateau"
@@ -257,13 +256,25 @@ def test_an_ablation_from_a_given_start_trains_and_scores_every_run_from_it(tmp_
     out = tmp_path / "demo"
     (out / "stages").mkdir(parents=True)
     (out / "stages" / "sft.json").write_text(json.dumps({"cpu_seconds": 1200.0, "figures": {"steps": 80}}))
-    read = []
     monkeypatch.setattr(ablation, "run_stages", lambda *a, **k: None)
-    monkeypatch.setattr(ablation, "train", lambda kind, config, folder, progress: (
-        read.append((kind, config.model.path)), {"seconds": 60.0, "cpu_seconds": 120.0})[1])
-    monkeypatch.setattr(ablation, "evaluate_dev", lambda cfg, model, folder, progress: (
-        read.append(("dev", str(model))), folder)[1])
+    monkeypatch.setattr(ablation, "train", train)
+    monkeypatch.setattr(ablation, "evaluate_dev", evaluate_dev)
     monkeypatch.setattr(ablation, "ablation_table", lambda *a, **k: {"table": "", "rows": {}, "choice": None})
+    return out, start
+
+
+def test_an_ablation_from_a_given_start_trains_and_scores_every_run_from_it(tmp_path, monkeypatch):
+    """ablation.start: the variants, their teacher, the control and the table's `sft` row all read
+    that model, and the folder keeps to it: a second start into it is refused before anything runs."""
+    from fic.core.errors import FicError
+    from fic.demo import ablation
+
+    read = []
+    out, start = ablation_from_a_given_start(
+        tmp_path, monkeypatch,
+        train=lambda kind, config, folder, progress: (
+            read.append((kind, config.model.path)), {"seconds": 60.0, "cpu_seconds": 120.0})[1],
+        evaluate_dev=lambda cfg, model, folder, progress: (read.append(("dev", str(model))), folder)[1])
     cfg = load_demo(str(RECIPES), [f"out={out}", f"ablation.start={start}", "ablation.folder={out}/from-plateau",
                                    "ablation.variants={a: []}"])
     ablation.run_ablation(cfg, progress=False, say=lambda line: None)
@@ -285,16 +296,9 @@ def test_a_control_trained_before_is_kept_and_the_log_says_so_rather_than_a_new_
     marker), and the log must not claim the step count the new mean would give."""
     from fic.demo import ablation
 
-    start = tmp_path / "plateau"
-    start.mkdir()
-    (start / "config.json").write_text("{}")
-    out = tmp_path / "demo"
-    (out / "stages").mkdir(parents=True)
-    (out / "stages" / "sft.json").write_text(json.dumps({"cpu_seconds": 1200.0, "figures": {"steps": 80}}))
-    monkeypatch.setattr(ablation, "run_stages", lambda *a, **k: None)
-    monkeypatch.setattr(ablation, "train", lambda kind, config, folder, progress: {"seconds": 60.0, "cpu_seconds": 120.0})
-    monkeypatch.setattr(ablation, "evaluate_dev", lambda cfg, model, folder, progress: folder)
-    monkeypatch.setattr(ablation, "ablation_table", lambda *a, **k: {"table": "", "rows": {}, "choice": None})
+    out, start = ablation_from_a_given_start(
+        tmp_path, monkeypatch, train=lambda kind, config, folder, progress: {"seconds": 60.0, "cpu_seconds": 120.0},
+        evaluate_dev=lambda cfg, model, folder, progress: folder)
     cfg = load_demo(str(RECIPES), [f"out={out}", f"ablation.start={start}", "ablation.variants={a: []}"])
     said = []
     ablation.run_ablation(cfg, progress=False, say=said.append)
