@@ -76,8 +76,9 @@ class DemoDataSection:
     task: str = setting("actions", "Task of the source.")
     seed: int = setting(0, "Seed of every split.")
     train: int = setting(600, "Train instances: the warm-up corpus, the SFT corpus and VASD's rollouts.", min=1)
-    dev: int = setting(96, "Dev instances: settings are chosen on them (`fic demo --ablate`), the premise is "
-                       "measured on them, and VASD's in-training evaluation reads them (vasd.eval.every).", min=1)
+    dev: int = setting(256, "Dev instances: settings are chosen on them (`fic demo --ablate`; its paired sign "
+                       "tests need a few hundred), the premise is measured on them, and stage 1's dev "
+                       "curve and VASD's in-training evaluation read them (sft.dev.every, vasd.eval.every).", min=1)
     test: int = setting(128, "Test instances: every stage is evaluated on them.", min=1)
     test_unseen: int = setting(64, "Instances of functions never seen in training, reported separately.", min=1)
 

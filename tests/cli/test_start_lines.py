@@ -113,7 +113,7 @@ def test_demo_keys_and_dry_run_show_demo_yaml_s_values(tmp_path, capsys, no_mode
     assert main(["demo", "--keys"]) == 0
     text = capsys.readouterr().out
     assert f"data.test (an integer, default 128; this run: 256, set in {RECIPES}/demo.yaml)" in text
-    assert f"sft.train.max_steps (an integer or null, default None; this run: 80, set in {RECIPES}/demo.yaml)" in text
+    assert f"sft.train.max_steps (an integer or null, default None; this run: 207, set in {RECIPES}/demo.yaml)" in text
     out = tmp_path / "demo"
     assert main(["demo", f"out={out}", "data.test=16", "--dry-run"]) == 0
     printed = capsys.readouterr().out

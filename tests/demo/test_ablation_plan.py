@@ -27,7 +27,7 @@ def minutes(line: str) -> int:
 def test_the_ablation_dry_run_lists_its_runs_and_prices_only_those_left(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("FIC_CPU_FLAGS", "amx_bf16")  # the reference machine's CPU: its figures price the plan
     out = tmp_path / "demo"
-    plan, estimate = dry_run(capsys, out)
+    plan, estimate = dry_run(capsys, out, "data.dev=96")  # 192 dev conversations a run, as finished() records
     assert plan.startswith("fic demo --ablate: ")  # not the demo's own plan
     assert "2 variant(s) (a, b) x seeds 0, 1, the equal-compute control per seed" in plan
     assert "dev split (96 instances, full and sharded, float32)" in plan
@@ -38,7 +38,7 @@ def test_the_ablation_dry_run_lists_its_runs_and_prices_only_those_left(tmp_path
     before = minutes(estimate)
 
     finished(out, trained={"a": 320.0}, evaluated={"sft": 192.0})
-    plan, estimate = dry_run(capsys, out)
+    plan, estimate = dry_run(capsys, out, "data.dev=96")
     assert "runs left: a, b, control, a@1, b@1, control@1 (done before: sft);" in plan
     # what finished here prices the rest: 10 s a VASD step (a: 32 steps in 320 s), 1 s a dev conversation
     assert "(measured here figures)" in estimate
