@@ -1073,6 +1073,29 @@ def test_length_groups_cut_the_sorted_rows_with_the_least_padding():
         assert padded(got) == min(cuts)
 
 
+def test_length_groups_count_the_width_the_rows_are_collated_at():
+    from itertools import combinations
+
+    from fic.training.data import padded_width
+    from fic.training.vasd.step import length_groups
+
+    # one step's student rows, measured (2026-12-04): cut by raw lengths, 333 and 329 set the
+    # shorter run's width to 384 when padded to 64; cut by collated widths, it stays at 320
+    lengths = [298, 259, 313, 231, 333, 329, 289, 318, 382, 442, 349, 362]
+
+    def collated(gs):
+        return sum(len(g) * padded_width([lengths[i] for i in g], 64) for g in gs if g)
+    assert collated(length_groups(lengths, 2)) == 8 * 384 + 4 * 448
+    got = length_groups(lengths, 2, multiple=64)
+    assert sorted(i for g in got for i in g) == list(range(len(lengths)))
+    assert collated(got) == 6 * 320 + 6 * 448
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    for count in (1, 2, 3):  # every cut of the sorted order is no better at the collated widths
+        cuts = [collated([order[a:b] for a, b in zip((0,) + c, c + (len(order),))])
+                for c in combinations(range(len(order) + 1), count - 1)]
+        assert collated(length_groups(lengths, count, multiple=64)) == min(cuts)
+
+
 @pytest.mark.slow  # end to end: the recipe
 def test_the_recipe_trains_with_per_turn_views_and_deferral_labels(tiny_model_dir, anchor_corpus, tmp_path):
     from fic.cli.main import main

@@ -31,7 +31,7 @@ from fic.core.errors import FicError, cut_short_on_sigterm
 from fic.core.generation import SamplingParams
 from fic.core.seeding import derive_seed, seeded_rng
 from fic.training import loop
-from fic.training.data import DataOrder, Example
+from fic.training.data import DataOrder, Example, padded_width
 from fic.training.losses import causal_lm, window_backward
 from fic.training.vasd.config import VASDConfig
 from fic.training.vasd.distill import (
@@ -248,7 +248,7 @@ def step_batches(cfg: VASDConfig, convs: list, anchors: list, tokenizer: Any, pa
         items += [(rollout if trains and i == 0 else None, row) for i, row in enumerate(rows)]
     items += [(None, row) for row in student_rows([], anchors, **shape)]
     batches = []
-    for group in length_groups([len(row["input_ids"]) for _, row in items], G):
+    for group in length_groups([len(row["input_ids"]) for _, row in items], G, cfg.train.pad_to_multiple):
         chosen = [items[i] for i in group]
         part = [rollout for rollout, _ in chosen if rollout is not None]  # in row order: the teacher's rows follow
         rows = [row for _, row in chosen]
@@ -305,17 +305,18 @@ def distilled_spans(cfg: VASDConfig, rollout: Rollout, conv: Any, tokenizer: Any
     return [(span, cfg.loss.nonfinal_weight) for span in earlier] + [(rollout.final, 1.0)], None
 
 
-def length_groups(lengths: list[int], groups: int) -> list[list[int]]:
+def length_groups(lengths: list[int], groups: int, multiple: int = 0) -> list[list[int]]:
     """Indices of `lengths` cut into `groups` runs of the length-sorted order (some possibly
-    empty) with the fewest padded positions in all (sum over runs of rows x longest row; ties:
-    the smaller largest run), found exactly by dynamic programming over the cut points. Rows of
-    one run are kept in their original order."""
+    empty) with the fewest padded positions in all (sum over runs of rows x the width the run is
+    collated at: its longest row rounded up to a multiple of `multiple`, as `collate_rows` pads;
+    ties: the smaller largest run), found exactly by dynamic programming over the cut points.
+    Rows of one run are kept in their original order."""
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
     sizes = [lengths[i] for i in order]
     n = len(order)
 
-    def padded(a: int, b: int) -> int:  # the run order[a:b], padded to its longest (the last: sorted)
-        return (b - a) * sizes[b - 1] if b > a else 0
+    def padded(a: int, b: int) -> int:  # the run order[a:b] at its collated width (the last row: sorted)
+        return (b - a) * padded_width([sizes[b - 1]], multiple) if b > a else 0
 
     # best[(g, end)]: the least (total padded, largest run) splitting order[:end] into g runs, and its cuts
     best: dict[tuple[int, int], tuple[tuple[int, int], list[int]]] = {(0, 0): ((0, 0), [])}
