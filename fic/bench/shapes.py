@@ -70,6 +70,9 @@ BACKBONES = ("llama-3.2-3b-instruct", "llama-3.1-8b-instruct", "qwen2.5-7b-instr
 TOKENIZER_DIRS = ("models/smollm2-135m-instruct", "runs/gpu-carry/tokenizer")
 STAGES = ("sft", "vasd")
 CONFIGS = {"sft": SFTConfig, "vasd": VASDConfig}
+# The bench never logs to wandb, and the backbone recipes turn it on: read without this, a recipe
+# fails its check on a machine without wandb (the lent GPU machines have none).
+NO_WANDB = ["logging.wandb=false"]
 OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError", "CUBLAS_STATUS_ALLOC_FAILED")
 
 # Dense bf16 tensor-core FLOP/s and memory bandwidth, from NVIDIA's datasheets (their bf16 figures
@@ -259,7 +262,7 @@ def make_plan(args: argparse.Namespace) -> dict:
     model = models / f"{backbone}-random"
     for stage in stages:
         recipe = RECIPES_DIR / backbone / f"{stage}.yaml"
-        cfg = load_config(CONFIGS[stage], recipe, list(args.override))
+        cfg = load_config(CONFIGS[stage], recipe, [*NO_WANDB, *args.override])
         engine = "plain" if cfg.lora.enabled or not deepspeed else "deepspeed"
         layers = args.layers or layers_that_fit(full, stage, cfg, gpu_bytes, engine)
         layers = min(layers, full.num_hidden_layers)
@@ -292,8 +295,7 @@ def stage_commands(args: argparse.Namespace, plan: dict, stage: str, layers: int
     model = stage_model(plan, layers)
     run = work / f"{stage}-run"
     figures = work / f"{stage}-probe.json"
-    overrides = [f"model.path={model}", "optim.warmup_steps=0", "checkpoint.every=0", "logging.wandb=false",
-                 f"out={run}"]
+    overrides = [f"model.path={model}", "optim.warmup_steps=0", "checkpoint.every=0", *NO_WANDB, f"out={run}"]
     if stage == "sft":
         overrides += [f"data.path={corpus}", f"train.max_steps={args.sft_steps}"]
     else:
@@ -498,7 +500,7 @@ def stage_results(stage: str, info: dict, plan: dict, peak: float | None, bandwi
     """Tokens/s, MFU per phase, peak memory and the recipe's hours from one stage's probe and metrics."""
     probe = json.loads(Path(info["figures_file"]).read_text(encoding="utf-8"))
     rows = _metrics(info["run"])
-    cfg = load_config(CONFIGS[stage], RECIPES_DIR / plan["backbone"] / f"{stage}.yaml", plan["overrides"])
+    cfg = load_config(CONFIGS[stage], RECIPES_DIR / plan["backbone"] / f"{stage}.yaml", [*NO_WANDB, *plan["overrides"]])
     calls = probe["phases"]
     steps = len(rows)
     timed = list(range(1, steps)) if steps > 1 else list(range(steps))  # step 1 warms up

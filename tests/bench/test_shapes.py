@@ -295,6 +295,11 @@ class Blocker(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
         return importlib.machinery.ModuleSpec(name, Loader()) if name.split(".")[0] in BLOCK else None
 sys.meta_path.insert(0, Blocker())
+# Settings ask importlib.util.find_spec whether an optional package is there: absent, it says None.
+import importlib.util
+_find_spec = importlib.util.find_spec
+importlib.util.find_spec = lambda name, package=None: (
+    None if name.split(".")[0] in BLOCK else _find_spec(name, package))
 '''
 
 
@@ -302,7 +307,8 @@ sys.meta_path.insert(0, Blocker())
 def test_the_session_needs_only_what_the_gpu_machine_has(tmp_path):
     """The lent machine has torch, transformers, accelerate and peft, and none of FiC's other
     dependencies (datasets, wandb, gguf, reasoning-gym, math-verify, ...): the session's modules import
-    without them, and actions-gen makes its corpus and VASD's rollout tasks."""
+    without them, actions-gen makes its corpus and VASD's rollout tasks, and every backbone's session
+    plans (its recipes turn wandb on; the 2026-12-04 GPU session failed there)."""
     import os
     import subprocess
 
@@ -314,10 +320,14 @@ def test_the_session_needs_only_what_the_gpu_machine_has(tmp_path):
             f"'out={tmp_path}/c.jsonl']) == 0\n"
             "from fic.training.vasd.config import VASDConfig\nfrom fic.core.config import load_config\n"
             "from fic.training.vasd.inputs import load_rollout_tasks\n"
-            "cfg = load_config(VASDConfig, 'recipes/phi-4/vasd.yaml', ['data.source=actions-gen:train', "
+            "cfg = load_config(VASDConfig, 'recipes/phi-4/vasd.yaml', ['logging.wandb=false', 'data.source=actions-gen:train', "
             "'data.task=actions', 'data.limit=8', 'exclude.sources=[]'])\n"
             "assert len(load_rollout_tasks(cfg)[0]) == 8\n"
-            "import importlib.util\nassert importlib.util.find_spec('reasoning_gym') is not None\n"
+            f"for backbone in {shapes.BACKBONES!r}:\n"
+            "    assert main(['bench', 'shapes', '--backbone', backbone, '--dry-run', '--json']) == 0\n"
+            "import importlib.machinery, importlib.util\n"
+            "assert importlib.machinery.PathFinder.find_spec('wandb') is not None  # there, and hidden:\n"
+            "assert importlib.util.find_spec('wandb') is None\n"
             "try:\n    import reasoning_gym\nexcept ModuleNotFoundError:\n    pass\nelse:\n    raise SystemExit('not blocked')\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)

@@ -44,10 +44,12 @@ read -r -a ZERO_EXTRA <<<"${ZERO_ARGS:-}"
 read -r -a SHAPE_EXTRA <<<"${SHAPE_ARGS:-}"
 TOKENIZER=$CARRY/tokenizer
 # Seconds each backbone's shape run is expected to take on an H200 (its model folder written and read
-# twice, two trainer launches): a guess until a session measures them; a backbone is skipped when less
-# time is left.
-declare -A SHAPE_S=([llama-3.2-3b-instruct]=75 [llama-3.1-8b-instruct]=90 [qwen2.5-7b-instruct]=90
-                    [olmo-2-1124-7b-instruct]=90 [phi-4]=120)
+# twice, two trainer launches); a backbone is skipped when less time is left. Measured for the 3B on
+# 2026-12-04 (295 s: build 32, SFT 63, VASD 178, two thirds of it HF rollouts); the others scaled
+# from it by parameters, so a 7-14B backbone needs a session of its own (SHAPES=<one>
+# PHASES=env,install,shapes,report).
+declare -A SHAPE_S=([llama-3.2-3b-instruct]=300 [llama-3.1-8b-instruct]=450 [qwen2.5-7b-instruct]=450
+                    [olmo-2-1124-7b-instruct]=450 [phi-4]=520)
 REPORT_S=15
 
 if [[ -z ${SCRATCH:-} ]]; then
