@@ -16,8 +16,10 @@ changes, and why:
   weights never write an end-of-turn token, so every reply runs to `rollout.max_new_tokens`:
   `--rollout-tokens` (112) keeps a conversation at the recipes' typical ~700 tokens, and
   `loss.keep_truncated=true` keeps those final replies in the loss.
-- `train.max_steps` (`--sft-steps`, `--vasd-steps`; the first step of each is a warm-up, left out of
-  the figures), no checkpoints, no wandb, no merged save, no warm-up of the learning rate.
+- `train.max_steps` (`--sft-steps`, `--vasd-steps`), no checkpoints, no wandb, no merged save, no
+  warm-up of the learning rate. The first step of each stage is a warm-up, left out of the figures,
+  and SFT's second too when it has at least 4 (`warmup_steps`): on one H200 a 3B's second SFT step
+  still ran at a fifth of the third's speed.
 - Layers: the backbone's own number where the trainer fits the GPU by the recipes' memory arithmetic
   (`memory_estimate`), else the most that fit (the full fine-tuning recipes of the 7-8B models, which
   shard over 8 GPUs, not 1). The figures say how many ran.
@@ -191,7 +193,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "backbone's, or the most that fit the GPU)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="shape overrides (tests: tiny shapes), e.g. --set hidden_size=64")
-    parser.add_argument("--sft-steps", type=int, default=3, help="SFT steps, the first a warm-up (default: 3)")
+    parser.add_argument("--sft-steps", type=int, default=6,
+                        help="SFT steps, the first two warm-ups (the first only, under 4 steps) (default: 6)")
     parser.add_argument("--vasd-steps", type=int, default=2, help="VASD steps, the first a warm-up (default: 2)")
     parser.add_argument("--rollout-tokens", type=int, default=112,
                         help="rollout.max_new_tokens: every reply of random weights runs to it (default: 112)")
@@ -496,6 +499,14 @@ def _metrics(run: str) -> list[dict]:
     return [r for r in (json.loads(line) for line in path.read_text().splitlines() if line.strip()) if r["step"] >= 1]
 
 
+def warmup_steps(stage: str, steps: int) -> int:
+    """Steps left out of a stage's figures: the first (kernels, allocator, DeepSpeed's buffers), and
+    SFT's second once there are at least 4 (on one H200 it still ran at a fifth of the third's speed)."""
+    if steps < 2:
+        return 0
+    return 2 if stage == "sft" and steps >= 4 else 1
+
+
 def stage_results(stage: str, info: dict, plan: dict, peak: float | None, bandwidth: float | None) -> dict:
     """Tokens/s, MFU per phase, peak memory and the recipe's hours from one stage's probe and metrics."""
     probe = json.loads(Path(info["figures_file"]).read_text(encoding="utf-8"))
@@ -503,7 +514,7 @@ def stage_results(stage: str, info: dict, plan: dict, peak: float | None, bandwi
     cfg = load_config(CONFIGS[stage], RECIPES_DIR / plan["backbone"] / f"{stage}.yaml", [*NO_WANDB, *plan["overrides"]])
     calls = probe["phases"]
     steps = len(rows)
-    timed = list(range(1, steps)) if steps > 1 else list(range(steps))  # step 1 warms up
+    timed = list(range(warmup_steps(stage, steps), steps))
     model = probe["model"]
     base = model["parameters"] - (model["trainable_parameters"] if cfg.lora.enabled else 0)
     c_train = flops_coefficient(cfg.lora.enabled, cfg.model.gradient_checkpointing)

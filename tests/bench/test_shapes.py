@@ -106,6 +106,30 @@ def test_flops_coefficient():
     assert [shapes.flops_coefficient(lora, gc) for lora in (False, True) for gc in (False, True)] == [6, 8, 4, 6]
 
 
+@pytest.mark.parametrize("steps, timed", [(6, 4), (4, 2), (3, 2), (1, 1)])
+def test_sft_figures_leave_out_the_warm_up_steps(tmp_path, steps, timed):
+    """SFT's tokens/s counts only the steps after the warm-ups: with 4 or more steps the first two
+    (on one H200 a 3B's second step, a new larger batch, ran at a fifth of the third's speed), else
+    the first, and a one-step run keeps its only step."""
+    seconds = [4.0, 4.0, 0.5, 0.5, 0.5, 0.5][:steps]
+    tokens = [2000, 3000, 2200, 2400, 2000, 2600][:steps]
+    probe = {"phases": {"student": [{"seconds": s, "positions": t + 100, "forwards": 1} for s, t in zip(seconds, tokens)],
+                        "optimizer": [{"seconds": 0.0, "positions": 0, "forwards": 0}] * steps},
+             "model": {"parameters": 3_000_000_000, "trainable_parameters": 3_000_000_000, "layers": 28,
+                       "dtype": "bfloat16"}, "peak_rss_bytes": GIB}
+    (tmp_path / "probe.json").write_text(json.dumps(probe))
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": i + 1, "tokens": t}) + "\n" for i, t in enumerate(tokens)))
+    info = {"figures_file": str(tmp_path / "probe.json"), "run": str(tmp_path / "run")}
+    plan = {"backbone": "llama-3.2-3b-instruct", "overrides": [], "full_parameters": 3_000_000_000}
+    out = shapes.stage_results("sft", info, plan, peak=989e12, bandwidth=None)
+    kept = range(steps - timed, steps)
+    assert out["timed_steps"] == timed
+    assert out["tokens_per_s"] == pytest.approx(sum(tokens[i] for i in kept) / sum(seconds[i] for i in kept))
+    assert shapes.warmup_steps("vasd", steps) == (1 if steps > 1 else 0)  # VASD's steps are dear: one warm-up
+
+
 # --------------------------------------------------------------------------- random-weight folders
 
 def test_random_folder_loads_and_its_view_has_fewer_layers(tmp_path, smollm2_dir):
@@ -180,7 +204,7 @@ def test_plan_runs_each_recipe_at_its_own_shape(backbone):
         assert run.lora == recipe.lora and run.model.path == info["model"]
         assert not run.logging.wandb and run.checkpoint.every == 0
         if stage == "sft":
-            assert run.data.max_seq_len == recipe.data.max_seq_len and run.train.max_steps == 3
+            assert run.data.max_seq_len == recipe.data.max_seq_len and run.train.max_steps == 6
         else:
             assert (run.rollout.max_conversation_tokens, run.rollout.temperature) == (
                 recipe.rollout.max_conversation_tokens, recipe.rollout.temperature)
