@@ -45,9 +45,9 @@ read -r -a SHAPE_EXTRA <<<"${SHAPE_ARGS:-}"
 TOKENIZER=$CARRY/tokenizer
 # Seconds each backbone's shape run is expected to take on an H200 (its model folder written and read
 # twice, two trainer launches); a backbone is skipped when less time is left. Measured for the 3B on
-# 2026-12-04 (295 s: build 32, SFT 63, VASD 178, two thirds of it HF rollouts); the others scaled
-# from it by parameters, so a 7-14B backbone needs a session of its own (SHAPES=<one>
-# PHASES=env,install,shapes,report).
+# 2026-12-04 (295 s: build 32, SFT 63, VASD 178 with 63 of HF rollouts); the others are guesses set
+# above it (larger folders to build, load and save, slower steps), so a 7-14B backbone takes a
+# session of its own (SHAPES=<one> PHASES=env,install,shapes,report).
 declare -A SHAPE_S=([llama-3.2-3b-instruct]=300 [llama-3.1-8b-instruct]=450 [qwen2.5-7b-instruct]=450
                     [olmo-2-1124-7b-instruct]=450 [phi-4]=520)
 REPORT_S=15
