@@ -100,6 +100,11 @@ GIB = 2**30
 
 # --------------------------------------------------------------------------- the recipes' sizing
 
+def recipe_config(backbone: str, stage: str, overrides: list[str]) -> Any:
+    """A backbone's stage recipe as the bench reads it (wandb off, then `overrides`)."""
+    return load_config(CONFIGS[stage], RECIPES_DIR / backbone / f"{stage}.yaml", [*NO_WANDB, *overrides])
+
+
 def flops_coefficient(lora: bool, gradient_checkpointing: bool) -> int:
     """FLOPs per parameter and token of a training pass, as the recipes count them."""
     return (4 if lora else 6) + (2 if gradient_checkpointing else 0)
@@ -265,7 +270,7 @@ def make_plan(args: argparse.Namespace) -> dict:
     model = models / f"{backbone}-random"
     for stage in stages:
         recipe = RECIPES_DIR / backbone / f"{stage}.yaml"
-        cfg = load_config(CONFIGS[stage], recipe, [*NO_WANDB, *args.override])
+        cfg = recipe_config(backbone, stage, args.override)
         engine = "plain" if cfg.lora.enabled or not deepspeed else "deepspeed"
         layers = args.layers or layers_that_fit(full, stage, cfg, gpu_bytes, engine)
         layers = min(layers, full.num_hidden_layers)
@@ -511,7 +516,7 @@ def stage_results(stage: str, info: dict, plan: dict, peak: float | None, bandwi
     """Tokens/s, MFU per phase, peak memory and the recipe's hours from one stage's probe and metrics."""
     probe = json.loads(Path(info["figures_file"]).read_text(encoding="utf-8"))
     rows = _metrics(info["run"])
-    cfg = load_config(CONFIGS[stage], RECIPES_DIR / plan["backbone"] / f"{stage}.yaml", [*NO_WANDB, *plan["overrides"]])
+    cfg = recipe_config(plan["backbone"], stage, plan["overrides"])
     calls = probe["phases"]
     steps = len(rows)
     timed = list(range(warmup_steps(stage, steps), steps))
