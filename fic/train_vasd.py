@@ -19,7 +19,10 @@ Each optimizer step (`fic.training.vasd.step.VASDStep`, the one step `fic bench 
    next-token distributions at the distilled replies' tokens (content and end-of-turn token),
    normalised by their weight over the accumulation window and all ranks. Final replies cut by
    the token cap are counted and left out (`loss.keep_truncated`). With `labels.weight`, a
-   cross-entropy on gold asks and deferrals at the student's own earlier states is added.
+   cross-entropy on gold asks and deferrals at the student's own earlier states is added; with
+   `corrections.weight`, on gold continuations from its premature or wrong turns; with
+   `reward.weight`, each task is played `reward.group_size` times and every reply token is
+   trained at its rollout's group-relative advantage (`fic/training/vasd/reward.py`).
 4. Regulariser (`regularizer.kind`): the teacher, who has the whole request, always wants an
    immediate answer; the shared update leaks into earlier turns and, unchecked, teaches the
    model to answer before the last shard. An SFT anchor (cross-entropy on the assistant turns of

@@ -238,7 +238,7 @@ def _bare_passes(vasd: VASDStep, convs: list, batches: list[dict]) -> None:
     with vasd.accelerator.autocast():
         for batch in batches:
             labels = batch["distill_targets"].clone()
-            for term in ("anchor", "labels", "corrections"):
+            for term in ("anchor", "labels", "corrections", "reward"):
                 labels = torch.where(labels != IGNORE, labels, batch[f"{term}_targets"])
             logits = model(input_ids=batch["input_ids"], **body_inputs(batch)).logits
             ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE)

@@ -86,13 +86,13 @@ class DemoDataSection:
 @dataclass
 class AblationSection:
     variants: dict[str, list[str]] = setting({
-        "vasd-final": ["labels.weight=0"],  # the paper's; demo.yaml's vasd section has deferral labels on
-        "vasd-labels": ["labels.weight=1.0"],
-        "vasd-decision": ["loss.turns=all", "loss.nonfinal_tokens=4", "labels.weight=1.0", "labels.select=premature",
-                          "labels.max_turns=8"],
-        "corrections": ["loss.weight=0", "labels.weight=0", "corrections.weight=1.0", "regularizer.kind=anchor"],
-        "vasd-hinted": ["teacher.view=hinted", "loss.max_log_ratio=2.0", "labels.weight=1.0"],
-        "vasd-labels-lr1e-4": ["labels.weight=1.0", "optim.lr=1.0e-4", "optim.schedule=cosine"],
+        # over demo.yaml's vasd section: final-reply VASD, answer-hinted teacher, 1e-4 cosine, rollouts at 0.3
+        "vasd-hinted": [],
+        "vasd-full-view": ["teacher.view=full", "loss.max_log_ratio=0"],  # the paper's teacher
+        "vasd-hinted-decision": ["loss.turns=all", "loss.nonfinal_tokens=4", "train.max_steps=28"],
+        "vasd-labels": ["labels.weight=1.0", "labels.select=unanswerable", "labels.max_turns=8", "train.max_steps=28"],
+        "corrections": ["loss.weight=0", "corrections.weight=1.0"],
+        "reward": ["loss.weight=0", "reward.weight=1.0"],
     }, "Name -> overrides of the vasd section (e.g. [loss.turns=all]); each variant trains from the same SFT "
        "model with the same seeds and is evaluated on the dev split. Two variants that come to the same settings are "
        "refused.")

@@ -127,10 +127,11 @@ def target_ce(head: Callable, hidden: torch.Tensor, targets: torch.Tensor, chunk
 
 
 def weighted_ce_rows(head: Callable, hidden: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor,
-                     chunk_tokens: int, softcap: float | None) -> torch.Tensor:
-    """sum_i weights[i] * cross-entropy(row i, target i) through `head_loss_sum` (VASD's anchor)."""
+                     chunk_tokens: int, softcap: float | None, temperature: float = 1.0) -> torch.Tensor:
+    """sum_i weights[i] * cross-entropy(row i, target i) through `head_loss_sum` (VASD's anchor), the
+    logits divided by `temperature` (the policy gradient reads the distribution a token was sampled from)."""
     def chunk_loss(logits: torch.Tensor, chunk_targets: torch.Tensor, chunk_weights: torch.Tensor) -> torch.Tensor:
-        return (F.cross_entropy(logits, chunk_targets, reduction="none") * chunk_weights).sum()
+        return (F.cross_entropy(logits / temperature, chunk_targets, reduction="none") * chunk_weights).sum()
 
     return head_loss_sum(head, hidden, (targets, weights.float()), chunk_tokens, chunk_loss, softcap)
 

@@ -94,9 +94,9 @@ def test_a_cpu_without_fast_bf16_is_not_priced_from_the_reference_machine(tmp_pa
 
 
 def test_variants_that_come_to_the_same_settings_are_refused_before_anything_runs(tmp_path, capsys):
-    # demo.yaml's vasd section already has deferral labels on, so [] and [labels.weight=1.0] are one run
+    # demo.yaml's vasd section already has the hinted teacher, so [] and [teacher.view=hinted] are one run
     code = main(["demo", "--recipes", str(RECIPES), "--ablate", "--dry-run", f"out={tmp_path / 'demo'}",
-                 "ablation.variants={plain: [], labels: [labels.weight=1.0]}"])
+                 "ablation.variants={plain: [], labels: [teacher.view=hinted]}"])
     err = capsys.readouterr().err
     assert code == 2
     assert "field 'ablation.variants'" in err and "variants plain and labels come to the same vasd settings" in err
@@ -106,9 +106,11 @@ def test_variants_that_come_to_the_same_settings_are_refused_before_anything_run
 def test_the_shipped_variants_are_each_their_own_run():
     cfg = load_demo(str(RECIPES), [])
     check_variants(cfg)  # raises where two shipped variants are one run under two names
-    weight = {name: vasd_config(cfg, list(o), Path("train")).labels.weight for name, o in cfg.ablation.variants.items()}
-    assert weight["vasd-final"] == 0 and weight["corrections"] == 0  # the paper's VASD and corrections alone
-    assert weight["vasd-labels"] == 1.0
+    configs = {name: vasd_config(cfg, list(o), Path("train")) for name, o in cfg.ablation.variants.items()}
+    assert configs["vasd-full-view"].teacher.view == "full" != configs["vasd-hinted"].teacher.view  # the paper's VASD
+    assert configs["vasd-labels"].labels.weight == 1.0 and configs["vasd-hinted"].labels.weight == 0
+    assert configs["corrections"].loss.weight == 0 == configs["reward"].loss.weight  # no teacher pass
+    assert configs["reward"].reward.weight == 1.0 and configs["reward"].rollout.temperature > 0
 
 
 def test_a_start_that_is_not_a_saved_model_is_refused_before_anything_runs(tmp_path, capsys):

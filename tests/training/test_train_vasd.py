@@ -280,7 +280,7 @@ def test_a_micro_batch_with_no_usable_rollout_still_runs_and_contributes_zero(ti
     assert left_out["cut_before_last_shard"] == 1 == left_out["rollouts"] == left_out["empty_micro_batches"]
     empty = batches[0]
     assert empty.pop("counts") == {"distill": 0.0, "anchor": 0.0, "labels": 0.0, "corrections": 0.0, "reference": 0.0,
-                                   "tokens": 0.0}
+                                   "reward": 0.0, "tokens": 0.0}
     assert empty["input_ids"].shape == (1, 1) and empty["teacher_hidden"].dtype == torch.bfloat16
     loss = DistillLoss(model, parts.head, parts.ref_head, divergence="forward_kl", estimator="full", beta=0.5,
                        temperature=1.0, top_k=8, chunk_tokens=4)

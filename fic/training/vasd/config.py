@@ -17,6 +17,7 @@ from fic.training.losses import DIVERGENCES, ESTIMATORS
 
 MUST_MATCH = ("model.path", "model.dtype", "lora", "data", "exclude", "rollout", "teacher.mode", "teacher.view",
               "train.micro_batch_size", "train.grad_accum_steps", "train.seed", "train.loss_chunk_tokens",
+              "reward.group_size",
               "regularizer.kind", "regularizer.anchor_share",
               "regularizer.anchor_targets", "regularizer.anchor_path", "regularizer.anchor_max_seq_len")
 REGULARIZERS = ("anchor", "reference", "both", "none")
@@ -128,6 +129,25 @@ class CorrectionsSection:
 
 
 @dataclass
+class RewardSection:
+    weight: float = setting(0.0, "Weight of a policy-gradient term on a verifiable reward (0: off), group-relative "
+                            "as in RLOO: each task is played group_size times a step, a rollout's reward is its "
+                            "final answer's score, discounted when it answered early (premature_penalty), and its "
+                            "advantage is that reward minus the mean of the group's other rollouts. Every reply "
+                            "token of the rollout, the ask-or-answer ones included, is trained with cross-entropy "
+                            "at rollout.temperature (the distribution it was sampled from) weighted by the "
+                            "advantage. Untuned; the discount of a premature call follows RLAAR (arXiv 2510.18731).", min=0.0)
+    group_size: int = setting(4, "Rollouts of each task per step; it divides train.micro_batch_size x "
+                              "train.grad_accum_steps, so a step plays that many over group_size tasks.", min=2)
+    premature_penalty: float = setting(1.0, "An early answer's reward is the final score times 1 - this (1: an "
+                                       "early call earns nothing, however the conversation ends).", min=0.0, max=1.0)
+    penalize: str = setting("premature", "Which early answers are discounted. premature: any answer attempt before "
+                            "the last shard; unanswerable: only one made before the request was answerable "
+                            "(`Task.answerable`; where the task cannot tell, as premature).",
+                            choices=("premature", "unanswerable"))
+
+
+@dataclass
 class RegularizerSection:
     kind: str = setting("anchor", "anchor: cross-entropy on SFT-corpus conversations mixed into each batch, on the "
                         "turns anchor_targets names (by default every trained assistant turn); reference: divergence "
@@ -190,6 +210,8 @@ class VASDConfig(RunConfig):
     labels: LabelsSection = setting(LabelsSection(), "On-policy deferral labels at the student's earlier turns.")
     corrections: CorrectionsSection = setting(CorrectionsSection(), "On-policy corrections: gold continuations from "
                                               "the student's own premature or wrong turns.")
+    reward: RewardSection = setting(RewardSection(), "A group-relative policy-gradient term on a verifiable reward "
+                                    "that discounts early answers.")
     regularizer: RegularizerSection = setting(RegularizerSection(), "What keeps the deferral SFT taught.")
     eval: EvalSection = setting(EvalSection(), "Held-out evaluation during training.")
     logging: VASDLoggingSection = setting(VASDLoggingSection(), "wandb, metrics, progress and samples.")
@@ -216,9 +238,18 @@ class VASDConfig(RunConfig):
         if self.teacher.mode == "ema" and not self.lora.enabled and self.regularizer.kind in ("reference", "both"):
             raise FicError(EMA_WITH_REFERENCE, path=source, field="teacher.mode")
         check_views(self.eval.views, source, "eval.views", allow_empty=True)
-        if not (self.loss.weight or self.labels.weight or self.corrections.weight):
-            raise FicError("nothing to train: loss.weight, labels.weight and corrections.weight are all 0", path=source,
-                           field="loss.weight")
+        if not (self.loss.weight or self.labels.weight or self.corrections.weight or self.reward.weight):
+            raise FicError("nothing to train: loss.weight, labels.weight, corrections.weight and reward.weight are "
+                           "all 0", path=source, field="loss.weight")
+        if self.reward.weight:
+            per_rank = self.train.micro_batch_size * self.train.grad_accum_steps
+            if per_rank % self.reward.group_size:
+                raise FicError(f"reward.group_size {self.reward.group_size} must divide the {per_rank} rollouts a "
+                               "process plays a step (train.micro_batch_size x train.grad_accum_steps)", path=source,
+                               field="reward.group_size")
+            if self.rollout.temperature <= 0:
+                raise FicError("the reward's group needs sampled rollouts: greedy ones are all alike, so every "
+                               "advantage is 0; set rollout.temperature > 0", path=source, field="rollout.temperature")
         if self.loss.max_log_ratio and self.loss.estimator != "full":
             raise FicError("loss.max_log_ratio needs the full-vocabulary estimator", path=source,
                            field="loss.max_log_ratio")

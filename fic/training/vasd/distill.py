@@ -33,6 +33,10 @@ Rows of one micro-batch (right-padded, one forward of the student):
   up to its first premature turn, continued with the gold replies to the end (or, when nothing
   was premature but the final reply is wrong, the gold answer in its own context); cross-entropy
   on the gold replies.
+- `reward_targets`/`reward_weights` (`reward.weight`): every reply token of a rollout, weighted
+  by its group-relative advantage (`fic.training.vasd.reward`); cross-entropy at the sampling
+  temperature, so the term's gradient is the policy gradient. A term counts its positions, not
+  its weights, which are signed.
 - `anchor_targets`/`anchor_weights`: an SFT-corpus conversation's non-final assistant turns
   (its deferrals and asks), trained with cross-entropy to keep what SFT taught.
 - `reference_targets`/`reference_weights`: a rollout's non-final replies, pulled towards the
@@ -59,7 +63,7 @@ from fic.training.losses import causal_lm, decoder_and_head, divergence_rows, so
 # micro-batch (`<term>_targets`, `<term>_weights`, counts) and of its sum in `DistillLoss`'s
 # output, mapped to the name of its per-position mean in metrics.jsonl.
 TERMS = {"distill": "divergence_per_token", "anchor": "anchor_ce", "labels": "labels_ce",
-         "corrections": "corrections_ce", "reference": "reference_divergence"}
+         "corrections": "corrections_ce", "reference": "reference_divergence", "reward": "policy_gradient_loss"}
 
 
 @dataclass
@@ -73,6 +77,7 @@ class Rollout:
     teacher_prompts: list[list[int]] = field(default_factory=list)  # one per teacher view
     partial_prompts: list[list[int]] = field(default_factory=list)  # one per earlier reply (loss.turns: all)
     distilled: list[tuple[tuple[int, int], float]] = field(default_factory=list)  # (span, weight) to distill
+    advantage: float = 0.0                  # reward.weight: its group-relative advantage (0: no reward targets)
 
     @property
     def answer_ids(self) -> list[int]:
@@ -198,14 +203,18 @@ def student_rows(rollouts: Sequence[Rollout], anchors: Sequence[Example], labels
                  corrections: Sequence[GoldRow] = (), *, reference: bool, first_tokens: int, first_weight: float,
                  decision_tokens: int = 0, decision_weight: float = 1.0) -> list[dict]:
     """One row per rollout, then per anchor example, label row and correction row, as lists (see
-    the module docstring). A rollout's distilled replies are its `distilled` (span, weight) pairs."""
+    the module docstring). A rollout's distilled replies are its `distilled` (span, weight) pairs;
+    with an `advantage`, every reply token is a reward target weighing it."""
     rows = []
     for rollout in rollouts:
         n = len(rollout.ids)
         distill_t, distill_w = decision_weighted(rollout.distilled, n, rollout.ids, decision_tokens, decision_weight)
         ref_t, ref_w = weighted_spans(n, rollout.earlier if reference else [], rollout.ids, first_tokens, first_weight)
+        reward_t, reward_w = weighted_spans(n, [*rollout.earlier, rollout.final] if rollout.advantage else [],
+                                            rollout.ids, 0, 1.0)
         row = _row(rollout.ids, "distill", distill_t, distill_w)
         row["reference_targets"], row["reference_weights"] = ref_t, ref_w
+        row["reward_targets"], row["reward_weights"] = reward_t, [w * rollout.advantage for w in reward_w]
         rows.append(row)
     for example in anchors:
         anchor_t, anchor_w = weighted_spans(len(example.input_ids), runs_of(example.targets), example.input_ids,
@@ -331,9 +340,10 @@ def collate_rows(rows: Sequence[dict], pad_id: int, multiple: int = 0, terms: bo
 
 
 def batch_counts(batch: dict[str, torch.Tensor]) -> dict[str, float]:
-    """Positions (or total weight) of each loss term in a collated micro-batch."""
+    """Positions (or total weight) of each loss term in a collated micro-batch; the reward's
+    positions (its weights are signed advantages)."""
     return {**{term: float(batch[f"{term}_weights"].sum()) for term in TERMS},
-            "tokens": float(batch["attention_mask"].sum())}
+            "reward": float((batch["reward_targets"] != IGNORE).sum()), "tokens": float(batch["attention_mask"].sum())}
 
 
 def hidden_at(net: torch.nn.Module, sequences: Sequence[list[int]], positions: Sequence[Sequence[int]],
@@ -361,7 +371,8 @@ def hidden_at(net: torch.nn.Module, sequences: Sequence[list[int]], positions: S
 class DistillLoss(torch.nn.Module):
     """The student's forward for one micro-batch; returns the summed loss terms `distill`
     (divergence to the teacher at the distilled replies' tokens), `anchor` (cross-entropy on SFT
-    corpus turns), `labels` (cross-entropy on gold replies at the student's own states) and
+    corpus turns), `labels` and `corrections` (cross-entropy on gold replies at the student's own
+    states), `reward` (advantage-weighted cross-entropy on the rollouts' own replies) and
     `reference` (divergence to the starting model on earlier replies).
 
     `weights` (term -> weight, the terms the run trains) is what `window_backward` combines the
@@ -377,14 +388,14 @@ class DistillLoss(torch.nn.Module):
 
     def __init__(self, model: torch.nn.Module, teacher_head: Callable, reference_head: Callable | None, *,
                  divergence: str, estimator: str, beta: float, temperature: float, top_k: int, chunk_tokens: int,
-                 weights: dict[str, float] | None = None, max_log_ratio: float = 0.0):
+                 weights: dict[str, float] | None = None, max_log_ratio: float = 0.0, reward_temperature: float = 1.0):
         super().__init__()
         self.model = model
         self.weights = {"distill": 1.0} if weights is None else {k: v for k, v in weights.items() if v > 0}
         self._heads = (teacher_head, reference_head)  # a tuple: nn.Module does not register what it holds
         self.kind, self.estimator, self.beta = divergence, estimator, beta
         self.temperature, self.top_k, self.chunk_tokens = temperature, top_k, chunk_tokens
-        self.max_log_ratio = max_log_ratio
+        self.max_log_ratio, self.reward_temperature = max_log_ratio, reward_temperature
         self.softcap = softcap_of(model)
 
     @classmethod
@@ -393,10 +404,11 @@ class DistillLoss(torch.nn.Module):
         divergence settings and each term's weight, 0 (left out) where the run has no such rows."""
         weights = {"distill": cfg.loss.weight, "anchor": cfg.regularizer.anchor_weight if anchors else 0.0,
                    "reference": cfg.regularizer.reference_weight if parts.ref_head is not None else 0.0,
-                   "labels": cfg.labels.weight, "corrections": cfg.corrections.weight}
+                   "labels": cfg.labels.weight, "corrections": cfg.corrections.weight, "reward": cfg.reward.weight}
         return cls(model, parts.head, parts.ref_head, divergence=cfg.loss.divergence, estimator=cfg.loss.estimator,
                    beta=cfg.loss.beta, temperature=cfg.loss.temperature, top_k=cfg.loss.top_k,
-                   chunk_tokens=cfg.train.loss_chunk_tokens, weights=weights, max_log_ratio=cfg.loss.max_log_ratio)
+                   chunk_tokens=cfg.train.loss_chunk_tokens, weights=weights, max_log_ratio=cfg.loss.max_log_ratio,
+                   reward_temperature=cfg.rollout.temperature or 1.0)
 
     @property
     def teacher_head(self) -> Callable:
@@ -418,15 +430,18 @@ class DistillLoss(torch.nn.Module):
                                estimator=self.estimator, beta=self.beta, temperature=self.temperature,
                                top_k=self.top_k, max_log_ratio=self.max_log_ratio)
 
-    def _anchor(self, hidden: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, head: Callable) -> torch.Tensor:
+    def _anchor(self, hidden: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, head: Callable,
+                temperature: float = 1.0) -> torch.Tensor:
         where = targets != IGNORE
-        return weighted_ce_rows(head, hidden[where], targets[where], weights[where], self.chunk_tokens, self.softcap)
+        return weighted_ce_rows(head, hidden[where], targets[where], weights[where], self.chunk_tokens, self.softcap,
+                                temperature)
 
     def forward(self, *, input_ids: torch.Tensor, attention_mask: torch.Tensor, distill_targets: torch.Tensor,
                 distill_weights: torch.Tensor, teacher_hidden: torch.Tensor, anchor_targets: torch.Tensor,
                 anchor_weights: torch.Tensor, reference_targets: torch.Tensor, reference_weights: torch.Tensor,
                 labels_targets: torch.Tensor, labels_weights: torch.Tensor, corrections_targets: torch.Tensor,
-                corrections_weights: torch.Tensor, reference_hidden: torch.Tensor | None = None,
+                corrections_weights: torch.Tensor, reward_targets: torch.Tensor, reward_weights: torch.Tensor,
+                reference_hidden: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, segments: torch.Tensor | None = None,
                 limits: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         body, head = decoder_and_head(self.model)
@@ -437,7 +452,8 @@ class DistillLoss(torch.nn.Module):
                                        self.teacher_head),
                  "anchor": self._anchor(hidden, anchor_targets, anchor_weights, head),
                  "labels": self._anchor(hidden, labels_targets, labels_weights, head),
-                 "corrections": self._anchor(hidden, corrections_targets, corrections_weights, head)}
+                 "corrections": self._anchor(hidden, corrections_targets, corrections_weights, head),
+                 "reward": self._anchor(hidden, reward_targets, reward_weights, head, self.reward_temperature)}
         if reference_hidden is not None and self.reference_head is not None:
             terms["reference"] = self._term(hidden, reference_targets, reference_weights, reference_hidden[:, None],
                                             head, self.reference_head)

@@ -48,6 +48,7 @@ from fic.training.vasd.distill import (
     student_rows,
     teacher_prompts,
 )
+from fic.training.vasd.reward import leave_one_out, reward_figures, rollout_reward
 from fic.training.vasd.teacher import TeacherParts, teacher_parts, teacher_views
 
 # Why a rollout is left out of the distillation: it ended before the last shard (the
@@ -85,7 +86,8 @@ class VASDStep:
         world, rank = accelerator.num_processes, accelerator.process_index
         per_rank = cfg.train.micro_batch_size * cfg.train.grad_accum_steps
         self.n_anchor = round(cfg.regularizer.anchor_share * per_rank) if anchors else 0
-        self.order = DataOrder(len(instances), per_rank, world, rank, cfg.data.seed, cfg.rollout.shuffle)
+        self.group = cfg.reward.group_size if cfg.reward.weight else 1  # rollouts of one task a step
+        self.order = DataOrder(len(instances), per_rank // self.group, world, rank, cfg.data.seed, cfg.rollout.shuffle)
         self.anchor_order = (DataOrder(len(anchors), self.n_anchor, world, rank, cfg.data.seed + 1, True)
                              if self.n_anchor else None)
         loss = DistillLoss.for_run(cfg, model, self.parts, anchors=self.n_anchor > 0)
@@ -112,8 +114,9 @@ class VASDStep:
     def describe(self) -> str:
         cfg, world = self.cfg, self.accelerator.num_processes
         per_rank = cfg.train.micro_batch_size * cfg.train.grad_accum_steps
-        return (f"{len(self.instances)} rollout tasks, {len(self.anchors)} anchor conversations; {per_rank} rollouts "
-                f"(+{self.n_anchor} anchors) x {world} process(es) a step; teacher {cfg.teacher.mode}/"
+        groups = f" ({per_rank // self.group} tasks x {self.group})" if self.group > 1 else ""
+        return (f"{len(self.instances)} rollout tasks, {len(self.anchors)} anchor conversations; {per_rank} rollouts"
+                f"{groups} (+{self.n_anchor} anchors) x {world} process(es) a step; teacher {cfg.teacher.mode}/"
                 f"{cfg.teacher.view}, {cfg.loss.divergence} ({cfg.loss.estimator}), loss terms "
                 + ", ".join(f"{name} x{weight:g}" for name, weight in self.loss.weights.items()))
 
@@ -131,8 +134,9 @@ class VASDStep:
             began = time.perf_counter()
             convs = self.rollouts(step)
             timed("rollout_s", began)
+            advantages, reward = self.advantages(convs)
             began = time.perf_counter()
-            batches, left_out = self.micro_batches(convs, step)
+            batches, left_out = self.micro_batches(convs, step, advantages)
             timed("teacher_s", began)
             began = time.perf_counter()
             window = self.student(batches)
@@ -141,22 +145,35 @@ class VASDStep:
             figures = self.update(convs)
             timed("optimizer_s", began)
         return {"loss": window["loss"], **{figure: window.get(name) for name, figure in TERMS.items()},
-                "answer_tokens": int(window.get("n_distill", 0)), **figures, **rollout_figures(convs),
+                "answer_tokens": int(window.get("n_distill", 0)), **figures, **rollout_figures(convs), **reward,
                 **{f"left_out_{k}": v for k, v in left_out.items() if k != "empty_micro_batches"},
                 "empty_micro_batches": left_out["empty_micro_batches"], **seconds}, convs
 
     def rollouts(self, step: int) -> list:
         """The current weights play this rank's rollout tasks of `step`, sharded, every shard,
-        sampled from a seed of (train.seed, step, rank)."""
+        sampled from a seed of (train.seed, step, rank); with the reward on, each task
+        `reward.group_size` times in a row (runs of their own: each samples from its own seeds)."""
         cfg = self.cfg
-        convs = make_conversations([self.instances[i] for i in self.order.micro_batch(step - 1)], ["sharded"], 1)
+        convs = make_conversations([self.instances[i] for i in self.order.micro_batch(step - 1)], ["sharded"],
+                                   self.group)
         with self.accelerator.autocast():  # the run's compute precision (bf16 where it is fast)
             play(convs, self.generator, self.user, self.classifier, self.params, batch_size=len(convs),
                  stop_at_correct=False, seed=derive_seed(cfg.train.seed, "rollout", step, self.accelerator.process_index),
                  max_context=cfg.rollout.max_conversation_tokens)
         return convs
 
-    def micro_batches(self, convs: list, step: int) -> tuple[list[dict], Counter]:
+    def advantages(self, convs: list) -> tuple[list[float] | None, dict]:
+        """With the reward on: each rollout's group-relative advantage (`fic.training.vasd.reward`)
+        and the step's reward figures; else (None, {})."""
+        reward = self.cfg.reward
+        if not reward.weight:
+            return None, {}
+        rewards = [rollout_reward(conv, reward.premature_penalty, reward.penalize) for conv in convs]
+        advantages = leave_one_out(rewards, self.group)
+        return advantages, reward_figures(rewards, advantages, self.group)
+
+    def micro_batches(self, convs: list, step: int, advantages: list[float] | None = None
+                      ) -> tuple[list[dict], Counter]:
         """The window's micro-batches for `convs` plus this step's anchors (see `step_batches`),
         the teacher and reference read without dropout."""
         chosen = [self.anchors[i] for i in self.anchor_order.micro_batch(step - 1)] if self.anchor_order else []
@@ -165,7 +182,7 @@ class VASDStep:
             with self.copy:  # a live teacher reads the weights the student computes with
                 return step_batches(self.cfg, convs, chosen, self.tokenizer, self.parts,
                                     device=self.accelerator.device, autocast=self.accelerator.autocast,
-                                    share_prefixes=self.share_prefixes)
+                                    share_prefixes=self.share_prefixes, advantages=advantages)
         finally:
             self.policy.train()
 
@@ -204,11 +221,13 @@ class VASDStep:
 
 
 def step_batches(cfg: VASDConfig, convs: list, anchors: list, tokenizer: Any, parts: TeacherParts, *, device: Any,
-                 autocast: Any, share_prefixes: bool = False) -> tuple[list[dict], Counter]:
+                 autocast: Any, share_prefixes: bool = False, advantages: list[float] | None = None
+                 ) -> tuple[list[dict], Counter]:
     """The G micro-batches of one step, always G of them: student rows with teacher (and
     reference) hidden states; and counts of the rollouts left out of the distillation, once each
     under the first reason that applies (`LEFT_OUT`), their total (`rollouts`) and the
-    micro-batches that had nothing to train (`empty_micro_batches`).
+    micro-batches that had nothing to train (`empty_micro_batches`). `advantages` (one per conv,
+    the reward mode's) put reward targets on a rollout's own row.
 
     Every row of the step (rollouts, anchors, labels, corrections) is one sequence; rows that
     train nothing are dropped, and the rest are cut, by length, into G groups of similar widths
@@ -221,11 +240,12 @@ def step_batches(cfg: VASDConfig, convs: list, anchors: list, tokenizer: Any, pa
     G = cfg.train.grad_accum_steps
     counts: Counter = Counter({name: 0 for name in (*LEFT_OUT, "empty_micro_batches")})
     played = []  # (conv, rollout) of the conversations that reached the last shard
-    for conv in convs:
+    for index, conv in enumerate(convs):
         if conv.stop_reason != "last_turn":
             counts["cut_before_last_shard"] += 1
             continue
         rollout = rollout_from(conv)
+        rollout.advantage = advantages[index] if advantages is not None else 0.0
         if cfg.loss.weight > 0:
             distilled, reason = distilled_spans(cfg, rollout, conv, tokenizer)
             if reason:
@@ -240,7 +260,7 @@ def step_batches(cfg: VASDConfig, convs: list, anchors: list, tokenizer: Any, pa
     # (rollout or None, row): a rollout's row trains something when it is distilled or read by the reference
     items: list[tuple[Rollout | None, dict]] = []
     for conv, rollout in played:
-        trains = bool(rollout.distilled or (reference and rollout.earlier))
+        trains = bool(rollout.distilled or (reference and rollout.earlier) or rollout.advantage)
         rows = student_rows([rollout] if trains else [], [], label_rows(cfg, conv, tokenizer),
                             correction_rows(cfg, conv, tokenizer), **shape)
         if share_prefixes and len(rows) > 1:
