@@ -35,8 +35,8 @@ Rows of one micro-batch (right-padded, one forward of the student):
   on the gold replies.
 - `reward_targets`/`reward_weights` (`reward.weight`): every reply token of a rollout, weighted
   by its group-relative advantage (`fic.training.vasd.reward`); cross-entropy at the sampling
-  temperature, so the term's gradient is the policy gradient. A term counts its positions, not
-  its weights, which are signed.
+  temperature, so the term's gradient is the policy gradient. It is normalised by its positions,
+  not by its weights, which are signed.
 - `anchor_targets`/`anchor_weights`: an SFT-corpus conversation's non-final assistant turns
   (its deferrals and asks), trained with cross-entropy to keep what SFT taught.
 - `reference_targets`/`reference_weights`: a rollout's non-final replies, pulled towards the
