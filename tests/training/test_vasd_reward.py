@@ -71,6 +71,25 @@ def test_the_reward_is_the_final_score_discounted_for_an_early_call(smollm2_toke
     assert rollout_reward(never, 0.0) == 0.0
 
 
+def test_a_rollout_that_ends_on_an_ask_earns_the_unanswered_reward(smollm2_tokenizer):
+    """`reward.unanswered_reward` replaces the score of a conversation whose final reply is no
+    answer attempt, even one that called right earlier; a final call keeps its score."""
+    instance, _, _ = late_optional_instance()
+    last = len(instance.shards) - 1
+    gold = tasks.get("actions").gold_reply(instance)
+    ask = "Which details do you have?"
+    never = play_scripted(instance, lambda prompt: ask, smollm2_tokenizer)
+    assert rollout_reward(never, 0.0, unanswered=-0.5) == -0.5
+    early_then_ask = play_scripted(instance, lambda prompt: gold if prompt.count("<|im_start|>user") <= last else ask,
+                                   smollm2_tokenizer)
+    assert early_then_ask.score() == 1.0 and early_then_ask.turns[-1].label != "answer_attempt"
+    assert rollout_reward(early_then_ask, 0.0) == 1.0  # at 0 the setting is off: the last answer's score
+    assert rollout_reward(early_then_ask, 0.0, unanswered=-0.25) == -0.25
+    patient = play_scripted(instance, calls_from(last, gold), smollm2_tokenizer)
+    wrong = play_scripted(instance, calls_from(last, gold.split("(")[0] + '(city="Nowhere")]'), smollm2_tokenizer)
+    assert rollout_reward(patient, 1.0, unanswered=-1.0) == 1.0 and rollout_reward(wrong, 1.0, unanswered=-1.0) == 0.0
+
+
 def test_leave_one_out_advantages():
     assert leave_one_out([1.0, 0.0, 0.0, 1.0], 2) == [1.0, -1.0, -1.0, 1.0]
     advantages = leave_one_out([1.0, 0.0, 0.0, 0.0, 0.5, 0.5, 0.5, 0.5], 4)
@@ -148,13 +167,23 @@ def test_the_recipe_plays_each_task_group_size_times_and_trains_on_the_reward(ti
                  "train.max_steps=2", "train.micro_batch_size=2", "train.grad_accum_steps=2", "rollout.max_new_tokens=6",
                  "logging.wandb=false", "data.limit=8", "logging.progress=false", "logging.samples_every=1",
                  "loss.weight=0", "regularizer.kind=none", "reward.weight=1.0", "reward.group_size=2",
-                 "reward.premature_penalty=0.5"]) == 0
+                 "reward.premature_penalty=0.5", "reward.unanswered_reward=-0.5"]) == 0
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == [1, 2]
-    for step in steps:
-        assert 0.0 <= step["reward_mean"] <= 1.0 and 0.0 <= step["reward_flat_groups"] <= 1.0
-        assert step["loss"] is not None and math.isfinite(step["loss"])
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    unanswered_steps = 0
+    for step in steps:
+        played = [s for s in samples if s["step"] == step["step"]]
+        # the step's rewards from its samples (all 4 rollouts): -0.5 for one that ends on no answer,
+        # between 0 and its score (the premature discount unseen here) for one that ends on a call
+        ends_on_call = [s["conversation"].rsplit("[assistant:", 1)[1].startswith("answer_attempt]") for s in played]
+        unanswered = ends_on_call.count(False)
+        answered_scores = sum(s["score"] for s, call in zip(played, ends_on_call) if call)
+        assert -0.5 * unanswered / 4 - 1e-6 <= step["reward_mean"] <= (answered_scores - 0.5 * unanswered) / 4 + 1e-6
+        unanswered_steps += unanswered == 4
+        assert 0.0 <= step["reward_flat_groups"] <= 1.0
+        assert step["loss"] is not None and math.isfinite(step["loss"])
+    assert unanswered_steps  # a random model's 6-token replies are no calls: the setting was exercised
     for step in (1, 2):
         played = [s for s in samples if s["step"] == step]
         tasks_played = [s["task_id"] for s in played]

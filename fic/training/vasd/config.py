@@ -145,6 +145,11 @@ class RewardSection:
                             "the last shard; unanswerable: only one made before the request was answerable "
                             "(`Task.answerable`; where the task cannot tell, as premature).",
                             choices=("premature", "unanswerable"))
+    unanswered_reward: float = setting(0.0, "The reward of a rollout whose final reply, after the last shard, is no "
+                                       "answer attempt, in place of its score (0: off, it keeps its last answer's score, 0 "
+                                       "if it never answered). Below 0 an ask at the end scores worse than a wrong "
+                                       "call; at 0 one dev seed learned to ask at the last shard (docs/results.md).",
+                                       min=-1.0, max=0.0)
 
 
 @dataclass

@@ -16,11 +16,16 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 
-def rollout_reward(conv: Any, premature_penalty: float, penalize: str = "premature") -> float:
+def rollout_reward(conv: Any, premature_penalty: float, penalize: str = "premature",
+                   unanswered: float = 0.0) -> float:
     """The reward of one played conversation: its score (that of its last answer attempt, 0 when
     it never answered), times 1 - `premature_penalty` when its first answer was premature, as
     the evaluation counts it (`penalize: premature`), or premature and made before the request
-    was answerable (`unanswerable`; where the task cannot tell, as premature)."""
+    was answerable (`unanswerable`; where the task cannot tell, as premature). With `unanswered`
+    below 0, a conversation whose final reply is no answer attempt earns that instead: asking after
+    the last shard is then worse than a wrong call, where an outcome score alone ranks them alike."""
+    if unanswered and (not conv.turns or conv.turns[-1].label != "answer_attempt"):
+        return unanswered
     record = conv.to_record()
     early = record["premature_answer"] and (penalize == "premature" or record["answerable_at_first_answer"] is not True)
     return record["score"] * (1.0 - premature_penalty if early else 1.0)

@@ -168,7 +168,8 @@ class VASDStep:
         reward = self.cfg.reward
         if not reward.weight:
             return None, {}
-        rewards = [rollout_reward(conv, reward.premature_penalty, reward.penalize) for conv in convs]
+        rewards = [rollout_reward(conv, reward.premature_penalty, reward.penalize, reward.unanswered_reward)
+                   for conv in convs]
         advantages = leave_one_out(rewards, self.group)
         return advantages, reward_figures(rewards, advantages, self.group)
 
