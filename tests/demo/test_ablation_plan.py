@@ -111,6 +111,7 @@ def test_the_shipped_variants_are_each_their_own_run():
     assert configs["vasd-labels"].labels.weight == 1.0 and configs["vasd-hinted"].labels.weight == 0
     assert configs["corrections"].loss.weight == 0 == configs["reward"].loss.weight  # no teacher pass
     assert configs["reward"].reward.weight == 1.0 and configs["reward"].rollout.temperature > 0
+    assert configs["reward"].reward.unanswered_reward < 0 and configs["reward"].regularizer.kind == "both"
 
 
 def test_a_start_that_is_not_a_saved_model_is_refused_before_anything_runs(tmp_path, capsys):
