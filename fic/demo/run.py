@@ -92,7 +92,7 @@ class AblationSection:
         "vasd-hinted-decision": ["loss.turns=all", "loss.nonfinal_tokens=4", "train.max_steps=28"],
         "vasd-labels": ["labels.weight=1.0", "labels.select=unanswerable", "labels.max_turns=8", "train.max_steps=28"],
         "corrections": ["loss.weight=0", "corrections.weight=1.0"],
-        # the dev arm ahead of its control in both seeds (45-25, 34-26); 9.6 GB peak, over the demo's 8
+        # the dev arm ahead of its control in both seeds (45-25, 34-26); peak 9,575 MiB, over the demo's 8 GB
         "reward": ["loss.weight=0", "reward.weight=1.0", "reward.penalize=unanswerable", "reward.unanswered_reward=-0.5",
                    "regularizer.kind=both", "rollout.temperature=0.7", "train.grad_accum_steps=4", "train.max_steps=17"],
     }, "Name -> overrides of the vasd section (e.g. [loss.turns=all]); each variant trains from the same SFT "
