@@ -378,6 +378,20 @@ def choose(rows: dict[str, dict], seeds: list[int], variants: list[str], max_ful
             f"({winners[best]:.1f})"}
 
 
+def pooled_vs_control(rows: dict[str, dict], seeds: list[int], variants: list[str]) -> dict[str, dict]:
+    """Each variant's wins and losses against its seed's control, summed over the seeds, with one
+    exact sign test: for the record beside the rule, which reads each seed on its own. The seeds
+    replay the same instances, but if the variant has no effect, each seed's run and control are
+    two draws of the same training: an instance's signs are fair coins, uncorrelated across seeds."""
+    pooled = {}
+    for name in variants:
+        tests = [rows.get(run_name(name, s), {}).get("vs_control") for s in seeds]
+        if all(tests):
+            better, worse = sum(t["better"] for t in tests), sum(t["worse"] for t in tests)
+            pooled[name] = sign_test([1] * better + [-1] * worse) | {"tied": sum(t["tied"] for t in tests)}
+    return pooled
+
+
 def ablation_table(runs: dict[str, Path], seconds: dict[str, dict], seeds: list[int] | None = None,
                    variants: list[str] | None = None, rule: str = "beats_control",
                    max_full_drop: float | None = None) -> dict:
@@ -418,7 +432,12 @@ def ablation_table(runs: dict[str, Path], seconds: dict[str, dict], seeds: list[
     if chosen is not None:
         lines += ["", f"Rule `{rule}` (fixed before the table was read): the choice is **{chosen['choice']}**: "
                       f"{chosen['why']}."]
-    return {"rows": rows, "choice": chosen, "table": "\n".join(lines)}
+    pooled = pooled_vs_control(rows, seeds, variants or []) if len(seeds) > 1 else {}
+    if pooled:
+        lines += ["", f"Against the control, seeds {', '.join(map(str, seeds))} pooled (for the record; the rule "
+                      "reads each seed): " + "; ".join(f"{name} {t['better']}-{t['worse']}, p = {t['p_value']:.3g}"
+                                                       for name, t in pooled.items()) + "."]
+    return {"rows": rows, "choice": chosen, "pooled": pooled, "table": "\n".join(lines)}
 
 
 def paired_text(row: dict, other: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -161,6 +162,13 @@ def test_a_miniature_ablation_trains_every_variant_and_writes_its_table(tiny_mod
     figures = json.loads((out / "ablation" / "ablation.json").read_text())
     assert figures["rows"]["per-turn@1"]["vs_control"]["better"] >= 0 and figures["rows"]["control"]["vs_sft"]
     assert figures["choice"]["choice"] in ("final", "per-turn", "control")
+    rows = figures["rows"]
+    for name in ("final", "per-turn"):
+        pooled = figures["pooled"][name]
+        assert [pooled["better"], pooled["worse"]] == [rows[name]["vs_control"][k] + rows[f"{name}@1"]["vs_control"][k]
+                                                       for k in ("better", "worse")]
+        assert f"{name} {pooled['better']}-{pooled['worse']}, p = " in table
+    assert "Against the control, seeds 0, 1 pooled (for the record; the rule reads each seed): " in table
     config = yaml.safe_load((out / "ablation" / "per-turn@1" / "train" / "vasd.yaml").read_text())
     assert config["loss"]["turns"] == "all" and config["model"]["path"].endswith("sft/final")
     assert config["train"]["seed"] == 1 and config["data"]["seed"] == load_demo(str(RECIPES), []).vasd.data.seed + 1
@@ -202,6 +210,19 @@ def test_the_ablations_rule_picks_a_variant_only_when_it_beats_the_control_in_ev
     rows["a@1"] = row(58, 28, 6, 0.07)
     chosen = choose(rows, [0, 1], ["a", "b"])
     assert chosen["choice"] == "control" and "no variant beat" in chosen["why"]
+
+
+def test_the_seeds_pooled_sum_each_seeds_wins_and_losses_into_one_exact_sign_test():
+    from fic.demo.ablation import pooled_vs_control
+
+    def row(better, worse, tied=0):
+        return {"vs_control": {"better": better, "worse": worse, "tied": tied, "p_value": 1.0}}
+
+    rows = {"a": row(6, 2, 10), "a@1": row(3, 1, 5), "b": row(4, 4), "control": {}, "control@1": {}}
+    pooled = pooled_vs_control(rows, [0, 1], ["a", "b"])
+    assert set(pooled) == {"a"}  # b has no seed-1 run: nothing to pool
+    assert pooled["a"]["better"] == 9 and pooled["a"]["worse"] == 3 and pooled["a"]["tied"] == 15
+    assert pooled["a"]["p_value"] == pytest.approx(2 * sum(math.comb(12, i) for i in range(4)) / 2 ** 12)
 
 
 def test_a_second_demo_into_the_same_folder_fails_at_once(tmp_path, capsys):
