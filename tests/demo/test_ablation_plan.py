@@ -112,6 +112,8 @@ def test_the_shipped_variants_are_each_their_own_run():
     assert configs["corrections"].loss.weight == 0 == configs["reward"].loss.weight  # no teacher pass
     assert configs["reward"].reward.weight == 1.0 and configs["reward"].rollout.temperature > 0
     assert configs["reward"].reward.unanswered_reward < 0 and configs["reward"].regularizer.kind == "both"
+    # 16 rollouts a step, the arm measured on dev, in the student micro-batches that keep it under 8 GB
+    assert (configs["reward"].train.micro_batch_size, configs["reward"].train.grad_accum_steps) == (2, 8)
 
 
 def test_a_start_that_is_not_a_saved_model_is_refused_before_anything_runs(tmp_path, capsys):
