@@ -92,7 +92,7 @@ class AblationSection:
         "vasd-hinted-decision": ["loss.turns=all", "loss.nonfinal_tokens=4", "train.max_steps=28"],
         "vasd-labels": ["labels.weight=1.0", "labels.select=unanswerable", "labels.max_turns=8", "train.max_steps=28"],
         "corrections": ["loss.weight=0", "corrections.weight=1.0"],
-        # the dev arm ahead of its control in both seeds (45-25, 34-26); its 16 rollouts a step in student
+        # the dev arm ahead of its control in every seed (45-25, 34-26, 34-27); its 16 rollouts a step in student
         # micro-batches of 2 x 8, not 4 x 4: the same update, a peak of 7,061 MiB against 9,575 over its 17 steps
         "reward": ["loss.weight=0", "reward.weight=1.0", "reward.penalize=unanswerable", "reward.unanswered_reward=-0.5",
                    "regularizer.kind=both", "rollout.temperature=0.7", "train.micro_batch_size=2",
