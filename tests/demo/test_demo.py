@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import pytest
@@ -191,38 +190,6 @@ def test_a_miniature_ablation_trains_every_variant_and_writes_its_table(tiny_mod
     shown = (out / "ablation" / "test.md").read_text()
     assert "test split, N = 4 instances, weights in float32" in shown and "test-unseen split, N = 2 instances" in shown
     assert "(the rule's choice) |" in shown and "| per-turn" in shown and "| starting point (" in shown
-
-
-def test_the_ablations_rule_picks_a_variant_only_when_it_beats_the_control_in_every_seed():
-    from fic.demo.ablation import choose
-
-    def row(p, better, worse, p_value, full=88.0):
-        return {"P_sharded": p, "P_full": full, "vs_control": {"better": better, "worse": worse, "p_value": p_value}}
-
-    rows = {"a": row(60, 30, 5, 1e-5), "a@1": row(58, 28, 6, 1e-4), "b": row(70, 40, 2, 1e-9),
-            "b@1": row(40, 10, 12, 0.8), "control": {"P_full": 89.0}, "control@1": {"P_full": 90.5}}
-    assert choose(rows, [0, 1], ["a", "b"])["choice"] == "a"  # b won one seed only
-    # a P(full) more than max_full_drop below its seed's control's in any seed is not chosen, and said
-    dropped = choose(rows, [0, 1], ["a", "b"], max_full_drop=2.0)  # a: 1.0 and 2.5 points below
-    assert dropped["choice"] == "control" and "a (P(full) 2.5 points below the control's)" in dropped["why"]
-    kept = choose(rows | {"a@1": row(58, 28, 6, 1e-4, full=88.5)}, [0, 1], ["a", "b"], max_full_drop=2.0)
-    assert kept["choice"] == "a"  # 2.0 below: within the bound
-    rows["a@1"] = row(58, 28, 6, 0.07)
-    chosen = choose(rows, [0, 1], ["a", "b"])
-    assert chosen["choice"] == "control" and "no variant beat" in chosen["why"]
-
-
-def test_the_seeds_pooled_sum_each_seeds_wins_and_losses_into_one_exact_sign_test():
-    from fic.demo.ablation import pooled_vs_control
-
-    def row(better, worse, tied=0):
-        return {"vs_control": {"better": better, "worse": worse, "tied": tied, "p_value": 1.0}}
-
-    rows = {"a": row(6, 2, 10), "a@1": row(3, 1, 5), "b": row(4, 4), "control": {}, "control@1": {}}
-    pooled = pooled_vs_control(rows, [0, 1], ["a", "b"])
-    assert set(pooled) == {"a"}  # b has no seed-1 run: nothing to pool
-    assert pooled["a"]["better"] == 9 and pooled["a"]["worse"] == 3 and pooled["a"]["tied"] == 15
-    assert pooled["a"]["p_value"] == pytest.approx(2 * sum(math.comb(12, i) for i in range(4)) / 2 ** 12)
 
 
 def test_a_second_demo_into_the_same_folder_fails_at_once(tmp_path, capsys):
