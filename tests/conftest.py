@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -22,6 +23,11 @@ from transformers.utils import logging as transformers_logging
 from fic.bundled.prepare import prepare_model
 from fic.core.model import load_tokenizer
 from fic.sandbox import python as sandbox
+
+# The repository's scripts outside the package (experiments/, tools/gpu/) import one another by file
+# name, as they do when run from their folders: their tests import them the same way.
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "experiments"), str(ROOT / "tools" / "gpu")]
 
 # Model-written code runs only in bubblewrap unless the weaker fallback is asked for. On a machine
 # where bubblewrap cannot run, the suite asks for it (as a user would, FIC_SANDBOX=rlimits) so that

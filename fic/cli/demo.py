@@ -1,5 +1,5 @@
-"""The `fic demo` verb: the main job (`fic.demo.run`), one stage in its own process (`--stage`,
-used by the demo itself), or the stage 2 ablation on the dev split (`--ablate`, `fic.demo.ablation`)."""
+"""The `fic demo` verb: the main job (`fic.demo.run`), or one stage in its own process (`--stage`,
+used by the demo itself)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,6 @@ import argparse
 from fic.core.config import DRY_RUN_HELP, print_keys, resolved_yaml
 from fic.core.errors import FicError, one_line, os_error
 from fic.core.files import write_text
-from fic.demo.ablation import ablation_dir, run_ablation
-from fic.demo.ablation import plan as ablation_plan
 from fic.demo.run import QUICK, STAGES, DemoConfig, load_demo, paths, plan, run_demo, run_stage
 
 
@@ -27,12 +25,14 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
     parser.add_argument("--quick", action="store_true", help="a smoke run of every stage in a few minutes on 2 CPU "
                         "cores, into runs/demo-quick: tiny splits and a few steps (wide intervals; a look at what the "
                         "demo does and writes, not a measure). Overrides given beside it win")
-    parser.add_argument("--ablate", action="store_true", help="train and compare the stage 2 variants of "
-                        "ablation.variants (and the equal-compute control) on the dev split, instead of the demo")
+    parser.add_argument("--ablate", action="store_true", help=argparse.SUPPRESS)  # moved: says where to
     parser.add_argument("--stage", default=None, choices=STAGES[:-1], help=argparse.SUPPRESS)  # one stage's process
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.ablate:
+        raise FicError("the stage 2 ablation is an experiment, not part of the package: from a FiC checkout, "
+                       "python experiments/ablation.py (the same options and settings)", field="--ablate")
     if args.quick:  # before the user's overrides, which win; stage processes get the same list
         args.overrides = [*QUICK, *args.overrides]
     if args.keys:  # demo.yaml is always read: its values are what a run uses
@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     cfg = load_demo(args.recipes, args.overrides)
     if args.dry_run:
-        print(resolved_yaml(cfg) + (ablation_plan if args.ablate else plan)(cfg, (args.recipes, args.overrides)))
+        print(resolved_yaml(cfg) + plan(cfg, (args.recipes, args.overrides)))
         return 0
     if args.stage is not None:  # a stage's own process: its error goes to the demo that started it
         errors = paths(cfg)["stages"] / f"{args.stage}.error"
@@ -50,13 +50,7 @@ def run(args: argparse.Namespace) -> int:
             write_text(errors, one_line(os_error(err) if isinstance(err, OSError) else err))
             return 2
         return 0
-    launch = (args.recipes, args.overrides)
-    if args.ablate:
-        figures = run_ablation(cfg, progress=not args.quiet, launch=launch)
-        print(figures["table"])
-        print(f"table: {ablation_dir(cfg) / 'table.md'}")
-        return 0
-    report = run_demo(cfg, start_from=args.start_from, progress=not args.quiet, launch=launch)
+    report = run_demo(cfg, start_from=args.start_from, progress=not args.quiet, launch=(args.recipes, args.overrides))
     print(report["table"])
     print(f"report: {paths(cfg)['report']}")
     return 0

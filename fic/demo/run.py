@@ -22,8 +22,8 @@ time and figures; a second run skips finished stages):
    VASD took, then `eval-control`: a gain from VASD counts only against it;
 7. `report`: one table and `report.md` with plots (`fic.demo.report`).
 
-`fic demo --ablate` trains the VASD variants of `ablation.variants` (and the control) from the
-same SFT model and evaluates them on the dev split: one table to choose the default from.
+Stage 2's default was chosen on the dev split by the ablation in the repository's `experiments/`
+(not installed), which runs these stages first and shares this output folder.
 
 Every setting lives in the recipes folder's `demo.yaml`: one section per stage, each a full
 config of that stage's own class (`fic sft-data`, `fic train sft`, `fic train vasd`, `fic eval`),
@@ -76,55 +76,11 @@ class DemoDataSection:
     task: str = setting("actions", "Task of the source.")
     seed: int = setting(0, "Seed of every split.")
     train: int = setting(600, "Train instances: the warm-up corpus, the SFT corpus and VASD's rollouts.", min=1)
-    dev: int = setting(256, "Dev instances: settings are chosen on them (`fic demo --ablate`; its paired sign "
+    dev: int = setting(256, "Dev instances: settings are chosen on them (the stage 2 ablation; its paired sign "
                        "tests need a few hundred), the premise is measured on them, and stage 1's dev "
                        "curve and VASD's in-training evaluation read them (sft.dev.every, vasd.eval.every).", min=1)
     test: int = setting(128, "Test instances: every stage is evaluated on them.", min=1)
     test_unseen: int = setting(64, "Instances of functions never seen in training, reported separately.", min=1)
-
-
-@dataclass
-class AblationSection:
-    variants: dict[str, list[str]] = setting({
-        # over demo.yaml's vasd section: final-reply VASD, answer-hinted teacher, 1e-4 cosine, rollouts at 0.3
-        "vasd-hinted": [],
-        "vasd-full-view": ["teacher.view=full", "loss.max_log_ratio=0"],  # the paper's teacher
-        "vasd-hinted-decision": ["loss.turns=all", "loss.nonfinal_tokens=4", "train.max_steps=28"],
-        "vasd-labels": ["labels.weight=1.0", "labels.select=unanswerable", "labels.max_turns=8", "train.max_steps=28"],
-        "corrections": ["loss.weight=0", "corrections.weight=1.0"],
-        # the dev arm ahead of its control in every seed (45-25, 34-26, 34-27); its 16 rollouts a step in student
-        # micro-batches of 2 x 8, not 4 x 4: the same update, a peak of 7,061 MiB against 9,575 over its 17 steps
-        "reward": ["loss.weight=0", "reward.weight=1.0", "reward.penalize=unanswerable", "reward.unanswered_reward=-0.5",
-                   "regularizer.kind=both", "rollout.temperature=0.7", "train.micro_batch_size=2",
-                   "train.grad_accum_steps=8", "train.max_steps=17"],
-    }, "Name -> overrides of the vasd section (e.g. [loss.turns=all]); each variant trains from the same SFT "
-       "model with the same seeds and is evaluated on the dev split. Two variants that come to the same settings are "
-       "refused.")
-    control: bool = setting(True, "Also continue stage 1 for the variants' mean CPU time (the equal-compute "
-                            "control, one per seed) and evaluate it.")
-    seeds: list[int] = setting([0], "Seeds: every variant and the control train once per seed (train.seed, and "
-                               "the data order's seed plus it), each against the control of its own seed.")
-    eval_dtype: str = setting("float32", "Weights dtype of the dev evaluations: float32, so that paired wins and "
-                              "losses are not bf16 batch-shape noise (7 of 16 greedy conversations changed with the "
-                              "batch in bf16, none in float32).", choices=("float32", "auto", "bfloat16"))
-    start: str = setting("", "A model to start every variant and the control from, in place of stage 1's (empty: "
-                         "stage 1's model): e.g. stage 1 continued to where its dev curve stops rising. The table's "
-                         "`sft` row is this model.")
-    folder: str = setting("{out}/ablation", "Where the runs and the table go; an ablation from another start needs a "
-                          "folder of its own (a folder holds one start's runs, and says so when given another).")
-    rule: str = setting("beats_control", "The selection rule, fixed before the table is read. beats_control: among "
-                        "the variants with more wins than losses against the control in every seed (exact sign test "
-                        "p < 0.05 on the sharded scores), the highest mean P(sharded); with none, stage 1 continued "
-                        "(the control) is the choice, and the table says so.", choices=("beats_control",))
-    max_full_drop: float = setting(2.0, "beats_control also asks that a variant's P(full) be at most this many points "
-                                   "below its seed's control's: a stage 2 that buys its multi-turn gain with single-turn "
-                                   "skill is not chosen.", min=0.0)
-    test: bool = setting(False, "After the dev table: the starting point, stage 1, the rule's choice and the control "
-                         "(the first seed's runs) play the test and test-unseen splits, weights in eval_dtype; one "
-                         "table (test.md) with R and retention against the starting point and the sign tests against "
-                         "stage 1 and the control. The test split is read only here, after the choice.")
-    test_runs: list[str] = setting([], "More variants (names of `variants`) played on test beside the choice, for the "
-                                   "record (the table marks the choice).")
 
 
 @dataclass
@@ -152,8 +108,6 @@ class DemoConfig:
     eval: EvalConfig = setting(EvalConfig(), "Evaluation of every stage (fic eval); views, model, data, out and "
                                "baseline are set per run by the demo.")
     bootstrap: int = setting(2000, "Paired bootstrap resamples for the 95% intervals of R and retention.", min=100)
-    ablation: AblationSection = setting(AblationSection(), "`fic demo --ablate`: the stage 2 variants compared on "
-                                        "the dev split.")
     memory_budget_mb: float = setting(0, "Memory a stage may use, in MiB (0: what this machine has free when the "
                                       "stage starts). A stage whose estimated peak is above it is refused before it "
                                       "starts, with the settings that lower it (fic.demo.costs).", min=0)
@@ -187,12 +141,14 @@ def expand(config: Any, values: dict[str, str]) -> None:
             setattr(config, f.name, [v.format(**values) if isinstance(v, str) else v for v in value])
 
 
-def load_demo(recipes: str, overrides: list[str]) -> DemoConfig:
+def load_demo(recipes: str, overrides: list[str], cls: type = DemoConfig) -> DemoConfig:
+    """The settings of `recipes`/demo.yaml with the overrides, placeholders filled in; `cls`:
+    DemoConfig or a subclass that adds sections of its own (an experiment's beside the demo's)."""
     path = Path(recipes) / "demo.yaml"
     if not path.is_file():
         raise FicError(f"no demo.yaml in {recipes} (the recipes folder of a backbone)", path=str(path),
                        field="--recipes")
-    cfg = load_config(DemoConfig, path, overrides)
+    cfg = load_config(cls, path, overrides)
     expand(cfg, {"out": cfg.out, "base_model": cfg.base_model})
     return cfg
 

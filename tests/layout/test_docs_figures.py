@@ -69,11 +69,14 @@ def documented_demo_paths() -> set[str]:
 
 
 def test_every_output_of_the_demo_is_in_docs_outputs():
-    from fic.demo.ablation import ablation_dir
-    from fic.demo.report import PLOT
-    from fic.demo.run import STAGES, DemoConfig, expand, paths, stage_outputs
+    """The demo's stages, its report and the stage 2 ablation's folder (experiments/ablation.py
+    writes into the demo's output folder)."""
+    from ablation import AblationConfig, ablation_dir
 
-    cfg = DemoConfig(out="runs/demo")
+    from fic.demo.report import PLOT
+    from fic.demo.run import STAGES, expand, paths, stage_outputs
+
+    cfg = AblationConfig(out="runs/demo")
     expand(cfg, {"out": cfg.out, "base_model": cfg.base_model})
     written = {p.as_posix() for stage in STAGES for p in stage_outputs(cfg, stage)}
     written |= {p.as_posix() for p in paths(cfg).values()} | {f"runs/demo/{PLOT}", ablation_dir(cfg).as_posix()}

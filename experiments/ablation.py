@@ -1,4 +1,13 @@
-"""`fic demo --ablate`: FiC stage 2's variants side by side on the dev split, to choose the default.
+"""The stage 2 ablation: FiC stage 2's variants side by side on the dev split, to choose the default.
+
+    python experiments/ablation.py [--recipes DIR] [--config FILE] [--dry-run] [--keys] [--quiet] [--quick]
+        [key=value ...]
+
+Not part of the installed package: an experiment built on FiC's public API, run from the
+repository root beside `fic demo`, whose output folder it shares. `--recipes` names the demo's
+recipes folder (its demo.yaml: the splits, the stages and their settings); `--config FILE` holds
+the ablation's own settings (the keys of `AblationSection`, e.g. `variants` and `seeds`; without
+it, their defaults here); `key=value` overrides either (`data.dev=256`, `ablation.seeds=[0,1]`).
 
 From the demo's own SFT model (the stages `data`, `warmup` and `sft` run first when they have not
 yet; with `sft.dev.every` it is the plateau of stage 1), or from `ablation.start` (e.g. stage 1
@@ -14,11 +23,13 @@ is skipped and a killed one resumes from its last checkpoint.
 One table (`out/ablation/table.md`, `ablation.json`): P(full), P(sharded), first-answer
 accuracy, premature answers, tokens per sharded conversation, wall minutes, each run's exact sign
 test on the sharded scores against SFT alone and against the control of its seed, and the choice
-of `ablation.rule`, a rule fixed in the config before the table is read.
+of `ablation.rule`, a rule fixed in the config before the table is read. With `ablation.test`,
+once the rule has chosen, the test table (`test.md`, `test.json`): the test split is read only then.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import resource
@@ -26,13 +37,14 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import yaml
 
-from fic.core.config import config_to_dict, with_overrides
-from fic.core.errors import FicError
+from fic.core.config import DRY_RUN_HELP, config_to_dict, print_keys, resolved_yaml, setting, with_overrides
+from fic.core.errors import FicError, exit_status
 from fic.core.files import folder_lock, read_json, read_log, write_json, write_text
 from fic.core.stats import sign_test
 from fic.demo import costs
@@ -46,6 +58,7 @@ from fic.demo.report import (
 )
 from fic.demo.run import (
     EVAL_SETS,
+    QUICK,
     DemoConfig,
     control_steps,
     cpu_seconds,
@@ -58,6 +71,72 @@ from fic.demo.run import (
 )
 from fic.training.checkpoints import complete_checkpoints, step_of
 
+
+@dataclass
+class AblationSection:
+    variants: dict[str, list[str]] = setting({
+        # over demo.yaml's vasd section: final-reply VASD, answer-hinted teacher, 1e-4 cosine, rollouts at 0.3
+        "vasd-hinted": [],
+        "vasd-full-view": ["teacher.view=full", "loss.max_log_ratio=0"],  # the paper's teacher
+        "vasd-hinted-decision": ["loss.turns=all", "loss.nonfinal_tokens=4", "train.max_steps=28"],
+        "vasd-labels": ["labels.weight=1.0", "labels.select=unanswerable", "labels.max_turns=8", "train.max_steps=28"],
+        "corrections": ["loss.weight=0", "corrections.weight=1.0"],
+        # the dev arm ahead of its control in every seed (45-25, 34-26, 34-27); its 16 rollouts a step in student
+        # micro-batches of 2 x 8, not 4 x 4: the same update, a peak of 7,061 MiB against 9,575 over its 17 steps
+        "reward": ["loss.weight=0", "reward.weight=1.0", "reward.penalize=unanswerable", "reward.unanswered_reward=-0.5",
+                   "regularizer.kind=both", "rollout.temperature=0.7", "train.micro_batch_size=2",
+                   "train.grad_accum_steps=8", "train.max_steps=17"],
+    }, "Name -> overrides of the vasd section (e.g. [loss.turns=all]); each variant trains from the same SFT "
+       "model with the same seeds and is evaluated on the dev split. Two variants that come to the same settings are "
+       "refused.")
+    control: bool = setting(True, "Also continue stage 1 for the variants' mean CPU time (the equal-compute "
+                            "control, one per seed) and evaluate it.")
+    seeds: list[int] = setting([0], "Seeds: every variant and the control train once per seed (train.seed, and "
+                               "the data order's seed plus it), each against the control of its own seed.")
+    eval_dtype: str = setting("float32", "Weights dtype of the dev evaluations: float32, so that paired wins and "
+                              "losses are not bf16 batch-shape noise (7 of 16 greedy conversations changed with the "
+                              "batch in bf16, none in float32).", choices=("float32", "auto", "bfloat16"))
+    start: str = setting("", "A model to start every variant and the control from, in place of stage 1's (empty: "
+                         "stage 1's model): e.g. stage 1 continued to where its dev curve stops rising. The table's "
+                         "`sft` row is this model.")
+    folder: str = setting("{out}/ablation", "Where the runs and the table go; an ablation from another start needs a "
+                          "folder of its own (a folder holds one start's runs, and says so when given another).")
+    rule: str = setting("beats_control", "The selection rule, fixed before the table is read. beats_control: among "
+                        "the variants with more wins than losses against the control in every seed (exact sign test "
+                        "p < 0.05 on the sharded scores), the highest mean P(sharded); with none, stage 1 continued "
+                        "(the control) is the choice, and the table says so.", choices=("beats_control",))
+    max_full_drop: float = setting(2.0, "beats_control also asks that a variant's P(full) be at most this many points "
+                                   "below its seed's control's: a stage 2 that buys its multi-turn gain with single-turn "
+                                   "skill is not chosen.", min=0.0)
+    test: bool = setting(False, "After the dev table: the starting point, stage 1, the rule's choice and the control "
+                         "(the first seed's runs) play the test and test-unseen splits, weights in eval_dtype; one "
+                         "table (test.md) with R and retention against the starting point and the sign tests against "
+                         "stage 1 and the control. The test split is read only here, after the choice.")
+    test_runs: list[str] = setting([], "More variants (names of `variants`) played on test beside the choice, for the "
+                                   "record (the table marks the choice).")
+
+
+@dataclass
+class AblationConfig(DemoConfig):
+    """The demo's settings (`recipes/<backbone>/demo.yaml`) and the ablation's own section."""
+
+    ablation: AblationSection = setting(AblationSection(), "The stage 2 variants compared on the dev split "
+                                        "(`--config FILE` holds these keys).")
+
+
+def load(recipes: str, config: str | None, overrides: list[str]) -> AblationConfig:
+    """The demo's settings from `recipes`, the ablation's from `config` (a YAML of the `ablation`
+    keys), then the `key=value` overrides of either."""
+    if config is not None and not config.endswith((".yaml", ".yml")):
+        raise FicError("expected a YAML file of the ablation's settings (.yaml or .yml)", path=config, field="--config")
+    return load_demo(recipes, [*([f"ablation={config}"] if config else []), *overrides], cls=AblationConfig)
+
+
+def demo_overrides(overrides: list[str]) -> list[str]:
+    """The overrides a demo stage's own process (`fic demo --stage`) is given: the demo's, not the ablation's."""
+    return [o for o in overrides if o.partition("=")[0].split(".")[0].strip() != "ablation"]
+
+
 # A dev-evaluation conversation (full and sharded views, float32 weights) against the demo's
 # evaluation conversation (bf16), on the reference machine. Derived, not yet timed in an ablation:
 # a float32 sharded dev conversation took 3.4 s in the 2026-12-02 dev curve (64 at a time), and a
@@ -69,16 +148,16 @@ TRAINED_MARKER = "trained.json"  # a finished training run's wall and CPU second
 VIEWS_SHOWN = ("full", "concat", "sharded")  # the test table's columns
 
 
-def ablation_dir(cfg: DemoConfig) -> Path:
+def ablation_dir(cfg: AblationConfig) -> Path:
     return Path(cfg.ablation.folder)
 
 
-def start_model(cfg: DemoConfig) -> Path:
+def start_model(cfg: AblationConfig) -> Path:
     """The model every variant and the control start from: `ablation.start`, else stage 1's."""
     return Path(cfg.ablation.start) if cfg.ablation.start else model_of(cfg, "sft")
 
 
-def check_start(cfg: DemoConfig) -> None:
+def check_start(cfg: AblationConfig) -> None:
     """A given start must be a saved model, and the folder's runs must all be from one start:
     a variant from one model beside a control from another would be compared for nothing."""
     start = start_model(cfg)
@@ -95,7 +174,7 @@ def check_start(cfg: DemoConfig) -> None:
 
 def _run(command: list[str], what: str) -> None:
     if subprocess.run(command).returncode != 0:
-        raise FicError(f"the ablation's {what} failed (its error is above)", field="--ablate")
+        raise FicError(f"the ablation's {what} failed (its error is above)")
 
 
 def _timed_run(command: list[str], what: str) -> dict[str, float]:
@@ -133,7 +212,7 @@ def train(kind: str, config: object, folder: Path, progress: bool) -> dict:
     return spent
 
 
-def evaluate_split(cfg: DemoConfig, model: Path, folder: Path, split: str, views: list[str],
+def evaluate_split(cfg: AblationConfig, model: Path, folder: Path, split: str, views: list[str],
                    baseline: Path | None, progress: bool) -> Path:
     """Play `split` in `views` (its own process; it resumes), with the weights in
     `ablation.eval_dtype`; R and retention against `baseline`'s run where one is given."""
@@ -153,12 +232,12 @@ def evaluate_split(cfg: DemoConfig, model: Path, folder: Path, split: str, views
     return folder
 
 
-def evaluate_dev(cfg: DemoConfig, model: Path, folder: Path, progress: bool) -> Path:
+def evaluate_dev(cfg: AblationConfig, model: Path, folder: Path, progress: bool) -> Path:
     """Play the dev split in the full and sharded views (see `evaluate_split`)."""
     return evaluate_split(cfg, model, folder, "dev", ["full", "sharded"], None, progress)
 
 
-def vasd_config(cfg: DemoConfig, overrides: list[str], out: Path, seed: int = 0) -> object:
+def vasd_config(cfg: AblationConfig, overrides: list[str], out: Path, seed: int = 0) -> object:
     """The demo's VASD stage config with a variant's overrides and a seed, wired like the stage."""
     base = dataclasses.replace(cfg.vasd)
     base = with_overrides(base, overrides, f"ablation.variants ({' '.join(overrides) or 'no overrides'})")
@@ -171,7 +250,7 @@ def vasd_config(cfg: DemoConfig, overrides: list[str], out: Path, seed: int = 0)
     return base
 
 
-def check_variants(cfg: DemoConfig) -> None:
+def check_variants(cfg: AblationConfig) -> None:
     """Refuse two variants that resolve to the same vasd settings: overrides are applied over
     demo.yaml's vasd section, so a variant named for what that section already sets (`[]` beside
     `[labels.weight=1.0]` when labels are on there) would train the same run twice under two names."""
@@ -197,7 +276,7 @@ def run_name(name: str, seed: int) -> str:
     return name if seed == 0 else f"{name}@{seed}"
 
 
-def run_ablation(cfg: DemoConfig, *, progress: bool = True, say: Callable[[str], None] = print,
+def run_ablation(cfg: AblationConfig, *, progress: bool = True, say: Callable[[str], None] = print,
                  launch: tuple[str, list[str]] | None = None) -> dict:
     """Train and evaluate every variant in every seed (see the module docstring); return the table's figures."""
     check_variants(cfg)
@@ -205,7 +284,7 @@ def run_ablation(cfg: DemoConfig, *, progress: bool = True, say: Callable[[str],
         return _run_ablation(cfg, progress, say, launch)
 
 
-def _run_ablation(cfg: DemoConfig, progress: bool, say: Callable[[str], None],
+def _run_ablation(cfg: AblationConfig, progress: bool, say: Callable[[str], None],
                   launch: tuple[str, list[str]] | None) -> dict:
     run_stages(cfg, ("data", "warmup", "sft"), progress=progress, say=say, launch=launch)
     check_start(cfg)
@@ -259,15 +338,15 @@ def seed_of(key: str) -> int:
     return int(key.rsplit("@", 1)[1]) if "@" in key else 0
 
 
-def run_keys(cfg: DemoConfig) -> list[str]:
+def run_keys(cfg: AblationConfig) -> list[str]:
     """Every run the ablation trains, in its order: the variants, then the control, per seed."""
     seeds = list(cfg.ablation.seeds)
     control = ["control"] if cfg.ablation.control and cfg.ablation.variants else []
     return [run_name(name, s) for s in seeds for name in [*cfg.ablation.variants, *control]]
 
 
-def plan(cfg: DemoConfig, launch: tuple[str, list[str]] | None = None) -> str:
-    """What `fic demo --ablate` will run and what is left, with an estimate (`--dry-run`); nothing runs.
+def plan(cfg: AblationConfig, launch: tuple[str, list[str]] | None = None) -> str:
+    """What the ablation will run and what is left, with an estimate (`--dry-run`); nothing runs.
     A dev evaluation is priced at ABLATION_CONVERSATION_COST of the demo's evaluation conversations
     each; a variant at its own steps at VASD's cost a step; the control at the variants' mean time."""
     check_variants(cfg)
@@ -280,7 +359,7 @@ def plan(cfg: DemoConfig, launch: tuple[str, list[str]] | None = None) -> str:
     trained = {k for k in keys if (root / k / "train" / TRAINED_MARKER).is_file()}
     scored = {k for k in ["sft", *keys] if (root / k / "dev" / "metrics.json").is_file()}
     start = "the model" if cfg.ablation.start else "stage 1's model"
-    line = (f"fic demo --ablate: from {start} in {start_model(cfg)} (stages first: "
+    line = (f"experiments/ablation.py: from {start} in {start_model(cfg)} (stages first: "
             f"{', '.join(first) or 'none, done before'}), {len(cfg.ablation.variants)} variant(s) "
             f"({', '.join(cfg.ablation.variants) or 'none'}) x seeds {', '.join(map(str, seeds))}"
             f"{', the equal-compute control per seed' if cfg.ablation.control else ''}; each and stage 1 "
@@ -311,7 +390,7 @@ def plan(cfg: DemoConfig, launch: tuple[str, list[str]] | None = None) -> str:
             + (f", the test table {test_minutes:.0f} min" if cfg.ablation.test else ""))
 
 
-def test_conversations_left(cfg: DemoConfig) -> int:
+def test_conversations_left(cfg: AblationConfig) -> int:
     """Conversations `ablation.test` has still to play (0 when off). Before the choice is made,
     the choice is counted as one more run unless the control is all there is to choose."""
     if not cfg.ablation.test:
@@ -329,7 +408,7 @@ def test_conversations_left(cfg: DemoConfig) -> int:
                for key in keys for split in EVAL_SETS if not (root / key / split / "metrics.json").is_file())
 
 
-def _unit_seconds(cfg: DemoConfig, shipped: object, done: dict, root: Path, keys: list[str],
+def _unit_seconds(cfg: AblationConfig, shipped: object, done: dict, root: Path, keys: list[str],
                   steps: dict[str, int]) -> tuple[float | None, float | None, str]:
     """Seconds a VASD step and a dev conversation: from this folder's finished runs where there
     are some (`trained.json`, `evaluated.json`), else from the demo's cost figures (`costs`)."""
@@ -452,7 +531,7 @@ def final_model(folder: Path) -> Path:
     return folder / "final-merged" if (folder / "final-merged").is_dir() else folder / "final"
 
 
-def test_models(cfg: DemoConfig, choice: str) -> dict[str, Path]:
+def test_models(cfg: AblationConfig, choice: str) -> dict[str, Path]:
     """What the test table plays, by key: the starting point (the warm-up model, whose P(full) R
     divides by), stage 1 (the ablation's start), the rule's choice and `ablation.test_runs` (their
     first seed's runs) and the first seed's control."""
@@ -467,7 +546,7 @@ def test_models(cfg: DemoConfig, choice: str) -> dict[str, Path]:
     return models
 
 
-def run_test(cfg: DemoConfig, choice: str, progress: bool, say: Callable[[str], None]) -> dict:
+def run_test(cfg: AblationConfig, choice: str, progress: bool, say: Callable[[str], None]) -> dict:
     """`ablation.test`: every model of `test_models` plays the test split (the starting point in
     the full, concat and sharded views, the rest in full and sharded) and the test-unseen split
     (full and sharded), weights in `ablation.eval_dtype`; the table (`test.md`, `test.json`)."""
@@ -487,7 +566,7 @@ def run_test(cfg: DemoConfig, choice: str, progress: bool, say: Callable[[str], 
     return figures
 
 
-def test_table(cfg: DemoConfig, runs: dict[str, dict[str, Path]], choice: str) -> dict:
+def test_table(cfg: AblationConfig, runs: dict[str, dict[str, Path]], choice: str) -> dict:
     """Per split: each run's P per view, first-answer accuracy, premature and never-answered
     rates, R and retention against the starting point (95% paired bootstrap) and its exact sign
     test on the sharded scores against stage 1 and against the control."""
@@ -525,3 +604,50 @@ def test_table(cfg: DemoConfig, runs: dict[str, dict[str, Path]], choice: str) -
         lines.append("")
     return {"choice": chosen, "sets": sets, "table": "\n".join(lines).rstrip()}
 
+
+
+# --------------------------------------------------------------------------- the command line
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--recipes", default="recipes/smollm2-135m-instruct",
+                        help="recipes folder holding the demo.yaml the ablation starts from (default: the bundled "
+                        "model's)")
+    parser.add_argument("--config", default=None, metavar="FILE", help="a YAML file of the ablation's settings (the "
+                        "`ablation` keys: variants, seeds, ...; default: this script's)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="override demo.yaml or the ablation's "
+                        "settings, e.g. data.dev=256 \"ablation.seeds=[0,1]\" ablation.test=true")
+    parser.add_argument("--keys", action="store_true", help="list every key (demo.yaml's and the ablation's) with its "
+                        "default, the value this run would use and its help, and exit")
+    parser.add_argument("--dry-run", action="store_true", help=DRY_RUN_HELP)
+    parser.add_argument("--quiet", action="store_true", help="no progress bars or lines")
+    parser.add_argument("--quick", action="store_true", help="`fic demo --quick`'s tiny splits and few steps, into "
+                        "its folder: a look at what the ablation does and writes, not a measure. Overrides given "
+                        "beside it win")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.quick:  # before the user's overrides, which win
+        args.overrides = [*QUICK, *args.overrides]
+    cfg = load(args.recipes, args.config, args.overrides)
+    if args.keys:
+        print_keys(args, AblationConfig, run=cfg)
+        return 0
+    launch = (args.recipes, demo_overrides(args.overrides))  # each demo stage runs as `fic demo --stage`
+    if args.dry_run:
+        print(resolved_yaml(cfg) + plan(cfg, launch))
+        return 0
+    figures = run_ablation(cfg, progress=not args.quiet, launch=launch)
+    print(figures["table"])
+    print(f"table: {ablation_dir(cfg) / 'table.md'}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python experiments/ablation.py", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    return exit_status("experiments/ablation.py", lambda: run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

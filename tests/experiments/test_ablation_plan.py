@@ -1,4 +1,5 @@
-"""`fic demo --ablate --dry-run`: the ablation's runs, what is left of them, and its estimate."""
+"""`python experiments/ablation.py --dry-run`: the ablation's runs, what is left of them, and its estimate;
+its settings file and the overrides a demo stage's process is given."""
 
 from __future__ import annotations
 
@@ -7,19 +8,19 @@ import math
 import re
 from pathlib import Path
 
+import ablation
 import pytest
+from ablation import check_variants, load, vasd_config
 
 from fic.cli.main import main
-from fic.demo.ablation import check_variants, vasd_config
-from fic.demo.run import load_demo
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes" / "smollm2-135m-instruct"
 VARIANTS = "ablation.variants={a: [], b: [labels.weight=1.0, train.max_steps=64]}"
 
 
 def dry_run(capsys, out: Path, *overrides: str) -> str:
-    assert main(["demo", "--recipes", str(RECIPES), "--ablate", "--dry-run", f"out={out}", VARIANTS,
-                 "ablation.seeds=[0,1]", *overrides]) == 0
+    assert ablation.main(["--recipes", str(RECIPES), "--dry-run", f"out={out}", VARIANTS, "ablation.seeds=[0,1]",
+                          *overrides]) == 0
     return capsys.readouterr().out.strip().splitlines()[-2:]
 
 
@@ -31,7 +32,7 @@ def test_the_ablation_dry_run_lists_its_runs_and_prices_only_those_left(tmp_path
     monkeypatch.setenv("FIC_CPU_FLAGS", "amx_bf16")  # the reference machine's CPU: its figures price the plan
     out = tmp_path / "demo"
     plan, estimate = dry_run(capsys, out, "data.dev=96")  # 192 dev conversations a run, as finished() records
-    assert plan.startswith("fic demo --ablate: ")  # not the demo's own plan
+    assert plan.startswith("experiments/ablation.py: ")  # not the demo's own plan
     assert "2 variant(s) (a, b) x seeds 0, 1, the equal-compute control per seed" in plan
     assert "dev split (96 instances, full and sharded, float32)" in plan
     assert "runs left: sft, a, b, control, a@1, b@1, control@1;" in plan
@@ -98,8 +99,8 @@ def test_a_cpu_without_fast_bf16_is_not_priced_from_the_reference_machine(tmp_pa
 
 def test_variants_that_come_to_the_same_settings_are_refused_before_anything_runs(tmp_path, capsys):
     # demo.yaml's vasd section already has the hinted teacher, so [] and [teacher.view=hinted] are one run
-    code = main(["demo", "--recipes", str(RECIPES), "--ablate", "--dry-run", f"out={tmp_path / 'demo'}",
-                 "ablation.variants={plain: [], labels: [teacher.view=hinted]}"])
+    code = ablation.main(["--recipes", str(RECIPES), "--dry-run", f"out={tmp_path / 'demo'}",
+                          "ablation.variants={plain: [], labels: [teacher.view=hinted]}"])
     err = capsys.readouterr().err
     assert code == 2
     assert "field 'ablation.variants'" in err and "variants plain and labels come to the same vasd settings" in err
@@ -107,7 +108,7 @@ def test_variants_that_come_to_the_same_settings_are_refused_before_anything_run
 
 
 def test_the_shipped_variants_are_each_their_own_run():
-    cfg = load_demo(str(RECIPES), [])
+    cfg = load(str(RECIPES), None, [])
     check_variants(cfg)  # raises where two shipped variants are one run under two names
     configs = {name: vasd_config(cfg, list(o), Path("train")) for name, o in cfg.ablation.variants.items()}
     assert configs["vasd-full-view"].teacher.view == "full" != configs["vasd-hinted"].teacher.view  # the paper's VASD
@@ -120,8 +121,8 @@ def test_the_shipped_variants_are_each_their_own_run():
 
 
 def test_a_start_that_is_not_a_saved_model_is_refused_before_anything_runs(tmp_path, capsys):
-    code = main(["demo", "--recipes", str(RECIPES), "--ablate", "--dry-run", f"out={tmp_path / 'demo'}",
-                 f"ablation.start={tmp_path / 'nowhere'}"])
+    code = ablation.main(["--recipes", str(RECIPES), "--dry-run", f"out={tmp_path / 'demo'}",
+                          f"ablation.start={tmp_path / 'nowhere'}"])
     err = capsys.readouterr().err
     assert code == 2 and "field 'ablation.start'" in err and "no saved model (config.json)" in err
     assert "Traceback" not in err and not (tmp_path / "demo").exists()
@@ -131,11 +132,11 @@ def test_the_test_table_is_priced_by_what_it_has_left_to_play(tmp_path, capsys, 
     """ablation.test: before the choice, the start, stage 1, the control and one choice each play
     test and test-unseen (the start's test also in concat); once the table has chosen the control,
     the control is the choice; a finished evaluation is not priced again."""
-    from fic.demo.ablation import test_conversations_left
+    from ablation import test_conversations_left
 
     out = tmp_path / "demo"
     settings = [f"out={out}", VARIANTS, "data.test=10", "data.test_unseen=4", "ablation.test=true"]
-    cfg = load_demo(str(RECIPES), settings)
+    cfg = load(str(RECIPES), None, settings)
     # 4 models x (2 x 10 + 2 x 4), and the start's concat view of test
     assert test_conversations_left(cfg) == 4 * 28 + 10
     (out / "ablation").mkdir(parents=True)
@@ -144,7 +145,7 @@ def test_the_test_table_is_priced_by_what_it_has_left_to_play(tmp_path, capsys, 
     (out / "ablation" / "start" / "test").mkdir(parents=True)
     (out / "ablation" / "start" / "test" / "metrics.json").write_text("{}")
     assert test_conversations_left(cfg) == 3 * 28 - 20
-    assert test_conversations_left(load_demo(str(RECIPES), settings[:-1])) == 0  # off: nothing to play
+    assert test_conversations_left(load(str(RECIPES), None, settings[:-1])) == 0  # off: nothing to play
 
     monkeypatch.setenv("FIC_CPU_FLAGS", "amx_bf16")
     finished(out, trained={"a": 320.0}, evaluated={"sft": 192.0})  # 1 s a conversation
@@ -153,15 +154,15 @@ def test_the_test_table_is_priced_by_what_it_has_left_to_play(tmp_path, capsys, 
 
 
 def test_test_runs_that_name_no_variant_are_refused_before_anything_runs(tmp_path, capsys):
-    code = main(["demo", "--recipes", str(RECIPES), "--ablate", "--dry-run", f"out={tmp_path / 'demo'}", VARIANTS,
-                 "ablation.test=true", "ablation.test_runs=[a, c]"])
+    code = ablation.main(["--recipes", str(RECIPES), "--dry-run", f"out={tmp_path / 'demo'}", VARIANTS,
+                          "ablation.test=true", "ablation.test_runs=[a, c]"])
     err = capsys.readouterr().err
     assert code == 2 and "field 'ablation.test_runs'" in err and "names c, not a variant" in err
     assert "Traceback" not in err and not (tmp_path / "demo").exists()
 
 
 def test_the_ablations_rule_picks_a_variant_only_when_it_beats_the_control_in_every_seed():
-    from fic.demo.ablation import choose
+    from ablation import choose
 
     def row(p, better, worse, p_value, full=88.0):
         return {"P_sharded": p, "P_full": full, "vs_control": {"better": better, "worse": worse, "p_value": p_value}}
@@ -180,7 +181,7 @@ def test_the_ablations_rule_picks_a_variant_only_when_it_beats_the_control_in_ev
 
 
 def test_the_seeds_pooled_sum_each_seeds_wins_and_losses_into_one_exact_sign_test():
-    from fic.demo.ablation import pooled_vs_control
+    from ablation import pooled_vs_control
 
     def row(better, worse, tied=0):
         return {"vs_control": {"better": better, "worse": worse, "tied": tied, "p_value": 1.0}}
@@ -190,3 +191,28 @@ def test_the_seeds_pooled_sum_each_seeds_wins_and_losses_into_one_exact_sign_tes
     assert set(pooled) == {"a"}  # b has no seed-1 run: nothing to pool
     assert pooled["a"]["better"] == 9 and pooled["a"]["worse"] == 3 and pooled["a"]["tied"] == 15
     assert pooled["a"]["p_value"] == pytest.approx(2 * sum(math.comb(12, i) for i in range(4)) / 2 ** 12)
+
+
+def test_the_ablations_settings_file_is_read_and_the_command_line_wins(tmp_path, capsys):
+    """--config holds the `ablation` keys (checked as that file's); key=value overrides either the
+    demo's settings or the ablation's, and a demo stage's own process is given only the demo's."""
+    settings = tmp_path / "ablation.yaml"
+    settings.write_text("variants: {a: [], b: [labels.weight=1.0]}\nseeds: [0, 1]\ntest: true\n")
+    cfg = load(str(RECIPES), str(settings), ["ablation.seeds=[0,2]", "data.dev=96"])
+    assert list(cfg.ablation.variants) == ["a", "b"] and cfg.ablation.test and cfg.data.dev == 96
+    assert cfg.ablation.seeds == [0, 2] and cfg.ablation.control  # the command line wins; the rest keeps its default
+    overrides = ["data.dev=96", "ablation.seeds=[0,2]", "ablation=other.yaml", "out=runs/x"]
+    assert ablation.demo_overrides(overrides) == ["data.dev=96", "out=runs/x"]
+
+    (tmp_path / "bad.yaml").write_text("variant: {a: []}\n")
+    assert ablation.main(["--recipes", str(RECIPES), "--config", str(tmp_path / "bad.yaml"), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "bad.yaml" in err and "field 'ablation.variant'" in err and "unknown key" in err
+    assert ablation.main(["--recipes", str(RECIPES), "--config", str(tmp_path / "settings.txt"), "--dry-run"]) == 2
+    assert "field '--config'" in capsys.readouterr().err
+
+
+def test_fic_demo_ablate_says_where_the_ablation_went(capsys):
+    assert main(["demo", "--ablate", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "python experiments/ablation.py" in err and "Traceback" not in err
