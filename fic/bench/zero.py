@@ -2,12 +2,13 @@
 saved, resumed, and the losses after the resume checked against the uninterrupted run's.
 
 For `--stage 2` or `3` it builds a small random-weight model of SmolLM2-135M-Instruct's shape
-(`tools/gpu/shapes/smollm2-135m-instruct.json`, `--layers` 4 of its 30 by default, bf16: the weights'
-dtype the DeepSpeed recipes load) with SmolLM2's tokenizer, an SFT corpus from `actions-gen`, and
-then, for SFT and for VASD in turn:
+(`fic.bench.random_weights`, `--layers` 4 of its 30 by default, bf16: the weights' dtype the
+DeepSpeed recipes load) with SmolLM2's tokenizer, an SFT corpus from `actions-gen`, and then, for
+SFT and for VASD in turn:
 
 1. the uninterrupted run: `accelerate launch --config_file launch/deepspeed_zero{2,3}.yaml
-   --num_processes 1 fic/train_{sft,vasd}.py` for `--steps` steps (4) with a checkpoint every
+   --num_processes 1 fic/train_{sft,vasd}.py` (the installed recipe scripts) with the bundled
+   model's recipes (`--recipes`), for `--steps` steps (4) with a checkpoint every
    `--steps`/2 (so at steps 2 and 4), after `fic launch-check` has passed the launch;
 2. a copy of that run's folder without the checkpoints after the middle one and without its final
    model: what a job killed after the middle checkpoint leaves;
@@ -22,7 +23,9 @@ rollouts play on the trainer's weights (`rollout.backend=hf`), `--rollout-tokens
 weights never stop early.
 
 `--launcher plain` runs the same steps as one plain process (`python fic/train_*.py`) for machines
-without DeepSpeed (the tests' CPU run).
+without DeepSpeed (the tests' CPU run). The launch files and recipes are read where this command
+runs (a FiC checkout's `launch/` and `recipes/`, or `--recipes` and `--launch-dir`); the commands run
+there too, with the fic this process imports.
 """
 
 from __future__ import annotations
@@ -34,15 +37,14 @@ import shlex
 import shutil
 import sys
 import time
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
-from fic.bench.random_models import REPO, parse_sets
-from fic.bench.shapes import Runner, free_port, tokenizer_dir
+from fic.bench.random_weights import parse_sets, tokenizer_dir
+from fic.bench.runner import Runner, free_port
 from fic.core.errors import FicError
 from fic.core.files import check_writable
-
-RECIPES = REPO / "recipes" / "smollm2-135m-instruct"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,7 +53,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--launcher", choices=("deepspeed", "plain"), default="deepspeed",
                         help="deepspeed: accelerate launch with launch/deepspeed_zero{stage}.yaml; plain: one "
                              "ordinary process (no DeepSpeed: the resume logic only)")
-    parser.add_argument("--tokenizer", default=None, help="a folder with SmolLM2's tokenizer files")
+    parser.add_argument("--tokenizer", default=None, help="a folder with SmolLM2's tokenizer files (default: the "
+                        "prepared bundled model's)")
+    parser.add_argument("--recipes", default="recipes/smollm2-135m-instruct",
+                        help="the recipes folder whose sft.yaml and vasd.yaml run (default: the bundled model's)")
+    parser.add_argument("--launch-dir", default="launch", help="the folder of deepspeed_zero{2,3}.yaml (default: "
+                        "launch)")
     parser.add_argument("--work", default=None, help="models, runs and logs (default: runs/zero{stage})")
     parser.add_argument("--layers", type=int, default=4, help="decoder layers of the SmolLM2-shaped model (4)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="shape overrides")
@@ -79,15 +86,15 @@ def make_plan(args: argparse.Namespace) -> dict:
     work = Path(args.work or f"runs/zero{args.stage}")
     python = sys.executable
     model, corpus = work / "model", work / "corpus.jsonl"
-    launch = f"launch/deepspeed_zero{args.stage}.yaml"
+    launch = str(Path(args.launch_dir) / f"deepspeed_zero{args.stage}.yaml")
     plan: dict = {"stage": args.stage, "launcher": args.launcher, "work": str(work), "model": str(model),
                   "corpus": str(corpus), "launch_file": launch if args.launcher == "deepspeed" else None,
                   "overrides": list(args.override), "methods": {}}
     plan["setup_commands"] = [
         [python, "-m", "fic", "sft-data", "data.source=[actions-gen:train]", "data.task=actions", "data.limit=64",
          "data.seed=0", "seed=0", f"out={corpus}"],
-        [python, "-m", "fic.bench.random_models", "build", "--backbone", "smollm2-135m-instruct", "--out", str(model),
-         "--tokenizer", tokenizer, "--layers", str(args.layers), "--device", device,
+        [python, "-m", "fic.bench.random_weights", "--out", str(model), "--tokenizer", tokenizer, "--layers",
+         str(args.layers), "--device", device,
          *[f"--set={k}={json.dumps(v)}" for k, v in parse_sets(args.set).items()]],
     ]
     half = args.steps // 2
@@ -106,8 +113,8 @@ def make_plan(args: argparse.Namespace) -> dict:
             if args.stage == 3:
                 overrides += ["lora.enabled=true", "teacher.mode=frozen"]
         overrides += list(args.override)
-        recipe = str((RECIPES / f"{method}.yaml").relative_to(REPO))
-        script = f"fic/train_{method}.py"
+        recipe = str(Path(args.recipes) / f"{method}.yaml")
+        script = find_spec(f"fic.train_{method}").origin  # the recipe script of the fic that runs this
         if args.launcher == "deepspeed":
             prefix = [python, "-m", "accelerate.commands.launch", "--config_file", launch, "--num_processes", "1",
                       "--main_process_port", str(free_port(args.dry_run)), script]
@@ -129,6 +136,12 @@ def measure(args: argparse.Namespace) -> dict:
     if not args.dry_run:  # the output first, before anything is read or written
         check_writable(args.work or f"runs/zero{args.stage}", folder=True, field="--work")
     plan = make_plan(args)
+    if not args.dry_run:
+        needed = [(info["recipe"], "--recipes") for info in plan["methods"].values()]
+        for path, field in needed + ([(plan["launch_file"], "--launch-dir")] if plan["launch_file"] else []):
+            if not Path(path).is_file():
+                raise FicError("no such file: run from a FiC checkout's root, or name the folder", path=path,
+                               field=field)
     if args.dry_run:
         commands = list(plan["setup_commands"])
         for info in plan["methods"].values():

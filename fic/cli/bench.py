@@ -16,8 +16,6 @@ BENCHES: dict[str, tuple[str, str]] = {
     "sft": ("fic.bench.sft", "FiC's SFT step vs TRL's SFTTrainer: target tokens/s on the same model and data"),
     "vasd": ("fic.bench.vasd", "a VASD step's phases, its overhead over bare passes, and the chunked divergence's "
              "memory"),
-    "shapes": ("fic.bench.shapes", "a backbone recipe's own shapes with random weights: tokens/s, MFU, peak memory "
-               "and the recipe's hours recomputed"),
     "zero": ("fic.bench.zero", "SFT and VASD under DeepSpeed ZeRO-2/3 on one process: a checkpoint saved, resumed, "
              "and the losses after the resume equal to the uninterrupted run's"),
 }
@@ -32,10 +30,14 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    figures = importlib.import_module(BENCHES[args.bench][0]).measure(args)
-    if args.json:
+    print_figures(importlib.import_module(BENCHES[args.bench][0]).measure(args), args.json)
+    return 0
+
+
+def print_figures(figures: dict, as_json: bool) -> None:
+    """A benchmark's figures as one JSON object, or one `name: value` a line."""
+    if as_json:
         print(json.dumps(figures))
     else:
         for name, value in figures.items():
             print(f"{name}: {value:.4g}" if isinstance(value, float) else f"{name}: {value}")
-    return 0

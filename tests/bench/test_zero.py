@@ -65,7 +65,7 @@ def test_plan_refuses_an_odd_step_count():
 def test_dry_run_prints_the_copy_between_run_and_resume(capsys):
     assert main(["bench", "zero", "--stage", "3", "--dry-run", "--json", "--methods", "vasd"]) == 0
     lines = capsys.readouterr().err.strip().splitlines()
-    assert [shlex.split(line)[2] for line in lines[:2]] == ["fic", "fic.bench.random_models"]
+    assert [shlex.split(line)[2] for line in lines[:2]] == ["fic", "fic.bench.random_weights"]
     assert lines[2].split()[3] == "launch-check" and lines[4].startswith("'#' copy ")
     assert lines[5].endswith("resume=true")
 

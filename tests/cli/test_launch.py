@@ -497,8 +497,8 @@ def test_gpu_check_random_weights_needs_nothing_prepared(tmp_path, deepspeed):
     commands = dry_commands(done.stdout)
     out, python = str(tmp_path / "out"), sys.executable
     assert [c for c, _ in commands][:3] == ["gpu", "setup", "setup"]
-    assert commands[1][1] == [python, "-m", "fic.bench.random_models", "build", "--backbone", "smollm2-135m-instruct",
-                              "--out", f"{out}/model", "--tokenizer", "carry/tokenizer", "--device", "cuda"]
+    assert commands[1][1] == [python, "-m", "fic.bench.random_weights", "--out", f"{out}/model", "--tokenizer",
+                              "carry/tokenizer", "--device", "cuda"]
     assert commands[2][1] == [python, "-m", "fic", "sft-data", "data.source=[actions-gen:train]", "data.task=actions",
                               "data.limit=32", f"out={out}/sft.jsonl"]
     configs = {}
@@ -562,7 +562,7 @@ def test_gpu_session_dry_run_prints_every_phase(tmp_path):
                                         "carry/wheels", "--target"]
     assert "deepspeed" in phases["install"][0] and "msgpack" in phases["install"][0]
     assert phases["zero2"][0][:6] == [python, "-m", "fic", "bench", "zero", "--stage"]
-    assert phases["report"] == [[python, "-m", "fic.bench.report", str(tmp_path / "out")]]
+    assert phases["report"] == [[python, "tools/gpu/report.py", str(tmp_path / "out")]]
     trainers = 0
     for phase, commands in phases.items():
         for argv in commands:
@@ -597,7 +597,7 @@ def test_gpu_session_rehearsal_on_cpu(tmp_path, smollm2_dir):
     """The session for real on this CPU, its GPU-only phases left out: the ZeRO bench as one plain
     process (SFT, 2 steps, resumed) and one tiny backbone shape, then the report. Its lines, OUT's
     files and the tables come out as on the lent machine, and the scratch folder is gone."""
-    from fic.bench.random_models import copy_tokenizer
+    from fic.bench.random_weights import copy_tokenizer
 
     carry = tmp_path / "carry"
     copy_tokenizer(smollm2_dir, carry / "tokenizer")

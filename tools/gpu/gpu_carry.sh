@@ -44,7 +44,7 @@ step() {
 if [[ ! -f models/smollm2-135m-instruct/tokenizer.json ]]; then
   step "$PYTHON" -m fic prepare-model
 fi
-step "$PYTHON" -m fic.bench.random_models tokenizer models/smollm2-135m-instruct "$CARRY/tokenizer"
+step "$PYTHON" tools/gpu/random_models.py tokenizer models/smollm2-135m-instruct "$CARRY/tokenizer"
 step env DS_BUILD_OPS=0 "$PYTHON" -m pip wheel --no-deps -w "$CARRY/wheels" "deepspeed==$DEEPSPEED"
 step "$PYTHON" -m pip download --no-deps -d "$CARRY/wheels" "${PURE[@]}"
 for version in $PY_VERSIONS; do

@@ -8,8 +8,8 @@
 #   gpu            torch sees a CUDA GPU (without one every other check is skipped)
 #   setup          `fic prepare-model` and a 32-conversation SFT corpus (pool replies: no model needed);
 #                  with WEIGHTS=random, a model of SmolLM2-135M-Instruct's shape with random weights
-#                  (`python -m fic.bench.random_models build`: tools/gpu/shapes/smollm2-135m-instruct.json and
-#                  SmolLM2's tokenizer files from TOKENIZER) and the corpus from FiC's own generator
+#                  (`python -m fic.bench.random_weights`: its shape and SmolLM2's tokenizer files from
+#                  TOKENIZER) and the corpus from FiC's own generator
 #                  (actions-gen): no GGUF, hub or reasoning-gym. Every figure is then one of random weights.
 #   sft-bf16       fic train sft with float32 master weights under bf16 autocast
 #                  (model.dtype=float32 train.mixed_precision=bf16): every step's loss finite
@@ -184,8 +184,8 @@ fi
 # The corpus excludes eval.yaml's generated problems only: eval-lic-protocol.yaml reads the LiC sample
 # beside a development checkout, which a GPU machine may not have.
 if [[ $WEIGHTS == random ]]; then
-  attempt setup -- "$PYTHON" -m fic.bench.random_models build --backbone smollm2-135m-instruct \
-      --out "$RANDOM_MODEL" --tokenizer "$TOKENIZER" --device cuda &&
+  attempt setup -- "$PYTHON" -m fic.bench.random_weights --out "$RANDOM_MODEL" --tokenizer "$TOKENIZER" \
+      --device cuda &&
   attempt setup -- "$PYTHON" -m fic sft-data "data.source=[actions-gen:train]" data.task=actions data.limit=32 \
       out="$CORPUS"
   setup_rc=$?

@@ -15,10 +15,10 @@
 #   zero2      fic bench zero --stage 2: SFT and VASD under ZeRO-2 on one process, checkpoint, resume,
 #              losses after the resume against the uninterrupted run's (OUT/zero2.json)
 #   zero3      the same under ZeRO-3, VASD with LoRA and the adapter-free teacher (OUT/zero3.json)
-#   shapes     fic bench shapes --backbone B for each of SHAPES: the backbone recipes' own shapes with
+#   shapes     python tools/gpu/shapes.py --backbone B for each of SHAPES: the backbone recipes' own shapes with
 #              random weights, a few SFT and VASD steps each; tokens/s, MFU, peak memory, recomputed
 #              hours (OUT/shape-B.json, logs in OUT/shapes/B)
-#   report     python -m fic.bench.report OUT: OUT/gpu_figures.json and OUT/gpu_table.md
+#   report     python tools/gpu/report.py OUT: OUT/gpu_figures.json and OUT/gpu_table.md
 # smoke, zero2 and zero3 use small models and run side by side; the shapes then run one at a time
 # (alone on the GPU: their figures are throughput). A phase that would not finish inside BUDGET_S is
 # skipped and says so; the per-phase seconds printed size the next session.
@@ -26,7 +26,7 @@
 # (model folders and runs, deleted as it goes: /dev/shm when it has 40 GB free, else /tmp), BUDGET_S
 # (seconds for everything, 560: the lent machine's command limit is 600), PYTHON (python), SHAPES (the five backbones, smallest first), PHASES
 # (env,install,smoke,zero2,zero3,shapes,report), ZERO_ARGS and SHAPE_ARGS (more arguments of fic bench zero and
-# fic bench shapes, split on spaces: a rehearsal on a CPU passes tiny shapes here).
+# tools/gpu/shapes.py, split on spaces: a rehearsal on a CPU passes tiny shapes here).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source launch/lib.sh
@@ -241,11 +241,11 @@ if phase_on shapes; then
   for backbone in $SHAPES; do
     need=${SHAPE_S[$backbone]:-120}
     budget=$(( $(left) - REPORT_S ))
-    shape=("$PYTHON" -m fic bench shapes --backbone "$backbone" --tokenizer "$TOKENIZER"
+    shape=("$PYTHON" tools/gpu/shapes.py --backbone "$backbone" --tokenizer "$TOKENIZER"
            --work "$SCRATCH/shapes/$backbone" --models "$SCRATCH/models" --budget-s "$budget" --json "${SHAPE_EXTRA[@]}")
     if [[ $DRY == 1 ]]; then
       show "shape:$backbone" -- "${shape[@]}"
-      "$PYTHON" -m fic bench shapes --backbone "$backbone" --tokenizer "$TOKENIZER" --work "$SCRATCH/shapes/$backbone" \
+      "$PYTHON" tools/gpu/shapes.py --backbone "$backbone" --tokenizer "$TOKENIZER" --work "$SCRATCH/shapes/$backbone" \
           --models "$SCRATCH/models" --launcher deepspeed --dry-run --json "${SHAPE_EXTRA[@]}" 2>&1 >/dev/null |
           sed "s/^/shape:$backbone> /"
       continue
@@ -299,10 +299,10 @@ fi
 # --------------------------------------------------------------------------- report
 if phase_on report; then
   if [[ $DRY == 1 ]]; then
-    show report -- "$PYTHON" -m fic.bench.report "$OUT"
+    show report -- "$PYTHON" tools/gpu/report.py "$OUT"
   else
     began=$SECONDS
-    if "$PYTHON" -m fic.bench.report "$OUT" >"$OUT/report.log" 2>&1; then
+    if "$PYTHON" tools/gpu/report.py "$OUT" >"$OUT/report.log" 2>&1; then
       line report PASS $((SECONDS - began)) "$OUT/gpu_table.md, $OUT/gpu_figures.json"
       cat "$OUT/gpu_table.md"
     else

@@ -1,6 +1,7 @@
-"""`fic bench shapes` and its parts: the backbones' shape files against their recipes, the random-
-weight folders, the recipes' sizing, what fits one GPU, the plan the GPU session runs (its commands
-load with the trainers' configs), one tiny run end to end on CPU, and the session's report."""
+"""The GPU session's tools (`tools/gpu/shapes.py` and its parts): the backbones' shape files against
+their recipes, the random-weight folders, the recipes' sizing, what fits one GPU, the plan the GPU
+session runs (its commands load with the trainers' configs), one tiny run end to end on CPU, and the
+session's report (`tools/gpu/report.py`)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import random_models
+import report
+import shapes
 
-from fic.bench import random_models, report, shapes
+from fic.bench import random_weights
 from fic.cli.launch_check import check as launch_check
-from fic.cli.main import main
 from fic.core.config import load_config
 from fic.training.sft import SFTConfig
 from fic.training.vasd.config import VASDConfig
@@ -45,7 +48,7 @@ def test_shape_file_matches_the_recipe_it_sizes(backbone):
     its FLOPs and KV cache out from; the file names the page it was copied from."""
     shape = random_models.load_shape(backbone)
     assert shape["backbone"] == backbone and shape["source"] == f"https://huggingface.co/{shape['hub_id']}/blob/main/config.json"
-    config = random_models.make_config(shape)
+    config = random_weights.make_config(shape)
     text = header(REPO / "recipes" / backbone / "vasd.yaml")
     n = float(re.search(r"N = ([\d.]+e\d+)", text).group(1))
     assert random_models.parameter_count(config) == pytest.approx(n, rel=0.005)
@@ -57,7 +60,7 @@ def test_shape_file_matches_the_recipe_it_sizes(backbone):
 @pytest.mark.parametrize("backbone", shapes.BACKBONES)
 def test_recipe_hours_are_the_headers(backbone):
     """The sizing inputs give the hours each recipe's header states (headers round: 15%)."""
-    n = random_models.parameter_count(random_models.make_config(random_models.load_shape(backbone)))
+    n = random_models.parameter_count(random_weights.make_config(random_models.load_shape(backbone)))
     sft = load_config(SFTConfig, REPO / "recipes" / backbone / "sft.yaml")
     stated = float(re.search(r"that is \d+ s = ([\d.]+) h", header(REPO / "recipes" / backbone / "sft.yaml")).group(1))
     assert shapes.recipe_phases("sft", sft, n)["student"]["hours"] == pytest.approx(stated, rel=0.15)
@@ -89,7 +92,7 @@ def test_layers_that_fit_one_h200():
     fine-tuning SFT recipes (sharded over 8 GPUs in the recipe) do not, every LoRA recipe does."""
     gpu = 139 * GIB
     for backbone in shapes.BACKBONES:
-        config = random_models.make_config(random_models.load_shape(backbone))
+        config = random_weights.make_config(random_models.load_shape(backbone))
         for stage, cls in (("sft", SFTConfig), ("vasd", VASDConfig)):
             cfg = load_config(cls, REPO / "recipes" / backbone / f"{stage}.yaml")
             fit = shapes.layers_that_fit(config, stage, cfg, gpu, "deepspeed")
@@ -143,11 +146,12 @@ def test_random_folder_loads_and_its_view_has_fewer_layers(tmp_path, smollm2_dir
 
     out = tmp_path / "phi"
     carried = tmp_path / "tokenizer"  # the tokenizer files alone, as the GPU session carries them
-    random_models.copy_tokenizer(smollm2_dir, carried)
+    random_weights.copy_tokenizer(smollm2_dir, carried)
     assert not (carried / "config.json").exists()
-    record = random_models.build_random_model("phi-4", out, carried, layers=3, sets={**TINY, "vocab_size": 100352})
+    record = random_weights.build_random_model(random_models.load_shape("phi-4"), out, carried, layers=3,
+                                               sets={**TINY, "vocab_size": 100352})
     assert record["random_weights"] and record["layers"] == 3 and record["full_layers"] == 40
-    assert json.loads((out / random_models.RANDOM_MARKER).read_text()) == record
+    assert json.loads((out / random_weights.RANDOM_MARKER).read_text()) == record
     assert (out / "tokenizer.json").is_file() and (out / "chat_template.jinja").is_file()
     tokenizer = load_tokenizer(out)
     model = load_model(out, dtype="float32")
@@ -164,7 +168,7 @@ def test_random_folder_loads_and_its_view_has_fewer_layers(tmp_path, smollm2_dir
 
 
 def test_tokenizer_copy_needs_a_tokenizer(tmp_path, smollm2_dir):
-    names = random_models.copy_tokenizer(smollm2_dir, tmp_path / "tok")
+    names = random_weights.copy_tokenizer(smollm2_dir, tmp_path / "tok")
     assert "tokenizer.json" in names and not any(n.endswith(".safetensors") for n in names)
     assert random_models.main(["tokenizer", str(tmp_path / "nothing"), str(tmp_path / "x")]) == 2
 
@@ -191,7 +195,7 @@ def test_plan_runs_each_recipe_at_its_own_shape(backbone):
     model, the data, the step count and what random weights need change. ZeRO-2 commands pass the
     launch check."""
     plan = plan_for(backbone)
-    assert plan["full_layers"] == random_models.make_config(random_models.load_shape(backbone)).num_hidden_layers
+    assert plan["full_layers"] == random_weights.make_config(random_models.load_shape(backbone)).num_hidden_layers
     for stage, info in plan["stages"].items():
         cls = SFTConfig if stage == "sft" else VASDConfig
         recipe_path, overrides = recipe_and_overrides(info["command"])
@@ -220,7 +224,7 @@ def test_plan_runs_each_recipe_at_its_own_shape(backbone):
             launch_check(REPO / "launch/deepspeed_zero2.yaml", REPO / recipe_path, num_processes=1,
                          overrides=overrides)
         else:
-            assert argv[:3] == [sys.executable, "-m", "fic.bench.shape_run"] and run.train.mixed_precision == "bf16"
+            assert argv[:2] == [sys.executable, "tools/gpu/shape_run.py"] and run.train.mixed_precision == "bf16"
         assert info["view_command"] is None or info["view_command"][-1] == str(info["layers"])
 
 
@@ -232,15 +236,14 @@ def test_plan_refuses_bad_arguments():
 
 
 def test_dry_run_from_the_command_line_prints_the_commands(capsys):
-    assert main(["bench", "shapes", "--backbone", "llama-3.1-8b-instruct", "--dry-run", "--json", "--launcher",
-                 "deepspeed"]) == 0
+    assert shapes.main(["--backbone", "llama-3.1-8b-instruct", "--dry-run", "--json", "--launcher", "deepspeed"]) == 0
     out = capsys.readouterr()
     figures = json.loads(out.out)
     assert figures["dry_run"] and figures["plan"]["stages"]["sft"]["layers"] < 32
     lines = out.err.strip().splitlines()
-    assert [shlex.split(line)[1:3] for line in lines[:2]] == [["-m", "fic"], ["-m", "fic.bench.random_models"]]
-    assert any("fic.bench.random_models view" in line for line in lines)  # SFT on fewer of the layers
-    assert sum("fic.bench.shape_run" in line for line in lines) == 2
+    assert [shlex.split(line)[1:3] for line in lines[:2]] == [["-m", "fic"], ["tools/gpu/random_models.py", "build"]]
+    assert any("tools/gpu/random_models.py view" in line for line in lines)  # SFT on fewer of the layers
+    assert sum("tools/gpu/shape_run.py" in line for line in lines) == 2
 
 
 # --------------------------------------------------------------------------- end to end on CPU
@@ -249,14 +252,15 @@ def test_dry_run_from_the_command_line_prints_the_commands(capsys):
 def test_tiny_shapes_run_end_to_end_on_cpu(tmp_path, smollm2_dir, capsys):
     """Llama-3.1-8B's recipes (full fine-tuning SFT, LoRA VASD) on a tiny random Llama: the corpus is
     generated, the folder built, both trainers run under the probe, and every figure is there; the
-    random folder is gone afterwards. float32 and smaller batches for the CPU's sake."""
+    random folder is gone afterwards. float32, smaller batches and the plain launcher (whether or not
+    deepspeed imports here) for the CPU's sake."""
     sets = [f"--set={k}={v}" for k, v in TINY.items()]
-    argv = ["bench", "shapes", "--backbone", "llama-3.1-8b-instruct", "--layers", "2", *sets, "--sft-steps", "2",
+    argv = ["--backbone", "llama-3.1-8b-instruct", "--layers", "2", *sets, "--sft-steps", "2",
             "--vasd-steps", "2", "--rollout-tokens", "4", "--corpus-size", "16", "--override", "model.dtype=float32",
             "--override", "train.micro_batch_size=2", "--override", "train.grad_accum_steps=1",
             "--tokenizer", str(smollm2_dir), "--work", str(tmp_path / "work"), "--models", str(tmp_path / "models"),
-            "--peak-tflops", "1", "--bandwidth-tbs", "0.02", "--device", "cpu", "--json"]
-    assert main(argv) == 0
+            "--peak-tflops", "1", "--bandwidth-tbs", "0.02", "--device", "cpu", "--launcher", "plain", "--json"]
+    assert shapes.main(argv) == 0
     figures = json.loads(capsys.readouterr().out)
     assert figures["random_weights"] and figures["full_layers"] == 32 and not list((tmp_path / "models").iterdir())
     sft, vasd = figures["stages"]["sft"], figures["stages"]["vasd"]
@@ -337,8 +341,8 @@ def test_the_session_needs_only_what_the_gpu_machine_has(tmp_path):
     import subprocess
 
     (tmp_path / "sitecustomize.py").write_text(BLOCKER)
-    code = ("import fic.bench.shapes, fic.bench.zero, fic.bench.report, fic.bench.shape_run, fic.train_sft, "
-            "fic.train_vasd, fic.bench.random_models\n"
+    code = ("import shapes, report, shape_run, random_models, fic.bench.zero, fic.bench.random_weights, "
+            "fic.bench.runner, fic.train_sft, fic.train_vasd\n"
             "from fic.cli.main import main\n"
             f"assert main(['sft-data', 'data.source=[actions-gen:train]', 'data.task=actions', 'data.limit=8', "
             f"'out={tmp_path}/c.jsonl']) == 0\n"
@@ -348,11 +352,11 @@ def test_the_session_needs_only_what_the_gpu_machine_has(tmp_path):
             "'data.task=actions', 'data.limit=8', 'exclude.sources=[]'])\n"
             "assert len(load_rollout_tasks(cfg)[0]) == 8\n"
             f"for backbone in {shapes.BACKBONES!r}:\n"
-            "    assert main(['bench', 'shapes', '--backbone', backbone, '--dry-run', '--json']) == 0\n"
+            "    assert shapes.main(['--backbone', backbone, '--dry-run', '--json']) == 0\n"
             "import importlib.machinery, importlib.util\n"
             "assert importlib.machinery.PathFinder.find_spec('wandb') is not None  # there, and hidden:\n"
             "assert importlib.util.find_spec('wandb') is None\n"
             "try:\n    import reasoning_gym\nexcept ModuleNotFoundError:\n    pass\nelse:\n    raise SystemExit('not blocked')\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO), str(REPO / "tools" / "gpu")])}
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

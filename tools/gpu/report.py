@@ -1,6 +1,6 @@
 """The GPU session's figures in one JSON file and one markdown table.
 
-    python -m fic.bench.report OUT
+    python tools/gpu/report.py OUT
 
 reads what `tools/gpu/gpu_session.sh` left in OUT (`env.json`, `phases.tsv`, `gpu-check.txt`,
 `zero2.json`, `zero3.json`, `shape-<backbone>.json`) and writes `OUT/gpu_figures.json` (all of it)
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fic.bench.shapes import BACKBONES
+from shapes import BACKBONES
 
 DIFFERS = 0.25  # a recipe's hours are to be corrected where the measurement is off by more than this
 RANDOM_NOTE = ("**Every model here has random weights**: the backbones' architectures (tools/gpu/shapes/), SmolLM2's "
@@ -146,7 +146,7 @@ def markdown(data: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -m fic.bench.report OUT", file=sys.stderr)
+        print("usage: python tools/gpu/report.py OUT", file=sys.stderr)
         return 2
     out = Path(argv[0])
     data = collect(out)

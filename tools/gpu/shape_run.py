@@ -1,8 +1,8 @@
 """A training recipe run as it is, with a probe that records where its time and memory go.
 
-    python -m fic.bench.shape_run sft|vasd FIGURES.json --config RECIPE [key=value ...]
+    python tools/gpu/shape_run.py sft|vasd FIGURES.json --config RECIPE [key=value ...]
     accelerate launch --config_file launch/deepspeed_zero2.yaml --num_processes 1 \
-        -m fic.bench.shape_run sft FIGURES.json --config RECIPE [key=value ...]
+        tools/gpu/shape_run.py sft FIGURES.json --config RECIPE [key=value ...]
 
 The recipe (`fic/train_sft.py`, `fic/train_vasd.py`) runs unchanged; the probe wraps the calls it
 makes for each phase of a step (SFT: the forward and backward of the accumulation window, the
@@ -181,7 +181,7 @@ def install(probe: Probe, method: str) -> Any:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) < 2 or argv[0] not in ("sft", "vasd"):
-        print("usage: python -m fic.bench.shape_run sft|vasd FIGURES.json --config RECIPE [key=value ...]",
+        print("usage: python tools/gpu/shape_run.py sft|vasd FIGURES.json --config RECIPE [key=value ...]",
               file=sys.stderr)
         return 2
     method, figures = argv[0], Path(argv[1])

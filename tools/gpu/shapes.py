@@ -1,7 +1,9 @@
-"""`fic bench shapes`: a backbone recipe's own shapes on one GPU, with random weights.
+"""A backbone recipe's own shapes on one GPU, with random weights (the GPU session's `shapes` phase).
+
+    python tools/gpu/shapes.py --backbone B [--json] [--dry-run] [...]     # from the repository root
 
 For one backbone (`--backbone`, a shape file in `tools/gpu/shapes/`) it builds a model folder of the
-backbone's architecture with random weights and SmolLM2's tokenizer (`fic.bench.random_models`:
+backbone's architecture with random weights and SmolLM2's tokenizer (`tools/gpu/random_models.py`:
 no hub, no GGUF), writes an SFT corpus with FiC's own generator (`fic sft-data` on `actions-gen`,
 ~320-token conversations, as the recipes' ~300-token GSM8K ones), then runs a few steps of the
 backbone's SFT recipe and of its VASD recipe as they are: their micro-batch and accumulation,
@@ -24,7 +26,7 @@ changes, and why:
   (`memory_estimate`), else the most that fit (the full fine-tuning recipes of the 7-8B models, which
   shard over 8 GPUs, not 1). The figures say how many ran.
 
-Figures per stage (`fic.bench.shape_run` times each phase of a step with the GPU synchronised):
+Figures per stage (`tools/gpu/shape_run.py` times each phase of a step with the GPU synchronised):
 tokens/s, MFU, peak GPU memory, and the recipe's hours recomputed from the measured MFU. MFU counts
 FLOPs as the recipes do, c·N per token position the GPU runs, padding included (c = 6 full
 fine-tuning, 4 LoRA, +2 under gradient checkpointing; 2 for the teacher's and the rollouts'
@@ -43,29 +45,24 @@ import os
 import shlex
 import shutil
 import statistics
-import subprocess
 import sys
-import time
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
 import torch
+from random_models import layer_parameters, load_shape, parameter_count
 
-from fic.bench.random_models import (
-    REPO,
-    layer_parameters,
-    load_shape,
-    make_config,
-    parameter_count,
-    parse_sets,
-)
+from fic.bench.random_weights import make_config, parse_sets, tokenizer_dir
+from fic.bench.runner import Runner, free_port
+from fic.cli.bench import print_figures
 from fic.core.config import load_config
-from fic.core.errors import FicError
-from fic.core.files import check_writable, open_in_place
+from fic.core.errors import FicError, exit_status
+from fic.core.files import check_writable
 from fic.training.sft import SFTConfig
 from fic.training.vasd.config import VASDConfig
 
+REPO = Path(__file__).resolve().parents[2]  # the commands run there: recipes/, launch/, tools/gpu/
 RECIPES_DIR = REPO / "recipes"
 BACKBONES = ("llama-3.2-3b-instruct", "llama-3.1-8b-instruct", "qwen2.5-7b-instruct", "olmo-2-1124-7b-instruct",
              "phi-4")
@@ -222,16 +219,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true", help="print the plan and the commands; run nothing")
 
 
-def tokenizer_dir(given: str | None) -> str:
-    for candidate in ([given] if given else list(TOKENIZER_DIRS)):
-        if (Path(candidate) / "tokenizer.json").is_file():
-            return candidate
-    if given:
-        raise FicError("no tokenizer.json in this folder", path=given, field="--tokenizer")
-    raise FicError(f"no SmolLM2 tokenizer found in {' or '.join(TOKENIZER_DIRS)}: run `fic prepare-model`, or pass "
-                   "--tokenizer DIR (a folder with its tokenizer files)", field="--tokenizer")
-
-
 def _device(name: str) -> str:
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -249,7 +236,7 @@ def make_plan(args: argparse.Namespace) -> dict:
         if getattr(args, name) < 1:
             raise FicError("expected at least 1", field="--" + name.replace("_", "-"))
     device = _device(args.device)
-    tokenizer = (args.tokenizer or "<tokenizer>") if args.dry_run else tokenizer_dir(args.tokenizer)
+    tokenizer = (args.tokenizer or "<tokenizer>") if args.dry_run else tokenizer_dir(args.tokenizer, TOKENIZER_DIRS)
     work = Path(args.work or f"runs/shapes/{backbone}")
     models = Path(args.models or work)
     sets = parse_sets(args.set)
@@ -283,7 +270,7 @@ def make_plan(args: argparse.Namespace) -> dict:
     built = max(s["layers"] for s in plan["stages"].values())
     plan["model"] = str(model)
     plan["built_layers"] = built
-    plan["build_command"] = [python, "-m", "fic.bench.random_models", "build", "--backbone", backbone, "--out",
+    plan["build_command"] = [python, "tools/gpu/random_models.py", "build", "--backbone", backbone, "--out",
                              str(model), "--tokenizer", tokenizer, "--layers", str(built), "--device", device,
                              *[f"--set={k}={json.dumps(v)}" for k, v in sets.items()]]
     for stage, info in plan["stages"].items():
@@ -321,80 +308,12 @@ def stage_commands(args: argparse.Namespace, plan: dict, stage: str, layers: int
         prefix = [python, "-m", "accelerate.commands.launch", "--config_file", "launch/deepspeed_zero2.yaml",
                   "--num_processes", "1", "--main_process_port", str(free_port(args.dry_run))]
     overrides += list(args.override)
-    command = [*prefix, "-m", "fic.bench.shape_run", stage, str(figures), "--config", info["recipe"], *overrides]
+    command = [*prefix, "tools/gpu/shape_run.py", stage, str(figures), "--config", info["recipe"], *overrides]
     view = None
     if layers != plan["built_layers"]:
-        view = [python, "-m", "fic.bench.random_models", "view", plan["model"], model, "--layers", str(layers)]
+        view = [python, "tools/gpu/random_models.py", "view", plan["model"], model, "--layers", str(layers)]
     return {"layers": layers, "model": model, "run": str(run), "figures": str(figures), "view_command": view,
             "command": command, "log": str(work / f"{stage}.log")}
-
-
-def free_port(dry_run: bool) -> int:
-    if dry_run:
-        return 29500
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-# --------------------------------------------------------------------------- running it
-
-class Runner:
-    """Runs commands with a per-command timeout and a whole-bench budget, logging each."""
-
-    def __init__(self, timeout: float, budget: float | None):
-        self.timeout, self.deadline = timeout, (time.monotonic() + budget if budget else None)
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(REPO), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
-        env.setdefault("TOKENIZERS_PARALLELISM", "false")
-        self.env = env
-
-    def left(self) -> float:
-        return self.timeout if self.deadline is None else min(self.timeout, self.deadline - time.monotonic())
-
-    def run(self, command: list[str], log: Path) -> tuple[int, float, str]:
-        """(exit status, seconds, why it failed); 124 on a timeout."""
-        log.parent.mkdir(parents=True, exist_ok=True)
-        limit = self.left()
-        if limit <= 5:
-            return 124, 0.0, "no time left in --budget-s"
-        began = time.monotonic()
-        with open_in_place(log) as out:
-            out.write(f"$ {shlex.join(command)}\n")
-            out.flush()
-            proc = subprocess.Popen(command, cwd=REPO, env=self.env, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
-            try:
-                rc = proc.wait(timeout=limit)
-            except subprocess.TimeoutExpired:
-                _kill_group(proc)
-                return 124, time.monotonic() - began, f"timed out after {limit:.0f} s"
-        return rc, time.monotonic() - began, "" if rc == 0 else f"exit {rc}: {_last_line(log)}"
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    import signal
-
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=15)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
-
-
-def _last_line(log: Path) -> str:
-    try:
-        lines = [ln.strip() for ln in log.read_text(errors="replace").replace("\r", "\n").splitlines() if ln.strip()]
-    except OSError:
-        return ""
-    errors = [ln for ln in lines if "Error" in ln or "error:" in ln]
-    return (errors or lines or [""])[-1][:300]
 
 
 def _oom(log: Path) -> bool:
@@ -418,7 +337,8 @@ def measure(args: argparse.Namespace) -> dict:
         for command in commands:
             print(shlex.join(command), file=sys.stderr)
         return {"backbone": plan["backbone"], "dry_run": True, "plan": plan, "ratio": None}
-    runner = Runner(args.timeout, args.budget_s)
+    pythonpath = os.pathsep.join([str(REPO), *([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])])
+    runner = Runner(args.timeout, args.budget_s, cwd=REPO, env={"PYTHONPATH": pythonpath})  # this checkout's fic
     work = Path(plan["work"])
     for stage in plan["stages"]:
         shutil.rmtree(work / f"{stage}-run", ignore_errors=True)
@@ -596,3 +516,15 @@ def _headline(figures: dict) -> float | None:
         recipe += stage["recipe"]["compute_hours"]
         recomputed += stage["recomputed_compute_hours"]
     return recomputed / recipe if recipe else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python tools/gpu/shapes.py", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    args = parser.parse_args(argv)
+    return exit_status("tools/gpu/shapes.py", lambda: print_figures(measure(args), args.json))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
