@@ -1,5 +1,6 @@
 """The import graph of `fic/`: no cycle, no import of another package's private name, and
-imports that run one way, from the later stages down to the core.
+imports that run one way, from the later stages down to the core. The scripts beside the package
+(`experiments/`, `tools/gpu/`) import fic's public modules and names only.
 
 Every import counts, at the top of a module or inside a function: a lazy import is still an
 edge a reader (and a refactor) has to respect.
@@ -11,7 +12,9 @@ import ast
 from collections import defaultdict
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[2] / "fic"
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "fic"
+SCRIPTS = [*sorted((ROOT / "experiments").glob("*.py")), *sorted((ROOT / "tools" / "gpu").glob("*.py"))]
 
 # The stages, lowest first: a module may import its own package and any of a lower rank.
 RANKS = {
@@ -44,7 +47,8 @@ def stage_of(module: str) -> str:
 
 def imports(path: Path, known: dict[str, Path]) -> list[tuple[str, list[str], int]]:
     """(imported module, names taken from it, line) for every `fic` import in the file."""
-    package = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1])
+    inside = path.is_relative_to(PACKAGE.parent)  # a script elsewhere has no relative imports of fic
+    package = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1]) if inside else ""
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
@@ -146,3 +150,41 @@ def test_the_checker_sees_an_upward_import(tmp_path, monkeypatch):
         assert "fic.core.bad" in str(err) and "fic.train_vasd" in str(err)
     else:
         raise AssertionError("the cycle was not reported")
+
+
+def script_imports(path: Path) -> list[str]:
+    """What a script beside the package takes from fic that it may not: a private module or name,
+    or a module or name fic does not have (a moved module breaks the script here, not on a GPU)."""
+    import importlib
+
+    wrong = []
+    for target, names, line in imports(path, modules()):
+        if target not in modules():
+            wrong.append(f"{path.name}:{line} imports {target}, not a module of fic")
+            continue
+        if any(part.startswith("_") and not part.startswith("__") for part in target.split(".")):
+            wrong.append(f"{path.name}:{line} imports the private module {target}")
+        module = importlib.import_module(target)
+        for name in names:
+            if name.startswith("_"):
+                wrong.append(f"{path.name}:{line} imports the private name {target}.{name}")
+            elif not hasattr(module, name):
+                wrong.append(f"{path.name}:{line} imports {target}.{name}, which fic does not have")
+    return wrong
+
+
+def test_the_scripts_beside_the_package_use_its_public_names_only():
+    assert SCRIPTS, "experiments/ and tools/gpu/ hold no script"
+    wrong = [line for path in SCRIPTS for line in script_imports(path)]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_script_checker_sees_a_private_or_missing_import(tmp_path):
+    script = tmp_path / "lab.py"
+    script.write_text("from fic.demo.run import _run_demo, paths\nfrom fic.demo import ablation\n"
+                      "import fic.core._nowhere\nfrom fic.core.files import nothing_here\n")
+    assert script_imports(script) == [
+        "lab.py:1 imports the private name fic.demo.run._run_demo",
+        "lab.py:2 imports fic.demo.ablation, which fic does not have",
+        "lab.py:3 imports fic.core._nowhere, not a module of fic",
+        "lab.py:4 imports fic.core.files.nothing_here, which fic does not have"]
