@@ -110,9 +110,6 @@ WALK = {
     "bench vasd": {
         "out": None, "no_output": "prints figures; writes no file",
         "input": ["--model", "{bad}", "--memory-tokens", "0"], "input_kind": "folder"},
-    "bench shapes": {
-        "out": ["--backbone", "phi-4", "--tokenizer", "{missing}", "--work", "{out}/run"],
-        "input": ["--backbone", "phi-4", "--tokenizer", "{bad}", "--work", "{tmp}/run"], "input_kind": "folder"},
     "bench zero": {
         "out": ["--stage", "2", "--tokenizer", "{missing}", "--work", "{out}/run"],
         "input": ["--stage", "2", "--tokenizer", "{bad}", "--work", "{tmp}/run"], "input_kind": "folder"},

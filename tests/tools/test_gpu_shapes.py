@@ -246,6 +246,24 @@ def test_dry_run_from_the_command_line_prints_the_commands(capsys):
     assert sum("tools/gpu/shape_run.py" in line for line in lines) == 2
 
 
+@pytest.mark.parametrize("bad", ["work_under_a_file", "tokenizer_a_file"])
+def test_an_output_or_tokenizer_it_cannot_use_is_one_line(bad, tmp_path, capsys):
+    """As fic's verbs (tests/e2e/test_bad_input.py, where this was `fic bench shapes`): exit 2, one
+    line naming the path, nothing written."""
+    blocker = tmp_path / "afile"
+    blocker.write_text("{}\n")
+    if bad == "work_under_a_file":
+        argv = ["--backbone", "phi-4", "--tokenizer", str(tmp_path / "missing" / "nothing"), "--work", f"{blocker}/run"]
+    else:
+        argv = ["--backbone", "phi-4", "--tokenizer", str(blocker), "--work", str(tmp_path / "run")]
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    assert shapes.main(argv) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("tools/gpu/shapes.py: error: ") and str(blocker) in lines[0]
+    assert "Traceback" not in lines[0] and sorted(p.name for p in tmp_path.rglob("*")) == before
+    assert blocker.read_text() == "{}\n"
+
+
 # --------------------------------------------------------------------------- end to end on CPU
 
 @pytest.mark.slow  # end to end: SFT and VASD at a tiny shape, the session's report
