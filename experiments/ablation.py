@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import reference_costs
 import yaml
 
 from fic.core.config import DRY_RUN_HELP, config_to_dict, print_keys, resolved_yaml, setting, with_overrides
@@ -353,6 +354,7 @@ def plan(cfg: AblationConfig, launch: tuple[str, list[str]] | None = None) -> st
     check_start(cfg)
     shipped = load_demo(launch[0], []) if launch is not None else None
     done = stage_summaries(cfg)
+    priced = {**reference_costs.reference_markers(cfg, shipped), **done}  # what finished here wins
     first = [stage for stage in ("data", "warmup", "sft") if stage not in done]
     root, seeds = ablation_dir(cfg), list(cfg.ablation.seeds)
     keys = run_keys(cfg)
@@ -367,12 +369,12 @@ def plan(cfg: AblationConfig, launch: tuple[str, list[str]] | None = None) -> st
             f"runs left: {', '.join(k for k in ['sft', *keys] if k not in scored) or 'none'}"
             f"{' (done before: ' + ', '.join(k for k in ['sft', *keys] if k in scored) + ')' if scored else ''}; "
             f"the table in {root / 'table.md'}")
-    stage_costs = {stage: costs.estimate(cfg, shipped, stage, done) for stage in first}
+    stage_costs = {stage: costs.estimate(cfg, stage, priced) for stage in first}
     steps = {name: vasd_config(cfg, list(o), root / name / "train").train.max_steps
              for name, o in cfg.ablation.variants.items()}
-    step_s, conversation_s, source = _unit_seconds(cfg, shipped, done, root, keys, steps)
+    step_s, conversation_s, source = _unit_seconds(priced, root, keys, steps)
     if step_s is None or conversation_s is None or any(c is None for c in stage_costs.values()):
-        why = costs.off_reference()
+        why = reference_costs.off_reference()
         return line + "\n[ablation] estimate: no figures for these settings yet" + (f"; {why}" if why else "")
     variant_minutes = {name: s * step_s / 60 for name, s in steps.items()}
     mean = sum(variant_minutes.values()) / max(len(variant_minutes), 1)
@@ -408,20 +410,21 @@ def test_conversations_left(cfg: AblationConfig) -> int:
                for key in keys for split in EVAL_SETS if not (root / key / split / "metrics.json").is_file())
 
 
-def _unit_seconds(cfg: AblationConfig, shipped: object, done: dict, root: Path, keys: list[str],
+def _unit_seconds(priced: dict[str, dict], root: Path, keys: list[str],
                   steps: dict[str, int]) -> tuple[float | None, float | None, str]:
     """Seconds a VASD step and a dev conversation: from this folder's finished runs where there
-    are some (`trained.json`, `evaluated.json`), else from the demo's cost figures (`costs`)."""
+    are some (`trained.json`, `evaluated.json`), else from `priced` (the demo's stage markers, the
+    reference machine's before them: `reference_costs`)."""
     variants = [k for k in keys if variant_of(k) in steps and (root / k / "train" / TRAINED_MARKER).is_file()]
     timed = [read_json(root / k / "train" / TRAINED_MARKER) for k in variants]
     evaluated = [read_json(f) for f in sorted(root.glob(f"*/dev/{EVALUATED}"))]
-    vasd, evaluation = costs.unit_cost(cfg, shipped, "vasd", done), costs.unit_cost(cfg, shipped, "eval-start", done)
+    vasd, evaluation = costs.unit_cost("vasd", priced), costs.unit_cost("eval-start", priced)
     step_s = (sum(t["seconds"] for t in timed) / sum(steps[variant_of(k)] for k in variants) if timed
               else vasd and vasd["seconds"])
     conversation_s = (sum(e["seconds"] for e in evaluated) / sum(e["conversations"] for e in evaluated) if evaluated
                       else evaluation and ABLATION_CONVERSATION_COST * evaluation["seconds"])
     measured = timed or evaluated
-    return step_s, conversation_s, "measured here" if measured else (vasd or evaluation or {}).get("source", "")
+    return step_s, conversation_s, "measured here" if measured else (vasd or evaluation or {}).get("source", "").split(" (")[0]
 
 
 def _sharded_scores(run: Path) -> dict[str, float]:

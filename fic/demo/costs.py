@@ -1,67 +1,38 @@
 """What `fic demo` will cost here: minutes and peak memory per stage, said before a stage starts.
 
 A stage's cost is its size in units (optimizer steps, conversations played, dev instances read)
-times a cost per unit, and its peak resident memory. Both come from, in this order:
+times the seconds a unit took, and its peak resident memory, both measured: by the latest finished
+stage of the same kind in this output folder (the SFT stage prices the control, the first
+evaluation the later ones), on this machine with these settings. A stage nothing has priced yet is
+said to be unpriced rather than guessed from another machine.
 
-1. the latest finished stage of the same kind in this output folder (the SFT stage prices the
-   control, the evaluations price the later ones): this machine, these settings;
-2. the reference machine (`REFERENCE`: 2 quiet cores with AMX, the bundled SmolLM2-135M, the
-   shipped demo.yaml), when the stage's memory-relevant settings are the shipped ones and this
-   machine computes as that one did (a CPU with fast bfloat16: `off_reference` says why not);
-3. nothing: the estimate says so rather than guess.
-
-Before each stage the demo compares the peak with the memory this machine has free
+Before each stage the demo compares the measured peak with the memory this machine has free
 (`memory_budget_mb`, 0: MemAvailable) and refuses a stage that would not fit, naming the
 settings that lower it, rather than letting the kernel kill it halfway.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
 from fic.core.errors import FicError
-from fic.core.model import default_device, fast_bf16
 
 # The stage each stage is priced like, and its unit.
 KIND = {"data": "data", "warmup": "sft", "sft": "sft", "control": "sft", "vasd": "vasd", "premise": "premise",
         "eval-start": "eval", "eval-sft": "eval", "eval-vasd": "eval", "eval-control": "eval"}
 UNIT = {"data": "stage", "sft": "step", "vasd": "step", "premise": "dev instance", "eval": "conversation"}
 
-# Reference machine (2 quiet cores, AMX), the shipped demo.yaml: seconds a unit and the stage's peak
-# resident MiB, from the whole demo of 2026-12-02 (docs/results.md): data 29 s with the model's first
-# preparation; SFT 12.2 s a training step (warm-up 15.1 with its load and save), 5.3 GB with the dev
-# probe; VASD 53.2 s a step, 8.0 GB; evaluation 0.84-0.90 s a conversation with kv_reuse_mb=1024,
-# 5.3 GB; the premise check 1.56 s a dev instance.
-REFERENCE = {
-    "data": {"seconds": 30.0, "peak_mb": 2000},
-    "sft": {"seconds": 12.5, "peak_mb": 5300},
-    "vasd": {"seconds": 53.2, "peak_mb": 8200},
-    "premise": {"seconds": 1.6, "peak_mb": 4200},
-    "eval": {"seconds": 0.87, "peak_mb": 5400},
-}
-# A dev-curve conversation against an evaluation's average one: float32 weights and the sharded view,
-# the longest (2026-12-02: 3.4 s against 0.9).
-DEV_CONVERSATION_COST = 3.8
-
 # How to lower a stage's peak, said when it would not fit.
 LOWER = {
     "sft": "{stage}.train.micro_batch_size (half of it, with grad_accum_steps doubled, keeps the step) and "
            "{stage}.model.gradient_checkpointing=true",
-    "vasd": "vasd.train.micro_batch_size with vasd.train.grad_accum_steps (e.g. 2 x 4: 7.3 GB against 15.1 at 8 x 1 "
-            "on the reference machine), vasd.model.gradient_checkpointing=true, vasd.rollout.kv_reuse_mb",
+    "vasd": "vasd.train.micro_batch_size with vasd.train.grad_accum_steps, vasd.model.gradient_checkpointing=true, "
+            "vasd.rollout.kv_reuse_mb",
     "premise": "eval.model.batch_size",
     "eval": "eval.model.batch_size and eval.model.kv_reuse_mb",
     "data": "data.train",
 }
-
-
-def stage_config(cfg: Any, stage: str) -> Any:
-    """The stage's own config section (an evaluation's is `eval`)."""
-    if KIND[stage] == "eval" or stage == "premise":
-        return cfg.eval
-    return getattr(cfg, stage, None)
 
 
 def units(cfg: Any, stage: str, control: float | None) -> float:
@@ -81,79 +52,60 @@ def units(cfg: Any, stage: str, control: float | None) -> float:
     return float(cfg.data.test * views + cfg.data.test_unseen * 2)
 
 
-# Settings whose shipped values the reference figures were measured with.
-MEMORY_KEYS = ("train.micro_batch_size", "train.grad_accum_steps", "train.pad_to_multiple", "model.gradient_checkpointing",
-               "data.max_seq_len", "rollout.max_conversation_tokens", "rollout.batch_size", "rollout.kv_reuse_mb",
-               "model.batch_size", "model.kv_reuse_mb", "batch_size", "lora.enabled")
-
-
-def _value(section: Any, key: str) -> Any:
-    for part in key.split("."):
-        if section is None or not dataclasses.is_dataclass(section) or not hasattr(section, part):
-            return None
-        section = getattr(section, part)
-    return section
-
-
-def as_shipped(cfg: Any, shipped: Any, stage: str) -> bool:
-    """Whether the stage runs the shipped model and memory-relevant settings (the reference's)."""
-    if shipped is None or cfg.base_model != shipped.base_model:
-        return False
-    mine, theirs = stage_config(cfg, stage), stage_config(shipped, stage)
-    return all(_value(mine, key) == _value(theirs, key) for key in MEMORY_KEYS)
-
-
-def off_reference() -> str | None:
-    """Why the reference figures do not price this machine, or None where they do. They were
-    measured on a CPU computing in bfloat16 (AMX); a CPU without fast bfloat16 trains and plays in
-    float32 (an SFT step of the demo took 29 s against the reference's 12.5 on 2026-12-02, on 2 cores
-    of an AMD EPYC with AVX2 alone), and a GPU is another machine altogether."""
-    if default_device() != "cpu":
-        return "this run uses a GPU and the reference figures are of 2 CPU cores"
-    if not fast_bf16("cpu"):
-        return ("this CPU has no fast bfloat16 (AMX or AVX-512 BF16), so it computes in float32, and the reference "
-                "figures are of one that has")
-    return None
-
-
-def unit_cost(cfg: Any, shipped: Any, stage: str, done: dict[str, dict]) -> dict | None:
-    """{"seconds" a unit, "peak_mb", "source"} of `stage` (see the module docstring), or None.
-    `done`: the finished stages' markers; `shipped`: the config demo.yaml ships."""
+def unit_cost(stage: str, done: dict[str, dict]) -> dict | None:
+    """{"seconds" a unit, "peak_mb", "source"} of `stage` from the latest finished stage of its kind
+    (the stage itself on a re-run), or None. `done`: stage markers in the order they finished; a
+    marker's own "stage" and "source" (default: measured here) name it."""
     kind = KIND[stage]
-    for name, marker in reversed(list(done.items())):  # the stage itself (a re-run), else the latest of its kind
+    for name, marker in reversed(list(done.items())):
         size = marker.get("units")
-        if KIND.get(name) == kind and marker.get("seconds") and marker.get("peak_rss_mb") and size:
-            scoring = ((marker.get("figures") or {}).get("plateau") or {}).get("seconds", 0.0)  # not training
+        if KIND.get(marker.get("stage", name)) == kind and marker.get("seconds") and marker.get("peak_rss_mb") and size:
+            scoring = (_plateau(marker) or {}).get("seconds", 0.0)  # the dev curve's scoring, not training
             return {"seconds": (marker["seconds"] - scoring) / size, "peak_mb": float(marker["peak_rss_mb"]),
-                    "source": f"measured here ({name})"}
-    if as_shipped(cfg, shipped, stage) and off_reference() is None:
-        return {**REFERENCE[kind], "source": "reference machine"}
+                    "source": f"{marker.get('source', 'measured here')} ({marker.get('stage', name)})"}
     return None
 
 
-def estimate(cfg: Any, shipped: Any, stage: str, done: dict[str, dict], control: float | None = None) -> dict | None:
-    """{"minutes", "peak_mb", "source"} for `stage`, or None when nothing prices it. `control`: the
-    control's steps when known; else what VASD's estimated time buys at SFT's cost a step."""
-    cost = unit_cost(cfg, shipped, stage, done)
-    if cost is None:
-        return None
-    if stage == "control" and control is None:
-        vasd, sft = unit_cost(cfg, shipped, "vasd", done), cost
-        control = cfg.control_steps or (vasd and cfg.vasd.train.max_steps * vasd["seconds"] / sft["seconds"]) or 0.0
-    seconds = units(cfg, stage, control) * cost["seconds"] + dev_curve_seconds(cfg, shipped, stage, done)
-    return {"minutes": seconds / 60, "peak_mb": cost["peak_mb"], "source": cost["source"]}
+def _plateau(marker: dict) -> dict | None:
+    return (marker.get("figures") or {}).get("plateau")
 
 
-def dev_curve_seconds(cfg: Any, shipped: Any, stage: str, done: dict[str, dict]) -> float:
-    """The dev scores of a stage trained to its plateau (`dev.every`), at DEV_CONVERSATION_COST
-    evaluation conversations each; 0 for the others."""
+def dev_conversation_seconds(cfg: Any, done: dict[str, dict]) -> float | None:
+    """Seconds a dev-curve conversation took: the latest finished stage that scored a dev curve, its
+    scoring seconds over the conversations it played (scores x instances x views); None before one."""
+    for marker in reversed(list(done.values())):
+        curve = _plateau(marker)
+        if curve and curve.get("seconds") and curve.get("curve") and curve.get("views"):
+            instances = min(curve.get("instances") or cfg.data.dev, cfg.data.dev)
+            return curve["seconds"] / (len(curve["curve"]) * instances * len(curve["views"]))
+    return None
+
+
+def dev_curve_seconds(cfg: Any, stage: str, done: dict[str, dict]) -> float | None:
+    """The dev scores of a stage trained to its plateau (`dev.every`): 0 for a stage without them,
+    None while no finished stage has measured what a dev conversation costs."""
     section = getattr(cfg, stage, None) if KIND[stage] == "sft" and stage != "control" else None
     dev = getattr(section, "dev", None)
     if dev is None or not dev.every:
         return 0.0
-    cost = unit_cost(cfg, shipped, "eval-start", done) or REFERENCE["eval"]
+    conversation = dev_conversation_seconds(cfg, done)
+    if conversation is None:
+        return None
     scores = section.train.max_steps // dev.every + 1
-    return DEV_CONVERSATION_COST * cost["seconds"] * scores * min(dev.data.limit or cfg.data.dev, cfg.data.dev) * len(dev.views)
+    return conversation * scores * min(dev.data.limit or cfg.data.dev, cfg.data.dev) * len(dev.views)
+
+
+def estimate(cfg: Any, stage: str, done: dict[str, dict], control: float | None = None) -> dict | None:
+    """{"minutes", "peak_mb", "source"} for `stage`, or None when nothing measured prices it.
+    `control`: the control's steps when known; else what VASD's measured time buys at SFT's cost a step."""
+    cost, dev_curve = unit_cost(stage, done), dev_curve_seconds(cfg, stage, done)
+    if cost is None or dev_curve is None:
+        return None
+    if stage == "control" and control is None:
+        vasd = unit_cost("vasd", done)
+        control = cfg.control_steps or (vasd and cfg.vasd.train.max_steps * vasd["seconds"] / cost["seconds"]) or 0.0
+    seconds = units(cfg, stage, control) * cost["seconds"] + dev_curve
+    return {"minutes": seconds / 60, "peak_mb": cost["peak_mb"], "source": cost["source"]}
 
 
 def available_mb() -> float | None:
@@ -177,19 +129,16 @@ def check_fits(cfg: Any, stage: str, cost: dict | None) -> None:
                    "memory_budget_mb to what this machine can give", field="memory_budget_mb")
 
 
-def plan(cfg: Any, shipped: Any, stages: list[str], done: dict[str, dict],
+def plan(cfg: Any, stages: list[str], done: dict[str, dict],
          control: float | None = None) -> tuple[str, dict[str, dict | None]]:
     """A line with the estimated minutes and peak of `stages`, and each stage's estimate."""
-    costs = {stage: estimate(cfg, shipped, stage, done, control) for stage in stages}
+    costs = {stage: estimate(cfg, stage, done, control) for stage in stages}
     known = {s: c for s, c in costs.items() if c is not None}
-    why = off_reference()
     if not known:
-        return ("estimate: no figures for these settings yet (they will come from the first stages)"
-                + (f"; {why}" if why else "")), costs
+        return "estimate: no figures for these settings yet (they will come from the first stages)", costs
     minutes = sum(c["minutes"] for c in known.values())
     peak = max(c["peak_mb"] for c in known.values())
     sources = sorted({c["source"].split(" (")[0] for c in known.values()})
     unknown = [s for s, c in costs.items() if c is None]
     return (f"estimate: about {minutes:.0f} min for {len(known)} stage(s), peak {peak / 1024:.1f} GiB "
-            f"({' and '.join(sources)} figures)" + (f"; not priced: {', '.join(unknown)}" if unknown else "")
-            + (f" ({why})" if unknown and why else "")), costs
+            f"({' and '.join(sources)} figures)" + (f"; not priced yet: {', '.join(unknown)}" if unknown else "")), costs

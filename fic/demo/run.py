@@ -411,11 +411,10 @@ def _start_line(cfg: DemoConfig, stages: tuple[str, ...]) -> str:
             f"{paths(cfg)['report']}")
 
 
-def plan(cfg: DemoConfig, launch: tuple[str, list[str]] | None = None) -> str:
+def plan(cfg: DemoConfig) -> str:
     """The start line and the cost estimate of what is left (`fic demo --dry-run`); nothing runs."""
-    shipped = load_demo(launch[0], []) if launch is not None else None
     left = [stage for stage in STAGES[:-1] if not (paths(cfg)["stages"] / f"{stage}.json").is_file()]
-    return start_line(cfg) + ("\n[demo] " + costs.plan(cfg, shipped, left, stage_summaries(cfg))[0] if left else "")
+    return start_line(cfg) + ("\n[demo] " + costs.plan(cfg, left, stage_summaries(cfg))[0] if left else "")
 
 
 def run_stages(cfg: DemoConfig, stages: tuple[str, ...], *, progress: bool, say: Callable[[str], None],
@@ -424,11 +423,10 @@ def run_stages(cfg: DemoConfig, stages: tuple[str, ...], *, progress: bool, say:
     one, the estimated minutes and peak of all of them; before each, its own estimate, and a stage
     whose peak would not fit is refused before it starts (`fic.demo.costs`)."""
     markers = paths(cfg)["stages"]
-    shipped = load_demo(launch[0], []) if launch is not None else None
     left = [stage for stage in stages if not (markers / f"{stage}.json").is_file()]
     say(start_line(cfg, stages))
     if left:
-        line, _ = costs.plan(cfg, shipped, left, stage_summaries(cfg))
+        line, _ = costs.plan(cfg, left, stage_summaries(cfg))
         say(f"[demo] {line}")
     for stage in stages:
         marker = markers / f"{stage}.json"
@@ -437,7 +435,7 @@ def run_stages(cfg: DemoConfig, stages: tuple[str, ...], *, progress: bool, say:
             continue
         done = stage_summaries(cfg)
         control = float(control_steps(cfg)) if stage == "control" else None
-        cost = costs.estimate(cfg, shipped, stage, done, control)
+        cost = costs.estimate(cfg, stage, done, control)
         costs.check_fits(cfg, stage, cost)
         say(f"[{stage}] running" + ("" if cost is None else f" (about {cost['minutes']:.1f} min, peak "
                                     f"{cost['peak_mb'] / 1024:.1f} GiB: {cost['source']})"))

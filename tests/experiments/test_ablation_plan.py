@@ -84,9 +84,8 @@ def test_a_cpu_without_fast_bf16_is_not_priced_from_the_reference_machine(tmp_pa
     assert estimate.startswith("[ablation] estimate: no figures for these settings yet; this CPU has no fast "
                                "bfloat16") and "min" not in estimate
     assert main(["demo", "--recipes", str(RECIPES), "--dry-run", f"out={tmp_path / 'd'}"]) == 0
-    line = capsys.readouterr().out.strip().splitlines()[-1]
-    assert line.startswith("[demo] estimate: no figures for these settings yet (they will come from the first "
-                           "stages); this CPU has no fast bfloat16")
+    line = capsys.readouterr().out.strip().splitlines()[-1]  # the demo never prices from the reference list
+    assert line == "[demo] estimate: no figures for these settings yet (they will come from the first stages)"
     # once stage 1 and a first arm have run here, their own figures price the rest
     out = tmp_path / "d"
     (out / "stages").mkdir(parents=True)
@@ -216,3 +215,22 @@ def test_fic_demo_ablate_says_where_the_ablation_went(capsys):
     assert main(["demo", "--ablate", "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and "python experiments/ablation.py" in err and "Traceback" not in err
+
+
+def test_the_reference_figures_price_only_the_shipped_settings_on_a_machine_like_it(monkeypatch):
+    import reference_costs
+
+    from fic.demo import costs
+    from fic.demo.run import STAGES, load_demo
+
+    shipped = load_demo(str(RECIPES), [])
+    monkeypatch.setenv("FIC_CPU_FLAGS", "amx_bf16")  # the reference machine's CPU
+    markers = reference_costs.reference_markers(shipped, shipped)
+    planned = {stage: costs.estimate(shipped, stage, markers) for stage in STAGES[:-1]}
+    assert all(c is not None and c["source"].startswith("reference machine") for c in planned.values())
+    assert costs.unit_cost("vasd", markers)["seconds"] == reference_costs.REFERENCE["vasd"]["seconds"]
+    assert costs.unit_cost("sft", markers)["seconds"] == pytest.approx(reference_costs.REFERENCE["sft"]["seconds"])
+    faster = load_demo(str(RECIPES), ["vasd.train.micro_batch_size=8"])
+    assert costs.estimate(faster, "vasd", reference_costs.reference_markers(faster, shipped)) is None  # not measured
+    monkeypatch.setenv("FIC_CPU_FLAGS", "avx2 fma")
+    assert reference_costs.reference_markers(shipped, shipped) == {}
