@@ -1,8 +1,9 @@
 """Running model-written Python so that it cannot harm the evaluator or the machine
 (`run_python`), in the sandbox mode a run asked for (`use_mode`, `check_mode`).
 
-What holds is the operating system's: a Python audit hook inside the program (the guard) is
-defence in depth and reports what it refused, never the boundary (pure Python can switch it off).
+What holds is the operating system's: a Python audit hook inside the program (the guard,
+`fic/sandbox/guard.py`) is defence in depth and reports what it refused, never the boundary
+(pure Python can switch it off).
 
 Python always runs in a separate process, started by a supervisor (`fic/sandbox/launcher.py`)
 that is a child subreaper (orphans and `setsid` daemons of the program become its children),
@@ -55,16 +56,16 @@ from pathlib import Path
 from typing import Iterator
 
 from fic.core.errors import FicError
+from fic.sandbox.guard import DONE, REFUSED
 from fic.sandbox.launcher import SYSCALLS, landlock_abi
 
-REFUSED = "fic-sandbox: refused "  # the guard's stderr prefix for every refusal
-DONE = "fic-sandbox: done "        # printed by the guard, with the run's nonce, after the program returned
 OUTPUT_SHOWN = 4000                # characters of stdout/stderr kept in a result
 MODES = ("bubblewrap", "rlimits")
 POLICY_VARIABLE = "FIC_SANDBOX"    # bubblewrap (the default) or rlimits (the weaker fallback, opted into)
 UNHELD_VARIABLE = "FIC_SANDBOX_UNHELD"  # what the user accepts that the mode cannot hold here, e.g. "files"
 GAPS = ("files", "network", "processes")  # what a mode may fail to hold on a machine (see `unheld`)
-LAUNCHER = Path(__file__).with_name("launcher.py")
+LAUNCHER = Path(__file__).with_name("launcher.py")  # the supervisor, copied into each run's folders
+GUARD = Path(__file__).with_name("guard.py")        # the program's first layer (see there), copied the same way
 RUN_UIDS = (0x7E000000, 0x7F000000)  # per-run user ids for a root evaluator: no such user exists
 WEAK_WARNING = ("WARNING: model-written code runs in the weaker rlimits sandbox (no namespaces: the network, the "
                 "file system and other processes are guarded only by Landlock, seccomp and a user id where this "
@@ -106,101 +107,6 @@ class RunResult:
 
 class SandboxUnavailable(FicError):
     """Bubblewrap cannot run here and the weaker fallback was not asked for."""
-
-
-# --------------------------------------------------------------------------- the guard
-
-GUARD = r'''
-def _fic_guard():
-    import fcntl, os, sys
-    root = os.path.realpath(os.getcwd())
-    nonce = os.environ.pop("FIC_SANDBOX_NONCE", "")
-    max_forks = int(os.environ.pop("FIC_SANDBOX_FORKS", "16"))
-    readable = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
-    devices = {"/dev/null", "/dev/urandom", "/dev/random", "/dev/zero"}
-    counter = os.open(os.path.join(root, ".fic_forks"), os.O_RDWR | os.O_CREAT, 0o600)
-    me = os.getpid
-
-    def refuse(what):
-        os.write(2, ("fic-sandbox: refused " + what + "\n").encode())
-        raise PermissionError("fic sandbox: " + what)
-
-    def inside(path, bases):
-        if isinstance(path, int) or path is None:
-            return True
-        path = os.path.realpath(os.fsdecode(path))
-        return any(path == b or path.startswith(b.rstrip("/") + "/") for b in bases)
-
-    def check(path, write):
-        if not write and (inside(path, readable | {root}) or os.path.realpath(os.fsdecode(path)) in devices):
-            return
-        if write and inside(path, {root}):
-            return
-        refuse(("writing " if write else "reading ") + os.fsdecode(path) + " (outside its folder)")
-
-    writers = {"os.remove", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.truncate", "os.utime",
-               "shutil.rmtree", "os.chflags", "os.setxattr", "os.removexattr"}
-    pairs = {"os.rename", "os.link", "os.symlink", "shutil.copyfile", "shutil.copytree", "shutil.move"}
-    programs = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.startfile",
-                "pty.spawn", "os.fork_exec")
-    modules = {"ctypes", "_ctypes", "cffi", "_posixsubprocess"}
-
-    def hook(event, args):
-        if event == "open":
-            path, mode, flags = args
-            write = (mode is not None and any(c in str(mode) for c in "wax+")) or \
-                bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND))
-            if not isinstance(path, int):
-                check(path, write)
-        elif event in writers:
-            check(args[0], True)
-        elif event in pairs:
-            check(args[0], event != "os.symlink" and event != "shutil.copyfile")
-            check(args[1], True)
-        elif event in ("os.listdir", "os.scandir", "os.chdir"):
-            check(args[0] if args and args[0] is not None else ".", False)
-        elif event.startswith("socket."):
-            refuse("network access (" + event + ")")
-        elif event in ("gc.get_objects", "gc.get_referrers", "gc.get_referents"):
-            refuse("walking the interpreter's objects (" + event + "), the way to this guard")
-        elif event.startswith(programs):
-            refuse("starting a program (" + event + ")")
-        elif event == "import" and args[0] in modules:
-            refuse("importing " + args[0])
-        elif event in ("os.kill", "os.killpg", "signal.pthread_kill"):
-            if event != "os.kill" or args[0] not in (0, me()):
-                refuse("a signal to another process (" + event + " " + str(args[0]) + ")")
-        elif event == "resource.prlimit" and args[0] not in (0, me()):
-            refuse("the limits of another process (resource.prlimit " + str(args[0]) + ")")
-        elif event in ("os.fork", "os.forkpty"):
-            fcntl.flock(counter, fcntl.LOCK_EX)
-            try:
-                forks = int(os.pread(counter, 32, 0) or b"0") + 1
-                os.pwrite(counter, str(forks).encode().ljust(32), 0)
-            finally:
-                fcntl.flock(counter, fcntl.LOCK_UN)
-            if forks > max_forks:
-                refuse("process " + str(forks) + " (the limit is " + str(max_forks) + ")")
-
-    sys.addaudithook(hook)
-    return nonce
-
-
-_fic_nonce = _fic_guard()
-del _fic_guard
-_fic_program = open("program.py", encoding="utf-8").read()
-exec(compile(_fic_program, "program.py", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
-print("\nfic-sandbox: done " + _fic_nonce, flush=True)
-'''
-
-
-UNGUARDED = """
-import os
-_fic_nonce = os.environ.pop("FIC_SANDBOX_NONCE", "")
-_fic_program = open("program.py", encoding="utf-8").read()
-exec(compile(_fic_program, "program.py", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
-print("\\nfic-sandbox: done " + _fic_nonce, flush=True)
-"""
 
 
 # --------------------------------------------------------------------------- policy
@@ -288,12 +194,13 @@ def weak_warning() -> str | None:
 # --------------------------------------------------------------------------- Python
 
 def run_python(program: str, limits: Limits = Limits(), *, isolation: str | None = None,
-               guard: bool = True) -> RunResult:
+               guard: bool = True, files: dict[str, str] | None = None) -> RunResult:
     """Run `program` (Python source) in the sandbox; it passes when it exits 0 after running to
-    its end. `isolation` forces "bubblewrap" or "rlimits" (default: `mode()`, refused with
-    `SandboxUnavailable` when that is bubblewrap and it cannot run, and either mode where it cannot
-    hold something the user did not name: `check_held`). `guard=False` leaves out
-    the audit hook (the tests check that the operating system holds alone)."""
+    its end. `files` ({name: text}) are put beside it in its folder. `isolation` forces
+    "bubblewrap" or "rlimits" (default: `mode()`, refused with `SandboxUnavailable` when that is
+    bubblewrap and it cannot run, and either mode where it cannot hold something the user did not
+    name: `check_held`). `guard=False` leaves out the audit hook (the tests check that the
+    operating system holds alone)."""
     if isolation is None:
         isolation = check_mode()
         if isolation == "rlimits" and not _warned:
@@ -311,13 +218,14 @@ def run_python(program: str, limits: Limits = Limits(), *, isolation: str | None
     control.mkdir(mode=0o700)
     read_verdict, write_verdict = os.pipe()
     try:
-        (folder / "program.py").write_text(program, encoding="utf-8")
-        (folder / "guard.py").write_text(GUARD if guard else UNGUARDED, encoding="utf-8")
+        for name, text in {**(files or {}), "program.py": program}.items():
+            (folder / name).write_text(text, encoding="utf-8")
+        shutil.copy(GUARD, folder / "guard.py")
         shutil.copy(LAUNCHER, control / "launcher.py")
         uid = _run_uid()
         inside, inside_control = (("/sandbox", "/fic-control") if isolation == "bubblewrap"
                                   else (str(folder), str(control)))
-        config = _launch_config(limits, isolation, uid, inside, nonce)
+        config = _launch_config(limits, isolation, uid, inside, nonce, guard)
         (control / "config.json").write_text(json.dumps(config), encoding="utf-8")
         if uid is not None:
             os.chmod(outside, 0o711)  # the run's user passes through to its folder, and sees nothing else
@@ -362,7 +270,7 @@ def run_python(program: str, limits: Limits = Limits(), *, isolation: str | None
                      left=int(verdict.get("left") or 0), layers=dict(verdict.get("layers") or {}))
 
 
-def _launch_config(limits: Limits, isolation: str, uid: int | None, folder: str, nonce: str) -> dict:
+def _launch_config(limits: Limits, isolation: str, uid: int | None, folder: str, nonce: str, guard: bool) -> dict:
     """What the supervisor applies (see `fic/sandbox/launcher.py`)."""
     memory, output = limits.memory_mb << 20, limits.output_mb << 20
     cpu = math.ceil(limits.seconds) + 1  # per process; the supervisor holds the tree to `limits.seconds`
@@ -377,7 +285,8 @@ def _launch_config(limits: Limits, isolation: str, uid: int | None, folder: str,
     read = [*prefixes, "/usr", "/lib", "/lib64", "/lib32", "/bin", "/etc/ld.so.cache", "/dev/urandom", "/dev/random",
             "/dev/zero"]
     return {"argv": [python_interpreter(), "-I", "-S", "-B", "guard.py"], "cwd": folder,
-            "env": {"FIC_SANDBOX_NONCE": nonce, "FIC_SANDBOX_FORKS": str(limits.processes), "PATH": "/usr/bin:/bin",
+            "env": {"FIC_SANDBOX_NONCE": nonce, "FIC_SANDBOX_FORKS": str(limits.processes),
+                    "FIC_SANDBOX_GUARD": "on" if guard else "off", "PATH": "/usr/bin:/bin",
                     "HOME": folder, "TMPDIR": folder, "PYTHONHASHSEED": "0", "LANG": "C.UTF-8"},
             "uid": uid, "gid": uid, "read_search": uid is not None and isolation == "rlimits"
             and not _readable_by_others(python_interpreter()), "rlimits": rlimits, "cpu_seconds": limits.seconds,
