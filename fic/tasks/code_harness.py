@@ -90,6 +90,7 @@ def run_test(number, seconds, run):
 def run_tests(source, func_name, cases, check, seconds):
     """Run the solution's `source` against each case (or HumanEval's `check`): running the
     model's code is this program's purpose, in the sandbox (hence the `exec`s)."""
+    signal.signal(signal.SIGPROF, alarm)
     if check is not None:
         def run_check():
             namespace = {"__name__": "solution"}
@@ -127,7 +128,6 @@ def run_tests(source, func_name, cases, check, seconds):
 def main():
     with open("tests.json", encoding="utf-8") as handle:
         tests = json.load(handle)
-    signal.signal(signal.SIGPROF, alarm)
     run_tests(tests["source"], tests["func_name"], decode(tests["public"]) + decode(tests["private"]), tests["check"],
               tests["seconds"])
 
