@@ -8,7 +8,7 @@ What holds is the operating system's: a Python audit hook inside the program (th
 Python always runs in a separate process, started by a supervisor (`fic/sandbox/launcher.py`)
 that is a child subreaper (orphans and `setsid` daemons of the program become its children),
 kills the program's whole process tree at the end, and enforces limits over that tree (CPU time,
-resident memory) and a wall-clock limit. The program process itself gets resource limits
+resident memory and the SysV IPC objects of the run's own IPC namespace) and a wall-clock limit. The program process itself gets resource limits
 (address space, CPU, file size, open files, processes), a per-run unprivileged user id when the
 evaluator is root (so that the kernel's process limit applies, root is exempt, and so that it
 cannot signal or re-limit root's processes), no new privileges, Landlock where the kernel has
@@ -20,11 +20,14 @@ Two modes:
   with `/usr` and the Python installation read-only, the run's folder the only writable place,
   no environment, all capabilities but the three the supervisor needs to drop to the run's user
   id and kill it (the program keeps none), killed with its parent; when the run ends bubblewrap
-  is killed, which ends its PID namespace and every process in it.
+  is killed, which ends its PID namespace and every process in it, and its IPC namespace with
+  whatever SysV objects the run made.
 - `rlimits` (the weaker fallback, only when asked for: `FIC_SANDBOX=rlimits` or a verb's
-  `sandbox=rlimits`): the same supervisor and program layers without namespaces. The network,
-  the file system and other processes are guarded by Landlock, seccomp and the user id drop
-  (which keeps CAP_DAC_READ_SEARCH alone where the interpreter is out of that user's reach).
+  `sandbox=rlimits`): the same supervisor and program layers without namespaces but one: an IPC
+  namespace the supervisor makes where permitted (CAP_SYS_ADMIN), else SysV IPC refused by
+  seccomp. The network, the file system and other processes are guarded by Landlock, seccomp and
+  the user id drop (which keeps CAP_DAC_READ_SEARCH alone where the interpreter is out of that
+  user's reach).
   Without bubblewrap and without that opt-in, model-written code is not run (a `FicError`).
 
 A mode that cannot hold something on this machine (`unheld`: no Landlock, no seccomp table)
@@ -63,13 +66,14 @@ OUTPUT_SHOWN = 4000                # characters of stdout/stderr kept in a resul
 MODES = ("bubblewrap", "rlimits")
 POLICY_VARIABLE = "FIC_SANDBOX"    # bubblewrap (the default) or rlimits (the weaker fallback, opted into)
 UNHELD_VARIABLE = "FIC_SANDBOX_UNHELD"  # what the user accepts that the mode cannot hold here, e.g. "files"
-GAPS = ("files", "network", "processes")  # what a mode may fail to hold on a machine (see `unheld`)
+GAPS = ("files", "network", "processes", "ipc")  # what a mode may fail to hold on a machine (see `unheld`)
 LAUNCHER = Path(__file__).with_name("launcher.py")  # the supervisor, copied into each run's folders
 GUARD = Path(__file__).with_name("guard.py")        # the program's first layer (see there), copied the same way
+_IPC_NAMESPACE = True  # the rlimits mode asks for one; the tests turn it off to see SysV IPC refused instead
 RUN_UIDS = (0x7E000000, 0x7F000000)  # per-run user ids for a root evaluator: no such user exists
-WEAK_WARNING = ("WARNING: model-written code runs in the weaker rlimits sandbox (no namespaces: the network, the "
-                "file system and other processes are guarded only by Landlock, seccomp and a user id where this "
-                "machine allows them); see docs/tasks.md")
+WEAK_WARNING = ("WARNING: model-written code runs in the weaker rlimits sandbox (no mount, PID or network "
+                "namespace: the network, the file system and other processes are guarded only by Landlock, seccomp "
+                "and a user id where this machine allows them); see docs/tasks.md")
 
 
 @dataclass(frozen=True)
@@ -151,8 +155,9 @@ def unheld(isolation: str) -> dict[str, str]:
     """What `isolation` cannot hold by the kernel on this machine, {gap: why}. Bubblewrap's
     namespaces hold the files, the network and other processes; the rlimits mode holds files by
     Landlock, the network by seccomp, other processes by seccomp and (root) the run's user id,
-    or (another user) Landlock's hiding of /proc/PID/mem. Forks (the process limit of a user id)
-    and the memory of the tree (the supervisor) hold in both modes."""
+    or (another user) Landlock's hiding of /proc/PID/mem, SysV IPC by an IPC namespace where the
+    evaluator may make one (CAP_SYS_ADMIN), else by seccomp. Forks (the process limit of a user
+    id) and the memory of the tree (the supervisor) hold in both modes."""
     if isolation == "bubblewrap":
         return {}
     machine, abi, root = platform.machine(), landlock_abi(), os.geteuid() == 0
@@ -168,7 +173,22 @@ def unheld(isolation: str) -> dict[str, str]:
                                  "every process of this user, the evaluator included")
     elif not root and not abi:
         gaps["processes"] = "no Landlock: the program may write /proc/PID/mem of every process of this user"
+    if machine not in SYSCALLS and not _may_unshare_ipc():
+        gaps["ipc"] = (f"no IPC namespace (no CAP_SYS_ADMIN) and no seccomp table for {machine}: the program may "
+                       "create SysV shared memory, queues and semaphores that outlive the run, outside the tree's "
+                       "memory bound")
     return gaps
+
+
+def _may_unshare_ipc() -> bool:
+    """Whether this process (and so the supervisor it starts) may make an IPC namespace:
+    CAP_SYS_ADMIN in its effective capabilities."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return False
+    effective = next((line.split()[1] for line in status.splitlines() if line.startswith("CapEff:")), "0")
+    return bool(int(effective, 16) >> 21 & 1)
 
 
 def check_held(isolation: str) -> None:
@@ -217,6 +237,7 @@ def run_python(program: str, limits: Limits = Limits(), *, isolation: str | None
     folder.mkdir()
     control.mkdir(mode=0o700)
     read_verdict, write_verdict = os.pipe()
+    read_info = write_info = -1  # bubblewrap's --info-fd
     try:
         for name, text in {**(files or {}), "program.py": program}.items():
             (folder / name).write_text(text, encoding="utf-8")
@@ -233,25 +254,32 @@ def run_python(program: str, limits: Limits = Limits(), *, isolation: str | None
                 os.chown(path, uid, uid)
         argv = [python_interpreter(), "-I", "-S", "-B", f"{inside_control}/launcher.py",
                 f"{inside_control}/config.json", str(write_verdict)]
+        passed_fds = [write_verdict]
         if isolation == "bubblewrap":
-            argv = [*bwrap_command(), "--bind", str(folder), "/sandbox", "--ro-bind", str(control), "/fic-control",
-                    "--chdir", "/sandbox", *argv]
+            read_info, write_info = os.pipe()
+            passed_fds.append(write_info)
+            argv = [*bwrap_command(), "--info-fd", str(write_info), "--bind", str(folder), "/sandbox",
+                    "--ro-bind", str(control), "/fic-control", "--chdir", "/sandbox", *argv]
         started = time.monotonic()
         with open(outside / "stdout", "wb") as out, open(outside / "stderr", "wb") as err:
             child = subprocess.Popen(argv, cwd=str(outside), env={"LANG": "C.UTF-8"}, stdin=subprocess.DEVNULL,
                                      stdout=out, stderr=err, start_new_session=True, close_fds=True,
-                                     pass_fds=(write_verdict,))
-            os.close(write_verdict)
-            write_verdict = -1
+                                     pass_fds=passed_fds)
+            for fd in passed_fds:
+                os.close(fd)
+            write_verdict = write_info = -1
+            inner = _inner_process(read_info) if isolation == "bubblewrap" else None
+            read_info = -1
             verdict = _await_verdict(read_verdict, child, limits.wall + 10)
             _kill_session(child.pid)
+            _end_namespaces(inner)
             child.wait()
         elapsed = time.monotonic() - started
         stdout, stderr = _read(outside / "stdout"), _read(outside / "stderr")
     finally:
-        if write_verdict >= 0:
-            os.close(write_verdict)
-        os.close(read_verdict)
+        for fd in (write_verdict, write_info, read_info, read_verdict):
+            if fd >= 0:
+                os.close(fd)
         shutil.rmtree(outside, ignore_errors=True)
     if verdict is None:
         verdict = {"reason": "wall", "cpu_seconds": 0.0, "left": 0, "layers": {}, "setup_error": None,
@@ -292,7 +320,7 @@ def _launch_config(limits: Limits, isolation: str, uid: int | None, folder: str,
             and not _readable_by_others(python_interpreter()), "rlimits": rlimits, "cpu_seconds": limits.seconds,
             "wall_seconds": limits.wall, "tree_memory": limits.tree_memory << 20, "landlock": True, "read": read,
             "write": [folder], "files": ["/dev/null"], "seccomp": True, "die_with_parent": isolation == "rlimits",
-            "parent": os.getpid()}
+            "parent": os.getpid(), "evaluator_ipc": os.readlink("/proc/self/ns/ipc"), "ipc_namespace": _IPC_NAMESPACE}
 
 
 def _run_uid() -> int | None:
@@ -334,6 +362,39 @@ def _await_verdict(fd: int, child: subprocess.Popen, limit: float) -> dict | Non
         return json.loads(data.decode("utf-8")) if data else None
     except ValueError:
         return None
+
+
+def _inner_process(info: int) -> int | None:
+    """A pidfd of bubblewrap's process inside the namespaces it made (their PID namespace's first
+    process), from its `--info-fd` (read and closed here), or None."""
+    data, deadline = b"", time.monotonic() + 30
+    try:
+        while time.monotonic() < deadline and select.select([info], [], [], deadline - time.monotonic())[0]:
+            chunk = os.read(info, 4096)
+            if not chunk:
+                break
+            data += chunk
+        return os.pidfd_open(int(json.loads(data)["child-pid"]))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None  # bubblewrap failed to start (its verdict says so), or no pidfd here (Linux < 5.3)
+    finally:
+        os.close(info)
+
+
+def _end_namespaces(inner: int | None) -> None:
+    """Kill bubblewrap's inner process (which ends its PID namespace, every process in it, and
+    with the last of them the run's IPC namespace and what it held) and wait until it has ended,
+    so that nothing of the run outlives `run_python`. Killing bubblewrap's outer process alone
+    ends it too, by `PR_SET_PDEATHSIG`, but some milliseconds later."""
+    if inner is None:
+        return
+    try:
+        signal.pidfd_send_signal(inner, signal.SIGKILL)
+        select.select([inner], [], [], 10.0)  # readable once it has exited
+    except ProcessLookupError:
+        pass  # ended already
+    finally:
+        os.close(inner)
 
 
 def _own_processes() -> int:
@@ -396,6 +457,9 @@ def _reason(verdict: dict, returncode: int | None, stdout: str, stderr: str, lim
             name = signal.Signals(-returncode).name
         except ValueError:
             name = f"signal {-returncode}"
+        if name == "SIGSYS" and verdict.get("layers", {}).get("ipc") == "refused":
+            return ("refused: SysV IPC (this run has no IPC namespace of its own, so shmget, msgget, semget and "
+                    "the rest kill the process that asks): SIGSYS")
         what = {"SIGXCPU": "CPU time limit", "SIGXFSZ": f"output limit ({limits.output_mb} MB)",
                 "SIGKILL": "killed (memory or time)", "SIGSEGV": "crashed", "SIGSYS": "refused a system call"
                 }.get(name, "killed")
@@ -492,10 +556,12 @@ def describe_isolation() -> str:
         uid = ("the user's own id" if os.geteuid() != 0 else "a per-run user id"
                if _readable_by_others(python_interpreter()) else "a per-run user id keeping CAP_DAC_READ_SEARCH")
         gaps = unheld(chosen)
+        ipc = ("an IPC namespace of its own" if _may_unshare_ipc() else "SysV IPC refused (no IPC namespace)"
+               if platform.machine() in SYSCALLS else "SysV IPC shared with the machine")
         return (f"rlimits, the weaker fallback ({why}): resource limits, {uid}, Landlock and seccomp where the "
-                "kernel has them, a supervisor that bounds the tree's memory and kills it; no namespaces"
+                f"kernel has them, {ipc}, a supervisor that bounds the tree's memory and kills it; no other namespaces"
                 + "".join(f"; does NOT hold {gap} ({why})" for gap, why in gaps.items()))
     uid = "a per-run user id" if os.geteuid() == 0 else "the user's own id in a user namespace"
-    return (f"bubblewrap: namespaces (no network, own PID space, read-only Python), {uid}, resource limits, "
+    return (f"bubblewrap: namespaces (no network, own PID and IPC spaces, read-only Python), {uid}, resource limits, "
             "Landlock and seccomp where the kernel has them, a supervisor that bounds the tree's memory, the "
             "whole namespace killed at the end")

@@ -41,7 +41,10 @@ def test_a_mode_that_cannot_hold_something_here_refuses_to_run_unless_the_user_n
         assert "does NOT hold files (no Landlock" in sandbox.describe_isolation()
     monkeypatch.setattr(sandbox.platform, "machine", lambda: "riscv64")
     gaps = sandbox.unheld("rlimits")
-    assert set(gaps) == {"files", "network"} | (set() if ROOT else {"processes"}) and "riscv64" in gaps["network"]
+    assert set(gaps) == {"files", "network"} | (set() if ROOT else {"processes"}) | (
+        set() if sandbox._may_unshare_ipc() else {"ipc"}) and "riscv64" in gaps["network"]
+    monkeypatch.setattr(sandbox, "_may_unshare_ipc", lambda: False)  # a container without CAP_SYS_ADMIN
+    assert "no IPC namespace (no CAP_SYS_ADMIN) and no seccomp table for riscv64" in sandbox.unheld("rlimits")["ipc"]
     with pytest.raises(sandbox.SandboxUnavailable, match="network: no seccomp table for riscv64"):
         run_python("print(1)\n", ROOMY, isolation="rlimits")
     if sandbox.bwrap_command():

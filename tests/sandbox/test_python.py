@@ -248,4 +248,7 @@ def test_the_operating_system_layers_that_applied_are_reported(isolation):
     if ROOT:  # both modes drop to a run's own user id (root is exempt from the process limit)
         assert sandbox.RUN_UIDS[0] <= layers["uid"] < sandbox.RUN_UIDS[1] and layers["nproc"] == ROOMY.processes + 1
     assert layers["tree_memory_mb"] == ROOMY.memory_mb
+    # SysV IPC: a namespace of the run's own (bubblewrap's; the supervisor's unshare where permitted), else refused
+    held = isolation == "bubblewrap" or sandbox._may_unshare_ipc()
+    assert layers["ipc"] == ("namespace" if held else "refused" if layers["seccomp"] else "shared")
     assert isinstance(layers["landlock"], int)  # the ABI version, 0 where the kernel has none
