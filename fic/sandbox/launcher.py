@@ -29,8 +29,9 @@ in the child before `exec`, applies the operating-system layers the config asks 
 Then it watches the program: the CPU time of the whole process tree (live processes from
 /proc, finished ones from wait4) against the CPU limit, the resident memory of the whole tree and
 the SysV IPC objects of the run's namespace (shared memory no process maps, message queues,
-semaphores: memory that belongs to no process) against the tree's memory limit, the wall clock
-against the wall limit. The namespace, and whatever the run created in it, ends with the run. When the program ends,
+semaphores: memory that belongs to no process) against the tree's memory limit, what the run
+added to its folder (bytes and a page for each file or folder; a tmpfs of its own in bubblewrap)
+against the folder's limit, the wall clock against the wall limit. The namespace, and whatever the run created in it, ends with the run. When the program ends,
 or a limit is reached, it kills every process still in its tree and counts those that were left
 running. The verdict goes to VERDICT_FD as one JSON object.
 """
@@ -41,6 +42,7 @@ import os
 import platform
 import resource
 import signal
+import stat
 import struct
 import sys
 import time
@@ -280,6 +282,50 @@ def sysv_bytes():
     return total
 
 
+# --------------------------------------------------------------------------- the run's folder
+
+def folder_usage(config, live, stop):
+    """What the run's folder holds: bytes of its files plus a page for each file or folder (an
+    inode of a tmpfs is memory too), or None when the program made part of it unreadable. On a
+    file system of its own (bubblewrap's tmpfs) that file system's count, which includes files
+    removed but held open; on the machine's (the rlimits mode) a walk, stopped once past `stop`,
+    and the files the tree's processes hold open after removing them."""
+    folder = config["cwd"]
+    if config.get("folder_own_fs"):
+        fs = os.statvfs(folder)
+        return (fs.f_blocks - fs.f_bfree) * fs.f_frsize + (fs.f_files - fs.f_ffree) * PAGE
+    total, seen, todo = 0, set(), [folder]
+    try:
+        device = os.lstat(folder).st_dev
+        while todo and total <= stop:
+            with os.scandir(todo.pop()) as entries:
+                for entry in entries:
+                    info = entry.stat(follow_symlinks=False)
+                    seen.add(info.st_ino)
+                    total += info.st_blocks * 512 + PAGE
+                    if entry.is_dir(follow_symlinks=False):
+                        todo.append(entry.path)
+    except PermissionError:
+        return None
+    except OSError:
+        pass  # removed while walked
+    for pid in live:
+        try:
+            fds = os.listdir("/proc/%d/fd" % pid)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                info = os.stat("/proc/%d/fd/%s" % (pid, fd))
+            except OSError:
+                continue
+            if stat.S_ISREG(info.st_mode) and info.st_nlink == 0 and info.st_dev == device \
+                    and info.st_ino not in seen:
+                seen.add(info.st_ino)
+                total += info.st_blocks * 512
+    return total
+
+
 # --------------------------------------------------------------------------- the process tree
 
 CLOCK = os.sysconf("SC_CLK_TCK")
@@ -356,9 +402,10 @@ class Tree:
                 self.status = status
 
     def measure(self):
-        """CPU seconds (finished processes included) and resident bytes of the whole tree now."""
+        """CPU seconds (finished processes included) and resident bytes of the whole tree now, and
+        its live processes."""
         live = descendants(os.getpid())
-        return self.reaped_cpu + sum(cpu_of(pid) for pid in live), sum(resident_of(pid) for pid in live)
+        return self.reaped_cpu + sum(cpu_of(pid) for pid in live), sum(resident_of(pid) for pid in live), live
 
     def kill(self):
         """SIGKILL every process of the tree until none is left; how many there were, the
@@ -431,6 +478,8 @@ def main():
     own_ipc = own_ipc_namespace(config["evaluator_ipc"], config.get("ipc_namespace"))
     config["refuse_ipc"] = not own_ipc
     layers["ipc"] = "namespace" if own_ipc else "refused" if config["seccomp"] else "shared"
+    layers["folder_mb"] = config["folder_bytes"] >> 20
+    given = folder_usage(config, [], float("inf")) or 0  # the files it was given: the bound is on what it adds
     setup_read, setup_write = os.pipe()  # close-on-exec: it closes, empty, when the exec succeeds
     pid = os.fork()
     if pid == 0:
@@ -444,34 +493,43 @@ def main():
             break
         problem += chunk
     os.close(setup_read)
-    tree, reason, peak = Tree(pid), None, 0
+    tree, reason, peak, peak_folder = Tree(pid), None, 0, 0
     while True:
         tree.reap()
         if tree.status is not None:
             break
-        cpu, held = tree.measure()
+        cpu, held, live = tree.measure()
         held += sysv_bytes() if own_ipc else 0
         peak = max(peak, held)
+        grown = folder_usage(config, live, given + config["folder_bytes"])
+        peak_folder = None if grown is None or peak_folder is None else max(peak_folder, grown - given)
         if cpu > config["cpu_seconds"]:
             reason = "cpu"
             break
         if held > config["tree_memory"]:
             reason = "memory"
             break
+        if peak_folder is None or peak_folder > config["folder_bytes"]:
+            reason = "disk"
+            break
         if time.monotonic() - started > config["wall_seconds"]:
             reason = "wall"
             break
         time.sleep(0.02)
-    if reason is None and own_ipc:  # what the namespace holds outlives the program until the run ends: a last look
-        held = sysv_bytes()
+    if reason is None:  # what the folder and the namespace hold outlives the program until the run ends: a last look
+        held = sysv_bytes() if own_ipc else 0
         peak = max(peak, held)
-        reason = "memory" if held > config["tree_memory"] else None
+        grown = folder_usage(config, [], given + config["folder_bytes"])
+        peak_folder = None if grown is None or peak_folder is None else max(peak_folder, grown - given)
+        reason = ("memory" if held > config["tree_memory"] else
+                  "disk" if peak_folder is None or peak_folder > config["folder_bytes"] else None)
     cpu = tree.measure()[0]
     left = tree.kill()
     cpu = max(cpu, tree.reaped_cpu)
     status = tree.status
     out = {"reason": reason, "cpu_seconds": round(cpu, 3), "wall_seconds": round(time.monotonic() - started, 3),
            "left": left, "layers": layers, "peak_memory_mb": peak >> 20,
+           "peak_folder_mb": None if peak_folder is None else peak_folder >> 20,
            "setup_error": problem.decode("utf-8", "replace") or None,
            "exit_code": os.WEXITSTATUS(status) if status is not None and os.WIFEXITED(status) else None,
            "signal": os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) else None}

@@ -70,6 +70,7 @@ GAPS = ("files", "network", "processes", "ipc")  # what a mode may fail to hold 
 LAUNCHER = Path(__file__).with_name("launcher.py")  # the supervisor, copied into each run's folders
 GUARD = Path(__file__).with_name("guard.py")        # the program's first layer (see there), copied the same way
 _IPC_NAMESPACE = True  # the rlimits mode asks for one; the tests turn it off to see SysV IPC refused instead
+PAGE = os.sysconf("SC_PAGE_SIZE")
 RUN_UIDS = (0x7E000000, 0x7F000000)  # per-run user ids for a root evaluator: no such user exists
 WEAK_WARNING = ("WARNING: model-written code runs in the weaker rlimits sandbox (no mount, PID or network "
                 "namespace: the network, the file system and other processes are guarded only by Landlock, seccomp "
@@ -84,6 +85,7 @@ class Limits:
     processes: int = 16               # processes the run may create
     output_mb: int = 4                # largest file (stdout and stderr included) it may write
     wall_seconds: float | None = None  # wall clock; None: 3 x seconds + 5 (a loaded machine slows CPU time)
+    folder_mb: int = 64               # what it may add to its folder (bytes, and a page for each file or folder)
 
     @property
     def wall(self) -> float:
@@ -237,28 +239,27 @@ def run_python(program: str, limits: Limits = Limits(), *, isolation: str | None
     folder.mkdir()
     control.mkdir(mode=0o700)
     read_verdict, write_verdict = os.pipe()
-    read_info = write_info = -1  # bubblewrap's --info-fd
+    passed_fds, read_info = [write_verdict], -1  # what the sandbox inherits; bubblewrap's --info-fd
     try:
         for name, text in {**(files or {}), "program.py": program}.items():
             (folder / name).write_text(text, encoding="utf-8")
         shutil.copy(GUARD, folder / "guard.py")
         shutil.copy(LAUNCHER, control / "launcher.py")
         uid = _run_uid()
-        inside, inside_control = (("/sandbox", "/fic-control") if isolation == "bubblewrap"
-                                  else (str(folder), str(control)))
+        bubblewrap = isolation == "bubblewrap"
+        inside, inside_control = ("/sandbox", "/fic-control") if bubblewrap else (str(folder), str(control))
         config = _launch_config(limits, isolation, uid, inside, nonce, guard)
         (control / "config.json").write_text(json.dumps(config), encoding="utf-8")
-        if uid is not None:
+        if uid is not None and not bubblewrap:
             os.chmod(outside, 0o711)  # the run's user passes through to its folder, and sees nothing else
             for path in (folder, *folder.iterdir()):
                 os.chown(path, uid, uid)
         argv = [python_interpreter(), "-I", "-S", "-B", f"{inside_control}/launcher.py",
                 f"{inside_control}/config.json", str(write_verdict)]
-        passed_fds = [write_verdict]
-        if isolation == "bubblewrap":
+        if bubblewrap:
             read_info, write_info = os.pipe()
             passed_fds.append(write_info)
-            argv = [*bwrap_command(), "--info-fd", str(write_info), "--bind", str(folder), "/sandbox",
+            argv = [*bwrap_command(), "--info-fd", str(write_info), *_own_folder(folder, limits, passed_fds),
                     "--ro-bind", str(control), "/fic-control", "--chdir", "/sandbox", *argv]
         started = time.monotonic()
         with open(outside / "stdout", "wb") as out, open(outside / "stderr", "wb") as err:
@@ -267,8 +268,8 @@ def run_python(program: str, limits: Limits = Limits(), *, isolation: str | None
                                      pass_fds=passed_fds)
             for fd in passed_fds:
                 os.close(fd)
-            write_verdict = write_info = -1
-            inner = _inner_process(read_info) if isolation == "bubblewrap" else None
+            passed_fds = []
+            inner = _inner_process(read_info) if bubblewrap else None
             read_info = -1
             verdict = _await_verdict(read_verdict, child, limits.wall + 10)
             _kill_session(child.pid)
@@ -277,7 +278,7 @@ def run_python(program: str, limits: Limits = Limits(), *, isolation: str | None
         elapsed = time.monotonic() - started
         stdout, stderr = _read(outside / "stdout"), _read(outside / "stderr")
     finally:
-        for fd in (write_verdict, write_info, read_info, read_verdict):
+        for fd in (*passed_fds, read_info, read_verdict):
             if fd >= 0:
                 os.close(fd)
         shutil.rmtree(outside, ignore_errors=True)
@@ -291,7 +292,7 @@ def run_python(program: str, limits: Limits = Limits(), *, isolation: str | None
     returncode = verdict["exit_code"] if verdict["exit_code"] is not None else (
         -verdict["signal"] if verdict.get("signal") else None)
     passed = verdict["reason"] is None and returncode == 0 and stdout.rstrip().endswith(DONE + nonce)
-    reason = None if passed else _reason(verdict, returncode, stdout, stderr, limits, refused)
+    reason = None if passed else _reason(verdict, returncode, stdout, stderr, limits, refused, isolation)
     stdout = stdout.replace(DONE + nonce, "").rstrip("\n")
     return RunResult(passed, reason, returncode, stdout[-OUTPUT_SHOWN:], stderr[-OUTPUT_SHOWN:], elapsed, isolation,
                      cpu_seconds=float(verdict.get("cpu_seconds") or 0.0), refused=refused,
@@ -320,6 +321,7 @@ def _launch_config(limits: Limits, isolation: str, uid: int | None, folder: str,
             and not _readable_by_others(python_interpreter()), "rlimits": rlimits, "cpu_seconds": limits.seconds,
             "wall_seconds": limits.wall, "tree_memory": limits.tree_memory << 20, "landlock": True, "read": read,
             "write": [folder], "files": ["/dev/null"], "seccomp": True, "die_with_parent": isolation == "rlimits",
+            "folder_bytes": limits.folder_mb << 20, "folder_own_fs": isolation == "bubblewrap",
             "parent": os.getpid(), "evaluator_ipc": os.readlink("/proc/self/ns/ipc"), "ipc_namespace": _IPC_NAMESPACE}
 
 
@@ -362,6 +364,20 @@ def _await_verdict(fd: int, child: subprocess.Popen, limit: float) -> dict | Non
         return json.loads(data.decode("utf-8")) if data else None
     except ValueError:
         return None
+
+
+def _own_folder(folder: Path, limits: Limits, fds: list[int]) -> list[str]:
+    """Bubblewrap's arguments that give the run a file system of its own at /sandbox: a tmpfs
+    that holds the files in `folder` (bubblewrap copies each in from a descriptor, added to `fds`)
+    and room for `limits.folder_mb` more, plus a MiB, so that the supervisor's bound is what
+    stops a run (with a note) before the file system is full. Unlike a folder on the machine's
+    disk, it bounds files held open after they were removed too."""
+    args, given = [], 0
+    for path in sorted(folder.iterdir()):
+        fds.append(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
+        args += ["--perms", "0644", "--file", str(fds[-1]), f"/sandbox/{path.name}"]
+        given += -(-path.stat().st_size // PAGE) * PAGE + PAGE
+    return ["--perms", "01777", "--size", str(given + ((limits.folder_mb + 1) << 20)), "--tmpfs", "/sandbox", *args]
 
 
 def _inner_process(info: int) -> int | None:
@@ -438,7 +454,7 @@ def _read(path: Path) -> str:
 
 
 def _reason(verdict: dict, returncode: int | None, stdout: str, stderr: str, limits: Limits,
-            refused: list[str]) -> str:
+            refused: list[str], isolation: str) -> str:
     also = f" (also refused: {refused[0]})" if refused else ""
     if verdict.get("supervisor_lost"):
         return f"time limit: no answer from the sandbox after {limits.wall + 10:g} s, killed{also}"
@@ -447,6 +463,11 @@ def _reason(verdict: dict, returncode: int | None, stdout: str, stderr: str, lim
     if verdict["reason"] == "memory":
         return (f"memory limit: the process tree held more than {limits.tree_memory} MiB "
                 f"({verdict.get('peak_memory_mb', 0)} MiB), killed{also}")
+    if verdict["reason"] == "disk":
+        grew = verdict.get("peak_folder_mb")
+        how = ("part of it made unreadable to the supervisor" if grew is None
+               else f"{grew} MiB: its files, and a page for each file or folder")
+        return f"disk limit: the run's folder grew by more than {limits.folder_mb} MiB ({how}), killed{also}"
     if verdict["reason"] == "wall":
         return (f"time limit: still running after {limits.wall:g} s of wall-clock time "
                 f"({verdict.get('cpu_seconds', 0):.1f} s of CPU), killed{also}")
@@ -466,6 +487,9 @@ def _reason(verdict: dict, returncode: int | None, stdout: str, stderr: str, lim
         return f"{what}: {name}"
     lines = [line for line in stderr.strip().splitlines() if line.strip()]
     last = lines[-1].strip() if lines else ""
+    if "No space left on device" in last and isolation == "bubblewrap":  # its own tmpfs, sized past the bound
+        return (f"disk limit: the run's folder grew by more than {limits.folder_mb} MiB (its file system is full): "
+                f"{last[:200]}")
     if "File too large" in last:
         return f"output limit ({limits.output_mb} MB): {last[:200]}"
     if "MemoryError" in last:

@@ -108,6 +108,8 @@ def cases(scratch: Path, port: int, bystander: int = 0) -> list[dict]:
          "import os, time\nfor _ in range(4):\n    if os.fork() == 0:\n        held = b'x' * (120 << 20)\n"
          "        time.sleep(61.0505)\n        os._exit(0)\ntime.sleep(1.5)"),
         ("100 MB on stdout", "import sys\nfor _ in range(100):\n    sys.stdout.write('x' * (1 << 20))"),
+        ("1,000 files of 1 MB in its folder (each under the file-size limit)",
+         "for i in range(1000):\n    open(f'f{i}', 'wb').write(b'x' * (1 << 20))"),
         ("os._exit(0) before the tests end", "import os\nos._exit(0)"),
     ]
     # A program that catches a refusal (or starts a daemon) and returns 1 passes, and its note says
@@ -116,7 +118,8 @@ def cases(scratch: Path, port: int, bystander: int = 0) -> list[dict]:
     code = [(name, _tagged(body)) for name, body in code]
     found = [{"name": name, "task": "code", "reply": block(body), "may_score": (0.0, 1.0) if any(
               word in name for word in lenient) else (0.0,), "signature": _signature(body),
-              "note_starts": "memory limit: the process tree" if "the tree's memory" in name else ""}
+              "note_starts": "memory limit: the process tree" if "the tree's memory" in name
+              else "disk limit: the run's folder" if "in its folder" in name else ""}
              for name, body in code]
     sql = [
         ("printf('%.*c', 2e9) (12-17 s in-process)", "SELECT length(printf('%.*c', 2000000000, 'x'))"),
