@@ -503,14 +503,16 @@ def main():
         peak = max(peak, held)
         grown = folder_usage(config, live, given + config["folder_bytes"])
         peak_folder = None if grown is None or peak_folder is None else max(peak_folder, grown - given)
-        if cpu > config["cpu_seconds"]:
-            reason = "cpu"
-            break
+        # Memory and the folder first: past one of those, a run starved of ticks on a loaded
+        # machine may be past its CPU time too, and the note should name what it filled.
         if held > config["tree_memory"]:
             reason = "memory"
             break
         if peak_folder is None or peak_folder > config["folder_bytes"]:
             reason = "disk"
+            break
+        if cpu > config["cpu_seconds"]:
+            reason = "cpu"
             break
         if time.monotonic() - started > config["wall_seconds"]:
             reason = "wall"
