@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import tempfile
 
 import pytest
@@ -19,3 +20,15 @@ def runs_here(tmp_path, monkeypatch) -> Runs:
     runs = Runs(tmp_path)
     monkeypatch.setattr(sandbox, "_run_uid", record_run_uids(runs.uids))
     return runs
+
+
+@pytest.fixture
+def database(tmp_path):
+    """A database of two pets, for the SQL tests."""
+    path = tmp_path / "db.sqlite"
+    connection = sqlite3.connect(path)
+    connection.executescript("CREATE TABLE pets (id INTEGER PRIMARY KEY, kind TEXT);"
+                             "INSERT INTO pets VALUES (1, 'dog'), (2, 'cat');")
+    connection.commit()
+    connection.close()
+    return path

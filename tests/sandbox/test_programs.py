@@ -4,7 +4,6 @@ alone (they run with `python -I -S`, outside FiC's environment), inert when impo
 their work when run."""
 
 import ast
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -73,14 +72,8 @@ def test_the_programs_are_inert_when_imported():
 
 
 @pytest.fixture
-def pets(tmp_path):
-    path = tmp_path / "db.sqlite"
-    connection = sqlite3.connect(path)
-    connection.executescript("CREATE TABLE pets (id INTEGER PRIMARY KEY, kind TEXT);"
-                             "INSERT INTO pets VALUES (1, 'dog'), (2, 'cat');")
-    connection.commit()
-    connection.close()
-    return f"{path.as_uri()}?mode=ro"
+def pets(database):
+    return f"{database.as_uri()}?mode=ro"
 
 
 def test_the_sql_worker_reads_and_refuses_writes(pets):
@@ -95,8 +88,8 @@ def test_the_sql_worker_reads_and_refuses_writes(pets):
     assert kind == "error" and reason == "row limit: more than 100 rows"
 
 
-def test_the_sql_worker_runs_by_path(tmp_path, pets):
-    rows, _, reason = sql.run_sql(Path(pets[len("file://"):-len("?mode=ro")]), "SELECT count(*) FROM pets")
+def test_the_sql_worker_runs_by_path(database):
+    rows, _, reason = sql.run_sql(database, "SELECT count(*) FROM pets")
     assert rows == [(2,)] and reason is None
     cmdline = Path(f"/proc/{sql._sql_worker.process.pid}/cmdline").read_bytes().split(b"\0")
     assert cmdline[1:5] == [b"-I", b"-S", b"-B", str(sql.SQL_WORKER).encode()]

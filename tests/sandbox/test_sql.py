@@ -3,24 +3,12 @@ extension loading, queries that never end or spend seconds inside one function c
 past their row, byte and length limits are refused or stopped, and the database is unchanged."""
 
 import hashlib
-import sqlite3
 import time
 from pathlib import Path
 
 import pytest
 
 from fic.sandbox.sql import SQL_GRACE_S, SQLLimits, run_sql
-
-
-@pytest.fixture
-def database(tmp_path):
-    path = tmp_path / "db.sqlite"
-    connection = sqlite3.connect(path)
-    connection.executescript("CREATE TABLE pets (id INTEGER PRIMARY KEY, kind TEXT);"
-                             "INSERT INTO pets VALUES (1, 'dog'), (2, 'cat');")
-    connection.commit()
-    connection.close()
-    return path
 
 
 def digest(path):
