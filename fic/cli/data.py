@@ -117,7 +117,9 @@ def shard(args: argparse.Namespace) -> int:
         backend = _backend_from_yaml(args.sharder_config, "--sharder-config")
         return shard_with_llm(instances, backend, retries=args.retries, seed=section.seed)
 
-    everything = _load_for_shard(section, llm_sharder if args.sharder == "llm" else None, args.reshard)
+    # --validate plays and scores the views; writing the file alone scores nothing
+    everything = _load_for_shard(section, llm_sharder if args.sharder == "llm" else None, args.reshard,
+                                 scored=bool(args.validate))
     (loaded,) = everything.sources
     print("fic shard: " + describe_loaded(everything, section, section="", limit_set_in=args.data or
                                           ("command line" if args.limit is not None else None),
@@ -186,10 +188,11 @@ def shard_section(args: argparse.Namespace) -> InstancesSection:
                             fields=parse_fields(args.fields), answer_from=args.answer_from or "auto")
 
 
-def _load_for_shard(section: InstancesSection, sharder: Sharder | None, reshard: bool) -> ShardedInstances:
+def _load_for_shard(section: InstancesSection, sharder: Sharder | None, reshard: bool,
+                    scored: bool) -> ShardedInstances:
     try:
         section.check("command line")
-        return load_sharded(section, sharder=sharder, reshard=reshard, progress=True)
+        return load_sharded(section, sharder=sharder, reshard=reshard, progress=True, scored=scored)
     except FicError as err:  # the settings of `fic shard` are options, not config keys
         name = (err.field or "").removeprefix("data.")
         option = {"source": "--source", "task": "--task", "answer_from": "--answer-from"}.get(name)

@@ -114,40 +114,46 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 def is_hub_id(path: str | os.PathLike) -> bool:
     """`org/name` that is no local path: transformers fetches it from the Hugging Face hub (or its
-    cache) on a user's machine."""
+    cache) on a user's machine. A name whose first part is a local folder (`models/my-model` where
+    `models/` exists) is a local path, mistyped or not yet made: taking it for a hub id would cost a
+    minute of network retries before saying anything."""
     text = str(path)
-    return bool(HUB_ID.match(text)) and not Path(text).exists() and not text.startswith((".", "/"))
+    return (bool(HUB_ID.match(text)) and not Path(text).exists() and not text.startswith((".", "/"))
+            and not Path(text).parent.is_dir())
 
 
 CHECKPOINT_MODEL = "model"  # the Hugging Face folder inside a training checkpoint (fic.training.checkpoints)
 
 
-def check_model_folder(path: str | os.PathLike, *, adapter_ok: bool = False) -> str | Path:
+def check_model_folder(path: str | os.PathLike, *, adapter_ok: bool = False, field: str | None = None) -> str | Path:
     """A local model folder, checked; or a hub id, passed through (loading it says if it fails).
-    A training checkpoint (`out/checkpoints/step-N`) stands for its `model/` folder. With
-    `adapter_ok`, a LoRA adapter folder passes too (transformers loads it over its base with peft)."""
+    Anything that looks local (`./`, `/`, `~`, more than one `/`, or a first part that is a local
+    folder: `is_hub_id`) and is not there is a one-line error at once, with no hub lookup. A training
+    checkpoint (`out/checkpoints/step-N`) stands for its `model/` folder. With `adapter_ok`, a LoRA
+    adapter folder passes too (transformers loads it over its base with peft). `field` names the
+    setting in the errors."""
     if is_hub_id(path):
         return str(path)
-    path = Path(path)
+    path = Path(os.path.expanduser(str(path)))
     if path.exists() and not path.is_dir():
         raise FicError("is a file, expected a model folder (config.json, weights, tokenizer files)",
-                       path=str(path))
+                       path=str(path), field=field)
     if not path.is_dir():
-        raise FicError(f"model folder {path} not found; {_missing_hint(path)}")
+        raise FicError(f"model folder {path} not found; {_missing_hint(path)}", field=field)
     if not (path / "config.json").is_file():
         inner = path / CHECKPOINT_MODEL
         if (inner / "config.json").is_file() or (inner / "adapter_config.json").is_file():
-            return check_model_folder(inner, adapter_ok=adapter_ok)
+            return check_model_folder(inner, adapter_ok=adapter_ok, field=field)
         if (path / "adapter_config.json").is_file():
             if adapter_ok:
                 return path
             raise FicError("is a LoRA adapter, not a whole model; use the merged model (save_merged=true: "
-                           "out/final-merged)", path=str(path))
+                           "out/final-merged)", path=str(path), field=field)
         if (path / "trainer_state.json").is_file():
             raise FicError("a training checkpoint without model/ (written with checkpoint.model_folder=false or by "
-                           "an older FiC): resume the run from it, or use its out/final", path=str(path))
+                           "an older FiC): resume the run from it, or use its out/final", path=str(path), field=field)
         raise FicError("not a Hugging Face model folder (no config.json); point to a folder saved with "
-                       f"save_pretrained ({_missing_hint(path)})", path=str(path))
+                       f"save_pretrained ({_missing_hint(path)})", path=str(path), field=field)
     return path
 
 
@@ -160,6 +166,9 @@ def _missing_hint(path: Path) -> str:
         run = path.parent if path.name in ("final", "final-merged") else path.parents[len(path.parts) - 1 -
                                                                                       path.parts.index("checkpoints")]
         return f"a training run into {run} writes it (fic train sft|vasd, out={run}): run that stage first"
+    if "/" in str(path) and path.parent.is_dir() and HUB_ID.match(str(path)):
+        return (f"{path.parent}/ is a local folder, so this is read as a path under it, not a hub id; point to a "
+                "Hugging Face model folder, or run the stage that writes it first")
     return "point to a Hugging Face model folder, name a hub model as org/name, or run `fic prepare-model` for the " \
         "bundled one"
 

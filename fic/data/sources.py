@@ -453,17 +453,22 @@ class ShardedInstances:
 
 
 def load_sharded(data: InstancesSection, *, section: str = "data", several_shards: bool = False, shard_all: bool = True,
-                 sharder: Sharder | None = None, reshard: bool = False, progress: bool = False) -> ShardedInstances:
+                 sharder: Sharder | None = None, reshard: bool = False, progress: bool = False,
+                 scored: bool = True) -> ShardedInstances:
     """Every source of `data`, its instances sharded where they have no shards, and what was left
     out, by reason (errors name `section.field`).
 
     `several_shards` drops single-shard instances (stages that need several turns). `shard_all=False`
     keeps unsharded instances of tasks that have no rule sharder as they are (a full-view-only
     evaluation needs no shards). `sharder` replaces the rule sharder (`fic shard --sharder llm`);
-    `reshard` shards again instances that have shards already."""
+    `reshard` shards again instances that have shards already. `scored` (every stage but `fic shard`)
+    checks that the loaded tasks' scoring extras are installed, before anything is sharded or played."""
     shard = sharder or partial(shard_missing, seed=data.seed, progress=progress)
+    sources = load_sources(data, section=section)
+    if scored:
+        tasks.check_scoring({i.task for loaded in sources for i in loaded.instances}, field=f"{section}.task")
     reports = []
-    for loaded in load_sources(data, section=section):
+    for loaded in sources:
         to_shard = [i for i in loaded.instances
                     if (reshard or not i.is_sharded) and (shard_all or i.is_sharded or tasks.get(i.task).rule_sharder)]
         done, failed = shard([dataclasses.replace(i, shards=[]) for i in to_shard]) if to_shard else ([], [])

@@ -49,8 +49,8 @@ def test_eval_dry_run_prints_the_config_and_start_line_and_plays_nothing(tmp_pat
     data = problems(tmp_path / "mine.jsonl", 20)
     out = tmp_path / "run"
     config, line = dry_run(capsys, "eval", "--config", f"{RECIPES}/eval.yaml", f"data.source=jsonl:{data}",
-                           "model.model=no/such/model", f"out={out}")
-    assert config["data"]["limit"] == 8 and config["model"]["model"] == "no/such/model"
+                           "model.model=no-such/model", f"out={out}")
+    assert config["data"]["limit"] == 8 and config["model"]["model"] == "no-such/model"  # a hub id: not looked up
     assert line.startswith("fic eval: 8 instances: 8 of 20 instances of jsonl:") and \
         f"(cut by data.limit 8, set in {RECIPES}/eval.yaml)" in line
     assert "views full, concat, sharded x 1 run(s): 24 conversations, 24 to play" in line
@@ -60,7 +60,7 @@ def test_eval_dry_run_prints_the_config_and_start_line_and_plays_nothing(tmp_pat
 def test_the_start_line_counts_what_a_folder_already_holds(tmp_path, capsys):
     data = problems(tmp_path / "mine.jsonl", 4)
     out = tmp_path / "run"
-    settings = ["eval", "model.model=unused", f"data.source=jsonl:{data}", "views=[full]", f"out={out}"]
+    settings = ["eval", "model.model=some-org/unused", f"data.source=jsonl:{data}", "views=[full]", f"out={out}"]
     cfg = load_config(EvalConfig, None, settings[1:])
     evaluate(cfg, assistant=FunctionBackend(lambda messages: "#### 7"), progress=False)
     capsys.readouterr()
@@ -84,7 +84,7 @@ def test_sft_data_dry_run_writes_no_corpus(tmp_path, capsys):
 
 def test_probe_dry_run_and_start_line(tmp_path, capsys, no_model_loads):
     config, line = dry_run(capsys, "probe", "--config", f"{RECIPES}/probe.yaml", "data.limit=3",
-                           "model.model=no/such/model", f"out={tmp_path / 'p'}")
+                           "model.model=no-such/model", f"out={tmp_path / 'p'}")
     assert config["samples"] == 4
     # 3 instances x 3 conditions x (1 greedy + 4 samples at temperature 1)
     assert "3 single-turn replies written by the model (greedy); 3 conditions" in line and "= 45 user turns" in line
