@@ -131,9 +131,10 @@ def start_line(cfg: SFTConfig, corpus: dict, steps: int, world: int) -> str:
     read = (f"{corpus['used']} of {corpus['records']} conversations of {cfg.data.path} ({corpus['skipped_too_long']} "
             f"longer than data.max_seq_len {cfg.data.max_seq_len} tokens left out), {corpus['target_tokens']} target "
             "tokens")
-    saved = (f"checkpoints every {cfg.checkpoint.every} steps" if cfg.checkpoint.every
-             else "a checkpoint at the last step only")
-    clauses = [read, f"{steps} steps ({why}) of {per_step} conversations{dev}",
+    every = cfg.checkpoint.every
+    saved = ("no resumable checkpoint (checkpoint.every 0)" if not every else
+             f"checkpoints every {every} steps" if every < steps else "a checkpoint at the last step only")
+    clauses = [read, f"{steps} step{'s' * (steps != 1)} ({why}) of {per_step} conversations{dev}",
                f"from {cfg.model.path}" + (f" with LoRA r={cfg.lora.r}" if cfg.lora.enabled else ""),
                f"outputs in {cfg.out} ({saved}, the model in {Path(cfg.out) / 'final'})"]
     return "fic train sft: " + "; ".join(clauses)

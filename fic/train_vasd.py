@@ -92,7 +92,7 @@ def train(cfg: VASDConfig) -> dict:
         check_target_path(model.eval(), len(tokenizer))
         model.train()
     vasd = VASDStep(cfg, accelerator, model, tokenizer, instances, anchors, steps)
-    say(f"{steps} steps: " + vasd.describe())
+    say(f"{steps} step{'s' * (steps != 1)}: " + vasd.describe())
     start, run_id = loop.restore(accelerator, cfg, resume_from, saved)
     vasd.resumed(resume_from)
     if main:
@@ -189,7 +189,7 @@ def start_line(cfg: VASDConfig, instances: list, held_out: list, overlap: dict, 
     evaluated = f"; {len(held_out)} held-out tasks evaluated every {cfg.eval.every} steps" if held_out else ""
     return (f"fic train vasd: {read}; {len(instances)} rollout tasks after {overlap['dropped']} evaluation "
             f"instance(s) dropped ({', '.join(cfg.exclude.sources) or 'no exclude.sources named'}); "
-            f"{cfg.train.max_steps} steps (train.max_steps{', ' + set_where(where) if where else ''}) of "
+            f"{cfg.train.max_steps} step{'s' * (cfg.train.max_steps != 1)} (train.max_steps{', ' + set_where(where) if where else ''}) of "
             f"{cfg.train.micro_batch_size} x {cfg.train.grad_accum_steps} x {world} = {per_step} sharded rollouts, "
             f"{cfg.train.max_steps * per_step} in all{anchor}{evaluated}; from {cfg.model.path}; outputs in {cfg.out}")
 

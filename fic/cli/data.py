@@ -50,7 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
         parser.add_argument("--answer-from", default=None, choices=ANSWER_FROM,
                             help="hf: sources, task math: the answer column is a solution ending '#### n' (hash), "
                             "one with \\boxed{} (boxed), the answer itself (value), or the first that fits (auto)")
-        parser.add_argument("--out", required=True, help="output JSONL file (LiC schema, one instance a line)")
+        parser.add_argument("--out", required=True, help="output JSONL file (LiC schema, one instance a line); beside "
+                            "it STEM.rejected.jsonl (what was left out, with why) and, for an hf: source, "
+                            "STEM.card.json (where it came from), STEM being the file without its extension")
         parser.add_argument("--sharder", default="rule", choices=["rule", "llm"],
                             help="how to shard instances that have no shards yet: rule (math, offline) or llm "
                             "(a model, any task; needs --sharder-config) (default: rule)")

@@ -65,7 +65,11 @@ class InstancesSection:
                                 "rule sharder.")
     task: str | list[str] = setting("math", "Task of the instances: one name, a list, or all (every task of a file "
                                     "that FiC knows).")
-    limit: int | None = setting(None, "At most this many instances per source and task (null: all).", min=1)
+    limit: int | None = setting(None, "At most this many instances per source and task (null: all), cut as the "
+                                "source gives them, before sharding: instances that are then left out (a sharder "
+                                "could not split them, a stage needs two or more shards, an evaluation instance "
+                                "dropped) are not replaced, so fewer may remain; the start line says how many and "
+                                "why.", min=1)
     seed: int = setting(0, "Seed of generated sources (reasoning-gym, actions-gen) and of rule-sharding phrasing. "
                         "Keep a training stage's away from its evaluation's.")
     fields: dict[str, str] = setting({}, "hf: sources: task key -> dataset column, e.g. {question: problem, "

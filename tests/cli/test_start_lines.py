@@ -138,7 +138,11 @@ def test_train_dry_runs_read_the_data_and_load_no_model(tmp_path, capsys, tiny_m
     assert "(checkpoints every 100 steps," in line
     _, line = dry_run(capsys, "train", "sft", f"model.path={tiny_model_dir}", f"data.path={corpus}",
                       "checkpoint.every=0", f"out={tmp_path / 'sft'}")
-    assert "(a checkpoint at the last step only," in line and "every 0" not in line
+    assert "(no resumable checkpoint (checkpoint.every 0)," in line
+    _, line = dry_run(capsys, "train", "sft", f"model.path={tiny_model_dir}", f"data.path={corpus}",
+                      "train.max_steps=1", "checkpoint.every=50", f"out={tmp_path / 'sft'}")
+    assert " 1 step (train.max_steps, set on the command line)" in line  # not "1 steps"
+    assert "(a checkpoint at the last step only," in line and "every 50" not in line
 
     config, line = dry_run(capsys, "train", "vasd", f"model.path={tiny_model_dir}", "data.source=actions-gen:train",
                            "data.task=actions", "data.limit=10", "regularizer.kind=none", "train.max_steps=3",
