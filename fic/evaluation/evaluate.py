@@ -271,8 +271,8 @@ def plan(cfg: EvalConfig) -> str:
     not there, a missing extra, the sandbox)."""
     out = Path(cfg.out)
     check_writable(out, folder=True, field="out")
-    check_backends(cfg)
     loaded = load_data(cfg)
+    check_backends(cfg)
     if out.is_dir():
         check_resume(out, cfg, loaded.instances, write=False)
     if any(tasks.get(name).runs_code for name in {i.task for i in loaded.instances}):
@@ -415,9 +415,9 @@ def evaluate(cfg: EvalConfig, *, assistant: Any = None, user_backend: Any = None
 def _evaluate(cfg: EvalConfig, out: Path, assistant: Any, user_backend: Any, classifier_backend: Any,
               judge_backend: Any, progress: bool) -> dict:
     baseline = read_baseline(cfg.baseline) if cfg.baseline else None
+    loaded = load_data(cfg)
     check_backends(cfg, {"assistant": assistant, "user": user_backend, "classifier": classifier_backend,
                          "judge": judge_backend})
-    loaded = load_data(cfg)
     instances, skipped, origins = loaded.instances, loaded.dropped, loaded.origins
     if baseline is not None:
         check_baseline(baseline, cfg, instances)  # before any model loads
