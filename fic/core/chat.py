@@ -9,7 +9,8 @@ conversation and `check_template` checks on a probe:
 1. Prefix rule: rendering the first k messages gives a prefix of the ids of the whole
    conversation. Templates that rewrite earlier turns break it, e.g. Qwen3-style templates
    that drop `<think>` blocks from earlier assistant turns, or templates that insert the
-   date or a turn count into the system prompt.
+   date or a turn count into the system prompt (`fic.core.templates` trains the first kind
+   through a variant that keeps the rule).
 2. Generation-prompt rule: the ids of `messages[:i]` plus the generation prompt are a
    prefix of the ids of `messages[:i+1]` when message i is the assistant's, so what the
    model sees when it generates is what it is trained on.
