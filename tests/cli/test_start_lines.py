@@ -135,7 +135,10 @@ def test_train_dry_runs_read_the_data_and_load_no_model(tmp_path, capsys, tiny_m
     assert line.startswith(f"fic train sft: 6 of 6 conversations of {corpus} (0 longer than data.max_seq_len 2048")
     assert "5 steps (train.max_steps, set on the command line) of 4 x 1 x 1 conversations" in line
     assert f"the model in {tmp_path / 'sft' / 'final'}" in line and not (tmp_path / "sft").exists()
-    assert "(checkpoints every 100 steps," in line
+    assert "(a checkpoint at the last step only," in line  # 5 steps, checkpoint.every 100
+    _, line = dry_run(capsys, "train", "sft", f"model.path={tiny_model_dir}", f"data.path={corpus}",
+                      "train.max_steps=5", "checkpoint.every=2", f"out={tmp_path / 'sft'}")
+    assert "(checkpoints every 2 steps," in line
     _, line = dry_run(capsys, "train", "sft", f"model.path={tiny_model_dir}", f"data.path={corpus}",
                       "checkpoint.every=0", f"out={tmp_path / 'sft'}")
     assert "(no resumable checkpoint (checkpoint.every 0)," in line
