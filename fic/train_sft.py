@@ -35,7 +35,7 @@ from accelerate.utils import set_seed
 from fic.core.config import config_to_dict, set_in, set_where
 from fic.core.errors import FicError
 from fic.core.files import append_jsonl, file_sha256, read_json, write_json
-from fic.core.model import load_template_checked_tokenizer
+from fic.core.model import load_template_checked_tokenizer, template_clause
 from fic.evaluation.live import evaluate_live
 from fic.training import checkpoints, loop
 from fic.training.checkpoints import model_card as card
@@ -66,7 +66,7 @@ def train(cfg: SFTConfig) -> dict:
             say(f"resuming with changed settings: {', '.join(changed)}")
     steps = total_steps(cfg, len(examples), world)
     G = cfg.train.grad_accum_steps
-    say(start_line(cfg, corpus, steps, world))
+    say(start_line(cfg, corpus, steps, world) + template_clause(tokenizer))
 
     set_seed(cfg.train.seed)
     model = loop.build_model(cfg, device=str(accelerator.device))
@@ -131,9 +131,10 @@ def start_line(cfg: SFTConfig, corpus: dict, steps: int, world: int) -> str:
     read = (f"{corpus['used']} of {corpus['records']} conversations of {cfg.data.path} ({corpus['skipped_too_long']} "
             f"longer than data.max_seq_len {cfg.data.max_seq_len} tokens left out), {corpus['target_tokens']} target "
             "tokens")
-    saved = (f"checkpoints every {cfg.checkpoint.every} steps" if cfg.checkpoint.every
-             else "a checkpoint at the last step only")
-    clauses = [read, f"{steps} steps ({why}) of {per_step} conversations{dev}",
+    every = cfg.checkpoint.every
+    saved = ("no resumable checkpoint (checkpoint.every 0)" if not every else
+             f"checkpoints every {every} steps" if every < steps else "a checkpoint at the last step only")
+    clauses = [read, f"{steps} step{'s' * (steps != 1)} ({why}) of {per_step} conversations{dev}",
                f"from {cfg.model.path}" + (f" with LoRA r={cfg.lora.r}" if cfg.lora.enabled else ""),
                f"outputs in {cfg.out} ({saved}, the model in {Path(cfg.out) / 'final'})"]
     return "fic train sft: " + "; ".join(clauses)
@@ -146,7 +147,7 @@ def plan(cfg: SFTConfig) -> str:
     tokenizer = load_template_checked_tokenizer(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
     examples, corpus = load_corpus(cfg.data.path, tokenizer, cfg.data.max_seq_len, progress=False)
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    return start_line(cfg, corpus, total_steps(cfg, len(examples), world), world)
+    return start_line(cfg, corpus, total_steps(cfg, len(examples), world), world) + template_clause(tokenizer)
 
 
 class DevCurve:

@@ -49,7 +49,7 @@ from typing import Any
 import yaml
 
 from fic import tasks
-from fic.backends import make_backend
+from fic.backends import check_backend, make_backend
 from fic.conversation.classify import ClassifierSection, make_classifier
 from fic.conversation.simulator import answerable_by, make_conversations, play
 from fic.conversation.users import UserSimulatorSection, make_user
@@ -194,16 +194,17 @@ def _instances_changed(saved: dict, now: dict) -> str | None:
     return "the instances are not those its conversations were played on: " + ", ".join(parts)
 
 
-def check_resume(out: Path, cfg: EvalConfig, instances: list[Instance]) -> None:
+def check_resume(out: Path, cfg: EvalConfig, instances: list[Instance], *, write: bool = True) -> None:
     """Save the fingerprint on a fresh folder; on an existing one, refuse an incompatible config
-    or instances whose content changed."""
+    or instances whose content changed. `write=False` (`--dry-run`) only refuses."""
     path = out / FINGERPRINT_NAME
     wanted = {**fingerprint(cfg), "instances": instance_digests(instances)}
     log = out / LOG_NAME
     if not log.exists() or log.stat().st_size == 0:
         # Nothing played yet (e.g. the last try failed on a mistyped model path): the folder is
         # not bound to that config.
-        write_json(path, wanted)
+        if write:
+            write_json(path, wanted)
         return
     if path.exists():
         try:
@@ -220,6 +221,8 @@ def check_resume(out: Path, cfg: EvalConfig, instances: list[Instance]) -> None:
         if saved != wanted:
             raise FicError(f"this folder holds conversations from a different config ({differences(saved, wanted)}); "
                            "resuming would mix them. Use another out= or delete the folder", field="out")
+        if saved_instances is None and not write:
+            return
         if saved_instances is None:  # a folder from before instance hashes: it resumes, as it did, and says so
             print(f"fic eval: {path} predates instance hashes: the data could not be checked against the "
                   "conversations already played; it is recorded now", file=sys.stderr, flush=True)
@@ -263,10 +266,40 @@ def load_data(cfg: EvalConfig) -> ShardedInstances:
 
 def plan(cfg: EvalConfig) -> str:
     """The start line of a run of `cfg` (`fic eval --dry-run`): the data read, the conversations
-    an output folder already holds counted; no model loads."""
-    log_path = Path(cfg.out) / LOG_NAME
+    an output folder already holds counted; no model loads, and what the run's start would refuse
+    is refused (the out folder, a folder of another config's conversations, a model folder that is
+    not there, a missing extra, the sandbox)."""
+    out = Path(cfg.out)
+    check_writable(out, folder=True, field="out")
+    loaded = load_data(cfg)
+    check_backends(cfg)
+    if out.is_dir():
+        check_resume(out, cfg, loaded.instances, write=False)
+    if any(tasks.get(name).runs_code for name in {i.task for i in loaded.instances}):
+        with sandbox.use_mode("" if cfg.sandbox == "default" else cfg.sandbox):
+            sandbox.check_mode()
+    log_path = out / LOG_NAME
     played = {(r["task_id"], r["view"], r["run"]) for r in read_log(log_path)} if log_path.is_file() else set()
-    return start_line(cfg, load_data(cfg), played)
+    return start_line(cfg, loaded, played)
+
+
+def backend_roles(cfg: EvalConfig) -> dict[str, tuple[BackendConfig, str]]:
+    """The backends a run of `cfg` builds, by role: (its config, its section's key)."""
+    roles = {"assistant": (cfg.model, "model")}
+    if cfg.user.kind == "llm":
+        roles["user"] = (cfg.user.backend, "user.backend")
+    if cfg.classifier.kind == "llm":
+        roles["classifier"] = (cfg.classifier.backend, "classifier.backend")
+    if cfg.judge.model:
+        roles["judge"] = (cfg.judge, "judge")
+    return roles
+
+
+def check_backends(cfg: EvalConfig, given: dict | None = None) -> None:
+    """Every backend the run will build (those not `given`), checked before anything loads."""
+    for role, (bcfg, field) in backend_roles(cfg).items():
+        if (given or {}).get(role) is None:
+            check_backend(bcfg, field)
 
 
 def start_line(cfg: EvalConfig, loaded: ShardedInstances, played: set | frozenset = frozenset()) -> str:
@@ -296,10 +329,9 @@ def _backend_cache(cfg: EvalConfig, given: dict) -> dict:
             loaded[key] = make_backend(bcfg)
         return loaded[key]
 
-    return {"assistant": get("assistant", cfg.model),
-            "user": get("user", cfg.user.backend) if cfg.user.kind == "llm" else None,
-            "classifier": get("classifier", cfg.classifier.backend) if cfg.classifier.kind == "llm" else None,
-            "judge": get("judge", cfg.judge) if cfg.judge.model or given.get("judge") is not None else None}
+    built = {role: get(role, bcfg) for role, (bcfg, _) in backend_roles(cfg).items()}
+    return {"assistant": built["assistant"], "user": built.get("user"), "classifier": built.get("classifier"),
+            "judge": built.get("judge", given.get("judge"))}
 
 
 def read_baseline(spec: str) -> dict:
@@ -384,6 +416,8 @@ def _evaluate(cfg: EvalConfig, out: Path, assistant: Any, user_backend: Any, cla
               judge_backend: Any, progress: bool) -> dict:
     baseline = read_baseline(cfg.baseline) if cfg.baseline else None
     loaded = load_data(cfg)
+    check_backends(cfg, {"assistant": assistant, "user": user_backend, "classifier": classifier_backend,
+                         "judge": judge_backend})
     instances, skipped, origins = loaded.instances, loaded.dropped, loaded.origins
     if baseline is not None:
         check_baseline(baseline, cfg, instances)  # before any model loads
@@ -437,8 +471,11 @@ def _evaluate(cfg: EvalConfig, out: Path, assistant: Any, user_backend: Any, cla
             bar.update(replies_done() - bar.done)
         except FicError as err:  # e.g. the server went away for good: say that nothing finished is lost
             saved = total - sum(1 for conv in conversations if not conv.done)
-            err.message += (f" ({saved} of {total} conversations are saved in {log_path}; "
-                            "run the same command again to resume)")
+            # with none saved, a folder this run made is removed on the way out: name no folder then
+            err.message += (f" ({saved} of {total} conversations are saved in {log_path}; run the same command "
+                            "again to resume)" if saved else
+                            " (no conversation had finished, so none is kept; run the same command again to start "
+                            "over)")
             raise
         finally:
             bar.close()

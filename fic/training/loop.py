@@ -399,7 +399,9 @@ def recipe_main(config_class: type, train: Callable[[Any], Any], method: str, do
     the values of this run), `--dry-run` (the resolved config and `plan(cfg)`, the start line,
     without loading a model), and bad input or an operating-system refusal as one line with exit 2
     (`accelerate launch` runs the script directly, past the fic CLI's handler)."""
-    parser = argparse.ArgumentParser(prog=f"train_{method}.py", description=doc.split("\n\n")[0],
+    # `fic train METHOD` passes its arguments; `accelerate launch fic/train_METHOD.py` runs the script
+    parser = argparse.ArgumentParser(prog=f"train_{method}.py" if argv is None else f"fic train {method}",
+                                     description=doc.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="settings (key=value):\n" + describe(config_class))
     add_config_arguments(parser, example=f"recipes/smollm2-135m-instruct/{method}.yaml",
@@ -411,6 +413,7 @@ def recipe_main(config_class: type, train: Callable[[Any], Any], method: str, do
             return 0
         cfg = load_config(config_class, args.config, args.overrides)
         if args.dry_run:
+            resume_point(cfg, lambda line: None)  # as the run's start: refuses to start over an existing run
             print(resolved_yaml(cfg) + (plan(cfg) if plan is not None else ""))
             return 0
         # A run that fails before it has trained anything leaves no new output folder behind.
