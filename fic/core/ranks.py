@@ -26,9 +26,9 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
-from fic.core.errors import FicError
+from fic.core.errors import FicError, one_line
 
 TIMEOUT_SETTING = "train.collective_timeout_s"
 # What torch.distributed's backends say when a collective waited past its bound (gloo: "Timed out
@@ -98,6 +98,24 @@ class Ranks:
         with _translated():
             dist.broadcast_object_list(box, src=0)
         return box[0]
+
+    def from_main(self, work: Callable[[], Any]) -> Any:
+        """`work()` run on the main process (what writes files), its result on every rank. Where it
+        fails, every rank fails with it (the main process with its own error, the others with one
+        line saying so) instead of the others waiting for the main process in the next collective."""
+        if not self.lockstep:
+            return work()
+        result = None
+        if self.main:
+            try:
+                result = work()
+            except Exception as err:
+                self.share((None, one_line(str(err)) or type(err).__name__))
+                raise
+        result, failure = self.share((result, None))
+        if failure is not None:
+            raise FicError(f"the main process stopped: {failure}")
+        return result
 
     def barrier(self) -> None:
         if self.lockstep:
