@@ -81,9 +81,13 @@ def train(cfg: SFTConfig) -> dict:
 
     out = Path(cfg.out)
     curve = DevCurve(cfg, out, start) if cfg.dev.every else None
-    if curve is not None and start == 0:  # the starting point of the curve, scored on every rank
-        with phase("the dev curve at step 0"):
-            figures = curve.score(sft.model, tokenizer, 0)
+
+    def dev_score(step: int) -> dict:  # on every rank, each its share of the dev instances
+        with phase(f"the dev curve at step {step}"), loop.root_gathered(sft.loss_model):
+            return curve.score(sft.model, tokenizer, step)
+
+    if curve is not None and start == 0:  # the starting point of the curve
+        figures = dev_score(0)
         if main:
             append_jsonl(out / "metrics.jsonl", {"step": 0, **figures})
 
@@ -94,9 +98,8 @@ def train(cfg: SFTConfig) -> dict:
         with phase(f"step {step}"):
             last = sft.step(step)
         if curve is not None and (step % cfg.dev.every == 0 or step == steps):
-            with phase(f"the dev curve at step {step}"):  # every rank plays its share of the dev instances
-                last.update(curve.score(sft.model, tokenizer, step))
-                stopped = step if curve.flat(accelerator) else None
+            last.update(dev_score(step))
+            stopped = step if curve.flat(accelerator) else None
         log.step(step, last)
         with phase(f"the checkpoint at step {step}"):
             loop.maybe_checkpoint(accelerator, cfg, step, steps if stopped is None else step,

@@ -21,6 +21,7 @@ so that each recipe owns what differs (its data, its loss terms, rollouts) and n
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import logging
@@ -31,7 +32,7 @@ import sys
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -152,6 +153,24 @@ def check_accumulation(accelerator: Any, wanted: int) -> None:
         raise FicError(f"the accelerate/DeepSpeed config sets gradient_accumulation_steps="
                        f"{accelerator.gradient_accumulation_steps}, the recipe train.grad_accum_steps={wanted}; "
                        "remove it from the launch config (the recipe sets it)", field="train.grad_accum_steps")
+
+
+@contextlib.contextmanager
+def root_gathered(loss_module: Any) -> Iterator[None]:
+    """FSDP2 gathers each unit's weights in that unit's own forward; the root unit's (the weights no
+    decoder layer holds: embeddings, final norm, LM head) are gathered by the root's forward, which
+    generation skips (it calls the inner model, step by step). They stay gathered for the block;
+    the decoder layers still gather and free theirs in every forward, on every rank."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(loss_module, FSDPModule):
+        yield
+        return
+    loss_module.unshard()
+    try:
+        yield
+    finally:
+        loss_module.reshard()
 
 
 def is_zero3(accelerator: Any) -> bool:
