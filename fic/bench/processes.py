@@ -224,14 +224,21 @@ def read_run(run: Path) -> dict:
 
 
 def weight_diff(a: Path, b: Path) -> float:
-    """The largest absolute difference between two Hugging Face folders' weights (inf when their
-    tensors differ in name or shape)."""
+    """The largest absolute difference between two Hugging Face folders' weights; inf when their
+    tensors differ in name or shape. A tensor only one folder holds counts when it is a tied copy
+    of another of its tensors (ZeRO-2 and FSDP2 write the LM head tied to the embeddings out twice)."""
     from safetensors.torch import load_file
 
     left, right = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
-    if left.keys() != right.keys() or any(left[k].shape != right[k].shape for k in left):
+    for one, other in ((left, right), (right, left)):
+        for name in set(one) - set(other):
+            if not any(k != name and one[k].shape == one[name].shape and bool((one[k] == one[name]).all())
+                       for k in one):
+                return math.inf
+    shared = set(left) & set(right)
+    if any(left[k].shape != right[k].shape for k in shared):
         return math.inf
-    return max(float((left[k].float() - right[k].float()).abs().max()) for k in left)
+    return max(float((left[k].float() - right[k].float()).abs().max()) for k in shared)
 
 
 def tokenizer_folder(given: str | None) -> Path:
