@@ -160,15 +160,7 @@ def run_path(info: dict, half: int, reference: dict, args: argparse.Namespace, d
     if rc != 0:
         return {**out, "error": f"run: {why}"}
     got = read_run(run)
-    shutil.copytree(run, resumed, symlinks=True)
-    for folder in (resumed / "checkpoints").iterdir():
-        if folder.name.startswith("step-") and int(folder.name.split("-")[1]) > half:
-            shutil.rmtree(folder)
-    for name in ("final", "final-merged"):
-        shutil.rmtree(resumed / name, ignore_errors=True)
-    for folder in (resumed / "dev").glob("step-*"):  # scored after the middle checkpoint: not there yet
-        if int(folder.name.split("-")[1]) > half:
-            shutil.rmtree(folder)
+    killed_after(run, resumed, half)
     rc, seconds, why = _run(info["resume_command"], log, args.timeout, deadline)
     out["resume_seconds"] = round(seconds, 1)
     if rc != 0:
@@ -191,6 +183,18 @@ def run_path(info: dict, half: int, reference: dict, args: argparse.Namespace, d
     if problems:
         out["error"] = f"{'; '.join(problems)} (--tolerance {tol})"
     return out
+
+
+def killed_after(run: Path, copy: Path, step: int) -> None:
+    """Copy `run` to `copy` as a job killed just after its checkpoint at `step` left it: no later
+    checkpoint, no final model, no dev folder of a later step (`fic bench zero` resumes from it)."""
+    shutil.copytree(run, copy, symlinks=True)
+    for kind in ("checkpoints", "dev"):
+        for folder in (copy / kind).glob("step-*") if (copy / kind).is_dir() else []:
+            if int(folder.name.split("-")[1]) > step:
+                shutil.rmtree(folder)
+    for name in ("final", "final-merged"):
+        shutil.rmtree(copy / name, ignore_errors=True)
 
 
 def compare(reference: dict, got: dict, again: dict, half: int, dev_instances: int) -> dict:

@@ -207,12 +207,7 @@ def run_method(info: dict, runner: Runner, tolerance: float) -> dict:
     out["checkpoint"] = {"path": str(middle), "files": _checkpoint_files(middle),
                          "deepspeed_format": any("optim_states" in f for f in _checkpoint_files(middle))}
     out["final"] = sorted(p.name for p in (run / "final").iterdir()) if (run / "final").is_dir() else []
-    shutil.copytree(run, resumed, symlinks=True)
-    for folder in (resumed / "checkpoints").iterdir():
-        if folder.name.startswith("step-") and int(folder.name.split("-")[1]) > half:
-            shutil.rmtree(folder)
-    for name in ("final", "final-merged"):
-        shutil.rmtree(resumed / name, ignore_errors=True)
+    processes.killed_after(run, resumed, half)
     rc, seconds, why = runner.run(info["resume_command"], log)
     out["resume_seconds"] = seconds
     after = _losses(resumed)
