@@ -1,2 +1,3 @@
 """Benchmarks that print figures (`fic bench NAME`, `fic.cli.bench.BENCHES`): `rollout`, `sft`, `vasd`
-and `zero`; `random_weights`, `runner`, `roofline` and `profile` are their parts."""
+and `zero`; `random_weights`, `runner`, `roofline`, `profile` and `processes` (`zero --processes N`)
+are their parts."""

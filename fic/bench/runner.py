@@ -11,6 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from fic.core.errors import FicError
 from fic.core.files import open_in_place
 
 
@@ -21,6 +22,14 @@ def free_port(dry_run: bool) -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def check_inputs(files: list[tuple[str, str]]) -> None:
+    """Each (path, option) a bench reads where it runs (a recipe, a launch file) exists, else one
+    error naming the option that points elsewhere."""
+    for path, field in files:
+        if not Path(path).is_file():
+            raise FicError("no such file: run from a FiC checkout's root, or name the folder", path=path, field=field)
 
 
 class Runner:

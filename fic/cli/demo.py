@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     cfg = load_demo(args.recipes, args.overrides)
     if args.dry_run:
-        print(resolved_yaml(cfg) + plan(cfg))
+        print(resolved_yaml(cfg) + plan(cfg, start_from=args.start_from))
         return 0
     if args.stage is not None:  # a stage's own process: its error goes to the demo that started it
         errors = paths(cfg)["stages"] / f"{args.stage}.error"
