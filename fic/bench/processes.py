@@ -28,14 +28,13 @@ import math
 import os
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import time
 from importlib.util import find_spec
 from pathlib import Path
 
-from fic.bench.runner import check_inputs
+from fic.bench.runner import check_inputs, free_port
 from fic.core.errors import FicError
 from fic.core.files import check_writable
 from fic.core.model import BUNDLED_MODEL_DIR
@@ -98,7 +97,7 @@ def make_plan(args: argparse.Namespace) -> dict:
     for path in _paths(args):
         launch, run, resumed = str(Path(args.launch_dir) / PATHS[path]), work / path, work / f"{path}-resumed"
         prefix = [python, "-m", "accelerate.commands.launch", "--config_file", launch, "--num_processes", str(n),
-                  "--mixed_precision", "no", "--main_process_port", str(_free_port(args.dry_run)), script]
+                  "--mixed_precision", "no", "--main_process_port", str(free_port(args.dry_run)), script]
         overrides = [*common, f"train.micro_batch_size={m}"]
         plan["paths"][path] = {
             "launch_file": launch, "run": str(run), "resumed": str(resumed), "log": str(work / f"{path}.log"),
@@ -275,14 +274,6 @@ def build_model(out: Path, tokenizer: Path, layers: int) -> None:
         torch.manual_seed(0)
         LlamaForCausalLM(config).save_pretrained(out)
     copy_tokenizer(str(tokenizer), out)
-
-
-def _free_port(dry_run: bool) -> int:
-    if dry_run:
-        return 29500
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _run(command: list[str], log: Path, timeout: float, deadline: float | None) -> tuple[int, float, str]:
