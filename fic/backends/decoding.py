@@ -106,15 +106,18 @@ class Decoded(NamedTuple):
 def decode(model: Any, cache: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
            params: SamplingParams, *, stops: frozenset[int], pad_id: int, keep_rows: bool = False,
            seeds: list[int] | None = None, check_every: int = CHECK_EVERY, steps: int | None = None,
-           lockstep: Lockstep | None = None, full_attention: bool = False, idle: bool = False) -> Decoded:
+           lockstep: Lockstep | None = None, full_attention: bool = False, padded: bool = True,
+           idle: bool = False) -> Decoded:
     """Feed `input_ids` after what `cache` already holds (`attention_mask` covers both), then
     sample up to `params.max_new_tokens` tokens per row until every row has written a stop id.
     Row i samples from `seeds[i]` alone (None: seeds drawn from torch's global generator).
 
     `steps`: the steps this call may take, `params.max_new_tokens` or more (lockstep: the
     largest over the ranks; a row stops writing at its own limit). `full_attention`: every layer
-    attends to every cached position, so the mask can be passed in 4-D form. `idle`: the rows are
-    placeholders (a rank with nothing to decode in lockstep), finished from the start."""
+    attends to every cached position, so the mask can be passed in 4-D form. `padded`: some
+    position of `attention_mask` is 0 (the caller knows it without asking the device); without
+    padding no mask is passed at all. `idle`: the rows are placeholders (a rank with nothing to
+    decode in lockstep), finished from the start."""
     rows, width = input_ids.shape
     device = input_ids.device
     own = params.max_new_tokens
@@ -122,15 +125,19 @@ def decode(model: Any, cache: Any, input_ids: torch.Tensor, attention_mask: torc
     seen = attention_mask.shape[1]  # cached positions + this call's fed tokens
     mask = attention_mask.new_ones((rows, seen + steps))  # every step's mask, laid out once
     mask[:, :seen] = attention_mask
-    first_mask = _mask_4d(model, mask[:, :seen], width) if full_attention else mask[:, :seen]
-    step_mask = _mask_4d(model, mask, 1) if full_attention else mask
+    if not padded:  # transformers' own causal masking, and nothing to check
+        first_mask, step_mask = None, None
+    elif full_attention:
+        first_mask, step_mask = _mask_4d(model, mask[:, :seen], width), _mask_4d(model, mask, 1)
+    else:
+        first_mask, step_mask = mask[:, :seen], mask
     positions = real_positions(attention_mask, width)
     later_positions = positions[:, -1:] + torch.arange(1, steps + 1, device=device)
     uniforms = None
     if params.temperature > 0:
         uniforms = row_uniforms(seeds if seeds is not None else torch.randint(2**62, (rows,)).tolist(),
                                 steps, device)
-    warpers = _warpers(params)
+    warpers = logits_warpers(params)
     stop_ids = torch.tensor(sorted(stops), device=device)
 
     out_ids = torch.full((rows, own), pad_id, dtype=torch.long, device=device)
@@ -146,7 +153,7 @@ def decode(model: Any, cache: Any, input_ids: torch.Tensor, attention_mask: torc
             out = model(input_ids=step_ids, attention_mask=first_mask, position_ids=positions,
                         use_cache=True, **forward_kwargs(model, cache))
         else:
-            out = model(input_ids=step_ids, attention_mask=step_mask[..., :seen + step],
+            out = model(input_ids=step_ids, attention_mask=None if step_mask is None else step_mask[..., :seen + step],
                         position_ids=later_positions[:, step - 1:step], use_cache=True,
                         **forward_kwargs(model, cache))
         scores = out.logits[:, -1, :].float()
@@ -187,7 +194,8 @@ def decode(model: Any, cache: Any, input_ids: torch.Tensor, attention_mask: torc
             keep = torch.tensor(staying, device=device)
             cache.batch_select_indices(keep)
             ids, logprobs, finished, lengths = ids[keep], logprobs[keep], finished[keep], lengths[keep]
-            step_mask, later_positions, chosen = step_mask[keep], later_positions[keep], chosen[keep]
+            later_positions, chosen = later_positions[keep], chosen[keep]
+            step_mask = None if step_mask is None else step_mask[keep]
             uniforms = None if uniforms is None else uniforms[keep]
             active = [active[k] for k in staying]
             in_batch -= sum(row_lengths[k] for k in leaving)
@@ -247,7 +255,7 @@ def _mul32(x: torch.Tensor, factor: int) -> torch.Tensor:
     return (x * low + (((x * high) & 0xFFFF) << 16)) & 0xFFFFFFFF
 
 
-def _warpers(params: SamplingParams) -> list:
+def logits_warpers(params: SamplingParams) -> list:
     """transformers' temperature and top-p warpers, in vLLM's order (none for greedy)."""
     warpers = []
     if params.temperature > 0:
@@ -285,7 +293,7 @@ def decode_legacy(model: Any, cache: Any, input_ids: torch.Tensor, attention_mas
     `seeds`, row i samples from a `torch.Generator` seeded `seeds[i]`, one `multinomial` per row
     per step, else one `multinomial` for the batch from torch's global generator. It reads the
     device every step, and drops finished rows once they are a quarter of the batch."""
-    warpers = _warpers(params)
+    warpers = logits_warpers(params)
     rows, device = input_ids.shape[0], input_ids.device
     generators = None if seeds is None or params.temperature == 0 else \
         [torch.Generator(device=device).manual_seed(seed) for seed in seeds]

@@ -196,7 +196,7 @@ class HFBackend:
             decoded = decode(self.model, rows.cache, rows.input_ids, rows.attention_mask, params,
                              stops=self.stop_ids, pad_id=self.pad_id, keep_rows=keep_rows, seeds=seeds,
                              check_every=self.check_every, steps=steps, lockstep=sync,
-                             full_attention=self.full_attention)
+                             full_attention=self.full_attention, padded=rows.padded)
         results = [finish(self.tokenizer, ids, lps, self.stop_ids)
                    for ids, lps in zip(decoded.ids.cpu().tolist(), decoded.logprobs.cpu().tolist())]
         # The heartbeat's count of tokens written since the loop last counted.
@@ -215,7 +215,7 @@ class HFBackend:
         placeholder = torch.full((1, 1), self.pad_id, dtype=torch.long, device=device)
         decode(self.model, cache, placeholder, torch.ones_like(placeholder), SamplingParams(max_new_tokens=1),
                stops=self.stop_ids, pad_id=self.pad_id, check_every=self.check_every, steps=steps,
-               lockstep=sync, full_attention=self.full_attention, idle=True)
+               lockstep=sync, padded=False, idle=True)
 
     def _idle_forward(self, device: torch.device) -> None:
         """One forward pass over a one-token placeholder row (lockstep: another rank's pass)."""
@@ -284,7 +284,8 @@ class HFBackend:
             input_ids[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
             attention_mask[row, past - m:past] = 1
             attention_mask[row, past + width - len(ids):] = 1
-        return _Rows(cache, input_ids.to(device), attention_mask.to(device), matches, fresh, past, width)
+        return _Rows(cache, input_ids.to(device), attention_mask.to(device), matches, fresh, past, width,
+                     padded=bool((attention_mask == 0).any()))  # read here, in host memory
 
     def _keep(self, rows: _Rows, token_lists: list[list[int]], row_kvs: list[KV] | None) -> None:
         """Store row i's keys and values for `token_lists[i]` (what it fed: its prompt, and for a
@@ -316,6 +317,7 @@ class _Rows:
     fresh: list[list[int]]
     past: int
     width: int
+    padded: bool  # some position is masked out
 
 
 def prefill_groups(lengths: list[int], pass_cost: int) -> list[list[int]]:

@@ -20,6 +20,8 @@ BENCHES: dict[str, tuple[str, str]] = {
                "and the recipe's hours recomputed"),
     "zero": ("fic.bench.zero", "SFT and VASD under DeepSpeed ZeRO-2/3 on one process: a checkpoint saved, resumed, "
              "and the losses after the resume equal to the uninterrupted run's"),
+    "decode": ("fic.bench.decode", "the hf decoding loop alone, old and new, against transformers' generate: ms "
+               "and host waits a step, greedy and sampled"),
 }
 
 
