@@ -107,7 +107,7 @@ class HFBackend:
         self.pad_id = int(pad) if pad is not None else min(self.stop_ids)
         # Only full-attention layers (made GrowingLayers) can be spliced into a prefix, or take a
         # prepared 4-D mask; sliding-window, chunked or hybrid ones cannot.
-        self.full_attention = all(isinstance(layer, GrowingLayer) for layer in _new_cache(model, 1).layers)
+        self.full_attention = all(isinstance(layer, GrowingLayer) for layer in new_cache(model, 1).layers)
         reusable = kv_reuse_mb > 0 and self.full_attention
         self.kv_store = KVStore(int(kv_reuse_mb * 2**20)) if reusable else None
         self.fed_tokens = 0  # prompt tokens run through the model so far (what reuse saves)
@@ -211,7 +211,7 @@ class HFBackend:
         passes, steps = sync.max([0, params.max_new_tokens])
         for _ in range(passes):
             self._idle_forward(device)
-        cache = _new_cache(self.model, 1 + min(steps, FIRST_REPLY_SLICE))
+        cache = new_cache(self.model, 1 + min(steps, FIRST_REPLY_SLICE))
         placeholder = torch.full((1, 1), self.pad_id, dtype=torch.long, device=device)
         decode(self.model, cache, placeholder, torch.ones_like(placeholder), SamplingParams(max_new_tokens=1),
                stops=self.stop_ids, pad_id=self.pad_id, check_every=self.check_every, steps=steps,
@@ -272,7 +272,7 @@ class HFBackend:
         fresh = [t[m:] for t, m in zip(token_lists, reused)]
         past, width = max(reused), max(len(f) for f in fresh)
         room = width + min(extra, FIRST_REPLY_SLICE)
-        cache = _new_cache(self.model, past + room)
+        cache = new_cache(self.model, past + room)
         if past:  # reuse happens only with GrowingLayers: they take the stacked prefixes as storage
             prefixes = [store.entries[k].kv if k is not None else None for k, _ in matches]
             for layer, (keys, values) in zip(cache.layers, left_padded(prefixes, reused, room)):
@@ -341,7 +341,7 @@ def prefill_groups(lengths: list[int], pass_cost: int) -> list[list[int]]:
     return groups[::-1]
 
 
-def _new_cache(model: Any, expected: int) -> Any:
+def new_cache(model: Any, expected: int) -> Any:
     """An empty cache laid out for this model. When every layer is a plain full-attention one
     (the models whose keys and values can be reused), each becomes a `GrowingLayer` with room
     for `expected` positions: a `DynamicLayer` concatenates at every token, which re-copies the

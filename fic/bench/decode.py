@@ -167,7 +167,7 @@ def _synchronize(device: torch.device) -> None:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    from fic.backends.hf import GrowingLayer, _new_cache
+    from fic.backends.hf import GrowingLayer, new_cache
     from fic.core.model import default_device
 
     for name in ("rows", "prompt_tokens", "steps", "repeats", "check_every"):
@@ -178,6 +178,7 @@ def measure(args: argparse.Namespace) -> dict:
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if args.dtype not in dtypes:
         raise FicError(f"expected one of {', '.join(dtypes)}, got {args.dtype!r}", field="--dtype")
+    sweep = _sweep_values(args.sweep) if args.stops else []
     device = torch.device(default_device() if args.device == "auto" else args.device)
     model = _model(args, str(device), dtypes[args.dtype])
     vocab = model.get_output_embeddings().weight.shape[0]
@@ -189,7 +190,7 @@ def measure(args: argparse.Namespace) -> dict:
     padded = bool((mask == 0).any())
     input_ids, mask = input_ids.masked_fill(mask == 0, 0).to(device), mask.to(device)
     never = frozenset({vocab})  # no sampled id can equal it: every row runs every step
-    full_attention = all(isinstance(layer, GrowingLayer) for layer in _new_cache(model, 1).layers)
+    full_attention = all(isinstance(layer, GrowingLayer) for layer in new_cache(model, 1).layers)
     seeds = list(range(args.rows))
 
     def run(way: str, params: SamplingParams, stops: frozenset[int] = never, check_every: int = args.check_every):
@@ -197,7 +198,7 @@ def measure(args: argparse.Namespace) -> dict:
         if way == "generate":
             config = _generation_config(params, pad_id=0)
             return model.generate(input_ids=input_ids, attention_mask=mask, generation_config=config)[:, input_ids.shape[1]:]
-        cache = _new_cache(model, input_ids.shape[1] + params.max_new_tokens)
+        cache = new_cache(model, input_ids.shape[1] + params.max_new_tokens)
         if way == "legacy":
             return decode_legacy(model, cache, input_ids, mask, params, stops=stops, pad_id=0, seeds=seeds).ids
         return decode(model, cache, input_ids, mask, params, stops=stops, pad_id=0, seeds=seeds,
@@ -232,7 +233,7 @@ def measure(args: argparse.Namespace) -> dict:
             figures[f"{mode}_fast_over_legacy"] = round(ms[mode, "fast"] / ms[mode, "legacy"], 4)
         figures.update(_roofline(model, args, device, {way: ms["greedy", way] for way in WAYS}))
         if args.stops:
-            figures.update(_sweep(args, run, vocab, modes["sampled"]))
+            figures.update(_sweep(args, sweep, run, vocab, modes["sampled"]))
     figures["ratio"] = figures["sampled_fast_over_generate"]
     return figures
 
@@ -265,14 +266,18 @@ def _roofline(model: Any, args: argparse.Namespace, device: torch.device, ms: di
     return out
 
 
-def _sweep(args: argparse.Namespace, run: Callable, vocab: int, params: SamplingParams) -> dict:
-    """ms per reply token written with `args.stops` random stop ids, per check_every and legacy."""
+def _sweep_values(text: str) -> list[int]:
     try:
-        values = sorted({int(v) for v in args.sweep.split(",")})
+        values = sorted({int(v) for v in text.split(",")})
     except ValueError as err:
-        raise FicError(f"expected comma-separated integers, got {args.sweep!r}", field="--sweep") from err
+        raise FicError(f"expected comma-separated integers, got {text!r}", field="--sweep") from err
     if not values or values[0] < 1:
         raise FicError("every check_every of the sweep must be at least 1", field="--sweep")
+    return values
+
+
+def _sweep(args: argparse.Namespace, values: list[int], run: Callable, vocab: int, params: SamplingParams) -> dict:
+    """ms per reply token written with `args.stops` random stop ids, per check_every and legacy."""
     generator = torch.Generator().manual_seed(args.seed + 1)
     stops = frozenset(torch.randperm(vocab, generator=generator)[:args.stops].tolist())
     ways = [("legacy", None)] + [("fast", k) for k in values]
