@@ -12,11 +12,15 @@ back to the host once every `check_every` steps:
   each row's length, one transfer) only at a check, to stop when every row is done, drop finished
   rows from the batch (a quarter of it at least: each departure copies the cache once), and
   report progress. Rows that finish between checks write padding until the check;
-- every row samples in one batched operation: row i's step-s uniform is a counter-based hash of
-  (row i's seed, s) (`row_uniforms`), inverted through the cumulative distribution of its
-  temperature- and top-p-filtered probabilities (`sample`). No generator state is carried, so a
-  row's reply depends on its seed alone, never on the rows beside it or on the batch it was put
-  in; greedy decoding is the argmax of the raw logits, as before;
+- every row samples in one batched operation, the Gumbel-max way (`sample`): the argmax of its
+  temperature- and top-p-filtered scores plus Gumbel noise, token t's noise at step s a
+  counter-based hash of (row i's seed, s, t) (`row_keys`, `token_hashes`). No generator state is
+  carried, so a row's reply depends on its seed alone, never on the rows beside it or on the
+  batch it was put in. (Inverting one uniform through the cumulative distribution would read one
+  random number a row instead of one a token, but it moves with every last-bit change of every
+  probability before the chosen token: on a tiny random model's near-uniform distribution over
+  49,152 tokens a reply changed with the batch's shape; the Gumbel maximum moves only on a near
+  tie of the top two.) Greedy decoding is the argmax of the raw logits, as before;
 - the attention mask and the position ids are laid out once per call for every step the call may
   take; each step reads a slice. For models whose every layer attends to every position the mask
   is handed to the model already in its 4-D form (transformers would otherwise check a 2-D mask
@@ -51,6 +55,7 @@ from fic.core.generation import SamplingParams
 # check_every - 1 wasted steps a call). Chosen by measurement (docs/performance.md).
 CHECK_EVERY = 8
 LOOPS = ("fast", "legacy")
+MASK32 = 0xFFFFFFFF
 
 
 class Lockstep:
@@ -133,10 +138,9 @@ def decode(model: Any, cache: Any, input_ids: torch.Tensor, attention_mask: torc
         first_mask, step_mask = mask[:, :seen], mask
     positions = real_positions(attention_mask, width)
     later_positions = positions[:, -1:] + torch.arange(1, steps + 1, device=device)
-    uniforms = None
+    keys, noise = None, None
     if params.temperature > 0:
-        uniforms = row_uniforms(seeds if seeds is not None else torch.randint(2**62, (rows,)).tolist(),
-                                steps, device)
+        keys = row_keys(seeds if seeds is not None else torch.randint(2**62, (rows,)).tolist(), steps, device)
     warpers = logits_warpers(params)
     stop_ids = torch.tensor(sorted(stops), device=device)
 
@@ -157,7 +161,9 @@ def decode(model: Any, cache: Any, input_ids: torch.Tensor, attention_mask: torc
                         position_ids=later_positions[:, step - 1:step], use_cache=True,
                         **forward_kwargs(model, cache))
         scores = out.logits[:, -1, :].float()
-        chosen = sample(scores, warpers, None if uniforms is None else uniforms[:, step])
+        if keys is not None and noise is None:
+            noise = token_hashes(scores.shape[-1], device)
+        chosen = sample(scores, warpers, None if keys is None else keys[:, step], noise)
         chosen = chosen.masked_fill(finished, pad_id)
         if step < own:
             ids[:, step] = chosen
@@ -196,7 +202,7 @@ def decode(model: Any, cache: Any, input_ids: torch.Tensor, attention_mask: torc
             ids, logprobs, finished, lengths = ids[keep], logprobs[keep], finished[keep], lengths[keep]
             later_positions, chosen = later_positions[keep], chosen[keep]
             step_mask = None if step_mask is None else step_mask[keep]
-            uniforms = None if uniforms is None else uniforms[keep]
+            keys = None if keys is None else keys[keep]
             active = [active[k] for k in staying]
             in_batch -= sum(row_lengths[k] for k in leaving)
         step_ids = chosen[:, None]
@@ -210,49 +216,47 @@ def decode(model: Any, cache: Any, input_ids: torch.Tensor, attention_mask: torc
     return Decoded(out_ids[:, :taken], out_logprobs[:, :taken], row_kvs, reported)
 
 
-def sample(scores: torch.Tensor, warpers: list, uniforms: torch.Tensor | None) -> torch.Tensor:
-    """One token per row: the argmax of `scores` (`uniforms` None), else the token whose interval
-    of the cumulative distribution of softmax(warped scores) holds the row's uniform."""
-    if uniforms is None:
+def sample(scores: torch.Tensor, warpers: list, keys: torch.Tensor | None,
+           token_hash: torch.Tensor | None = None) -> torch.Tensor:
+    """One token per row: the argmax of `scores` (`keys` None), else the argmax of the warped
+    scores plus Gumbel noise, -log(-log(u)) with u a hash of (the row's key this step, the token):
+    a draw from softmax(warped scores). `token_hash`: `token_hashes` of the vocabulary."""
+    if keys is None:
         return scores.argmax(dim=-1)
     for warper in warpers:
         scores = warper(None, scores)
-    # float64: a float32 running sum over 150k probabilities drifts by about 1e-5.
-    cdf = torch.softmax(scores, dim=-1).double().cumsum(-1)
-    total = cdf[:, -1:]
-    # Strictly below the total, so that the search never lands past the last token with mass.
-    point = torch.minimum(uniforms[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(cdf, point, right=True)[:, 0].clamp_(max=scores.shape[-1] - 1)
+    bits = _mix32(token_hash[None, :] ^ keys[:, None])
+    uniform = ((bits >> 9).float() + 0.5) * 2.0**-23  # 23 bits: exact in float32, never 0 or 1
+    return (scores - torch.log(-torch.log(uniform))).argmax(dim=-1)
 
 
-def row_uniforms(seeds: list[int], steps: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """(rows, steps) uniforms in (0, 1), float64: entry (i, s) is a function of (seeds[i], s) only.
-
-    A keyed bijection of the step counter (three rounds of the `lowbias32` integer hash, the
-    seed's two 32-bit halves mixed in between), so a row never repeats a value within 2^32 steps
-    and rows with different seeds draw unrelated sequences. Computed once per call, on the device."""
+def row_keys(seeds: list[int], steps: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """(rows, steps) 32-bit keys in int64: entry (i, s) is a function of (seeds[i], s) only, a
+    keyed bijection of the step counter (three rounds of `_mix32`, the seed's two 32-bit halves
+    mixed in between), so a row never repeats a key within 2^32 steps and rows with different seeds
+    draw unrelated ones. Computed once per call, on the device."""
     key = [seed % 2**64 for seed in seeds]
-    low = torch.tensor([k & 0xFFFFFFFF for k in key], dtype=torch.long, device=device)[:, None]
+    low = torch.tensor([k & MASK32 for k in key], dtype=torch.long, device=device)[:, None]
     high = torch.tensor([k >> 32 for k in key], dtype=torch.long, device=device)[:, None]
     counter = torch.arange(steps, dtype=torch.long, device=device)[None, :]
-    mixed = _mix32(_mix32(_mix32(counter ^ 0x9E3779B9) ^ low) ^ high)
-    return (mixed.double() + 0.5) / 2**32
+    return _mix32(_mix32(_mix32(counter ^ 0x9E3779B9) ^ low) ^ high)
+
+
+def token_hashes(vocabulary: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Each token id hashed once, so that a row's key mixed with it (`sample`) gives tokens
+    unrelated noise (a key XORed with the bare ids would only permute two rows' noise)."""
+    return _mix32(torch.arange(vocabulary, dtype=torch.long, device=device) ^ 0x7F4A7C15)
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """Chris Wellons' `lowbias32` hash of 32-bit values held in int64 tensors."""
+    """A 32-bit integer hash in int64 tensors: Chris Wellons' two-multiply shape (shift-xor,
+    multiply, shift-xor, multiply, shift-xor) with his hash-prospector constants 0x21f0aaad and
+    0x735a2d97, both under 2^31, so that no product of a 32-bit value leaves int64."""
     x = x ^ (x >> 16)
-    x = _mul32(x, 0x7FEB352D)
+    x = (x * 0x21F0AAAD) & MASK32
     x = x ^ (x >> 15)
-    x = _mul32(x, 0x846CA68B)
-    return x ^ (x >> 16)
-
-
-def _mul32(x: torch.Tensor, factor: int) -> torch.Tensor:
-    """(x * factor) mod 2^32 for 32-bit x, exactly: 16-bit halves of the factor keep every
-    product under 2^49, where int64 arithmetic cannot overflow."""
-    low, high = factor & 0xFFFF, factor >> 16
-    return (x * low + (((x * high) & 0xFFFF) << 16)) & 0xFFFFFFFF
+    x = (x * 0x735A2D97) & MASK32
+    return x ^ (x >> 15)
 
 
 def logits_warpers(params: SamplingParams) -> list:

@@ -97,47 +97,52 @@ def test_a_sampled_reply_is_the_same_alone_and_in_any_batch(tiny, prompts):
     assert twice[0].token_ids == twice[2].token_ids != twice[1].token_ids
 
 
-def test_row_uniforms_are_a_keyed_hash_of_the_seed_and_the_step():
-    from fic.backends.decoding import row_uniforms
+def _mix32(x: int) -> int:  # the hash in Python integers
+    x ^= x >> 16
+    x = (x * 0x21F0AAAD) & MASK32
+    x ^= x >> 15
+    x = (x * 0x735A2D97) & MASK32
+    return x ^ (x >> 15)
 
-    def lowbias32(x: int) -> int:  # Chris Wellons' reference, in Python integers
-        x ^= x >> 16
-        x = (x * 0x7FEB352D) & MASK32
-        x ^= x >> 15
-        x = (x * 0x846CA68B) & MASK32
-        return x ^ (x >> 16)
+
+def test_row_keys_and_token_hashes_are_the_hash_of_the_seed_the_step_and_the_token():
+    from fic.backends.decoding import row_keys, token_hashes
 
     seeds = [0, 1, 2**31 - 1, 2**40 + 5, -3]
-    uniforms = row_uniforms(seeds, 50)
-    assert uniforms.dtype == torch.float64 and uniforms.shape == (5, 50)
+    keys = row_keys(seeds, 50)
+    assert keys.shape == (5, 50)
     for row, seed in enumerate(seeds):
         key = seed % 2**64
         for step in (0, 1, 49):
-            mixed = lowbias32(lowbias32(lowbias32(step ^ 0x9E3779B9) ^ (key & MASK32)) ^ (key >> 32))
-            assert uniforms[row, step].item() == (mixed + 0.5) / 2**32
-    # A row's draws depend on its seed alone, not on the rows beside it or the steps asked for.
-    assert torch.equal(row_uniforms([seeds[3]], 10)[0], uniforms[3, :10])
-    many = row_uniforms([7], 20000)[0]
-    assert abs(many.mean().item() - 0.5) < 0.01
-    assert (torch.histc(many.float(), bins=10, min=0, max=1) - 2000).abs().max() < 200
-    assert len(set(many.tolist())) == 20000
+            assert keys[row, step].item() == _mix32(_mix32(_mix32(step ^ 0x9E3779B9) ^ (key & MASK32)) ^ (key >> 32))
+    assert token_hashes(10).tolist() == [_mix32(t ^ 0x7F4A7C15) for t in range(10)]
+    # A row's keys depend on its seed alone, not on the rows beside it or the steps asked for.
+    assert torch.equal(row_keys([seeds[3]], 10)[0], keys[3, :10])
+    many = row_keys([7], 20000)[0]
+    assert len(set(many.tolist())) == 20000  # a bijection of the step
+    assert abs(many.double().mean().item() / 2**32 - 0.5) < 0.01
 
 
 @pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.7, 0.8)])
 def test_batched_sampling_draws_from_the_filtered_distribution(temperature, top_p):
     from transformers import TopPLogitsWarper
 
-    from fic.backends.decoding import logits_warpers, row_uniforms, sample
+    from fic.backends.decoding import logits_warpers, row_keys, sample, token_hashes
 
     logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0, -8.0])
     rows = 40000
     chosen = sample(logits.repeat(rows, 1), logits_warpers(SamplingParams(temperature=temperature, top_p=top_p)),
-                    row_uniforms(list(range(rows)), 1)[:, 0])
+                    row_keys(list(range(rows)), 1)[:, 0], token_hashes(len(logits)))
     expected = torch.softmax(TopPLogitsWarper(top_p)(None, (logits / temperature)[None])[0], dim=-1)
     frequency = torch.bincount(chosen, minlength=len(logits)).double() / rows
     assert (frequency - expected).abs().max() < 0.01
     assert frequency[expected == 0].sum() == 0  # a token top-p cut is never drawn
-    # Greedy: the argmax, with no uniforms at all.
+    # A flat distribution over a wide vocabulary: 64 rows x 64 steps draw 4,096 of 4,096 tokens,
+    # each token's count Poisson(1) if draws are independent (variance 1; clumped noise gives more).
+    keys = row_keys(list(range(64)), 64)
+    wide = torch.cat([sample(torch.zeros(64, 4096), [], keys[:, step], token_hashes(4096)) for step in range(64)])
+    assert torch.bincount(wide, minlength=4096).double().var().item() == pytest.approx(1.0, abs=0.1)
+    # Greedy: the argmax, with no noise at all.
     assert sample(logits[None], [], None).tolist() == [0]
 
 
