@@ -226,8 +226,8 @@ def sample(scores: torch.Tensor, warpers: list, keys: torch.Tensor | None,
     for warper in warpers:
         scores = warper(None, scores)
     bits = _mix32(token_hash[None, :] ^ keys[:, None])
-    uniform = ((bits >> 9).float() + 0.5) * 2.0**-23  # 23 bits: exact in float32, never 0 or 1
-    return (scores - torch.log(-torch.log(uniform))).argmax(dim=-1)
+    uniform = (bits >> 9).float().add_(0.5).mul_(2.0**-23)  # 23 bits: exact in float32, never 0 or 1
+    return scores.sub(uniform.log_().neg_().log_()).argmax(dim=-1)
 
 
 def row_keys(seeds: list[int], steps: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -249,14 +249,16 @@ def token_hashes(vocabulary: int, device: torch.device | str = "cpu") -> torch.T
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer hash in int64 tensors: Chris Wellons' two-multiply shape (shift-xor,
-    multiply, shift-xor, multiply, shift-xor) with his hash-prospector constants 0x21f0aaad and
-    0x735a2d97, both under 2^31, so that no product of a 32-bit value leaves int64."""
-    x = x ^ (x >> 16)
-    x = (x * 0x21F0AAAD) & MASK32
-    x = x ^ (x >> 15)
-    x = (x * 0x735A2D97) & MASK32
-    return x ^ (x >> 15)
+    """A 32-bit integer hash of int64 tensors, in place (pass a tensor of its own): Chris Wellons'
+    two-multiply shape (shift-xor, multiply, shift-xor, multiply, shift-xor) with his
+    hash-prospector constants 0x21f0aaad and 0x735a2d97, both under 2^31, so that no product of a
+    32-bit value leaves int64. In place because it runs over every token of every row each step."""
+    x ^= x >> 16
+    x.mul_(0x21F0AAAD).bitwise_and_(MASK32)
+    x ^= x >> 15
+    x.mul_(0x735A2D97).bitwise_and_(MASK32)
+    x ^= x >> 15
+    return x
 
 
 def logits_warpers(params: SamplingParams) -> list:
