@@ -149,10 +149,23 @@ def _model(args: argparse.Namespace, device: str, dtype: torch.dtype) -> Any:
     if args.model:
         from fic.core.model import check_model_folder
 
-        check_model_folder(args.model)
-        return AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).to(device).eval()
+        folder = check_model_folder(args.model)
+        return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
     if args.model_config:
-        config = AutoConfig.from_pretrained(args.model_config)
+        from fic.core.files import read_json
+
+        fields = read_json(args.model_config, "a transformers config.json")
+        if not isinstance(fields, dict) or not isinstance(fields.get("model_type"), str):
+            raise FicError("expected a transformers config.json with its model_type", path=args.model_config,
+                           field="--model-config")
+        from transformers import CONFIG_MAPPING
+
+        fields = dict(fields)
+        kind = fields.pop("model_type")
+        if kind not in CONFIG_MAPPING:
+            raise FicError(f"model_type {kind!r} is not one this transformers knows", path=args.model_config,
+                           field="--model-config")
+        config = AutoConfig.for_model(kind, **fields)
     else:
         config = LlamaConfig(vocab_size=49152, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                              num_key_value_heads=4, intermediate_size=128, tie_word_embeddings=True)
