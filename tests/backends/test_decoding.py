@@ -97,6 +97,31 @@ def test_a_sampled_reply_is_the_same_alone_and_in_any_batch(tiny, prompts):
     assert twice[0].token_ids == twice[2].token_ids != twice[1].token_ids
 
 
+def test_greedy_replies_are_transformers_generate_s_exactly(tiny, prompts):
+    """Greedy decoding is the argmax of the raw logits, as `model.generate` does it: each prompt
+    decoded alone by `generate` (float32, no padding) gives the reply and log-probs the loop gives
+    in one left-padded batch whose rows end at staggered steps and leave it."""
+    from transformers import GenerationConfig
+
+    model, _ = tiny
+    params = SamplingParams(max_new_tokens=24)
+    backend = _backend(tiny, batch_size=16, check_every=4)
+    backend.stop_ids = _staggered_stops(backend.generate(prompts, params))
+    batched = backend.generate(prompts, params)
+    assert len({len(g.token_ids) for g in batched}) >= 3
+    config = GenerationConfig(do_sample=False, max_new_tokens=params.max_new_tokens, top_k=None, top_p=None,
+                              eos_token_id=sorted(backend.stop_ids), pad_token_id=backend.pad_id,
+                              output_logits=True, return_dict_in_generate=True)
+    for prompt, gen in zip(prompts, batched):
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config)
+        reply = out.sequences[0, len(prompt):].tolist()
+        logprobs = [torch.log_softmax(step[0].float(), -1)[t].item() for step, t in zip(out.logits, reply)]
+        assert gen.token_ids == reply
+        assert gen.logprobs == pytest.approx(logprobs, abs=1e-4)
+
+
 def _mix32(x: int) -> int:  # the hash in Python integers
     x ^= x >> 16
     x = (x * 0x21F0AAAD) & MASK32
