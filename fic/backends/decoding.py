@@ -26,11 +26,12 @@ back to the host once every `check_every` steps:
   is handed to the model already in its 4-D form (transformers would otherwise check a 2-D mask
   for padding on the host at every step).
 
-Lockstep (`Lockstep`): when the model's weights are partitioned across processes (DeepSpeed
-ZeRO-3, FSDP), every forward pass is a collective and every rank must run the same number of
-them. The loop then agrees on its number of steps with the other ranks: the "anyone still
-decoding" flag is all-reduced at each check (on the check the loop makes anyway, so it costs no
-extra wait), and a rank whose rows are done keeps taking idle steps until the flag clears.
+Lockstep (`ranks`, a `fic.core.ranks.Ranks`): when the model's weights are partitioned across
+processes (DeepSpeed ZeRO-3, FSDP), every forward pass is a collective and every rank must run the
+same number of them. The loop then agrees on its number of steps with the other ranks: at each
+check, right after its one read, it asks the ranks whether any is still decoding (`Ranks.any`, one
+all-reduce of one number every `check_every` steps), and a rank whose rows are done keeps taking
+idle steps until none is.
 
 `decode_legacy` is the loop as it was before (a host read every step, one `torch.multinomial`
 per row with a generator of its own), kept so that `fic bench decode` can compare both in one
@@ -49,6 +50,7 @@ from transformers import TemperatureLogitsWarper, TopPLogitsWarper
 from fic.backends.kv_reuse import KV, batch_rows, layer_kv
 from fic.core import progress
 from fic.core.generation import SamplingParams
+from fic.core.ranks import Ranks
 
 # Steps between two reads of the device. At least 8 keeps the loop at one host wait every 8
 # steps or fewer; more would leave finished rows and finished batches running longer (up to
@@ -56,34 +58,6 @@ from fic.core.generation import SamplingParams
 CHECK_EVERY = 8
 LOOPS = ("fast", "legacy")
 MASK32 = 0xFFFFFFFF
-
-
-class Lockstep:
-    """Agreement between the ranks of the default process group, for a model whose every forward
-    pass is a collective: each call here is one all-reduce (maximum) on every rank."""
-
-    def __init__(self, device: torch.device):
-        import torch.distributed as dist
-
-        # gloo reduces host tensors; nccl device ones.
-        self.device = torch.device("cpu") if dist.get_backend() == "gloo" else device
-
-    def max(self, values: list[int]) -> list[int]:
-        """The largest of each value over the ranks (read on the host: for the start of a call or
-        a batch, where the host needs the answer anyway)."""
-        import torch.distributed as dist
-
-        agreed = torch.tensor(values, dtype=torch.long, device=self.device)
-        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
-        return [int(v) for v in agreed.tolist()]
-
-    def any(self, flag: torch.Tensor) -> torch.Tensor:
-        """Whether any rank's `flag` (a one-element device tensor) is set, left on the device."""
-        import torch.distributed as dist
-
-        agreed = flag.to(device=self.device, dtype=torch.long)
-        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
-        return agreed.to(flag.device)
 
 
 def lockstep_wanted(model: Any) -> bool:
@@ -111,14 +85,15 @@ class Decoded(NamedTuple):
 def decode(model: Any, cache: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
            params: SamplingParams, *, stops: frozenset[int], pad_id: int, keep_rows: bool = False,
            seeds: list[int] | None = None, check_every: int = CHECK_EVERY, steps: int | None = None,
-           lockstep: Lockstep | None = None, full_attention: bool = False, padded: bool = True,
+           ranks: Ranks | None = None, full_attention: bool = False, padded: bool = True,
            idle: bool = False) -> Decoded:
     """Feed `input_ids` after what `cache` already holds (`attention_mask` covers both), then
     sample up to `params.max_new_tokens` tokens per row until every row has written a stop id.
     Row i samples from `seeds[i]` alone (None: seeds drawn from torch's global generator).
 
     `steps`: the steps this call may take, `params.max_new_tokens` or more (lockstep: the
-    largest over the ranks; a row stops writing at its own limit). `full_attention`: every layer
+    largest over the ranks; a row stops writing at its own limit). `ranks`: take steps until no
+    rank is decoding (None: this process alone). `full_attention`: every layer
     attends to every cached position, so the mask can be passed in 4-D form. `padded`: some
     position of `attention_mask` is 0 (the caller knows it without asking the device); without
     padding no mask is passed at all. `idle`: the rows are placeholders (a rank with nothing to
@@ -177,15 +152,15 @@ def decode(model: Any, cache: Any, input_ids: torch.Tensor, attention_mask: torc
         if (step + 1) % check_every:
             step_ids = chosen[:, None]
             continue
-        writing = (~finished).any()
-        if lockstep is not None:
-            writing = lockstep.any(writing[None])[0]
-        # The loop's one host read: whether to go on, which rows are done, how far each got.
-        host = torch.cat([writing[None].long(), finished.long(), lengths]).tolist()
-        done, row_lengths = host[1:1 + len(active)], host[1 + len(active):]
+        # The loop's one host read: which rows are done, how far each got.
+        host = torch.cat([finished.long(), lengths]).tolist()
+        done, row_lengths = host[:len(active)], host[len(active):]
         progress.decoded(sum(row_lengths) - in_batch, len(done) - sum(done))
         reported, in_batch = reported + sum(row_lengths) - in_batch, sum(row_lengths)
-        if not host[0]:
+        writing = not all(done)
+        if ranks is not None:
+            writing = ranks.any(writing)
+        if not writing:
             break
         staying = [k for k, d in enumerate(done) if not d] or [0]  # lockstep: an idle row stays
         if sum(done) >= max(1, len(active) // 4) and len(staying) < len(active):

@@ -31,7 +31,6 @@ from transformers.cache_utils import DynamicLayer
 from fic.backends.decoding import (
     CHECK_EVERY,
     LOOPS,
-    Lockstep,
     decode,
     decode_legacy,
     forward_kwargs,
@@ -61,6 +60,7 @@ from fic.core.generation import (
     stop_ids,
 )
 from fic.core.model import default_device, load_model, load_tokenizer
+from fic.core.ranks import Ranks
 
 # What one extra forward pass costs, in token reads: every weight is read once whatever the
 # batch, which on the reference CPU takes about as long as computing 30-60 tokens.
@@ -132,13 +132,15 @@ class HFBackend:
         check_prompts(prompts)
         device = _model_device(self.model)
         in_lockstep = lockstep_wanted(self.model) if self.lockstep is None else self.lockstep
-        sync = Lockstep(device) if in_lockstep else None
-        if sync is not None and self.decode_loop == "legacy":
+        ranks = Ranks.current() if in_lockstep else None
+        if ranks is not None and not ranks.lockstep:
+            ranks = None  # one process: nothing to agree with
+        if ranks is not None and self.decode_loop == "legacy":
             raise FicError("the legacy decoding loop cannot run in lockstep; use decode_loop=fast",
                            field="decode_loop")
         batches = -(-len(prompts) // self.batch_size)
-        if sync is not None:
-            [batches] = sync.max([batches])
+        if ranks is not None:
+            batches = ranks.most(batches)
         if not batches:
             return []
         # Longest first: similar lengths share a batch (less padding) and OOM fails early.
@@ -167,10 +169,10 @@ class HFBackend:
                 for start in range(0, batches * self.batch_size, self.batch_size):
                     batch = order[start:start + self.batch_size]
                     if not batch:
-                        self._idle_batch(params, device, sync)
+                        self._idle_batch(params, device, ranks)
                         continue
                     outputs = self._generate_batch([prompts[i] for i in batch], params, device,
-                                                   None if seeds is None else [seeds[i] for i in batch], sync)
+                                                   None if seeds is None else [seeds[i] for i in batch], ranks)
                     for i, out in zip(batch, outputs):
                         results[i] = out
         finally:
@@ -178,11 +180,11 @@ class HFBackend:
         return results  # type: ignore[return-value]
 
     def _generate_batch(self, prompts: list[list[int]], params: SamplingParams, device: torch.device,
-                        seeds: list[int] | None, sync: Lockstep | None) -> list[Generation]:
+                        seeds: list[int] | None, ranks: Ranks | None) -> list[Generation]:
         plan = self._prefill_plan(prompts) if self.kv_store is not None else []
         passes, steps = len(plan), params.max_new_tokens
-        if sync is not None:
-            passes, steps = sync.max([passes, steps])
+        if ranks is not None:
+            passes, steps = ranks.most(passes), ranks.most(steps)
         for token_lists in plan:  # then every row feeds only its last prompt token
             self._feed(token_lists, device)
         for _ in range(passes - len(plan)):
@@ -195,7 +197,7 @@ class HFBackend:
         else:
             decoded = decode(self.model, rows.cache, rows.input_ids, rows.attention_mask, params,
                              stops=self.stop_ids, pad_id=self.pad_id, keep_rows=keep_rows, seeds=seeds,
-                             check_every=self.check_every, steps=steps, lockstep=sync,
+                             check_every=self.check_every, steps=steps, ranks=ranks,
                              full_attention=self.full_attention, padded=rows.padded)
         results = [finish(self.tokenizer, ids, lps, self.stop_ids)
                    for ids, lps in zip(decoded.ids.cpu().tolist(), decoded.logprobs.cpu().tolist())]
@@ -205,17 +207,17 @@ class HFBackend:
         self._keep(rows, [p + g.token_ids[:-1] for p, g in zip(prompts, results)], decoded.row_kvs)
         return results
 
-    def _idle_batch(self, params: SamplingParams, device: torch.device, sync: Lockstep) -> None:
+    def _idle_batch(self, params: SamplingParams, device: torch.device, ranks: Ranks) -> None:
         """A micro-batch this rank does not have, in lockstep: the other ranks' prefill passes and
         decoding steps, run over a one-token placeholder row whose output is dropped."""
-        passes, steps = sync.max([0, params.max_new_tokens])
+        passes, steps = ranks.most(0), ranks.most(params.max_new_tokens)
         for _ in range(passes):
             self._idle_forward(device)
         cache = new_cache(self.model, 1 + min(steps, FIRST_REPLY_SLICE))
         placeholder = torch.full((1, 1), self.pad_id, dtype=torch.long, device=device)
         decode(self.model, cache, placeholder, torch.ones_like(placeholder), SamplingParams(max_new_tokens=1),
                stops=self.stop_ids, pad_id=self.pad_id, check_every=self.check_every, steps=steps,
-               lockstep=sync, padded=False, idle=True)
+               ranks=ranks, padded=False, idle=True)
 
     def _idle_forward(self, device: torch.device) -> None:
         """One forward pass over a one-token placeholder row (lockstep: another rank's pass)."""
