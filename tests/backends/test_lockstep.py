@@ -9,14 +9,11 @@ short prompt (10 new tokens) and then, in the second turn, none at all."""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from ranks import on_ranks
 
 from fic.core.generation import SamplingParams
 
@@ -57,10 +54,8 @@ def _backend(model, tokenizer, stops=None, **kwargs):
     return backend
 
 
-def worker(rank: int, port: int, model_dir: str, stops: list[int], out: str) -> None:
-    """One rank (run in its own process by the test)."""
-    from datetime import timedelta
-
+def worker(rank: int, model_dir: str, stops: list[int], out: str) -> None:
+    """One rank (run in its own process by `on_ranks`, which started the process group)."""
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM
 
@@ -68,8 +63,6 @@ def worker(rank: int, port: int, model_dir: str, stops: list[int], out: str) -> 
     from fic.core.model import load_tokenizer
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
-                            timeout=timedelta(seconds=90))
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     tokenizer = load_tokenizer(model_dir)
     forwards = [0]
@@ -84,14 +77,14 @@ def worker(rank: int, port: int, model_dir: str, stops: list[int], out: str) -> 
     model.register_forward_pre_hook(collective, with_kwargs=True)
     replies = _play(_backend(model, tokenizer, stops, lockstep=True), tokenizer, rank)
     Path(out).write_text(json.dumps({"replies": replies, "forwards": forwards[0], "auto": lockstep_wanted(model)}))
-    dist.barrier()
-    dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+RANK = """
+import json
+sys.path.insert(0, argv[0])
+from test_lockstep import worker
+worker(ranks.rank, argv[1], json.loads(argv[2]), argv[3] + f"/rank{ranks.rank}.json")
+"""
 
 
 @pytest.mark.slow  # two processes load torch and transformers
@@ -121,22 +114,9 @@ def test_ranks_in_lockstep_run_the_same_forwards_and_decode_as_one_process(tiny,
         alone_forwards.append(len(calls))
     assert len({len(r) for r in alone[0][0]}) >= 3  # rank 0's first replies end at different steps
 
-    port, env = _free_port(), {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    code = ("import sys, json; from test_lockstep import worker; "
-            "worker(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4]), sys.argv[5])")
-    ranks = [subprocess.Popen([sys.executable, "-c", code, str(rank), str(port), str(folder), json.dumps(stops),
-                               str(tmp_path / f"rank{rank}.json")], cwd=Path(__file__).parent, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for rank in range(WORLD)]
-    logs = []
-    for process in ranks:
-        try:
-            logs.append(process.communicate(timeout=300)[0])
-        except subprocess.TimeoutExpired:
-            for other in ranks:
-                other.kill()
-            pytest.fail("a rank waited past 300 s: the ranks' forward passes did not match")
-    assert all(p.returncode == 0 for p in ranks), "\n".join(log[-3000:] for log in logs)
+    ranks = on_ranks(RANK, WORLD, str(Path(__file__).parent), str(folder), json.dumps(stops), str(tmp_path),
+                     bound=60, timeout=300)  # a rank one forward off waits 60 s, then fails naming its phase
+    assert all(r.returncode == 0 for r in ranks), "\n".join(r.stderr[-3000:] for r in ranks)
     results = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(WORLD)]
 
     assert results[0]["forwards"] == results[1]["forwards"]
