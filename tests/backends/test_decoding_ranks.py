@@ -82,7 +82,7 @@ def worker(rank: int, model_dir: str, stops: list[int], out: str) -> None:
 RANK = """
 import json
 sys.path.insert(0, argv[0])
-from test_lockstep import worker
+from test_decoding_ranks import worker
 worker(ranks.rank, argv[1], json.loads(argv[2]), argv[3] + f"/rank{ranks.rank}.json")
 """
 
