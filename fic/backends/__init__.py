@@ -1,7 +1,7 @@
 """Generation engines behind the one interface of `fic.core.generation`, built from a `BackendConfig`.
 
-- `hf` (`hf.py`): our own decoding loop over a transformers model, keys and values kept
-  between calls (`kv_reuse.py`);
+- `hf` (`hf.py`): our own decoding loop (`decoding.py`) over a transformers model, keys and
+  values kept between calls (`kv_reuse.py`);
 - `vllm` (`vllm.py`): the offline vLLM engine, GPU only;
 - `openai` (`openai.py`): an OpenAI-compatible HTTP endpoint.
 

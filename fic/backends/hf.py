@@ -6,36 +6,49 @@ every row's last prompt token sits in the final column, with position ids counte
 tokens only: a padded row sees the same positions as it would alone, so batched greedy output
 equals unbatched greedy output (up to floating-point ties).
 
-The loop is ours rather than `model.generate` for two reasons. It keeps each row's keys and
-values after the call (`fic.backends.kv_reuse`), so the next turn of a conversation feeds the model only
-its new tokens; and nothing from a checkpoint's `generation_config.json` (top_k=50,
-repetition_penalty, ...) can change what is sampled. Each step records the chosen token's
-log-prob under the raw logits, then samples from exactly softmax(logits / temperature) cut to
-top_p, the distribution vLLM samples from (transformers' own temperature and top-p warpers, in
-vLLM's order); greedy decoding is the argmax of the raw logits.
+The loop (`fic.backends.decoding`) is ours rather than `model.generate` for three reasons. It
+keeps each row's keys and values after the call (`fic.backends.kv_reuse`), so the next turn of a
+conversation feeds the model only its new tokens; each row samples from its own seed alone, so a
+reply does not depend on its batch; and nothing from a checkpoint's `generation_config.json`
+(top_k=50, repetition_penalty, ...) can change what is sampled. Each step records the chosen
+token's log-prob under the raw logits, then samples from exactly softmax(logits / temperature)
+cut to top_p, the distribution vLLM samples from (transformers' own temperature and top-p
+warpers, in vLLM's order); greedy decoding is the argmax of the raw logits.
+
+With its weights partitioned across processes (ZeRO-3, FSDP) the backend runs in lockstep: every
+rank runs the same number of forward passes in each call, whatever its rows (see `generate`).
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import DynamicCache, TemperatureLogitsWarper, TopPLogitsWarper
+from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from fic.backends.decoding import (
+    CHECK_EVERY,
+    LOOPS,
+    decode,
+    decode_legacy,
+    forward_kwargs,
+    lockstep_wanted,
+    real_positions,
+)
 from fic.backends.kv_reuse import (
     KV,
     KVStore,
     batch_rows,
+    common_prefix_length,
     layer_kv,
     left_padded,
     shared_prefixes,
     spans_kv,
 )
 from fic.core import progress
+from fic.core.errors import FicError
 from fic.core.generation import (
     BackendConfig,
     Generation,
@@ -47,6 +60,7 @@ from fic.core.generation import (
     stop_ids,
 )
 from fic.core.model import default_device, load_model, load_tokenizer
+from fic.core.ranks import Ranks
 
 # What one extra forward pass costs, in token reads: every weight is read once whatever the
 # batch, which on the reference CPU takes about as long as computing 30-60 tokens.
@@ -70,21 +84,31 @@ class HFBackend:
     (the trainer's live policy, a test model) or from a config with `load_hf_backend`.
 
     `kv_reuse_mb` is the memory for keys and values kept between calls (see `fic.kv_reuse`);
-    0 turns reuse off. They are forgotten whenever the model's weights change."""
+    0 turns reuse off. They are forgotten whenever the model's weights change. `decode_loop` and
+    `check_every`: see `BackendConfig`. `lockstep`: run every forward pass on every rank of the
+    default process group (see `generate`); None turns it on where the weights are partitioned
+    across ranks (`fic.backends.decoding.lockstep_wanted`)."""
 
     name = "hf"
 
-    def __init__(self, model: Any, tokenizer: Any, batch_size: int = 16, kv_reuse_mb: float = 0):
+    def __init__(self, model: Any, tokenizer: Any, batch_size: int = 16, kv_reuse_mb: float = 0,
+                 decode_loop: str = "fast", check_every: int = CHECK_EVERY, lockstep: bool | None = None):
+        if decode_loop not in LOOPS:
+            raise FicError(f"decode_loop must be one of {', '.join(LOOPS)}, got {decode_loop!r}", field="decode_loop")
+        if check_every < 1:
+            raise FicError(f"check_every must be at least 1, got {check_every}", field="check_every")
         self.model, self.tokenizer, self.batch_size = model, tokenizer, max(1, int(batch_size))
+        self.decode_loop, self.check_every, self.lockstep = decode_loop, int(check_every), lockstep
         # The checkpoint's generation_config may list more eos ids (Llama 3: eot, eom, eos).
         generation_config = getattr(model, "generation_config", None)
         self.stop_ids = stop_ids(tokenizer, generation_config)
         pad = getattr(tokenizer, "pad_token_id", None)
         # Any id works as padding (masked out, trimmed afterwards); an end-of-turn id is always there.
         self.pad_id = int(pad) if pad is not None else min(self.stop_ids)
-        # Only full-attention layers (made GrowingLayers) can be spliced into a prefix; sliding-
-        # window, chunked or hybrid ones cannot.
-        reusable = kv_reuse_mb > 0 and all(isinstance(layer, GrowingLayer) for layer in _new_cache(model, 1).layers)
+        # Only full-attention layers (made GrowingLayers) can be spliced into a prefix, or take a
+        # prepared 4-D mask; sliding-window, chunked or hybrid ones cannot.
+        self.full_attention = all(isinstance(layer, GrowingLayer) for layer in new_cache(model, 1).layers)
+        reusable = kv_reuse_mb > 0 and self.full_attention
         self.kv_store = KVStore(int(kv_reuse_mb * 2**20)) if reusable else None
         self.fed_tokens = 0  # prompt tokens run through the model so far (what reuse saves)
 
@@ -98,84 +122,147 @@ class HFBackend:
             self.kv_store.clear()
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        """Continue each prompt; one Generation each.
+
+        In lockstep every rank must call this as often as the others (a rank with nothing to say
+        in a turn calls it with no prompts). The ranks then agree on the number of micro-batches
+        and, per micro-batch, on the number of prefill passes and of decoding steps; a rank short
+        of any runs placeholder passes over a one-token row, so that every rank runs the same
+        forward passes."""
         check_prompts(prompts)
-        if not prompts:
+        device = _model_device(self.model)
+        in_lockstep = lockstep_wanted(self.model) if self.lockstep is None else self.lockstep
+        ranks = Ranks.current() if in_lockstep else None
+        if ranks is not None and not ranks.lockstep:
+            ranks = None  # one process: nothing to agree with
+        if ranks is not None and self.decode_loop == "legacy":
+            raise FicError("the legacy decoding loop cannot run in lockstep; use decode_loop=fast",
+                           field="decode_loop")
+        batches = -(-len(prompts) // self.batch_size)
+        if ranks is not None:
+            batches = ranks.most(batches)
+        if not batches:
             return []
         # Longest first: similar lengths share a batch (less padding) and OOM fails early.
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]), reverse=True)
         results: list[Generation | None] = [None] * len(prompts)
-        device = _model_device(self.model)
-        sampling = params.temperature > 0
         was_training = self.model.training
         self.model.eval()  # no dropout while sampling; restored below for a live training model
         if self.kv_store is not None:
             self.kv_store.check_weights(self.model)
-        # fork_rng scopes the per-call seed: the caller's global RNG state is restored afterwards.
-        # With per-prompt seeds, each row draws from a generator of its own (`_decode`).
+        # Each row samples from its own seed: params.seeds, else params.seed + its index in the
+        # call (`request_seeds`); with neither, from seeds drawn from torch's generator. The
+        # legacy loop without per-prompt seeds reseeds torch's global generator instead, inside
+        # fork_rng, which gives the caller its own state back afterwards.
+        reseed = self.decode_loop == "legacy" and params.seeds is None and params.seed is not None \
+            and params.temperature > 0
+        seeds = None
+        if params.seeds is not None or (params.seed is not None and self.decode_loop == "fast"):
+            seeds = request_seeds(params, len(prompts))
         fork_devices = []
         if device.type == "cuda":
             fork_devices = [device.index if device.index is not None else torch.cuda.current_device()]
-        seeds = request_seeds(params, len(prompts)) if params.seeds is not None else None
         try:
-            with torch.random.fork_rng(devices=fork_devices, enabled=sampling and params.seed is not None), \
-                    _grad_off(self.model):
-                if sampling and params.seed is not None:
+            with torch.random.fork_rng(devices=fork_devices, enabled=reseed), _grad_off(self.model):
+                if reseed:
                     torch.manual_seed(params.seed)
-                for start in range(0, len(order), self.batch_size):
+                for start in range(0, batches * self.batch_size, self.batch_size):
                     batch = order[start:start + self.batch_size]
+                    if not batch:
+                        self._idle_batch(params, device, ranks)
+                        continue
                     outputs = self._generate_batch([prompts[i] for i in batch], params, device,
-                                                   None if seeds is None else [seeds[i] for i in batch])
+                                                   None if seeds is None else [seeds[i] for i in batch], ranks)
                     for i, out in zip(batch, outputs):
                         results[i] = out
         finally:
             self.model.train(was_training)
         return results  # type: ignore[return-value]
 
-    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams,
-                        device: torch.device, seeds: list[int] | None = None) -> list[Generation]:
-        if self.kv_store is not None:
-            self._prefill(prompts, device)  # then every row feeds only its last prompt token
+    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams, device: torch.device,
+                        seeds: list[int] | None, ranks: Ranks | None) -> list[Generation]:
+        plan = self._prefill_plan(prompts) if self.kv_store is not None else []
+        passes, steps = len(plan), params.max_new_tokens
+        if ranks is not None:
+            passes, steps = ranks.most(passes), ranks.most(steps)
+        for token_lists in plan:  # then every row feeds only its last prompt token
+            self._feed(token_lists, device)
+        for _ in range(passes - len(plan)):
+            self._idle_forward(device)
         rows = self._assemble(prompts, params.max_new_tokens, device)
-        new_ids, logprobs, row_kvs = _decode(self.model, rows.cache, rows.input_ids, rows.attention_mask,
-                                             params, stops=self.stop_ids, pad_id=self.pad_id,
-                                             keep_rows=self.kv_store is not None, seeds=seeds)
+        keep_rows = self.kv_store is not None
+        if self.decode_loop == "legacy":
+            decoded = decode_legacy(self.model, rows.cache, rows.input_ids, rows.attention_mask, params,
+                                    stops=self.stop_ids, pad_id=self.pad_id, keep_rows=keep_rows, seeds=seeds)
+        else:
+            decoded = decode(self.model, rows.cache, rows.input_ids, rows.attention_mask, params,
+                             stops=self.stop_ids, pad_id=self.pad_id, keep_rows=keep_rows, seeds=seeds,
+                             check_every=self.check_every, steps=steps, ranks=ranks,
+                             full_attention=self.full_attention, padded=rows.padded)
         results = [finish(self.tokenizer, ids, lps, self.stop_ids)
-                   for ids, lps in zip(new_ids.cpu().tolist(), logprobs.cpu().tolist())]
+                   for ids, lps in zip(decoded.ids.cpu().tolist(), decoded.logprobs.cpu().tolist())]
+        # The heartbeat's count of tokens written since the loop last counted.
+        progress.decoded(sum(len(g.token_ids) for g in results) - decoded.reported, 0)
         # The last reply token was sampled but never fed: its keys and values do not exist.
-        self._keep(rows, [p + g.token_ids[:-1] for p, g in zip(prompts, results)], row_kvs)
+        self._keep(rows, [p + g.token_ids[:-1] for p, g in zip(prompts, results)], decoded.row_kvs)
         return results
 
-    def _prefill(self, prompts: list[list[int]], device: torch.device) -> None:
-        """Put the keys and values of every prompt but its last token into the store.
+    def _idle_batch(self, params: SamplingParams, device: torch.device, ranks: Ranks) -> None:
+        """A micro-batch this rank does not have, in lockstep: the other ranks' prefill passes and
+        decoding steps, run over a one-token placeholder row whose output is dropped."""
+        passes, steps = ranks.most(0), ranks.most(params.max_new_tokens)
+        for _ in range(passes):
+            self._idle_forward(device)
+        cache = new_cache(self.model, 1 + min(steps, FIRST_REPLY_SLICE))
+        placeholder = torch.full((1, 1), self.pad_id, dtype=torch.long, device=device)
+        decode(self.model, cache, placeholder, torch.ones_like(placeholder), SamplingParams(max_new_tokens=1),
+               stops=self.stop_ids, pad_id=self.pad_id, check_every=self.check_every, steps=steps,
+               ranks=ranks, padded=False, idle=True)
+
+    def _idle_forward(self, device: torch.device) -> None:
+        """One forward pass over a one-token placeholder row (lockstep: another rank's pass)."""
+        placeholder = torch.full((1, 1), self.pad_id, dtype=torch.long, device=device)
+        self.model(input_ids=placeholder, attention_mask=torch.ones_like(placeholder), use_cache=False)
+
+    def _prefill_plan(self, prompts: list[list[int]]) -> list[list[list[int]]]:
+        """The forward passes that put the keys and values of every prompt but its last token into
+        the store, each a list of token lists to feed; planned before any runs, so that ranks in
+        lockstep can agree on their number first.
 
         A prefix several prompts share (a system prompt, one task's tools in several views, N
         runs of one conversation) is fed once, shorter shared prefixes before the longer ones
         that extend them (`shared_prefixes`). The rest is fed in groups of similar length, each
         one forward pass, so that short rows are not padded to the longest (padding costs as much
-        compute as real tokens; half of a turn's tokens were padding)."""
+        compute as real tokens; half of a turn's tokens were padding). What the plan feeds counts
+        as stored for its later passes (the store keeps what is fed, within its budget)."""
         store = self.kv_store
         reused = [store.match(p)[1] for p in prompts]
-        pending = shared_prefixes(prompts, reused, FORWARD_PASS_COST)
-        while pending:  # rounds: a prefix waits until the shorter shared prefix it extends is stored
-            ready = [p for p in pending if not any(len(q) < len(p) and p[:len(q)] == q for q in pending)]
-            self._feed_grouped(ready, device)
-            pending = [p for p in pending if p not in ready]
-        self._feed_grouped([p[:-1] for p in prompts], device)
+        planned: list[list[int]] = []
+        passes: list[list[list[int]]] = []
 
-    def _feed_grouped(self, token_lists: list[list[int]], device: torch.device) -> None:
-        """Feed what the store lacks of each token list, in forward passes of similar length."""
-        stored = [self.kv_store.match(t + [0])[1] for t in token_lists]  # + [0]: a whole stored list counts
-        todo = [i for i, t in enumerate(token_lists) if stored[i] < len(t)]
-        lengths = [len(token_lists[i]) - stored[i] for i in todo]
-        for group in prefill_groups(lengths, FORWARD_PASS_COST):
-            self._feed([token_lists[todo[j]] for j in group], device)
+        def feed_grouped(token_lists: list[list[int]]) -> None:
+            # + [0]: a whole stored list counts
+            stored = [max([store.match(t + [0])[1]] + [common_prefix_length(f, t) for f in planned])
+                      for t in token_lists]
+            todo = [i for i, t in enumerate(token_lists) if stored[i] < len(t)]
+            lengths = [len(token_lists[i]) - stored[i] for i in todo]
+            passes.extend([token_lists[todo[j]] for j in group] for group in prefill_groups(lengths, FORWARD_PASS_COST))
+            planned.extend(token_lists[i] for i in todo)
+
+        pending = shared_prefixes(prompts, reused, FORWARD_PASS_COST)
+        while pending:  # rounds: a prefix waits until the shorter shared prefix it extends is planned
+            ready = [p for p in pending if not any(len(q) < len(p) and p[:len(q)] == q for q in pending)]
+            feed_grouped(ready)
+            pending = [p for p in pending if p not in ready]
+        feed_grouped([p[:-1] for p in prompts])
+        return passes
 
     def _feed(self, token_lists: list[list[int]], device: torch.device) -> None:
         """One forward pass over the rows, storing each row's keys and values; no sampling."""
         rows = self._assemble(token_lists, 0, device)
         self.model(input_ids=rows.input_ids, attention_mask=rows.attention_mask,
-                   position_ids=_positions(rows.attention_mask, rows.input_ids.shape[1]),
-                   use_cache=True, **_forward_kwargs(self.model, rows.cache))
+                   position_ids=real_positions(rows.attention_mask, rows.input_ids.shape[1]),
+                   use_cache=True, **forward_kwargs(self.model, rows.cache))
         self._keep(rows, token_lists, batch_rows(layer_kv(rows.cache), range(len(token_lists))))
 
     def _assemble(self, token_lists: list[list[int]], extra: int, device: torch.device) -> _Rows:
@@ -187,7 +274,7 @@ class HFBackend:
         fresh = [t[m:] for t, m in zip(token_lists, reused)]
         past, width = max(reused), max(len(f) for f in fresh)
         room = width + min(extra, FIRST_REPLY_SLICE)
-        cache = _new_cache(self.model, past + room)
+        cache = new_cache(self.model, past + room)
         if past:  # reuse happens only with GrowingLayers: they take the stacked prefixes as storage
             prefixes = [store.entries[k].kv if k is not None else None for k, _ in matches]
             for layer, (keys, values) in zip(cache.layers, left_padded(prefixes, reused, room)):
@@ -199,7 +286,8 @@ class HFBackend:
             input_ids[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
             attention_mask[row, past - m:past] = 1
             attention_mask[row, past + width - len(ids):] = 1
-        return _Rows(cache, input_ids.to(device), attention_mask.to(device), matches, fresh, past, width)
+        return _Rows(cache, input_ids.to(device), attention_mask.to(device), matches, fresh, past, width,
+                     padded=bool((attention_mask == 0).any()))  # read here, in host memory
 
     def _keep(self, rows: _Rows, token_lists: list[list[int]], row_kvs: list[KV] | None) -> None:
         """Store row i's keys and values for `token_lists[i]` (what it fed: its prompt, and for a
@@ -231,6 +319,7 @@ class _Rows:
     fresh: list[list[int]]
     past: int
     width: int
+    padded: bool  # some position is masked out
 
 
 def prefill_groups(lengths: list[int], pass_cost: int) -> list[list[int]]:
@@ -254,87 +343,7 @@ def prefill_groups(lengths: list[int], pass_cost: int) -> list[list[int]]:
     return groups[::-1]
 
 
-def _decode(model: Any, cache: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-            params: SamplingParams, *, stops: frozenset[int], pad_id: int,
-            keep_rows: bool = False, seeds: list[int] | None = None
-            ) -> tuple[torch.Tensor, torch.Tensor, list[KV] | None]:
-    """Feed `input_ids` after what `cache` already holds (`attention_mask` covers both), then
-    sample up to `params.max_new_tokens` tokens per row until every row has written a stop id.
-
-    Rows that have finished leave the batch once they are a quarter of it, so a long reply does
-    not keep paying for the short ones beside it (each departure copies the cache once).
-    Returns (batch, steps) ids (finished rows padded with `pad_id`), their raw log-probs, and
-    with `keep_rows` each row's keys and values as they stood when it left the batch. With
-    `seeds`, row i samples from a generator seeded `seeds[i]` alone, one draw per step: its
-    reply does not depend on the rows beside it."""
-    warpers = []
-    if params.temperature > 0:
-        if params.temperature != 1.0:
-            warpers.append(TemperatureLogitsWarper(params.temperature))
-        if params.top_p < 1.0:
-            warpers.append(TopPLogitsWarper(params.top_p))
-    rows, device = input_ids.shape[0], input_ids.device
-    generators = None if seeds is None or params.temperature == 0 else \
-        [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
-    stop_tensor = torch.tensor(sorted(stops), device=device)
-    out_ids = torch.full((rows, params.max_new_tokens), pad_id, dtype=torch.long, device=device)
-    out_logprobs = torch.zeros((rows, params.max_new_tokens), dtype=torch.float32, device=device)
-    row_kvs: list[KV] | None = [[] for _ in range(rows)] if keep_rows else None
-    active = torch.arange(rows, device=device)  # original row of each batch row
-    finished = torch.zeros(rows, dtype=torch.bool, device=device)
-    positions = _positions(attention_mask, input_ids.shape[1])
-    step_ids, steps, writing = input_ids, 0, rows
-    for step in range(params.max_new_tokens):
-        out = model(input_ids=step_ids, attention_mask=attention_mask, position_ids=positions,
-                    use_cache=True, **_forward_kwargs(model, cache))
-        scores = out.logits[:, -1, :].float()
-        raw = torch.log_softmax(scores, dim=-1)
-        if params.temperature > 0:
-            for warper in warpers:
-                scores = warper(None, scores)
-            probs = torch.softmax(scores, dim=-1)
-            if generators is None:
-                chosen = torch.multinomial(probs, num_samples=1)
-            else:  # one draw from each row's own generator (`active` maps batch rows to rows)
-                chosen = torch.stack([torch.multinomial(probs[k], 1, generator=generators[row])
-                                      for k, row in enumerate(active.tolist())])
-        else:
-            chosen = scores.argmax(dim=-1, keepdim=True)
-        chosen = chosen.masked_fill(finished[:, None], pad_id)
-        out_ids[active, step] = chosen[:, 0]
-        out_logprobs[active, step] = raw.gather(-1, chosen)[:, 0]
-        finished |= torch.isin(chosen[:, 0], stop_tensor)
-        steps = step + 1
-        done_rows = int(finished.sum())
-        progress.decoded(writing, len(active) - done_rows)  # the heartbeat's rows and tokens
-        writing = len(active) - done_rows
-        if done_rows == len(active) or steps == params.max_new_tokens:
-            break
-        if done_rows >= max(1, len(active) // 4):
-            if row_kvs is not None:  # copied: the batch storage is about to be rebuilt without them
-                leaving = finished.nonzero()[:, 0].tolist()
-                for row, kv in zip(active[leaving].tolist(), batch_rows(layer_kv(cache), leaving, copy=True)):
-                    row_kvs[row] = kv
-            staying = (~finished).nonzero()[:, 0]
-            cache.batch_select_indices(staying)
-            active, finished, chosen = active[staying], finished[staying], chosen[staying]
-            positions, attention_mask = positions[staying], attention_mask[staying]
-        step_ids = chosen
-        positions = positions[:, -1:] + 1
-        attention_mask = torch.cat([attention_mask, attention_mask.new_ones((attention_mask.shape[0], 1))], dim=1)
-    if row_kvs is not None:
-        for row, kv in zip(active.tolist(), batch_rows(layer_kv(cache), range(len(active)))):
-            row_kvs[row] = kv
-    return out_ids[:, :steps], out_logprobs[:, :steps], row_kvs
-
-
-def _positions(attention_mask: torch.Tensor, width: int) -> torch.Tensor:
-    """Position ids of the last `width` columns, counting real tokens only, so that the gaps
-    padding leaves do not shift them."""
-    return (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, -width:]
-
-
-def _new_cache(model: Any, expected: int) -> Any:
+def new_cache(model: Any, expected: int) -> Any:
     """An empty cache laid out for this model. When every layer is a plain full-attention one
     (the models whose keys and values can be reused), each becomes a `GrowingLayer` with room
     for `expected` positions: a `DynamicLayer` concatenates at every token, which re-copies the
@@ -385,24 +394,6 @@ class GrowingLayer(DynamicLayer):
             self.values = self.value_storage[:, :, :self.length]
 
 
-def _forward_kwargs(model: Any, cache: Any) -> dict:
-    """The cache and last-position-only logits, under the names this transformers version uses
-    (`past_key_values` became `cache`; `num_logits_to_keep` became `logits_to_keep`)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft wraps it
-    names = _forward_parameters(type(base))
-    kwargs = {"cache" if "cache" in names else "past_key_values": cache}
-    for keep in ("logits_to_keep", "num_logits_to_keep"):
-        if keep in names:
-            kwargs[keep] = 1
-            break
-    return kwargs
-
-
-@functools.cache
-def _forward_parameters(model_class: type) -> frozenset[str]:
-    return frozenset(inspect.signature(model_class.forward).parameters)
-
-
 def _model_device(model: Any) -> torch.device:
     device = getattr(model, "device", None)
     if isinstance(device, torch.device):
@@ -447,4 +438,5 @@ def load_hf_backend(cfg: BackendConfig) -> HFBackend:
                        trust_remote_code=cfg.trust_remote_code, adapter_ok=True)
     if _model_device(model).type == "cpu":
         column_major_linears(model)
-    return HFBackend(model, tokenizer, batch_size=cfg.batch_size, kv_reuse_mb=cfg.kv_reuse_mb)
+    return HFBackend(model, tokenizer, batch_size=cfg.batch_size, kv_reuse_mb=cfg.kv_reuse_mb,
+                     decode_loop=cfg.decode_loop, check_every=cfg.check_every)

@@ -100,7 +100,8 @@ class KVStore:
             self.weights_version = version
 
 
-def _lcp(a: list[int], b: list[int]) -> int:
+def common_prefix_length(a: list[int], b: list[int]) -> int:
+    """How many leading tokens `a` and `b` share."""
     n = min(len(a), len(b))
     same = np.asarray(a[:n], dtype=np.int64) == np.asarray(b[:n], dtype=np.int64)
     return n if same.all() else int(np.argmin(same))
@@ -117,7 +118,7 @@ def shared_prefixes(prompts: list[list[int]], stored: list[int], min_saving: int
     share everything. Returned shortest first, so that a longer prefix can reuse a shorter one
     once that is stored."""
     order = sorted(range(len(prompts)), key=lambda i: prompts[i])
-    neighbour = [_lcp(prompts[order[k]], prompts[order[k + 1]]) for k in range(len(order) - 1)]
+    neighbour = [common_prefix_length(prompts[order[k]], prompts[order[k + 1]]) for k in range(len(order) - 1)]
     rows_of: dict[tuple, list[int]] = {}
     for k, i in enumerate(order):
         length = min(max(neighbour[k - 1] if k else 0, neighbour[k] if k < len(neighbour) else 0),

@@ -1,5 +1,6 @@
 """How far a step is from the hardware: the machine's own bf16 matmul rate, measured in the
-same run, against the FLOP/s a training step achieves.
+same run, against the FLOP/s a training step achieves (and, for decoding, its memory bandwidth
+against the bytes a step must read).
 
 FLOPs of a decoder step are counted the usual way (Kaplan et al. 2020; Korthikanti et al. 2022):
 a forward pass costs 2 x (non-embedding parameters) per token plus the causal attention scores
@@ -50,6 +51,26 @@ def peak_rate() -> tuple[float, str]:
     if fast_bf16("cpu"):
         return matmul_rate(torch.bfloat16), "bfloat16"
     return matmul_rate(torch.float32), "float32"
+
+
+def copy_bandwidth(device: torch.device | str = "cpu", megabytes: int = 256, repeats: int = 5) -> float:
+    """Bytes a second this device's memory moves, now: a `megabytes` copy reads and writes each
+    byte once (the best of `repeats`). The ceiling of a decoding step, which reads every weight
+    and cached key and value once and computes little with them."""
+    device = torch.device(device)
+    source = torch.empty(megabytes * 2**20, dtype=torch.uint8, device=device)
+    target = torch.empty_like(source)
+    target.copy_(source)  # warm-up: page faults
+    best = float("inf")
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        began = time.perf_counter()
+        target.copy_(source)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - began)
+    return 2 * source.numel() / best
 
 
 def product_size(rate: float, n: int, budget_s: float, smallest: int = 256) -> int:

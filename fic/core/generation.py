@@ -118,6 +118,13 @@ class BackendConfig:
     kv_reuse_mb: float = setting(2048, "hf only: memory (MiB) for keys and values kept between "
                                  "calls, so that a conversation's next turn feeds the model only "
                                  "its new tokens; 0 turns reuse off.", min=0)
+    decode_loop: str = setting("fast", "hf only: fast (the host reads the device once every check_every "
+                               "steps; every row samples from its own seed in one batched operation) or legacy "
+                               "(the loop before it: a read every step, one sampling call per row), kept to "
+                               "compare the two; the same greedy replies, other samples.", choices=("fast", "legacy"))
+    check_every: int = setting(8, "hf only, fast loop: decoding steps between two reads of the device (to "
+                               "drop finished rows and stop once every row is done). Fewer waits on a GPU "
+                               "against up to check_every - 1 steps run past the end of a batch.", min=1)
     trust_remote_code: bool = setting(False, "hf/vllm: allow model code shipped with the checkpoint.")
     base_url: str = setting("https://api.openai.com/v1", "openai only: endpoint root; requests go "
                             "to {base_url}/chat/completions.")

@@ -21,46 +21,6 @@ from fic.core.generation import BackendConfig, Generation, SamplingParams
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0.0)
 
 
-# --------------------------------------------------------------------------- tiny model
-
-def _sharpen(model: torch.nn.Module) -> torch.nn.Module:
-    """Re-draw the weights at a larger scale, with an untied output layer. A default random
-    init (std 0.02, tied embeddings) gives near-uniform logits and repeats its input token
-    forever, which would make the batching and stopping tests vacuous; this one writes varied
-    tokens with log-probs around -4, far from argmax ties."""
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if param.dim() == 2:
-                scale = 1.0 if "embed" in name else 2.0 / param.shape[1] ** 0.5
-                param.copy_(torch.randn(param.shape, generator=gen) * scale)
-        head = model.get_output_embeddings()
-        head.weight = torch.nn.Parameter(torch.randn(head.weight.shape, generator=gen) * 2.0 / head.weight.shape[1] ** 0.5)
-        model.config.tie_word_embeddings = False
-    return model.float().eval()
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_model_dir):
-    """(model, tokenizer) from conftest's tiny Llama: fp32, eval mode, sharpened logits."""
-    from transformers import AutoModelForCausalLM
-
-    from fic.core.model import load_tokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    return _sharpen(model), load_tokenizer(tiny_model_dir)
-
-
-@pytest.fixture(scope="module")
-def prompts(tiny):
-    from fic.core.chat import prompt_ids
-
-    _, tokenizer = tiny
-    texts = ["Hi", "What is 2 + 2?", "Tell me a long story about a cat who learns to count " * 3,
-             "ok", "Name three colours.", "Why is the sky blue? Explain briefly."]
-    return [prompt_ids(tokenizer, [{"role": "user", "content": t}]) for t in texts]
-
-
 def _hf(tiny, batch_size=16, kv_reuse_mb=0):
     from fic.backends.hf import HFBackend
 
@@ -298,7 +258,7 @@ def test_hf_kv_reuse_forgets_when_the_weights_change(tiny, prompts):
 
 
 @pytest.mark.slow  # a second model built and generated with
-def test_hf_kv_reuse_steps_aside_for_sliding_window_models(tiny_model_dir):
+def test_hf_kv_reuse_steps_aside_for_sliding_window_models(tiny_model_dir, sharpen):
     from transformers import MistralConfig, MistralForCausalLM
 
     from fic.backends.hf import HFBackend
@@ -310,7 +270,7 @@ def test_hf_kv_reuse_steps_aside_for_sliding_window_models(tiny_model_dir):
                            sliding_window=8, pad_token_id=tokenizer.pad_token_id)
     with torch.random.fork_rng():
         torch.manual_seed(0)
-        model = _sharpen(MistralForCausalLM(config))
+        model = sharpen(MistralForCausalLM(config))
     batch = [list(range(100, 130)), list(range(200, 221))]
     reusing = HFBackend(model, tokenizer, kv_reuse_mb=64)
     # A sliding-window layer keeps only its last positions: nothing to splice, so no store.
