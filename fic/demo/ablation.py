@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import resource
-import shutil
 import subprocess
 import sys
 import time
@@ -33,7 +32,16 @@ import yaml
 
 from fic.core.config import config_to_dict, with_overrides
 from fic.core.errors import FicError
-from fic.core.files import folder_lock, read_json, read_log, write_json, write_text
+from fic.core.files import (
+    folder_lock,
+    make_folder,
+    read_json,
+    read_log,
+    remove_folder,
+    run_token,
+    write_json,
+    write_text,
+)
 from fic.core.stats import sign_test
 from fic.demo import costs
 from fic.demo.report import (
@@ -118,9 +126,10 @@ def train(kind: str, config: object, folder: Path, progress: bool) -> dict:
         return json.loads(marker.read_text(encoding="utf-8"))
     done = complete_checkpoints(folder)
     resumed_at = step_of(done[-1]) if done else 0
-    if not done and folder.exists():
-        shutil.rmtree(folder)  # killed before its first checkpoint: nothing to keep
-    folder.mkdir(parents=True, exist_ok=True)
+    token = run_token(folder.parent)
+    if not done:
+        remove_folder(folder, token)  # ours, killed before its first checkpoint: nothing to keep; others refused
+    make_folder(folder, token=token)
     spent = _timed_run([sys.executable, "-m", "fic", "train", kind, "--config",
                         str(_config_file(config, folder / f"{kind}.yaml")), f"logging.progress={str(progress).lower()}",
                         f"resume={str(bool(done)).lower()}"], f"{kind} run in {folder}")
