@@ -230,7 +230,11 @@ def read_numbered_records(path: str | os.PathLike) -> list[tuple[int, dict]]:
     position in a JSON list (1 for a single object). A UTF-8 byte-order mark (files saved on
     Windows) is skipped."""
     path = Path(path)
-    text = read_data_text(path, "a JSON or JSONL file")
+    return parse_records(read_data_text(path, "a JSON or JSONL file"), path)
+
+
+def parse_records(text: str, path: str | os.PathLike) -> list[tuple[int, dict]]:
+    """`read_numbered_records` of text already read (a decompressed file), errors naming `path`."""
     stripped = text.lstrip()
     if not stripped:
         raise FicError("file is empty, expected JSON or JSONL records", path=str(path))
