@@ -265,7 +265,7 @@ def _inline_section_files(cls: type, data: dict, where: dict[str, str], prefix: 
 def _build(cls: type, data: dict, source: str, prefix: str = "") -> Any:
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    unknown = sorted(set(data) - set(fields))
+    unknown = sorted(set(data) - set(fields), key=str)
     if unknown:
         raise FicError(f"unknown key; expected one of: {', '.join(sorted(fields))}",
                        path=source, field=prefix + unknown[0])
@@ -330,9 +330,31 @@ def parse_yaml(text: str, source: str, *, field: str | None = None) -> Any:
                        path=source, field=field)
     _check_yaml_shape(text, source, field)
     try:
-        return yaml.load(text, Loader=_StrictLoader)
+        value = yaml.load(text, Loader=_StrictLoader)
     except RecursionError:  # not reached within MAX_YAML_DEPTH; a last guard all the same
         raise FicError("YAML nested too deeply to read", path=source, field=field) from None
+    check_string_keys(value, source, field)
+    return value
+
+
+def check_string_keys(value: Any, source: str, field: str | None = None) -> None:
+    """A `FicError` naming the path of the first key, at any depth, that is not a string: YAML reads
+    `1:` as an integer and `yes:` as true, and no setting or record field is named so."""
+    stack = [(value, field or "")]
+    while stack:  # no recursion: the depth is bounded by MAX_YAML_DEPTH, the size by MAX_YAML_VALUES
+        node, where = stack.pop()
+        if isinstance(node, dict):
+            for key, child in node.items():
+                if not isinstance(key, str):
+                    what = (f"{str(key).lower()} (YAML reads yes, no, on and off as true or false)"
+                            if isinstance(key, bool) else "null" if key is None else
+                            f"{_type_name(type(key))} ({reprlib.repr(key)})")
+                    name = "null" if key is None else str(key).lower() if isinstance(key, bool) else str(key)
+                    raise FicError(f"keys must be strings; got {what}: quote the key", path=source,
+                                   field=f"{where}.{name}" if where else name)
+                stack.append((child, f"{where}.{key}" if where else key))
+        elif isinstance(node, list):
+            stack.extend((child, f"{where}[{i}]") for i, child in enumerate(node))
 
 
 def _check_yaml_shape(text: str, source: str, field: str | None) -> None:

@@ -354,6 +354,11 @@ def read_log(path: str | os.PathLike) -> list[dict]:
     A torn last line (the process died while writing it) is dropped and the file rewritten
     without it, so the unit is redone; a broken line elsewhere means the log is damaged.
     """
+    return [record for _, record in read_numbered_log(path)]
+
+
+def read_numbered_log(path: str | os.PathLike) -> list[tuple[int, Any]]:
+    """`read_log`, each record with its line, for an error that names it."""
     path = Path(path)
     if not os.path.lexists(path):
         return []
@@ -364,10 +369,10 @@ def read_log(path: str | os.PathLike) -> list[dict]:
         if not line.strip():
             continue
         try:
-            records.append(loads(line, path=path, line=number))
+            records.append((number, loads(line, path=path, line=number)))
         except FicError as err:
             if number == len(lines):
-                write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+                write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for _, r in records))
                 break
             raise FicError(f"{err.message}; the log is damaged", path=str(path)) from None
     return records

@@ -65,7 +65,7 @@ from fic.core.files import (
     check_writable,
     folder_lock,
     read_json,
-    read_log,
+    read_numbered_log,
     removed_if_failed,
     write_json,
     write_text,
@@ -75,7 +75,7 @@ from fic.core.instance import Instance
 from fic.core.progress import Progress
 from fic.data.sources import InstancesSection, ShardedInstances, describe_loaded, load_sharded
 from fic.data.views import VIEWS, check_views
-from fic.evaluation.metrics import summarize
+from fic.evaluation.metrics import record_problem, summarize
 from fic.evaluation.report import write_report
 from fic.sandbox import python as sandbox
 from fic.tasks.base import PROMPT_STYLES
@@ -261,11 +261,40 @@ def load_data(cfg: EvalConfig) -> ShardedInstances:
     return loaded
 
 
+def saved_conversations(log_path: Path) -> dict[tuple, dict]:
+    """The conversations a folder holds, by (task_id, view, run), each checked before any is
+    replayed or summed: a record of the wrong shape (a string score, a run that is no number) is
+    one line naming the file and its line, not a traceback after the rest has played."""
+    done = {}
+    for line, record in read_numbered_log(log_path):
+        problem = record_problem(record)
+        if problem is None and (isinstance(record.get("run"), bool) or not isinstance(record.get("run"), int)):
+            problem = f"field 'run': expected a run number, got {record.get('run')!r:.40}"
+        if problem is not None:
+            raise FicError(f"line {line}: {problem}; this saved conversation cannot be resumed (delete the line to "
+                           "play it again, or use another out=)", path=str(log_path))
+        done[(record["task_id"], record["view"], record["run"])] = record
+    return done
+
+
+def replay_note(backends: list[Any]) -> str | None:
+    """What a resume can promise when a local model computes in 16 bits: a row's bf16 logits depend
+    on the rows batched with it (the shapes change the rounding), so replies played after a resume,
+    or with another batch_size, may differ from an unbroken run's; in float32 they do not."""
+    for backend in backends:
+        dtype = str(getattr(getattr(backend, "model", None), "dtype", "")).removeprefix("torch.")
+        if dtype in ("bfloat16", "float16"):
+            return (f"resuming with {dtype} weights: a row's logits depend on the rows batched with it, so the "
+                    "replies played from here may differ from those an unbroken run would have drawn; replies are "
+                    "reproducible across a resume or another batch_size in float32 only (model.dtype=float32)")
+    return None
+
+
 def plan(cfg: EvalConfig) -> str:
     """The start line of a run of `cfg` (`fic eval --dry-run`): the data read, the conversations
     an output folder already holds counted; no model loads."""
     log_path = Path(cfg.out) / LOG_NAME
-    played = {(r["task_id"], r["view"], r["run"]) for r in read_log(log_path)} if log_path.is_file() else set()
+    played = set(saved_conversations(log_path)) if log_path.is_file() else set()
     return start_line(cfg, load_data(cfg), played)
 
 
@@ -397,7 +426,7 @@ def _evaluate(cfg: EvalConfig, out: Path, assistant: Any, user_backend: Any, cla
     write_text(out / CONFIG_NAME, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
 
     log_path = out / LOG_NAME
-    done = {(r["task_id"], r["view"], r["run"]): r for r in read_log(log_path)}
+    done = saved_conversations(log_path)
     print(start_line(cfg, loaded, set(done)), flush=True)  # stdout: stderr is for the one-line error
     conversations = make_conversations(instances, cfg.views, cfg.runs, view_seed=cfg.seed, skip=set(done),
                                        max_idle_turns=cfg.user.max_idle_turns, prompts=cfg.prompts)
@@ -407,6 +436,9 @@ def _evaluate(cfg: EvalConfig, out: Path, assistant: Any, user_backend: Any, cla
                                         "classifier": classifier_backend, "judge": judge_backend})
         user = make_user(cfg.user.kind, backends["user"], temperature=cfg.user.temperature,
                          max_new_tokens=cfg.user.max_new_tokens) if cfg.user.kind == "llm" else make_user("verbatim")
+        note = replay_note([backends["assistant"], *([backends["user"]] if cfg.user.kind == "llm" else [])])
+        if done and note:
+            print(f"fic eval: {note}", flush=True)
         classifier = (make_classifier("llm", backends["classifier"], max_new_tokens=cfg.classifier.max_new_tokens,
                                       seed=cfg.seed) if cfg.classifier.kind == "llm" else make_classifier("rule"))
         params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
