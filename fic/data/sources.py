@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Callable
 
 from fic import tasks
-from fic.core.config import set_where, setting
+from fic.core.config import MAX_INSTANCES, set_where, setting
 from fic.core.errors import FicError
 from fic.core.files import read_numbered_records, read_records
 from fic.core.instance import Instance
@@ -65,7 +65,8 @@ class InstancesSection:
                                 "rule sharder.")
     task: str | list[str] = setting("math", "Task of the instances: one name, a list, or all (every task of a file "
                                     "that FiC knows).")
-    limit: int | None = setting(None, "At most this many instances per source and task (null: all).", min=1)
+    limit: int | None = setting(None, "At most this many instances per source and task (null: all).", min=1,
+                                  max=MAX_INSTANCES)
     seed: int = setting(0, "Seed of generated sources (reasoning-gym, actions-gen) and of rule-sharding phrasing. "
                         "Keep a training stage's away from its evaluation's.")
     fields: dict[str, str] = setting({}, "hf: sources: task key -> dataset column, e.g. {question: problem, "

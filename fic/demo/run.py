@@ -52,7 +52,7 @@ from typing import Any, Callable
 from fic import tasks, train_sft, train_vasd
 from fic.backends import make_backend
 from fic.bundled.prepare import prepare_model
-from fic.core.config import load_config, set_in, set_where, setting
+from fic.core.config import MAX_INSTANCES, MAX_MIB, MAX_RESAMPLES, MAX_STEPS, load_config, set_in, set_where, setting
 from fic.core.errors import FicError
 from fic.core.files import (
     check_writable,
@@ -90,12 +90,15 @@ class DemoDataSection:
                           "(`SOURCE:SPLIT`), e.g. actions-gen.")
     task: str = setting("actions", "Task of the source.")
     seed: int = setting(0, "Seed of every split.")
-    train: int = setting(600, "Train instances: the warm-up corpus, the SFT corpus and VASD's rollouts.", min=1)
+    train: int = setting(600, "Train instances: the warm-up corpus, the SFT corpus and VASD's rollouts.", min=1,
+                        max=MAX_INSTANCES)
     dev: int = setting(256, "Dev instances: settings are chosen on them (`fic demo --ablate`; its paired sign "
                        "tests need a few hundred), the premise is measured on them, and stage 1's dev "
-                       "curve and VASD's in-training evaluation read them (sft.dev.every, vasd.eval.every).", min=1)
-    test: int = setting(128, "Test instances: every stage is evaluated on them.", min=1)
-    test_unseen: int = setting(64, "Instances of functions never seen in training, reported separately.", min=1)
+                       "curve and VASD's in-training evaluation read them (sft.dev.every, vasd.eval.every).", min=1,
+                       max=MAX_INSTANCES)
+    test: int = setting(128, "Test instances: every stage is evaluated on them.", min=1, max=MAX_INSTANCES)
+    test_unseen: int = setting(64, "Instances of functions never seen in training, reported separately.", min=1,
+                              max=MAX_INSTANCES)
 
 
 @dataclass
@@ -133,7 +136,7 @@ class AblationSection:
                         "(the control) is the choice, and the table says so.", choices=("beats_control",))
     max_full_drop: float = setting(2.0, "beats_control also asks that a variant's P(full) be at most this many points "
                                    "below its seed's control's: a stage 2 that buys its multi-turn gain with single-turn "
-                                   "skill is not chosen.", min=0.0)
+                                   "skill is not chosen.", min=0.0, max=100.0)
     test: bool = setting(False, "After the dev table: the starting point, stage 1, the rule's choice and the control "
                          "(the first seed's runs) play the test and test-unseen splits, weights in eval_dtype; one "
                          "table (test.md) with R and retention against the starting point and the sign tests against "
@@ -163,15 +166,18 @@ class DemoConfig:
     control_steps: int = setting(0, "SFT steps of the control; 0: VASD's CPU seconds over the SFT stage's CPU "
                                  "seconds per step. That is right when both stages ran under the same load: CPU "
                                  "seconds are not load-free (an SFT step measured 30 CPU s on 2 cores shared with "
-                                 "other work, 16 quiet), so after a loaded stage set it from quiet figures.", min=0)
+                                 "other work, 16 quiet), so after a loaded stage set it from quiet figures.", min=0,
+                                 max=MAX_STEPS)
     eval: EvalConfig = setting(EvalConfig(), "Evaluation of every stage (fic eval); views, model, data, out and "
                                "baseline are set per run by the demo.")
-    bootstrap: int = setting(2000, "Paired bootstrap resamples for the 95% intervals of R and retention.", min=100)
+    bootstrap: int = setting(2000, "Paired bootstrap resamples for the 95% intervals of R and retention.", min=100,
+                              max=MAX_RESAMPLES)
     ablation: AblationSection = setting(AblationSection(), "`fic demo --ablate`: the stage 2 variants compared on "
                                         "the dev split.")
     memory_budget_mb: float = setting(0, "Memory a stage may use, in MiB (0: what this machine has free when the "
                                       "stage starts). A stage whose estimated peak is above it is refused before it "
-                                      "starts, with the settings that lower it (fic.demo.costs).", min=0)
+                                      "starts, with the settings that lower it (fic.demo.costs).", min=0,
+                                      max=MAX_MIB)
     stage_processes: bool = setting(True, "Run each stage in a process of its own, so that what a stage held in "
                                     "memory is given back before the next one (the demo's peak is its largest "
                                     "stage's); false runs them all in this process.")

@@ -53,12 +53,7 @@ from fic.backends import make_backend
 from fic.conversation.classify import ClassifierSection, make_classifier
 from fic.conversation.simulator import answerable_by, make_conversations, play
 from fic.conversation.users import UserSimulatorSection, make_user
-from fic.core.config import (
-    config_to_dict,
-    differences,
-    set_in,
-    setting,
-)
+from fic.core.config import MAX_BATCH, MAX_REPEATS, config_to_dict, differences, set_in, setting
 from fic.core.errors import FicError
 from fic.core.files import (
     append_jsonl,
@@ -102,7 +97,8 @@ class EvalConfig:
                            "classifier's prompts): fic, FiC's own; lic, Lost in Conversation's verbatim (its "
                            "system prompts, Q:/A: and schema frames, shuffle-concat shuffling every shard). What "
                            "still differs under lic: docs/evaluation.md.", choices=PROMPT_STYLES)
-    runs: int = setting(1, "N: conversations per instance and view (LiC uses 10 at temperature 1.0).", min=1)
+    runs: int = setting(1, "N: conversations per instance and view (LiC uses 10 at temperature 1.0).", min=1,
+                        max=MAX_REPEATS)
     temperature: float = setting(0.0, "Assistant sampling temperature (0: greedy).", min=0.0)
     top_p: float = setting(1.0, "Assistant nucleus sampling threshold.", min=0.0, max=1.0)
     max_new_tokens: int = setting(384, "Most tokens of one assistant reply.", min=1)
@@ -115,7 +111,8 @@ class EvalConfig:
     out: str = setting("runs/eval", "Output folder; re-running into it resumes.")
     seed: int = setting(0, "Seed of sampling (per call) and of the shuffle-concat order.")
     batch_size: int = setting(64, "Most conversations advanced by one generation call (the backend splits "
-                              "a call further into micro-batches of model.batch_size).", min=1)
+                              "a call further into micro-batches of model.batch_size).", min=1,
+                              max=MAX_BATCH)
     sandbox: str = setting("default", "Where model-written code runs (the code task): bubblewrap, or rlimits, the "
                            "weaker fallback without namespaces, warned about in the run's first lines, report and "
                            "metrics.json; default: FIC_SANDBOX if set, else bubblewrap (a run refuses to start where "
