@@ -18,6 +18,8 @@ BENCHES: dict[str, tuple[str, str]] = {
              "memory"),
     "shapes": ("fic.bench.shapes", "a backbone recipe's own shapes with random weights: tokens/s, MFU, peak memory "
                "and the recipe's hours recomputed"),
+    "sigterm": ("fic.bench.sigterm", "how long fic eval and fic train sft take to end after a SIGTERM, under a "
+                "load of busy processes (the documented bound: 3 s)"),
     "zero": ("fic.bench.zero", "SFT and VASD under DeepSpeed ZeRO-2/3 on one process: a checkpoint saved, resumed, "
              "and the losses after the resume equal to the uninterrupted run's"),
 }

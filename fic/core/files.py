@@ -49,7 +49,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from fic.core.errors import FicError
+from fic.core.errors import FicError, on_abort
 
 
 def check_writable(path: str | os.PathLike, *, folder: bool = False, field: str | None = None) -> None:
@@ -615,11 +615,15 @@ def removed_if_failed(folder: str | os.PathLike, bookkeeping: Iterable[str] = ()
         if os.path.lexists(part):
             break
         top = part
-    try:
-        yield
-    except BaseException:
+    def remove() -> None:
         if top is not None:
             _remove_created(folder, top, {LOCK_NAME, RUN_MARKER, *bookkeeping})
+
+    try:
+        with on_abort(remove):  # a SIGTERM's watchdog, ending the process, removes it too
+            yield
+    except BaseException:
+        remove()
         raise
 
 

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from fic import __version__
 from fic.core.config import config_to_dict, flatten
-from fic.core.errors import FicError
+from fic.core.errors import FicError, sigterm_note
 from fic.core.files import (
     RUN_MARKER,
     check_no_link,
@@ -124,7 +124,9 @@ def save_checkpoint(accelerator: Any, out: Path, step: int, state: dict, *, keep
     kwargs = {}
     if lora and accelerator.distributed_type == DistributedType.DEEPSPEED:
         kwargs["exclude_frozen_parameters"] = True
-    with _removed_on_failure(accelerator, tmp, f"checkpoint step-{step}"):
+    with _removed_on_failure(accelerator, tmp, f"checkpoint step-{step}"), sigterm_note(
+            f"while writing checkpoint step-{step}: its partial copy is removed at the next save; resume=true "
+            "continues from the last complete checkpoint"):
         accelerator.save_state(str(tmp), safe_serialization=True, **kwargs)
         if cfg is not None and cfg.checkpoint.model_folder:  # every rank: ZeRO-3 gathers the weights
             write_model_folder(accelerator, accelerator._models[0], cfg, tmp / CHECKPOINT_MODEL,
