@@ -2,7 +2,7 @@
 
 Each verb runs as its own process on a model (default: the bundled SmolLM2-135M-Instruct) while
 `--busy` processes spin (default: twice the cores this process may use), and gets a SIGTERM
-`--after` seconds after its first line of output (a few moments: model loading, a generation
+`--after` seconds after it made its output folder (a few moments: model loading, a generation
 step or a scoring batch, a training step or a checkpoint save; where it is is not steered). Printed
 for each kill: the seconds from the signal to the process's end, its exit status, whether its last
 line is its own verb's, and what was left of its new output folder (a folder holding no finished
@@ -22,6 +22,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 from fic.core.errors import SIGTERM_BOUND_S, FicError
 
@@ -34,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--busy", type=int, default=None,
                         help="busy-loop processes beside the verb (default: twice the cores this process may use)")
     parser.add_argument("--after", default="5,15,30",
-                        help="seconds after the verb's first line of output to send SIGTERM, comma-separated "
+                        help="seconds after the verb made its output folder to send SIGTERM, comma-separated "
                              "(default: 5,15,30)")
     parser.add_argument("--verbs", default="eval,train", help="which of eval, train (default: both)")
 
@@ -57,14 +58,22 @@ def _corpus(path: Path) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
 
 
-def kill_once(command: list[str], verb: str, out: Path, after: float) -> dict:
-    """Run `command`, SIGTERM it `after` seconds after its first line of output; what it did then."""
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def terminate_when(command: list[str], ready: Callable[[], bool], *, wait_s: float = 600,
+                   **popen: Any) -> tuple[float, int, list[str]]:
+    """Run `command`, SIGTERM it once `ready()` (polled) is true, at the latest after `wait_s`: the
+    seconds from the signal to its end, its exit status and the lines of its stderr. A command that
+    ends before is an error."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(process.stderr), daemon=True)
     reader.start()
-    process.stdout.readline()
-    time.sleep(after)
+    threading.Thread(target=lambda: process.stdout.read(), daemon=True).start()
+    deadline = time.monotonic() + wait_s
+    while not ready() and time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise FicError(f"{' '.join(command[:4])} ended (status {process.returncode}) before it was killed: "
+                           f"{''.join(lines)[-300:]}")
+        time.sleep(0.1)
     sent = time.monotonic()
     process.send_signal(signal.SIGTERM)
     try:
@@ -74,10 +83,23 @@ def kill_once(command: list[str], verb: str, out: Path, after: float) -> dict:
         process.wait()
     took = time.monotonic() - sent
     reader.join(5)
+    return took, process.returncode, [line.rstrip("\n") for line in lines if line.strip()]
+
+
+def kill_once(command: list[str], verb: str, out: Path, after: float) -> dict:
+    """Run `command`, SIGTERM it `after` seconds after it made its output folder; what it did then."""
+    began: list[float] = []
+
+    def ready() -> bool:
+        if not began and out.is_dir():
+            began.append(time.monotonic())
+        return bool(began) and time.monotonic() - began[0] >= after
+
+    took, status, lines = terminate_when(command, ready)
     last = lines[-1].strip() if lines else ""
     own = f"fic {'eval' if verb == 'eval' else 'train sft'}: terminated (SIGTERM)"
     finished = (out / "conversations.jsonl").is_file() or (out / "checkpoints").is_dir()
-    return {"exit_s": round(took, 2), "status": process.returncode, "own_line": last.startswith(own) and
+    return {"exit_s": round(took, 2), "status": status, "own_line": last.startswith(own) and
             ("resume=true" not in last or verb == "train"), "folder": "kept (finished work)" if finished else
             ("left behind" if out.exists() else "removed"), "line": last}
 

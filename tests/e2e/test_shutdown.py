@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
+from fic.bench.sigterm import terminate_when
 from fic.core.errors import SIGTERM_BOUND_S
 
 pytestmark = pytest.mark.slow  # processes under load, killed
@@ -39,28 +40,9 @@ def loaded():
         loop.wait()
 
 
-def killed(args: list[str], *, ready: callable, cwd: Path) -> tuple[float, int, list[str]]:
-    """Start `fic ARGS`, wait until `ready()`, SIGTERM it: seconds to its end, its status, its stderr."""
-    process = subprocess.Popen([sys.executable, "-m", "fic", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, cwd=cwd, env={**os.environ, "PYTHONPATH": str(REPO)})
-    lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(process.stderr), daemon=True).start()
-    threading.Thread(target=lambda: process.stdout.read(), daemon=True).start()
-    waited = time.monotonic()
-    while not ready():
-        assert process.poll() is None, "".join(lines)[-2000:]
-        assert time.monotonic() - waited < 300, "the verb never got where it is killed"
-        time.sleep(0.1)
-    sent = time.monotonic()
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-    took = time.monotonic() - sent
-    time.sleep(0.2)
-    return took, process.returncode, [line.rstrip("\n") for line in lines if line.strip()]
+def killed(args: list[str], *, ready: Callable[[], bool], cwd: Path) -> tuple[float, int, list[str]]:
+    """`fic ARGS` in a process of its own, sent SIGTERM once `ready()`."""
+    return terminate_when([sys.executable, "-m", "fic", *args], ready, cwd=cwd, env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
 @pytest.mark.parametrize("server", ["retrying", "slow"])

@@ -88,3 +88,15 @@ def test_rotation_deletes_only_the_checkpoints_this_folder_made(tmp_path):
     files.make_folder(own, token=token)
     checkpoints.save_checkpoint(Main(), out, 5, {"step": 5}, keep_last=2, lora=False)
     assert (foreign / "notes.txt").read_text() == "mine" and not own.exists()
+
+
+def test_stale_partial_checkpoints_of_this_run_are_removed_by_the_next_save(tmp_path):
+    import time
+
+    stale = tmp_path / "checkpoints" / ".step-3.tmp"  # a save of this run killed while writing
+    files.make_folder(stale, token=files.run_token(tmp_path))
+    (stale / "model.safetensors").write_bytes(b"\0" * 100)
+    started = time.monotonic()
+    checkpoints.save_checkpoint(Main(), tmp_path, 5, {"step": 5}, keep_last=2, lora=False)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [files.RUN_MARKER, "step-5"]
+    assert time.monotonic() - started < 5
