@@ -22,8 +22,9 @@ BOS where the model wants it, and a second one would shift every position.
 A chat template is code from the model folder, so its rendering is bounded: at most
 `RENDER_SECONDS` a conversation (in the main thread, where a timer can interrupt it; one
 arithmetic operation on huge numbers is not interrupted) and at most `MAX_RENDER_CHARS` of
-output, checked before the tokenizer reads it. A template that fails, loops or overflows is a
-`TemplateError` naming the model folder (and the record it was rendering, where there is one).
+output, checked before the tokenizer reads it. A template that loops, recurses without end,
+overflows or does not parse is a `TemplateError` naming the model folder (and the record it was
+rendering, where there is one); one that cannot take a record's values names the record.
 """
 
 from __future__ import annotations
@@ -65,7 +66,18 @@ MAX_RENDER_CHARS = 64 << 20   # 2**24 tokens (the longest context a setting allo
 
 
 class TemplateError(FicError):
-    """The chat template breaks a rule FiC relies on (see the module docstring)."""
+    """The chat template breaks a rule FiC relies on (see the module docstring), or cannot render a
+    conversation. `broken`: the template itself is at fault whatever the conversation (it loops,
+    recurses without end, overflows the output bound or does not parse), so the error names the
+    model folder, not the record."""
+
+    broken = False
+
+
+def _broken(message: str, folder: str | None) -> TemplateError:
+    err = TemplateError(message, path=folder)
+    err.broken = True
+    return err
 
 
 @dataclass
@@ -130,26 +142,29 @@ def _render(tokenizer: Any, messages: list[dict], generation_prompt: bool,
             text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
                                                  add_generation_prompt=generation_prompt)
     except _RenderTimeout:
-        raise TemplateError(f"the chat template did not render a conversation of {len(messages)} messages within "
-                            f"{RENDER_SECONDS:g} s (a loop that does not end?)", path=folder) from None
+        raise _broken(f"the chat template did not render a conversation of {len(messages)} messages within "
+                      f"{RENDER_SECONDS:g} s (a loop that does not end?)", folder) from None
     except (ValueError, TypeError, OverflowError, RecursionError, MemoryError, jinja2.TemplateError) as err:
-        # OverflowError: a `range` past the sandbox's bound; the folder is named, as it is the user's
-        raise TemplateError(f"the chat template cannot render this conversation: {one_line(err)[:300]}",
-                            path=folder) from None
+        # OverflowError: a `range` past the sandbox's bound. Nesting without end, no memory or no
+        # parse is the template's own fault; a value it cannot handle (a number as content) may be the record's.
+        message = f"the chat template cannot render this conversation: {one_line(err)[:300]}"
+        if isinstance(err, (RecursionError, MemoryError, jinja2.TemplateSyntaxError)):
+            raise _broken(message, folder) from None
+        raise TemplateError(message, path=folder) from None
     if not isinstance(text, str) or len(text) > MAX_RENDER_CHARS:
         what = f"{len(text):,} characters, more than the {MAX_RENDER_CHARS:,}" if isinstance(text, str) else \
             f"a {type(text).__name__}, not text;"
-        raise TemplateError(f"the chat template rendered a conversation of {len(messages)} messages as {what} FiC "
-                            "reads", path=folder)
+        raise _broken(f"the chat template rendered a conversation of {len(messages)} messages as {what} FiC "
+                      "reads", folder)
     return text, _token_ids(tokenizer(text, add_special_tokens=False))
 
 
 def record_error(err: FicError, source: str, record: int) -> FicError:
-    """The error of rendering record `record` of the data file `source`: the template's fault
-    (`TemplateError`) names the model folder, with the record it was rendering; the record's own
-    fault (a message without a role) names the file and the record."""
-    if isinstance(err, TemplateError):
-        return TemplateError(f"{err.message} (rendering record {record} of {source})", path=err.path)
+    """The error of rendering record `record` of the data file `source`: a broken template
+    (`TemplateError.broken`) names the model folder, with the record it was rendering; anything
+    else (a message without a role, content the template cannot take) names the file and the record."""
+    if isinstance(err, TemplateError) and err.broken:
+        return _broken(f"{err.message} (rendering record {record} of {source})", err.path)
     return FicError(err.message, path=source, record=record, field=err.field or "messages")
 
 
