@@ -106,11 +106,12 @@ def kill_once(command: list[str], verb: str, out: Path, after: float) -> dict:
 
 def measure(args: argparse.Namespace) -> dict:
     from fic.bundled.prepare import prepare_model
-    from fic.core.model import BUNDLED_MODEL_DIR
+    from fic.core.model import BUNDLED_MODEL_DIR, check_model_folder
 
     model = Path(args.model)
     if model == BUNDLED_MODEL_DIR and not (model / "config.json").is_file():
         prepare_model(BUNDLED_MODEL_DIR)
+    check_model_folder(model)  # before any process is started: a wrong folder is one line naming it
     try:
         afters = [float(x) for x in args.after.split(",") if x.strip()]
     except ValueError:

@@ -113,6 +113,9 @@ WALK = {
     "bench shapes": {
         "out": ["--backbone", "phi-4", "--tokenizer", "{missing}", "--work", "{out}/run"],
         "input": ["--backbone", "phi-4", "--tokenizer", "{bad}", "--work", "{tmp}/run"], "input_kind": "folder"},
+    "bench sigterm": {
+        "out": None, "no_output": "prints figures; its runs write into a temporary folder it removes",
+        "input": ["--model", "{bad}"], "input_kind": "folder"},
     "bench zero": {
         "out": ["--stage", "2", "--tokenizer", "{missing}", "--work", "{out}/run"],
         "input": ["--stage", "2", "--tokenizer", "{bad}", "--work", "{tmp}/run"], "input_kind": "folder"},
