@@ -200,6 +200,7 @@ MAX_EPOCHS = 10_000
 MAX_PARALLEL = 1024         # requests in flight; GPUs a model is sharded over
 MAX_RESAMPLES = 1_000_000   # bootstrap resamples
 MAX_MIB = 1 << 20           # a memory budget in MiB (1 TiB)
+MAX_VOCAB = 1 << 20         # tokens of a vocabulary (the largest are about 256k)
 
 
 def bounds_text(name: str, meta: dict) -> str:

@@ -1,6 +1,6 @@
 """Every setting that sizes an allocation, a loop or a retry count has an upper bound, checked as
 the config loads (so `--dry-run` refuses it before any model loads) and shown by `--keys` (issue
-56, item 7). VASD's own sections (fic/training/vasd/config.py) are bounded in their own module."""
+56, item 7), VASD's sections included."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ from fic.demo.run import DemoConfig
 from fic.evaluation.evaluate import EvalConfig
 from fic.probe.run import ProbeConfig
 from fic.training.sft import SFTConfig
+from fic.training.vasd.config import VASDConfig
 
-VERBS = (EvalConfig, SFTConfig, SFTDataConfig, ProbeConfig, DemoConfig)
+VERBS = (EvalConfig, SFTConfig, VASDConfig, SFTDataConfig, ProbeConfig, DemoConfig)
 # Numbers that size nothing: rates, scales, thresholds (why each is unbounded above).
 SIZE_NOTHING = {
     "temperature": "a sampling temperature (logits divided by it)",
@@ -26,11 +27,15 @@ SIZE_NOTHING = {
     "max_grad_norm": "a clipping threshold", "min_delta": "a threshold in the metric's units",
     "alpha": "LoRA's scale (alpha / r)", "max_words": "a length above which a reply is rejected",
     "betas": "AdamW's betas", "temperatures": "sampling temperatures", "seeds": "seeds, each a whole run",
+    "weight": "a loss term's weight", "anchor_weight": "a loss term's weight",
+    "reference_weight": "a loss term's weight", "nonfinal_weight": "a token weight",
+    "decision_weight": "a token weight", "first_token_weight": "a token weight",
+    "max_log_ratio": "a clip in log-probability units", "logprob_check_tolerance": "a warning threshold",
 }
 
 
 def numeric_settings() -> dict[str, dataclasses.Field]:
-    """Every int or float setting of every verb's config (VASD's own sections aside), once per class."""
+    """Every int or float setting of every verb's config, once per class."""
     found: dict[str, dataclasses.Field] = {}
 
     def walk(cls: type, prefix: str) -> None:
@@ -38,8 +43,7 @@ def numeric_settings() -> dict[str, dataclasses.Field]:
         for f in dataclasses.fields(cls):
             kind = hints[f.name]
             if dataclasses.is_dataclass(kind):
-                if not kind.__module__.startswith("fic.training.vasd"):
-                    walk(kind, f"{prefix}{f.name}.")
+                walk(kind, f"{prefix}{f.name}.")
             elif kind is not bool and any(t in str(kind) for t in ("int", "float")) and "str" not in str(kind):
                 found.setdefault(f"{cls.__module__}.{cls.__qualname__}.{f.name}", f)
 
@@ -70,6 +74,14 @@ def test_every_setting_that_sizes_memory_time_or_retries_has_an_upper_bound():
     ("eval", "model.kv_reuse_mb=1e12", "model.kv_reuse_mb", "1048576"),
     ("eval", "user.max_idle_turns=1000000", "user.max_idle_turns", "1000"),
     ("probe", "judge.retries=1000000", "judge.retries", "100"),
+    ("train vasd", "rollout.batch_size=100000", "rollout.batch_size", "4096"),
+    ("train vasd", "rollout.kv_reuse_mb=1e12", "rollout.kv_reuse_mb", "1048576"),
+    ("train vasd", "loss.top_k=1000000000", "loss.top_k", "1048576"),
+    ("train vasd", "labels.max_turns=1000000", "labels.max_turns", "1000"),
+    ("train vasd", "reward.group_size=1000000", "reward.group_size", "4096"),
+    ("train vasd", "regularizer.anchor_share=1e9", "regularizer.anchor_share", "1000"),
+    ("train vasd", "eval.every=1000000000000", "eval.every", "10000000"),
+    ("train vasd", "logging.samples_every=1000000000000", "logging.samples_every", "10000000"),
 ])
 def test_a_value_past_its_bound_is_refused_by_the_dry_run_before_any_model_loads(verb, override, field, bound, capsys,
                                                                                  monkeypatch):
