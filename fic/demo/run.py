@@ -386,7 +386,7 @@ def stage_control(cfg: DemoConfig, progress: bool) -> dict:
     c.model.path, c.data.path = str(model_of(cfg, "sft")), str(paths(cfg)["data"] / "sft.sft.jsonl")
     c.out, c.logging.progress, c.train.max_steps = str(paths(cfg)["control"]), progress, control_steps(cfg)
     c.dev.every = 0  # the control runs exactly its steps: it is also the check that stage 1 had stopped improving
-    return _train("control", c, train_sft.train)
+    return _train("control", c, train_sft.train, demo_token(cfg))
 
 
 def stage_premise(cfg: DemoConfig, progress: bool) -> dict:

@@ -40,6 +40,19 @@ def test_a_users_folder_in_a_stages_place_is_refused_not_deleted(demo):
     assert (warmup / "notes.txt").read_text() == "mine"
 
 
+@pytest.mark.parametrize("stage", ["sft", "vasd", "control"])
+def test_every_trained_stage_refuses_a_users_folder_in_its_place(demo, stage, monkeypatch):
+    monkeypatch.setattr(run.train_vasd, "train", never)
+    monkeypatch.setattr(run, "control_steps", lambda cfg: 1)  # it reads the earlier stages' figures
+    monkeypatch.setattr(run, "model_of", lambda cfg, stage: Path(demo.out) / "a model")
+    folder = Path(demo.out) / stage
+    folder.mkdir(parents=True)
+    (folder / "notes.txt").write_text("mine")
+    with pytest.raises(FicError, match="is in the way: FiC did not make this folder") as err:
+        getattr(run, f"stage_{stage}")(demo, progress=False)
+    assert err.value.path == str(folder) and (folder / "notes.txt").read_text() == "mine"
+
+
 def test_the_demos_own_stage_folder_of_a_killed_run_is_started_over(demo, monkeypatch):
     warmup = Path(demo.out) / "warmup"
     files.make_folder(warmup, token=run.demo_token(demo))  # as the demo made it, before it was killed
