@@ -33,7 +33,6 @@ import argparse
 import dataclasses
 import json
 import resource
-import shutil
 import subprocess
 import sys
 import time
@@ -46,7 +45,16 @@ import yaml
 
 from fic.core.config import DRY_RUN_HELP, config_to_dict, print_keys, resolved_yaml, setting, with_overrides
 from fic.core.errors import FicError, exit_status
-from fic.core.files import folder_lock, read_json, read_log, write_json, write_text
+from fic.core.files import (
+    folder_lock,
+    make_folder,
+    read_json,
+    read_log,
+    remove_folder,
+    run_token,
+    write_json,
+    write_text,
+)
 from fic.core.stats import sign_test
 from fic.demo import costs
 from fic.demo.report import (
@@ -108,7 +116,7 @@ class AblationSection:
                         "(the control) is the choice, and the table says so.", choices=("beats_control",))
     max_full_drop: float = setting(2.0, "beats_control also asks that a variant's P(full) be at most this many points "
                                    "below its seed's control's: a stage 2 that buys its multi-turn gain with single-turn "
-                                   "skill is not chosen.", min=0.0)
+                                   "skill is not chosen.", min=0.0, max=100.0)
     test: bool = setting(False, "After the dev table: the starting point, stage 1, the rule's choice and the control "
                          "(the first seed's runs) play the test and test-unseen splits, weights in eval_dtype; one "
                          "table (test.md) with R and retention against the starting point and the sign tests against "
@@ -198,9 +206,10 @@ def train(kind: str, config: object, folder: Path, progress: bool) -> dict:
         return json.loads(marker.read_text(encoding="utf-8"))
     done = complete_checkpoints(folder)
     resumed_at = step_of(done[-1]) if done else 0
-    if not done and folder.exists():
-        shutil.rmtree(folder)  # killed before its first checkpoint: nothing to keep
-    folder.mkdir(parents=True, exist_ok=True)
+    token = run_token(folder.parent)
+    if not done:
+        remove_folder(folder, token)  # ours, killed before its first checkpoint: nothing to keep; others refused
+    make_folder(folder, token=token)
     spent = _timed_run([sys.executable, "-m", "fic", "train", kind, "--config",
                         str(_config_file(config, folder / f"{kind}.yaml")), f"logging.progress={str(progress).lower()}",
                         f"resume={str(bool(done)).lower()}"], f"{kind} run in {folder}")

@@ -1,3 +1,3 @@
 """Benchmarks that print figures (`fic bench NAME`, `fic.cli.bench.BENCHES`): `rollout`, `sft`, `vasd`,
-`zero` and `decode`; `random_weights`, `runner`, `roofline`, `profile` and `processes` (`zero --processes N`)
-are their parts."""
+`zero`, `decode` and `sigterm`; `random_weights`, `runner`, `roofline`, `profile` and `processes`
+(`zero --processes N`) are their parts."""

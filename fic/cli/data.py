@@ -8,7 +8,7 @@ from collections import Counter
 from pathlib import Path
 
 from fic.backends import make_backend
-from fic.core.chat import format_masks, render_chat
+from fic.core.chat import format_masks, record_error, render_chat
 from fic.core.config import config_to_dict, load_config
 from fic.core.errors import FicError
 from fic.core.files import check_writable, read_records, write_json, write_jsonl
@@ -304,7 +304,7 @@ def masks(args: argparse.Namespace) -> int:
         try:
             rendered = render_chat(tokenizer, messages)
         except FicError as err:  # the template's or the record's fault: say which record of which file
-            raise FicError(err.message, path=args.data, record=number, field=err.field or "messages") from None
+            raise record_error(err, args.data, number) from None
         print(f"== {args.data} record {number}")
         print(format_masks(tokenizer, rendered) + "\n")
     return 0

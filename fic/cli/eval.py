@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 
 from fic.core.config import add_config_arguments, load_cli_config, print_keys, resolved_yaml
-from fic.evaluation.evaluate import REPORT_NAME, EvalConfig, evaluate, plan
+from fic.core.errors import sigterm_note
+from fic.evaluation.evaluate import LOG_NAME, REPORT_NAME, EvalConfig, evaluate, plan
 
 
 def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
@@ -25,7 +26,8 @@ def run(args: argparse.Namespace) -> int:
         print(resolved_yaml(cfg) + plan(cfg))
         return 0
     started = time.perf_counter()
-    metrics = evaluate(cfg, progress=not args.quiet)
+    with sigterm_note(lambda: _kept(Path(cfg.out) / LOG_NAME)):
+        metrics = evaluate(cfg, progress=not args.quiet)
     elapsed = time.perf_counter() - started
     by_task = metrics["tasks"]
     for task, views in by_task.items():
@@ -50,6 +52,13 @@ def run(args: argparse.Namespace) -> int:
     print(f"{metrics['conversations']} conversations, {elapsed:.0f} s")
     print(f"report: {Path(cfg.out) / REPORT_NAME}")
     return 0
+
+
+def _kept(log: Path) -> str:
+    """What a SIGTERM leaves of an evaluation: its finished conversations, or none."""
+    if log.is_file() and log.stat().st_size:
+        return f"the conversations finished before are kept in {log}; run the same command again to resume"
+    return "no conversation had finished, so none is kept"
 
 
 def _fmt(value: float | None, digits: int = 1) -> str:

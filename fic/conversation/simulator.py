@@ -344,7 +344,7 @@ def play(conversations: Sequence[Conversation], assistant: Backend, user: Any, c
         for call in range(ranks.most(-(-len(ready) // batch_size))):
             chunk = ready[call * batch_size:(call + 1) * batch_size]  # empty on a rank with fewer: it idles along
             seeds = tuple(reply_seed(seed, "assistant", conv) for conv in chunk)
-            with cut_short_on_sigterm():  # a reply is kept only once its call returns: none is half-written
+            with cut_short_on_sigterm(None):  # a reply is kept once its call returns; the verb says what is kept
                 outputs = _generate(assistant, chunk, _with_seeds(params, seeds))
             for conv, out, reply in zip(chunk, outputs, seeds):
                 turn = conv.turns[-1]

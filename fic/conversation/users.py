@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 from fic.conversation import lic_prompts
 from fic.conversation.simulator import NOTHING, UserTurn
-from fic.core.config import setting
+from fic.core.config import MAX_REPEATS, setting
 from fic.core.generation import Backend, BackendConfig, SamplingParams
 from fic.core.parsing import find_json
 from fic.core.seeding import reply_seed
@@ -49,7 +49,8 @@ class UserSimulatorSection:
     max_idle_turns: int = setting(3, "User turns per conversation that may reveal nothing (LiC's \"I don't "
                                   "know\" to a question no shard answers); after that many the next shard is "
                                   "revealed verbatim, so a conversation has at most shards + this many user "
-                                  "turns (kind llm; the verbatim user always reveals one).", min=0)
+                                  "turns (kind llm; the verbatim user always reveals one).", min=0,
+                                  max=MAX_REPEATS)
 
 USER_RULES = """\
 You are role-playing a person who asks an AI assistant for help with a task. You know the whole \

@@ -19,14 +19,25 @@ conversation and `check_template` checks on a probe:
 
 Rendered text is tokenised with `add_special_tokens=False`: the template already writes
 BOS where the model wants it, and a second one would shift every position.
+
+A chat template is code from the model folder, so its rendering is bounded: at most
+`RENDER_SECONDS` a conversation (in the main thread, where a timer can interrupt it; one
+arithmetic operation on huge numbers is not interrupted) and at most `MAX_RENDER_CHARS` of
+output, checked before the tokenizer reads it. A template that loops, recurses without end,
+overflows or does not parse is a `TemplateError` naming the model folder (and the record it was
+rendering, where there is one); one that cannot take a record's values names the record.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
+import signal
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Sequence
+from time import monotonic as _monotonic
+from typing import Any, Iterator, Sequence
 
 import jinja2
 
@@ -52,10 +63,23 @@ PROBE_CONVERSATION = [
 
 _REASONING_CLOSE = "</think>"  # how PROBE_CONVERSATION's reasoning block ends
 _REPLY_PLACEHOLDER = "reply"  # see continue_ids
+RENDER_SECONDS = 10.0         # one conversation renders in milliseconds
+MAX_RENDER_CHARS = 64 << 20   # 2**24 tokens (the longest context a setting allows) at 4 characters a token
 
 
 class TemplateError(FicError):
-    """The chat template breaks a rule FiC relies on (see the module docstring)."""
+    """The chat template breaks a rule FiC relies on (see the module docstring), or cannot render a
+    conversation. `broken`: the template itself is at fault whatever the conversation (it loops,
+    recurses without end, overflows the output bound or does not parse), so the error names the
+    model folder, not the record."""
+
+    broken = False
+
+
+def _broken(message: str, folder: str | None) -> TemplateError:
+    err = TemplateError(message, path=folder)
+    err.broken = True
+    return err
 
 
 @dataclass
@@ -114,14 +138,64 @@ def _token_ids(encoded: Any) -> list[int]:
 def _render(tokenizer: Any, messages: list[dict], generation_prompt: bool,
             tools: list[dict] | None) -> tuple[str, list[int]]:
     """Template text and its ids for one conversation (already passed through `_template_messages`)."""
+    folder = getattr(tokenizer, "name_or_path", None) or None
     try:
-        text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
-                                             add_generation_prompt=generation_prompt)
+        with _time_bound(RENDER_SECONDS):
+            text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
+                                                 add_generation_prompt=generation_prompt)
+    except _RenderTimeout:
+        raise _broken(f"the chat template did not render a conversation of {len(messages)} messages within "
+                      f"{RENDER_SECONDS:g} s (a loop that does not end?)", folder) from None
     except (ValueError, TypeError, OverflowError, RecursionError, MemoryError, jinja2.TemplateError) as err:
-        # OverflowError: a `range` past the sandbox's bound; the folder is named, as it is the user's
-        raise TemplateError(f"the chat template cannot render this conversation: {one_line(err)[:300]}",
-                            path=getattr(tokenizer, "name_or_path", None) or None) from None
+        # OverflowError: a `range` past the sandbox's bound. Nesting without end, no memory or no
+        # parse is the template's own fault; a value it cannot handle (a number as content) may be the record's.
+        message = f"the chat template cannot render this conversation: {one_line(err)[:300]}"
+        if isinstance(err, (RecursionError, MemoryError, jinja2.TemplateSyntaxError)):
+            raise _broken(message, folder) from None
+        raise TemplateError(message, path=folder) from None
+    if not isinstance(text, str) or len(text) > MAX_RENDER_CHARS:
+        what = f"{len(text):,} characters, more than the {MAX_RENDER_CHARS:,}" if isinstance(text, str) else \
+            f"a {type(text).__name__}, not text;"
+        raise _broken(f"the chat template rendered a conversation of {len(messages)} messages as {what} FiC "
+                      "reads", folder)
     return text, _token_ids(tokenizer(text, add_special_tokens=False))
+
+
+def record_error(err: FicError, source: str, record: int) -> FicError:
+    """The error of rendering record `record` of the data file `source`: a broken template
+    (`TemplateError.broken`) names the model folder, with the record it was rendering; anything
+    else (a message without a role, content the template cannot take) names the file and the record."""
+    if isinstance(err, TemplateError) and err.broken:
+        return _broken(f"{err.message} (rendering record {record} of {source})", err.path)
+    return FicError(err.message, path=source, record=record, field=err.field or "messages")
+
+
+class _RenderTimeout(Exception):
+    """A chat template ran past `RENDER_SECONDS`."""
+
+
+@contextlib.contextmanager
+def _time_bound(seconds: float) -> Iterator[None]:
+    """Raise `_RenderTimeout` in the block after `seconds` (a real-time timer: the template's
+    Python-level loops are interrupted between bytecodes). Only the main thread gets signals;
+    elsewhere the block runs unbounded. A timer set before is given back its remaining time."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expired(signum: int, frame: object) -> None:
+        raise _RenderTimeout()
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    outer, _ = signal.setitimer(signal.ITIMER_REAL, seconds)
+    began = _monotonic()
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if outer:
+            signal.setitimer(signal.ITIMER_REAL, max(outer - (_monotonic() - began), 1e-3))
 
 
 def _check_prefix(short: tuple[str, list[int]], long: tuple[str, list[int]], where: str) -> None:

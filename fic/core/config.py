@@ -184,6 +184,47 @@ PHYSICAL_BOUNDS = (("_s", 0, WEEK_S, False), ("tokens", 0, MAX_TOKENS, False), (
                    ("seed", 0, 2**32 - 1, False), ("top_p", 0, 1, True))
 
 
+# Upper bounds of the settings that size an allocation, a loop or a retry count, declared with
+# `setting(..., max=...)` and checked as the config loads (`--dry-run` included), before any model
+# loads: past them a run would hold more memory or take longer than any machine allows, so the
+# value is a slip (`lora.r=10**6` was accepted, then failed after a 200 s model load). `--keys`
+# shows each setting's bounds.
+MAX_BATCH = 4096            # prompts, conversations or sequences handled at once
+MAX_STEPS = 10_000_000      # optimizer steps, and steps between checkpoints, scores or logs
+MAX_ACCUMULATION = 65_536   # micro-batches per optimizer step; a padding multiple; a bucket window
+MAX_REPEATS = 1000          # runs, samples, conversations per instance, patience, turns, checkpoints kept
+MAX_RETRIES = 100           # retries of a request or of a judge's answer
+MAX_INSTANCES = 10_000_000  # instances read or generated
+MAX_RANK = 4096             # a LoRA rank
+MAX_EPOCHS = 10_000
+MAX_PARALLEL = 1024         # requests in flight; GPUs a model is sharded over
+MAX_RESAMPLES = 1_000_000   # bootstrap resamples
+MAX_MIB = 1 << 20           # a memory budget in MiB (1 TiB)
+MAX_VOCAB = 1 << 20         # tokens of a vocabulary (the largest are about 256k)
+
+
+def bounds_text(name: str, meta: dict) -> str:
+    """A setting's range in words (`1 to 4,096`, `at least 0`, `0 to a week`), from its declared
+    `min`/`max` and the bounds its name implies; empty when it has none."""
+    low, high, above = meta.get("min"), meta.get("max"), False
+    for suffix, floor, ceiling, excluded in PHYSICAL_BOUNDS:
+        if name.endswith(suffix):
+            if low is None or floor >= low:
+                low, above = floor, excluded
+            high = ceiling if high is None else min(high, ceiling)
+
+    def shown(value: float) -> str:
+        if value == WEEK_S and name.endswith("_s"):
+            return "a week"
+        return f"{value:,}" if isinstance(value, int) or float(value).is_integer() and abs(value) >= 1000 else f"{value:g}"
+
+    if low is not None and high is not None:
+        return f"{'above ' if above else ''}{shown(low)} to {shown(high)}"
+    if low is not None:
+        return f"{'above' if above else 'at least'} {shown(low)}"
+    return f"at most {shown(high)}" if high is not None else ""
+
+
 def _check_physical(value: Any, name: str, key: str, source: str) -> None:
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return
@@ -265,7 +306,7 @@ def _inline_section_files(cls: type, data: dict, where: dict[str, str], prefix: 
 def _build(cls: type, data: dict, source: str, prefix: str = "") -> Any:
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    unknown = sorted(set(data) - set(fields))
+    unknown = sorted(set(data) - set(fields), key=str)
     if unknown:
         raise FicError(f"unknown key; expected one of: {', '.join(sorted(fields))}",
                        path=source, field=prefix + unknown[0])
@@ -330,9 +371,31 @@ def parse_yaml(text: str, source: str, *, field: str | None = None) -> Any:
                        path=source, field=field)
     _check_yaml_shape(text, source, field)
     try:
-        return yaml.load(text, Loader=_StrictLoader)
+        value = yaml.load(text, Loader=_StrictLoader)
     except RecursionError:  # not reached within MAX_YAML_DEPTH; a last guard all the same
         raise FicError("YAML nested too deeply to read", path=source, field=field) from None
+    check_string_keys(value, source, field)
+    return value
+
+
+def check_string_keys(value: Any, source: str, field: str | None = None) -> None:
+    """A `FicError` naming the path of the first key, at any depth, that is not a string: YAML reads
+    `1:` as an integer and `yes:` as true, and no setting or record field is named so."""
+    stack = [(value, field or "")]
+    while stack:  # no recursion: the depth is bounded by MAX_YAML_DEPTH, the size by MAX_YAML_VALUES
+        node, where = stack.pop()
+        if isinstance(node, dict):
+            for key, child in node.items():
+                if not isinstance(key, str):
+                    what = (f"{str(key).lower()} (YAML reads yes, no, on and off as true or false)"
+                            if isinstance(key, bool) else "null" if key is None else
+                            f"{_type_name(type(key))} ({reprlib.repr(key)})")
+                    name = "null" if key is None else str(key).lower() if isinstance(key, bool) else str(key)
+                    raise FicError(f"keys must be strings; got {what}: quote the key", path=source,
+                                   field=f"{where}.{name}" if where else name)
+                stack.append((child, f"{where}.{key}" if where else key))
+        elif isinstance(node, list):
+            stack.extend((child, f"{where}[{i}]") for i, child in enumerate(node))
 
 
 def _check_yaml_shape(text: str, source: str, field: str | None) -> None:
@@ -585,6 +648,9 @@ def describe(cls: type, prefix: str = "", *, run: Any = None, defaults: Any = No
                                   defaults=None if default is _MISSING else default, root=root))
             continue
         shown = "(required)" if default is _MISSING else repr(default)
+        bounds = bounds_text(f.name, dict(f.metadata)) if tp is not bool else ""
+        if bounds:
+            shown += f", {bounds}"
         extra = ""
         if f.metadata.get("choices"):
             extra = f" one of {', '.join(map(str, f.metadata['choices']))}."

@@ -77,30 +77,66 @@ class Terminated(KeyboardInterrupt):
     every cleanup runs: temporaries are removed, the resumable logs keep what finished."""
 
 
-def _terminate(signum: int, frame: object) -> None:
-    raise Terminated()
-
-
-# Python runs a signal's handler between bytecodes, so SIGTERM waits for a long native call (one
-# micro-batch's backward pass can take a minute on a CPU). Inside `cut_short_on_sigterm` a
-# watchdog thread, woken at once through the interpreter's wakeup fd, gives the handler
-# ABORT_GRACE_S seconds and then ends the process itself: what such a block computes is only
-# kept once it is over (an optimizer step, a generation call), so nothing half-written is left.
-ABORT_GRACE_S = 3.0
-_cut_short = threading.Event()
+# A SIGTERM ends every verb within SIGTERM_BOUND_S, whatever it is doing. Python runs a signal's
+# handler between bytecodes, so the handler waits for a long native call (one micro-batch's
+# backward pass can take a minute on a CPU), and a process holding a model takes seconds to
+# finalize under load (6 s measured: the interpreter's last garbage collections; skipped after a
+# SIGTERM, `_exit_if_terminated`). So a watchdog
+# thread, woken at once through the interpreter's wakeup fd, gives the run ABORT_GRACE_S to end the
+# usual way (Terminated: cleanups run, one line); then it runs the cleanups registered with
+# `on_abort` (a new output folder holding no finished work is removed) and ends the process itself,
+# saying what the cut-short block loses (`sigterm_note`). Whatever is kept is only kept once it is
+# whole (an optimizer step, a conversation, a renamed file), so nothing half-written is left.
+SIGTERM_BOUND_S = 3.0  # the documented bound (docs/evaluation.md, "Shutdown")
+ABORT_GRACE_S = 2.5    # the run's own chance; the rest of the bound is the exit itself
+STEP_NOTE = "in the middle of a step: nothing of it was kept; resume=true continues from the last checkpoint"
+_notes: list = []          # what a SIGTERM now would lose (`sigterm_note`), innermost last
+_at_signal: list = [None]  # the note when SIGTERM came (the block is gone by the time it is said)
+_prog = ["fic"]                      # the verb, for the watchdog's line
+_handled = threading.Event()         # the handler raised Terminated: the run is ending the usual way
+_said = threading.Event()            # the run said how it ended: the watchdog ends it quietly
+_on_abort: list[Callable[[], object]] = []
 _watchdog: list[threading.Thread] = []
 
 
-def terminate_on_sigterm() -> None:
+def _note_now() -> object:
+    return next((note for note in reversed(_notes) if note is not None), None)
+
+
+def _terminate(signum: int, frame: object) -> None:
+    _at_signal[0] = _note_now()
+    _handled.set()
+    raise Terminated()
+
+
+def terminated_line(prog: str, note: object) -> str:
+    """The one line a SIGTERM ends a verb with: the verb, and what the cut-short block lost."""
+    if callable(note):
+        try:
+            note = note()
+        except Exception:  # the line is said whatever the note's own trouble
+            note = None
+    return f"{prog}: terminated (SIGTERM)" + (f"; {note}" if note else "")
+
+
+def terminate_on_sigterm(prog: str | None = None) -> None:
     """Turn SIGTERM into `Terminated` (its default kills the process with no cleanup, leaving
-    hidden `.NAME.*.tmp` files and half-written checkpoint folders), and start the watchdog of
-    `cut_short_on_sigterm`. Main thread only."""
+    hidden `.NAME.*.tmp` files and half-written checkpoint folders), and start the watchdog that
+    ends the process ABORT_GRACE_S after a SIGTERM it has not ended by itself. Main thread only."""
     if threading.current_thread() is not threading.main_thread():
         return
+    if prog is not None:
+        _prog[0] = prog
     signal.signal(signal.SIGTERM, _terminate)
     if _watchdog:
         return
+    import atexit
     import os
+
+    # Registered first, so it runs last of the exit handlers: after a SIGTERM the run ended the
+    # usual way, the interpreter's teardown is skipped (a process holding a model took 6 s to
+    # finalize under load, where a daemon watchdog can no longer act).
+    atexit.register(_exit_if_terminated)
 
     read, write = os.pipe()
     os.set_blocking(write, False)
@@ -117,33 +153,71 @@ def terminate_on_sigterm() -> None:
                 got = os.read(read, 64)
             except OSError:
                 return
-            if signal.SIGTERM in got and _cut_short.wait(0):
-                time.sleep(ABORT_GRACE_S)  # the handler's chance to end the run the usual way
-                if _cut_short.is_set():
-                    print("fic: terminated (SIGTERM) in the middle of a step: nothing of it was kept; "
-                          "resume=true continues from the last checkpoint", file=sys.stderr, flush=True)
-                    os._exit(143)
+            if signal.SIGTERM not in got:
+                continue
+            sent = time.monotonic()
+            _said.wait(ABORT_GRACE_S)  # the run's chance to end the usual way
+            if not _said.is_set() and _handled.is_set():  # it is ending so: its cleanups get the rest of the bound
+                _said.wait(SIGTERM_BOUND_S - ABORT_GRACE_S - 0.2)
+            if _said.is_set():  # its line is said: the interpreter's teardown gets what is left of the grace
+                time.sleep(max(0.0, ABORT_GRACE_S - (time.monotonic() - sent)))
+            else:
+                note = _note_now() or _at_signal[0]
+                for cleanup in reversed(list(_on_abort)):
+                    with contextlib.suppress(BaseException):
+                        cleanup()
+                with contextlib.suppress(BaseException):
+                    print(terminated_line(_prog[0], note), file=sys.stderr, flush=True)
+            os._exit(143)
 
     _watchdog.append(threading.Thread(target=watch, name="fic-sigterm", daemon=True))
     _watchdog[0].start()
 
 
+def _exit_if_terminated() -> None:
+    if _handled.is_set() and _said.is_set():
+        import os
+
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(BaseException):
+                stream.flush()
+        os._exit(143)
+
+
 @contextlib.contextmanager
-def cut_short_on_sigterm() -> Iterator[None]:
-    """A block SIGTERM may end within seconds even inside a long native call: the forward and
-    backward passes of a training step, whose work is only kept by the optimizer step after it."""
-    _cut_short.set()
+def sigterm_note(note: str | Callable[[], str | None] | None) -> Iterator[None]:
+    """While the block runs, a SIGTERM's line says `note` (what it loses, how to go on; a callable
+    says it when the line is written); None keeps the enclosing block's note. Nests."""
+    _notes.append(note)
     try:
         yield
     finally:
-        _cut_short.clear()
+        _notes.pop()
+
+
+def cut_short_on_sigterm(note: str | Callable[[], str | None] | None = STEP_NOTE) -> contextlib.AbstractContextManager:
+    """A block SIGTERM may end within seconds even inside a long native call (every block may now:
+    the watchdog is always armed), whose work is only kept once it is over: a training step (its
+    note, the default), a generation call (None: the enclosing verb's note)."""
+    return sigterm_note(note)
+
+
+@contextlib.contextmanager
+def on_abort(cleanup: Callable[[], object]) -> Iterator[None]:
+    """While the block runs, `cleanup` runs before the watchdog ends the process after a SIGTERM
+    (the usual way, an exception through the block, runs the block's own cleanups instead)."""
+    _on_abort.append(cleanup)
+    try:
+        yield
+    finally:
+        _on_abort.remove(cleanup)
 
 
 def exit_status(prog: str, run: Callable[[], object]) -> int:
     """Run a command-line entry point (`fic VERB`, a recipe script) to its exit status: bad input or
     an operating-system refusal as one line on stderr and 2, SIGTERM 143, Ctrl-C 130; no traceback.
     `run` returns its status, or anything else (a recipe's results) for 0."""
-    terminate_on_sigterm()
+    terminate_on_sigterm(prog)
     try:
         status = run()
         return status if isinstance(status, int) else 0
@@ -154,7 +228,8 @@ def exit_status(prog: str, run: Callable[[], object]) -> int:
         print(f"{prog}: error: {one_line(os_error(err))}", file=sys.stderr)
         return 2
     except Terminated:
-        print(f"{prog}: terminated (SIGTERM)", file=sys.stderr)
+        print(terminated_line(prog, _at_signal[0]), file=sys.stderr, flush=True)
+        _said.set()  # the exit handlers end the process without the interpreter's teardown
         return 143
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)

@@ -18,6 +18,16 @@ link, never writes through it), and the few files written in place (the lock, ap
 are opened by `open_in_place`, which refuses a symbolic link, a hard link and anything but a
 regular file. A copied run folder or a shared `runs/` holding `.fic-lock -> ~/.bashrc` makes
 FiC refuse, never empty the file it points to.
+
+No folder operation follows a link either: below an output folder a run writes into (one it
+locks, or names with `guard_out`), every folder FiC makes, writes into, rotates or deletes goes
+through `make_folder`, `remove_folder` and `publish_folder`, which `lstat` every part of the path
+below the output folder and refuse a symbolic link with the same line as a linked file (the
+output folder itself may be a link: where a run goes is the user's choice).
+
+FiC deletes only what FiC made: every folder it makes holds a marker (`.fic-run`, the token of
+the run that made it), and `remove_folder` deletes a folder only when its marker is the remover's
+token; anything else in the way (a user's folder, another run's) is a `FicError` naming it.
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ import fcntl
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import socket
 import stat
@@ -39,7 +50,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from fic.core.errors import FicError
+from fic.core.errors import FicError, on_abort
 
 
 def check_writable(path: str | os.PathLike, *, folder: bool = False, field: str | None = None) -> None:
@@ -76,7 +87,7 @@ def check_writable(path: str | os.PathLike, *, folder: bool = False, field: str 
 def _temporary_next_to(path: Path) -> tuple[int, str]:
     """A new temporary file in `path`'s folder (made if missing), with the mode a plain open()
     would give it: (its descriptor, its name)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(path.parent)
     try:
         # A legal name of up to 255 bytes must stay legal with the prefix and suffix added.
         fd, tmp = tempfile.mkstemp(prefix=f".{_short(path.name)}.", suffix=".tmp", dir=path.parent)
@@ -173,12 +184,12 @@ def open_in_place(path: str | os.PathLike, mode: str = "a") -> Any:
     (a hard link) or anything but a regular file (a FIFO, a device) is a `FicError` naming it,
     so that nothing outside the folder is ever written or truncated."""
     flags = {"a": os.O_WRONLY | os.O_APPEND, "r+": os.O_RDWR}[mode]
+    check_no_link(Path(path).parent)
     try:
         fd = os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o666)
     except OSError as err:
         if err.errno == errno.ELOOP:
-            raise FicError("is a symbolic link; FiC does not write through links in an output folder (remove it)",
-                           path=str(path)) from None
+            raise FicError(LINK_REFUSED, path=str(path)) from None
         if err.errno == errno.EISDIR:
             raise FicError("is a folder, expected a file", path=str(path)) from None
         if err.errno == errno.ENXIO:  # a FIFO without a reader (O_NONBLOCK: it does not hang)
@@ -220,7 +231,11 @@ def read_numbered_records(path: str | os.PathLike) -> list[tuple[int, dict]]:
     position in a JSON list (1 for a single object). A UTF-8 byte-order mark (files saved on
     Windows) is skipped."""
     path = Path(path)
-    text = read_data_text(path, "a JSON or JSONL file")
+    return parse_records(read_data_text(path, "a JSON or JSONL file"), path)
+
+
+def parse_records(text: str, path: str | os.PathLike) -> list[tuple[int, dict]]:
+    """`read_numbered_records` of text already read (a decompressed file), errors naming `path`."""
     stripped = text.lstrip()
     if not stripped:
         raise FicError("file is empty, expected JSON or JSONL records", path=str(path))
@@ -340,6 +355,11 @@ def read_log(path: str | os.PathLike) -> list[dict]:
     A torn last line (the process died while writing it) is dropped and the file rewritten
     without it, so the unit is redone; a broken line elsewhere means the log is damaged.
     """
+    return [record for _, record in read_numbered_log(path)]
+
+
+def read_numbered_log(path: str | os.PathLike) -> list[tuple[int, Any]]:
+    """`read_log`, each record with its line, for an error that names it."""
     path = Path(path)
     if not os.path.lexists(path):
         return []
@@ -350,10 +370,10 @@ def read_log(path: str | os.PathLike) -> list[dict]:
         if not line.strip():
             continue
         try:
-            records.append(loads(line, path=path, line=number))
+            records.append((number, loads(line, path=path, line=number)))
         except FicError as err:
             if number == len(lines):
-                write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+                write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for _, r in records))
                 break
             raise FicError(f"{err.message}; the log is damaged", path=str(path)) from None
     return records
@@ -404,9 +424,14 @@ def publish_folder(tmp: str | os.PathLike, final: str | os.PathLike) -> None:
     never a mix: the two are swapped in one step (Linux renameat2 RENAME_EXCHANGE), then the
     old one is deleted. Where the OS cannot swap, the old folder is renamed aside first, which
     leaves a moment with no `final` but never a half-written one, and the old folder survives a
-    crash in between (as `.<name>.old-*`, next to `final`).
+    crash in between (as `.<name>.old-*`, next to `final`). A link at `final` or above it (below
+    an output folder) is refused (`check_no_link`).
     """
     tmp, final = Path(tmp), Path(final)
+    check_no_link(tmp)
+    check_no_link(final)
+    if os.path.islink(final):
+        raise FicError(LINK_REFUSED, path=str(final))
     if not final.exists():
         os.replace(tmp, final)
         return
@@ -417,6 +442,114 @@ def publish_folder(tmp: str | os.PathLike, final: str | os.PathLike) -> None:
     os.replace(final, aside / final.name)
     os.replace(tmp, final)
     shutil.rmtree(aside, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- folders below an output folder
+
+LINK_REFUSED = "is a symbolic link; FiC does not write through links in an output folder (remove it)"
+RUN_MARKER = ".fic-run"  # in every folder FiC makes: the token of the run that made it
+_guarded: set[str] = set()  # output folders this process writes below (absolute, links not resolved)
+
+
+def guard_out(folder: str | os.PathLike) -> None:
+    """Refuse, from now on in this process, a link anywhere below the output folder `folder`
+    (`check_no_link`); `lock_folder` does it for the folder it locks."""
+    _guarded.add(os.path.abspath(folder))
+
+
+def check_no_link(path: str | os.PathLike, root: str | os.PathLike | None = None) -> None:
+    """A `FicError` when `path`, or a folder between it and the output folder it lies below (`root`,
+    else each folder named to `guard_out`), is a symbolic link. The output folder itself may be one."""
+    full = os.path.abspath(path)
+    for top in [os.path.abspath(root)] if root is not None else list(_guarded):
+        if full != top and not full.startswith(top.rstrip(os.sep) + os.sep):
+            continue
+        part = top
+        for name in full[len(top):].split(os.sep):
+            if name:
+                part = os.path.join(part, name)
+                if os.path.islink(part):
+                    raise FicError(LINK_REFUSED, path=part)
+
+
+def new_token() -> str:
+    """A new run token (the marker of the folders a run makes)."""
+    return secrets.token_hex(8)
+
+
+def make_folder(path: str | os.PathLike, *, token: str | None = None) -> bool:
+    """Make the folder `path` and the missing ones above it, refusing a link below an output folder
+    (`check_no_link`); with `token`, each folder made holds it as its marker (`RUN_MARKER`). True
+    when `path` was made now. A file in the way is the usual `OSError`."""
+    path = Path(path)
+    check_no_link(path)
+    missing = []
+    for part in [path, *path.parents]:
+        if os.path.lexists(part):
+            break
+        missing.append(part)
+    for part in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # made meanwhile (another rank)
+            os.mkdir(part)
+        if token is not None:
+            write_text(part / RUN_MARKER, token + "\n")
+    check_no_link(path)  # a link swapped in meanwhile
+    if not path.is_dir():
+        raise FileExistsError(errno.EEXIST, "File exists", str(path))
+    return bool(missing)
+
+
+def folder_token(folder: str | os.PathLike) -> str | None:
+    """The token of the run that made `folder` (its marker), or None (no marker: not FiC's)."""
+    try:
+        fd = os.open(Path(folder) / RUN_MARKER, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return os.read(fd, 200).decode("utf-8", "replace").strip() or None
+    finally:
+        os.close(fd)
+
+
+def run_token(folder: str | os.PathLike) -> str:
+    """The token of the runs that write into `folder`: its marker, given now (a new token) where it
+    has none. The folders a run makes below `folder` hold the same token, so a later run into the
+    same folder (a resume, the demo's next stage) knows them for its own."""
+    token = folder_token(folder)
+    if token is None:
+        make_folder(folder)
+        token = new_token()
+        write_text(Path(folder) / RUN_MARKER, token + "\n")
+    return token
+
+
+def owned(folder: str | os.PathLike, token: str) -> bool:
+    """Whether `folder` is a folder the run of `token` made (a link never is)."""
+    return not os.path.islink(folder) and folder_token(folder) == token
+
+
+def remove_folder(folder: str | os.PathLike, token: str) -> None:
+    """Delete `folder` (nothing when it is missing) if the run of `token` made it, or it is empty;
+    a link (at it or above it, below an output folder), or a folder FiC did not make or another
+    run made, is a `FicError` naming it, and nothing is deleted."""
+    folder = Path(folder)
+    check_no_link(folder)
+    if not os.path.lexists(folder):
+        return
+    if os.path.islink(folder):
+        raise FicError(LINK_REFUSED, path=str(folder))
+    if not folder.is_dir():
+        raise FicError("is in the way: a file where FiC keeps a folder of its own; move it away or choose another "
+                       "output folder", path=str(folder))
+    if not owned(folder, token):
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # only while empty: nothing of anyone's is lost
+            return
+        raise FicError("is in the way: FiC did not make this folder (it holds no marker of this run), so it deletes "
+                       "nothing in it; move it away or choose another output folder", path=str(folder))
+    shutil.rmtree(folder)
 
 
 # --------------------------------------------------------------------------- output-folder locks
@@ -438,7 +571,8 @@ def lock_folder(folder: str | os.PathLike, *, field: str | None = "out") -> bool
     holder's process id, start time and command line for the message.
     """
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    make_folder(folder, token=new_token())
+    guard_out(folder)
     key = str(folder.resolve())
     if key in _held:
         return False
@@ -494,11 +628,15 @@ def removed_if_failed(folder: str | os.PathLike, bookkeeping: Iterable[str] = ()
         if os.path.lexists(part):
             break
         top = part
-    try:
-        yield
-    except BaseException:
+    def remove() -> None:
         if top is not None:
-            _remove_created(folder, top, {LOCK_NAME, *bookkeeping})
+            _remove_created(folder, top, {LOCK_NAME, RUN_MARKER, *bookkeeping})
+
+    try:
+        with on_abort(remove):  # a SIGTERM's watchdog, ending the process, removes it too
+            yield
+    except BaseException:
+        remove()
         raise
 
 
@@ -515,6 +653,9 @@ def _remove_created(folder: Path, top: Path, bookkeeping: set[str]) -> None:
         with contextlib.suppress(OSError):
             os.unlink(entry.path)
     for part in [folder, *folder.parents]:
+        with contextlib.suppress(OSError):
+            if part != folder and [e.name for e in os.scandir(part)] == [RUN_MARKER]:
+                os.unlink(part / RUN_MARKER)  # a folder made for it, marked and now empty
         with contextlib.suppress(OSError):
             part.rmdir()  # only while empty
         if part == top:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
 from fic.core.chat import end_of_turn_ids, prompt_ids
-from fic.core.config import setting
+from fic.core.config import MAX_BATCH, MAX_MIB, MAX_PARALLEL, MAX_RETRIES, MAX_TOKENS, setting
 from fic.core.errors import FicError
 
 KINDS = ("hf", "vllm", "openai")
@@ -114,17 +114,19 @@ class BackendConfig:
     dtype: str = setting("auto", "Weights dtype for hf/vllm: auto (bf16 where the device supports "
                          "it, else fp32), bfloat16, float16 or float32.")
     device: str = setting("auto", "hf only: auto, cpu, cuda, cuda:N or mps. vLLM places itself.")
-    batch_size: int = setting(16, "hf only: most prompts per generate call (micro-batch).", min=1)
+    batch_size: int = setting(16, "hf only: most prompts per generate call (micro-batch).", min=1,
+                              max=MAX_BATCH)
     kv_reuse_mb: float = setting(2048, "hf only: memory (MiB) for keys and values kept between "
                                  "calls, so that a conversation's next turn feeds the model only "
-                                 "its new tokens; 0 turns reuse off.", min=0)
+                                 "its new tokens; 0 turns reuse off.", min=0, max=MAX_MIB)
     decode_loop: str = setting("fast", "hf only: fast (the host reads the device once every check_every "
                                "steps; every row samples from its own seed in one batched operation) or legacy "
                                "(the loop before it: a read every step, one sampling call per row), kept to "
                                "compare the two; the same greedy replies, other samples.", choices=("fast", "legacy"))
     check_every: int = setting(8, "hf only, fast loop: decoding steps between two reads of the device (to "
                                "drop finished rows and stop once every row is done). Fewer waits on a GPU "
-                               "against up to check_every - 1 steps run past the end of a batch.", min=1)
+                               "against up to check_every - 1 steps run past the end of a batch.", min=1,
+                               max=MAX_TOKENS)
     trust_remote_code: bool = setting(False, "hf/vllm: allow model code shipped with the checkpoint.")
     base_url: str = setting("https://api.openai.com/v1", "openai only: endpoint root; requests go "
                             "to {base_url}/chat/completions.")
@@ -134,15 +136,16 @@ class BackendConfig:
                                "one request.", min=0.001)
     max_retries: int = setting(5, "openai only: retries after a connection error, timeout, 408, 409, 429 or "
                                "5xx (the openai SDK's: exponential backoff with jitter, a server's Retry-After "
-                               "honoured up to 2 minutes).", min=0)
-    concurrency: int = setting(8, "openai only: requests in flight at once.", min=1)
+                               "honoured up to 2 minutes).", min=0, max=MAX_RETRIES)
+    concurrency: int = setting(8, "openai only: requests in flight at once.", min=1, max=MAX_PARALLEL)
     request_logprobs: bool = setting(False, "openai only: ask the server for token log-probs "
                                      "(vLLM and OpenAI offer them; some servers reject the field).")
     gpu_memory_utilization: float = setting(0.9, "vllm only: fraction of GPU memory the engine "
                                             "may take.", min=0.01, max=1.0)
-    tensor_parallel_size: int = setting(1, "vllm only: GPUs to shard the model over.", min=1)
+    tensor_parallel_size: int = setting(1, "vllm only: GPUs to shard the model over.", min=1,
+                                        max=MAX_PARALLEL)
     max_model_len: int | None = setting(None, "vllm only: context length (prompt + reply); "
-                                        "null uses the model's own.", min=1)
+                                        "null uses the model's own.", min=1, max=MAX_TOKENS)
 
 
 def check_prompts(prompts: Sequence[Sequence[int]]) -> None:

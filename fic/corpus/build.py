@@ -40,7 +40,7 @@ from tqdm import tqdm
 
 from fic import tasks
 from fic.backends import make_backend
-from fic.core.config import config_to_dict, set_in, setting
+from fic.core.config import MAX_REPEATS, config_to_dict, set_in, setting
 from fic.core.errors import FicError
 from fic.core.files import check_writable, write_together
 from fic.core.generation import BackendConfig, SamplingParams
@@ -116,7 +116,7 @@ class SFTDataConfig:
     out: str = setting("data/gsm_symbolic.sft.jsonl", "Output JSONL; the data card goes next to it as "
                        "<stem>.card.json and <stem>.card.md.")
     conversations_per_instance: int = setting(1, "Conversations written per instance (each with its own "
-                                              "kind and phrasing draw).", min=1)
+                                              "kind and phrasing draw).", min=1, max=MAX_REPEATS)
     single_turn_share: float = setting(0.2, "Share of conversations that are single-turn full-view examples.",
                                        min=0.0, max=1.0)
     recovery_share: float = setting(0.3, "Share of conversations that are recovery conversations (an early "

@@ -26,10 +26,9 @@ mapping at all. Then each task's extractor turns columns into what the task chec
   question becomes BFCL's `[[{"role": "user", "content": ...}]]`.
 
 A mapping error names the source, the record, the field (`data.fields.KEY`) and the columns the
-dataset has. Local JSON and JSONL files are read through FiC's guarded reader before pyarrow
-sees them (a record nested a few thousand levels deep crashes pyarrow's reader with a
-segfault), and no record of one may be longer than `MAX_RECORD_BYTES`; code longer than
-`MAX_PARSED_CODE` is searched for its function name, not parsed (parsing megabytes takes minutes). `load_hf` returns the instances with `origin`, what a data card records: repository
+dataset has. Every file of a local source is checked before `datasets` parses it, and the parse
+runs first in a forked process, so that a parser's crash is one line (`fic.data.formats`); code
+longer than `MAX_PARSED_CODE` is searched for its function name, not parsed (parsing megabytes takes minutes). `load_hf` returns the instances with `origin`, what a data card records: repository
 or path, the revision asked for and the commit loaded, config, split, rows, mapping, skipped.
 """
 
@@ -46,8 +45,9 @@ from typing import Any
 
 from fic import tasks
 from fic.core.errors import FicError, one_line
-from fic.core.files import read_data_bytes, read_json, read_records
+from fic.core.files import read_json
 from fic.core.instance import Instance
+from fic.data.formats import check_local, parse_in_child
 from fic.tasks.math import BOXED, boxed_content
 
 # The keys a mapping may name, per task (`task_id` and `shards` for every task).
@@ -70,7 +70,6 @@ REQUIRED = {"math": ("question", "answer"), "database": ("db_id", "fully_specifi
             "summary": ("topic", "query", "documents", "insights", "insightid2ref_citations")}
 ANSWER_FROM = ("auto", "hash", "boxed", "value")
 SPLIT_NAMES = re.compile(r"(?:train|test|validation|valid|dev|eval)\b.*|.*\[.*\]")
-MAX_RECORD_BYTES = 32 << 20  # one line of a local JSONL file
 MAX_PARSED_CODE = 100_000   # characters of code parsed to find its function's name
 PLAIN_NUMBER = re.compile(r"-?(?:\d[\d,]*(?:\.\d+)?|\.\d+)(?:/\d+)?")
 
@@ -133,7 +132,7 @@ def open_dataset(spec: HubSpec, source: str) -> tuple[Any, dict]:
     base = _split_name(spec.split, source) if spec.split else None
     split = spec.split
     if spec.local:
-        _precheck_json(path, source)
+        check_local(path, source)
         if path.is_file() and path.stat().st_size == 0:
             raise FicError("the file is empty: no rows", path=str(path), field="source")
     quiet = spec.local and not datasets.utils.are_progress_bars_disabled()
@@ -145,14 +144,27 @@ def open_dataset(spec: HubSpec, source: str) -> tuple[Any, dict]:
         if spec.local and path.is_dir() and any((path / n).is_file() for n in SAVED):
             data, split = _load_saved(path, base, source)  # a `save_to_disk` folder: no cache, no conversion
         elif spec.local and path.is_file():
+            suffix = _data_suffix(path)
             builder = {".parquet": "parquet", ".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json",
-                       ".arrow": "arrow"}.get(path.suffix.lower())
+                       ".ndjson": "json", ".arrow": "arrow", ".txt": "text"}.get(suffix)
             if builder is None:
-                raise FicError("expected a save_to_disk folder, a data folder, or a .parquet, .csv, .json or "
-                               ".jsonl file", path=str(path), field="source")
-            extra = {"delimiter": "\t"} if path.suffix.lower() == ".tsv" else {}
+                raise FicError("expected a save_to_disk folder, a data folder, or a .parquet, .arrow, .csv, .tsv, "
+                               ".json, .jsonl or .txt file (or one of those as .gz, .bz2 or .xz)", path=str(path),
+                               field="source")
+            extra = {"delimiter": "\t"} if suffix == ".tsv" else {}
             split = base or "train"
-            data = datasets.load_dataset(builder, data_files={split: str(path)}, **extra)[split]
+
+            def load() -> Any:
+                return datasets.load_dataset(builder, data_files={split: str(path)}, **extra)[split]
+
+            parse_in_child(load, str(path), source)
+            data = load()
+        elif spec.local:  # a folder of data files: datasets chooses the reader and the splits
+            def load() -> Any:
+                return datasets.load_dataset(spec.target, spec.config, split=spec.split, revision=spec.revision)
+
+            parse_in_child(load, str(path), source)
+            data = load()
         else:
             data = datasets.load_dataset(spec.target, spec.config, split=spec.split, revision=spec.revision)
     except FicError:
@@ -249,21 +261,12 @@ def _not_loaded(err: BaseException, spec: HubSpec, source: str) -> FicError:
     return FicError(f"could not load {spec.target!r} from {where} ({reason}){hint}", path=source, field="source")
 
 
-def _precheck_json(path: Path, source: str) -> None:
-    """Read every local JSON or JSONL file a spec names (the file, or those in a data folder)
-    through FiC's guarded reader, and bound each line, before pyarrow reads them."""
-    if path.is_dir():
-        if any((path / n).is_file() for n in SAVED):
-            return  # a save_to_disk folder: Arrow files, no JSON reader
-        files = sorted(p for p in path.rglob("*") if p.suffix.lower() in (".json", ".jsonl") and p.is_file())
-    else:
-        files = [path] if path.suffix.lower() in (".json", ".jsonl") else []
-    for file in files:
-        for number, line in enumerate(read_data_bytes(file, "a JSON or JSONL file").splitlines(), start=1):
-            if len(line) > MAX_RECORD_BYTES:
-                raise FicError(f"line {number} is {len(line) >> 20} MiB, more than the {MAX_RECORD_BYTES >> 20} MiB "
-                               "FiC reads as one record", path=str(file), field="source")
-        read_records(file)  # nesting, bad JSON, huge numbers: one line naming the line
+def _data_suffix(path: Path) -> str:
+    """The format suffix of a data file: `.jsonl` of `data.jsonl.gz`."""
+    suffixes = [s.lower() for s in path.suffixes]
+    if len(suffixes) > 1 and suffixes[-1] in (".gz", ".bz2", ".xz"):
+        return suffixes[-2]
+    return suffixes[-1] if suffixes else ""
 
 
 def _commit(data: Any) -> str | None:

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Callable
 
 from fic import tasks
-from fic.core.config import set_where, setting
+from fic.core.config import MAX_INSTANCES, set_where, setting
 from fic.core.errors import FicError
 from fic.core.files import read_numbered_records, read_records
 from fic.core.instance import Instance
@@ -69,7 +69,7 @@ class InstancesSection:
                                 "source gives them, before sharding: instances that are then left out (a sharder "
                                 "could not split them, a stage needs two or more shards, an evaluation instance "
                                 "dropped) are not replaced, so fewer may remain; the start line says how many and "
-                                "why.", min=1)
+                                "why.", min=1, max=MAX_INSTANCES)
     seed: int = setting(0, "Seed of generated sources (reasoning-gym, actions-gen) and of rule-sharding phrasing. "
                         "Keep a training stage's away from its evaluation's.")
     fields: dict[str, str] = setting({}, "hf: sources: task key -> dataset column, e.g. {question: problem, "

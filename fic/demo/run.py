@@ -28,7 +28,13 @@ Stage 2's default was chosen on the dev split by the ablation in the repository'
 Every setting lives in the recipes folder's `demo.yaml`: one section per stage, each a full
 config of that stage's own class (`fic sft-data`, `fic train sft`, `fic train vasd`, `fic eval`),
 so every key is checked. `{out}` and `{base_model}` in any text setting are filled in; the data,
-model and output paths of each stage are wired by the demo (the YAML shows them).
+model and output paths of each stage are wired by the demo (the YAML shows them). A stage's `out`
+set to anything but where the demo writes it (`warmup.out=elsewhere`) is refused when the config
+loads (`--dry-run` included): `out=` moves the whole demo.
+
+The demo deletes only folders it made: each stage folder holds the demo's marker (`.fic-run`,
+`fic.core.files.remove_folder`), and a folder of the user's in the way (a `warmup/` holding notes)
+stops the demo with one line naming it; no stage folder is written through a link.
 """
 
 from __future__ import annotations
@@ -36,7 +42,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import resource
-import shutil
 import subprocess
 import sys
 import time
@@ -47,9 +52,19 @@ from typing import Any, Callable
 from fic import tasks, train_sft, train_vasd
 from fic.backends import make_backend
 from fic.bundled.prepare import prepare_model
-from fic.core.config import load_config, set_in, set_where, setting
+from fic.core.config import MAX_INSTANCES, MAX_MIB, MAX_RESAMPLES, MAX_STEPS, load_config, set_in, set_where, setting
 from fic.core.errors import FicError
-from fic.core.files import check_writable, folder_lock, read_json, write_json, write_jsonl
+from fic.core.files import (
+    check_writable,
+    folder_lock,
+    guard_out,
+    make_folder,
+    read_json,
+    remove_folder,
+    run_token,
+    write_json,
+    write_jsonl,
+)
 from fic.core.model import BUNDLED_MODEL_DIR, check_model_folder, peak_memory_mb
 from fic.corpus.build import SFTDataConfig, build_corpus
 from fic.data.sources import load_source
@@ -75,12 +90,15 @@ class DemoDataSection:
                           "(`SOURCE:SPLIT`), e.g. actions-gen.")
     task: str = setting("actions", "Task of the source.")
     seed: int = setting(0, "Seed of every split.")
-    train: int = setting(600, "Train instances: the warm-up corpus, the SFT corpus and VASD's rollouts.", min=1)
+    train: int = setting(600, "Train instances: the warm-up corpus, the SFT corpus and VASD's rollouts.", min=1,
+                        max=MAX_INSTANCES)
     dev: int = setting(256, "Dev instances: settings are chosen on them (the stage 2 ablation; its paired sign "
                        "tests need a few hundred), the premise is measured on them, and stage 1's dev "
-                       "curve and VASD's in-training evaluation read them (sft.dev.every, vasd.eval.every).", min=1)
-    test: int = setting(128, "Test instances: every stage is evaluated on them.", min=1)
-    test_unseen: int = setting(64, "Instances of functions never seen in training, reported separately.", min=1)
+                       "curve and VASD's in-training evaluation read them (sft.dev.every, vasd.eval.every).", min=1,
+                       max=MAX_INSTANCES)
+    test: int = setting(128, "Test instances: every stage is evaluated on them.", min=1, max=MAX_INSTANCES)
+    test_unseen: int = setting(64, "Instances of functions never seen in training, reported separately.", min=1,
+                              max=MAX_INSTANCES)
 
 
 @dataclass
@@ -104,13 +122,16 @@ class DemoConfig:
     control_steps: int = setting(0, "SFT steps of the control; 0: VASD's CPU seconds over the SFT stage's CPU "
                                  "seconds per step. That is right when both stages ran under the same load: CPU "
                                  "seconds are not load-free (an SFT step measured 30 CPU s on 2 cores shared with "
-                                 "other work, 16 quiet), so after a loaded stage set it from quiet figures.", min=0)
+                                 "other work, 16 quiet), so after a loaded stage set it from quiet figures.", min=0,
+                                 max=MAX_STEPS)
     eval: EvalConfig = setting(EvalConfig(), "Evaluation of every stage (fic eval); views, model, data, out and "
                                "baseline are set per run by the demo.")
-    bootstrap: int = setting(2000, "Paired bootstrap resamples for the 95% intervals of R and retention.", min=100)
+    bootstrap: int = setting(2000, "Paired bootstrap resamples for the 95% intervals of R and retention.", min=100,
+                              max=MAX_RESAMPLES)
     memory_budget_mb: float = setting(0, "Memory a stage may use, in MiB (0: what this machine has free when the "
                                       "stage starts). A stage whose estimated peak is above it is refused before it "
-                                      "starts, with the settings that lower it (fic.demo.costs).", min=0)
+                                      "starts, with the settings that lower it (fic.demo.costs).", min=0,
+                                      max=MAX_MIB)
     stage_processes: bool = setting(True, "Run each stage in a process of its own, so that what a stage held in "
                                     "memory is given back before the next one (the demo's peak is its largest "
                                     "stage's); false runs them all in this process.")
@@ -150,7 +171,26 @@ def load_demo(recipes: str, overrides: list[str], cls: type = DemoConfig) -> Dem
                        field="--recipes")
     cfg = load_config(cls, path, overrides)
     expand(cfg, {"out": cfg.out, "base_model": cfg.base_model})
+    check_wired_outs(cfg)
     return cfg
+
+
+def wired_outs(cfg: DemoConfig) -> dict[str, Path]:
+    """Each stage section's `out` key and where the demo writes that stage."""
+    data = paths(cfg)["data"]
+    return {**{f"{stage}.out": paths(cfg)[stage] for stage in TRAINED}, "warmup_data.out": data / "warmup.sft.jsonl",
+            "sft_data.out": data / "sft.sft.jsonl", "eval.out": eval_dir(cfg, "start", "test")}
+
+
+def check_wired_outs(cfg: DemoConfig) -> None:
+    """Refuse a stage's `out` set to anything but where the demo writes that stage: the demo wires
+    every stage's folder under `out`, and would otherwise show the setting and ignore it."""
+    for key, wired in wired_outs(cfg).items():
+        section = getattr(cfg, key.split(".")[0])
+        where = set_in(cfg, key)
+        if where is not None and Path(section.out) != wired:
+            raise FicError(f"the demo writes this stage into {wired} (under out=) and cannot move one stage; set out= "
+                           f"to move the whole demo, or leave {key} unset", path=where, field=key)
 
 
 # --------------------------------------------------------------------------- where things go
@@ -181,6 +221,7 @@ def stage_data(cfg: DemoConfig, progress: bool) -> dict:
 
     if Path(cfg.base_model) == BUNDLED_MODEL_DIR and not (BUNDLED_MODEL_DIR / "config.json").is_file():
         prepare_model(BUNDLED_MODEL_DIR)
+    make_folder(paths(cfg)["data"], token=demo_token(cfg))
     sizes = {"train": cfg.data.train, "dev": cfg.data.dev, "test": cfg.data.test, "test-unseen": cfg.data.test_unseen}
     splits = {split: load_source(f"{cfg.data.source}:{split}", cfg.data.task, limit=n, seed=cfg.data.seed)
               for split, n in sizes.items()}
@@ -220,16 +261,25 @@ def split_overlap(splits: dict[str, list]) -> dict[str, int]:
     return {f"{a}/{b}": len(keys(splits[a]) & keys(splits[b])) for k, a in enumerate(names) for b in names[k + 1:]}
 
 
-def _train(stage: str, cfg: Any, run: Callable[[Any], dict]) -> dict:
-    """Run a training recipe into its folder: resume a killed run, start over from nothing."""
+def demo_token(cfg: DemoConfig) -> str:
+    """The token of the demo's folders (`fic.core.files.run_token`); from now on no folder below
+    `out` is written through a link."""
+    guard_out(cfg.out)
+    return run_token(cfg.out)
+
+
+def _train(stage: str, cfg: Any, run: Callable[[Any], dict], token: str) -> dict:
+    """Run a training recipe into its folder (made by the demo, marked with its `token`): resume a
+    killed run, start over from nothing; a folder the demo did not make is refused, not deleted."""
 
     out = Path(cfg.out)
     cfg.save_merged = cfg.save_merged or cfg.lora.enabled  # the next stage and the evaluation load a whole model
     cfg.resume = bool(complete_checkpoints(out)) and not (out / "final").exists()
-    if not cfg.resume and out.exists():
-        shutil.rmtree(out)  # a run killed before its first checkpoint: nothing to keep
+    if not cfg.resume:
+        remove_folder(out, token)  # a run of the demo's killed before its first checkpoint: nothing to keep
+    make_folder(out, token=token)
     result = run(cfg)
-    shutil.rmtree(out / "checkpoints", ignore_errors=True)  # the demo keeps only the final model
+    remove_folder(out / "checkpoints", run_token(out))  # the demo keeps only the final model
     _free_memory()
     return {"steps": result["steps"], "final_loss": result["final_loss"], "model": str(result["model_dir"]),
             **({"plateau": result["plateau"]} if result.get("plateau") else {})}
@@ -249,7 +299,7 @@ def stage_warmup(cfg: DemoConfig, progress: bool) -> dict:
 
     cfg.warmup.model.path, cfg.warmup.data.path = cfg.base_model, str(paths(cfg)["data"] / "warmup.sft.jsonl")
     cfg.warmup.out, cfg.warmup.logging.progress = str(paths(cfg)["warmup"]), progress
-    return _train("warmup", cfg.warmup, train_sft.train)
+    return _train("warmup", cfg.warmup, train_sft.train, demo_token(cfg))
 
 
 def stage_sft(cfg: DemoConfig, progress: bool) -> dict:
@@ -258,7 +308,7 @@ def stage_sft(cfg: DemoConfig, progress: bool) -> dict:
     cfg.sft.out, cfg.sft.logging.progress = str(paths(cfg)["sft"]), progress
     if cfg.sft.dev.every:  # stage 1 to its plateau on the dev split (never test)
         cfg.sft.dev.data.source, cfg.sft.dev.data.task = [f"jsonl:{split_file(cfg, 'dev')}"], cfg.data.task
-    return _train("sft", cfg.sft, train_sft.train)
+    return _train("sft", cfg.sft, train_sft.train, demo_token(cfg))
 
 
 def stage_vasd(cfg: DemoConfig, progress: bool) -> dict:
@@ -270,7 +320,7 @@ def stage_vasd(cfg: DemoConfig, progress: bool) -> dict:
     v.exclude.sources = [f"jsonl:{split_file(cfg, s)}" for s in ("dev", *EVAL_SETS)]
     if v.eval.every:
         v.eval.data.source, v.eval.data.task = [f"jsonl:{split_file(cfg, 'dev')}"], cfg.data.task
-    return _train("vasd", v, train_vasd.train)
+    return _train("vasd", v, train_vasd.train, demo_token(cfg))
 
 
 def control_steps(cfg: DemoConfig, stage2_cpu_seconds: float | None = None) -> int:
@@ -292,7 +342,7 @@ def stage_control(cfg: DemoConfig, progress: bool) -> dict:
     c.model.path, c.data.path = str(model_of(cfg, "sft")), str(paths(cfg)["data"] / "sft.sft.jsonl")
     c.out, c.logging.progress, c.train.max_steps = str(paths(cfg)["control"]), progress, control_steps(cfg)
     c.dev.every = 0  # the control runs exactly its steps: it is also the check that stage 1 had stopped improving
-    return _train("control", c, train_sft.train)
+    return _train("control", c, train_sft.train, demo_token(cfg))
 
 
 def stage_premise(cfg: DemoConfig, progress: bool) -> dict:
@@ -309,8 +359,9 @@ def stage_premise(cfg: DemoConfig, progress: bool) -> dict:
 def evaluate_stage(cfg: DemoConfig, stage: str, model: Path, progress: bool) -> dict:
     """Evaluate one model on the test and test-unseen splits; R against the starting point."""
 
-    figures = {}
+    figures, token = {}, demo_token(cfg)
     for split in EVAL_SETS:
+        make_folder(eval_dir(cfg, stage, split), token=token)  # the demo's, so that --from may delete it
         run = dataclasses.replace(cfg.eval, model=dataclasses.replace(cfg.eval.model, model=str(model)),
                                   data=dataclasses.replace(cfg.eval.data, source=[f"jsonl:{split_file(cfg, split)}"],
                                                            task=cfg.data.task, limit=None),
@@ -485,11 +536,12 @@ def _run_demo(cfg: DemoConfig, start_from: str | None, progress: bool, say: Call
               launch: tuple[str, list[str]] | None) -> dict:
     markers = paths(cfg)["stages"]
     if start_from is not None:
+        token = demo_token(cfg)
         for stage in redone(start_from):  # outputs too: an evaluation would resume, not redo
             (markers / f"{stage}.json").unlink(missing_ok=True)
             for output in stage_outputs(cfg, stage):
                 if output.is_dir():
-                    shutil.rmtree(output)
+                    remove_folder(output, token)
                 else:
                     output.unlink(missing_ok=True)
     run_stages(cfg, STAGES[:-1], progress=progress, say=say, launch=launch)

@@ -54,19 +54,14 @@ from fic.backends import check_backend, make_backend
 from fic.conversation.classify import ClassifierSection, make_classifier
 from fic.conversation.simulator import answerable_by, make_conversations, play
 from fic.conversation.users import UserSimulatorSection, make_user
-from fic.core.config import (
-    config_to_dict,
-    differences,
-    set_in,
-    setting,
-)
+from fic.core.config import MAX_BATCH, MAX_REPEATS, config_to_dict, differences, set_in, setting
 from fic.core.errors import FicError
 from fic.core.files import (
     append_jsonl,
     check_writable,
     folder_lock,
     read_json,
-    read_log,
+    read_numbered_log,
     removed_if_failed,
     write_json,
     write_text,
@@ -77,7 +72,7 @@ from fic.core.progress import Progress
 from fic.core.ranks import Ranks
 from fic.data.sources import InstancesSection, ShardedInstances, describe_loaded, load_sharded
 from fic.data.views import VIEWS, check_views
-from fic.evaluation.metrics import summarize
+from fic.evaluation.metrics import record_problem, summarize
 from fic.evaluation.report import write_report
 from fic.sandbox import python as sandbox
 from fic.tasks.base import PROMPT_STYLES
@@ -104,7 +99,8 @@ class EvalConfig:
                            "classifier's prompts): fic, FiC's own; lic, Lost in Conversation's verbatim (its "
                            "system prompts, Q:/A: and schema frames, shuffle-concat shuffling every shard). What "
                            "still differs under lic: docs/evaluation.md.", choices=PROMPT_STYLES)
-    runs: int = setting(1, "N: conversations per instance and view (LiC uses 10 at temperature 1.0).", min=1)
+    runs: int = setting(1, "N: conversations per instance and view (LiC uses 10 at temperature 1.0).", min=1,
+                        max=MAX_REPEATS)
     temperature: float = setting(0.0, "Assistant sampling temperature (0: greedy).", min=0.0)
     top_p: float = setting(1.0, "Assistant nucleus sampling threshold.", min=0.0, max=1.0)
     max_new_tokens: int = setting(384, "Most tokens of one assistant reply.", min=1)
@@ -117,7 +113,8 @@ class EvalConfig:
     out: str = setting("runs/eval", "Output folder; re-running into it resumes.")
     seed: int = setting(0, "Seed of sampling (per call) and of the shuffle-concat order.")
     batch_size: int = setting(64, "Most conversations advanced by one generation call (the backend splits "
-                              "a call further into micro-batches of model.batch_size).", min=1)
+                              "a call further into micro-batches of model.batch_size).", min=1,
+                              max=MAX_BATCH)
     sandbox: str = setting("default", "Where model-written code runs (the code task): bubblewrap, or rlimits, the "
                            "weaker fallback without namespaces, warned about in the run's first lines, report and "
                            "metrics.json; default: FIC_SANDBOX if set, else bubblewrap (a run refuses to start where "
@@ -266,11 +263,40 @@ def load_data(cfg: EvalConfig) -> ShardedInstances:
     return loaded
 
 
+def saved_conversations(log_path: Path) -> dict[tuple, dict]:
+    """The conversations a folder holds, by (task_id, view, run), each checked before any is
+    replayed or summed: a record of the wrong shape (a string score, a run that is no number) is
+    one line naming the file and its line, not a traceback after the rest has played."""
+    done = {}
+    for line, record in read_numbered_log(log_path):
+        problem = record_problem(record)
+        if problem is None and (isinstance(record.get("run"), bool) or not isinstance(record.get("run"), int)):
+            problem = f"field 'run': expected a run number, got {record.get('run')!r:.40}"
+        if problem is not None:
+            raise FicError(f"line {line}: {problem}; this saved conversation cannot be resumed (delete the line to "
+                           "play it again, or use another out=)", path=str(log_path))
+        done[(record["task_id"], record["view"], record["run"])] = record
+    return done
+
+
+def replay_note(backends: list[Any]) -> str | None:
+    """What a resume can promise when a local model computes in 16 bits: a row's bf16 logits depend
+    on the rows batched with it (the shapes change the rounding), so replies played after a resume,
+    or with another batch_size, may differ from an unbroken run's; in float32 they do not."""
+    for backend in backends:
+        dtype = str(getattr(getattr(backend, "model", None), "dtype", "")).removeprefix("torch.")
+        if dtype in ("bfloat16", "float16"):
+            return (f"resuming with {dtype} weights: a row's logits depend on the rows batched with it, so the "
+                    "replies played from here may differ from those an unbroken run would have drawn; replies are "
+                    "reproducible across a resume or another batch_size in float32 only (model.dtype=float32)")
+    return None
+
+
 def plan(cfg: EvalConfig) -> str:
     """The start line of a run of `cfg` (`fic eval --dry-run`): the data read, the conversations
     an output folder already holds counted; no model loads, and what the run's start would refuse
     is refused (the out folder, a folder of another config's conversations, a model folder that is
-    not there, a missing extra, the sandbox)."""
+    not there, a missing extra, the sandbox, a saved conversation of the wrong shape)."""
     out = Path(cfg.out)
     check_writable(out, folder=True, field="out")
     loaded = load_data(cfg)
@@ -281,7 +307,7 @@ def plan(cfg: EvalConfig) -> str:
         with sandbox.use_mode("" if cfg.sandbox == "default" else cfg.sandbox):
             sandbox.check_mode()
     log_path = out / LOG_NAME
-    played = {(r["task_id"], r["view"], r["run"]) for r in read_log(log_path)} if log_path.is_file() else set()
+    played = set(saved_conversations(log_path)) if log_path.is_file() else set()
     return start_line(cfg, loaded, played)
 
 
@@ -444,7 +470,7 @@ def _evaluate(cfg: EvalConfig, out: Path, assistant: Any, user_backend: Any, cla
         out.mkdir(parents=True, exist_ok=True)
         check_resume(out, cfg, instances)
         write_text(out / CONFIG_NAME, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
-        played = {(r["task_id"], r["view"], r["run"]): r for r in read_log(log_path)}
+        played = saved_conversations(log_path)
         print(start_line(cfg, loaded, set(played)), flush=True)  # stdout: stderr is for the one-line error
         return played
 
@@ -459,6 +485,9 @@ def _evaluate(cfg: EvalConfig, out: Path, assistant: Any, user_backend: Any, cla
                                         "classifier": classifier_backend, "judge": judge_backend})
         user = make_user(cfg.user.kind, backends["user"], temperature=cfg.user.temperature,
                          max_new_tokens=cfg.user.max_new_tokens) if cfg.user.kind == "llm" else make_user("verbatim")
+        note = replay_note([backends["assistant"], *([backends["user"]] if cfg.user.kind == "llm" else [])])
+        if done and note and ranks.main:
+            print(f"fic eval: {note}", flush=True)
         classifier = (make_classifier("llm", backends["classifier"], max_new_tokens=cfg.classifier.max_new_tokens,
                                       seed=cfg.seed) if cfg.classifier.kind == "llm" else make_classifier("rule"))
         params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,

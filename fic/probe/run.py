@@ -52,7 +52,16 @@ from fic import tasks
 from fic.backends import check_backend, make_backend
 from fic.conversation.simulator import score_reply
 from fic.core.chat import prompt_ids, user_turn_ids
-from fic.core.config import config_to_dict, differences, resolved_yaml, set_in, setting
+from fic.core.config import (
+    MAX_BATCH,
+    MAX_REPEATS,
+    MAX_RETRIES,
+    config_to_dict,
+    differences,
+    resolved_yaml,
+    set_in,
+    setting,
+)
 from fic.core.errors import FicError
 from fic.core.files import (
     append_jsonl,
@@ -107,7 +116,7 @@ class JudgeSection:
     backend: BackendConfig = setting(BackendConfig(), "The judge model (kind llm only).")
     max_new_tokens: int = setting(96, "Most tokens of one judge answer.", min=1)
     retries: int = setting(2, "Times an unusable judge answer is sent back with what was wrong; then the rule "
-                           "label is used and noted.", min=0)
+                           "label is used and noted.", min=0, max=MAX_RETRIES)
 
 
 @dataclass
@@ -128,7 +137,7 @@ class ProbeConfig:
                                   "only [question; reply]). Replies are always written with it.")
     temperatures: list[float] = setting([0.0, 1.0], "Decoding temperatures of the user turns (0: greedy).")
     samples: int = setting(4, "User turns drawn per instance, perturbation and temperature above 0 (greedy draws "
-                           "one).", min=1)
+                           "one).", min=1, max=MAX_REPEATS)
     top_p: float = setting(1.0, "Nucleus sampling threshold of the user turns.", min=0.0, max=1.0)
     max_new_tokens: int = setting(96, "Most tokens of one user turn.", min=1)
     perturbations: list[str] = setting(list(PERTURBATIONS), "Perturbed replies probed beside the original: "
@@ -144,7 +153,8 @@ class ProbeConfig:
                        "settings (else refused); the judge may change.")
     seed: int = setting(0, "Seed of the sampled user turns and of the per-instance question pick.")
     batch_size: int = setting(64, "Most prompts per generation call for replies and greedy user turns (the "
-                              "backend splits further into model.batch_size).", min=1)
+                              "backend splits further into model.batch_size).", min=1,
+                              max=MAX_BATCH)
 
     def check(self, source: str) -> None:
         def bad(message: str, field: str) -> FicError:

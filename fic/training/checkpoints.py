@@ -8,6 +8,10 @@ written last. A checkpoint is
 written under a temporary name and renamed, so a kill at any moment leaves either a complete
 checkpoint or none; folders without the marker are never resumed from.
 
+No checkpoint folder is written, rotated or deleted through a link (a `checkpoints` or `step-N`
+link is refused, the target untouched), and rotation deletes only the checkpoints this run's
+folder made (their `.fic-run` marker holds the token of `out`; `fic.core.files.run_token`).
+
 Resuming refuses settings that change what the saved state means (each recipe lists them in
 its `MUST_MATCH`), a different data file, or a different number of processes, and names the
 settings that changed but may (learning rate, logging, ...).
@@ -24,8 +28,21 @@ from typing import Any, Callable, Iterator, Sequence
 
 from fic import __version__
 from fic.core.config import config_to_dict, flatten
-from fic.core.errors import FicError
-from fic.core.files import publish_folder, read_json, unlock_folder, write_json, write_text
+from fic.core.errors import FicError, sigterm_note
+from fic.core.files import (
+    RUN_MARKER,
+    check_no_link,
+    guard_out,
+    make_folder,
+    owned,
+    publish_folder,
+    read_json,
+    remove_folder,
+    run_token,
+    unlock_folder,
+    write_json,
+    write_text,
+)
 from fic.core.model import CHECKPOINT_MODEL, check_model_folder
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
@@ -46,11 +63,16 @@ def step_of(path: Path) -> int | None:
 
 
 def complete_checkpoints(out: Path) -> list[Path]:
-    """Finished checkpoints, oldest first (folders without the `complete` marker are skipped)."""
+    """Finished checkpoints, oldest first (folders without the `complete` marker are skipped). A
+    link at `checkpoints` or at a `step-N` is a `FicError`: the run would write through it."""
     folder = checkpoint_dir(out)
+    check_no_link(folder, root=out)
     if not folder.is_dir():
         return []
-    found = [p for p in folder.iterdir() if p.is_dir() and step_of(p) is not None and (p / "complete").is_file()]
+    steps = [p for p in folder.iterdir() if step_of(p) is not None]
+    for path in steps:
+        check_no_link(path, root=out)
+    found = [p for p in steps if p.is_dir() and (p / "complete").is_file()]
     return sorted(found, key=step_of)
 
 
@@ -90,15 +112,21 @@ def save_checkpoint(accelerator: Any, out: Path, step: int, state: dict, *, keep
     check_finite_weights(accelerator, f"at step {step}")
     final = checkpoint_dir(out) / f"step-{step}"
     tmp = checkpoint_dir(out) / f".step-{step}.tmp"
+    guard_out(out)  # every rank: no folder below `out` is written through a link
     if accelerator.is_main_process:
+        token = run_token(out)
+        make_folder(checkpoint_dir(out), token=token)
         for stale in checkpoint_dir(out).glob(".step-*.tmp"):  # left by a run killed while writing
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp.mkdir(parents=True)
+            if owned(stale, token):
+                remove_folder(stale, token)
+        make_folder(tmp, token=token)
     accelerator.wait_for_everyone()
     kwargs = {}
     if lora and accelerator.distributed_type == DistributedType.DEEPSPEED:
         kwargs["exclude_frozen_parameters"] = True
-    with _removed_on_failure(accelerator, tmp, f"checkpoint step-{step}"):
+    with _removed_on_failure(accelerator, tmp, f"checkpoint step-{step}"), sigterm_note(
+            f"while writing checkpoint step-{step}: its partial copy is removed at the next save; resume=true "
+            "continues from the last complete checkpoint"):
         accelerator.save_state(str(tmp), safe_serialization=True, **kwargs)
         if cfg is not None and cfg.checkpoint.model_folder:  # every rank: ZeRO-3 gathers the weights
             write_model_folder(accelerator, accelerator._models[0], cfg, tmp / CHECKPOINT_MODEL,
@@ -111,8 +139,10 @@ def save_checkpoint(accelerator: Any, out: Path, step: int, state: dict, *, keep
             write_text(tmp / "complete", f"step {step}\n")
             publish_folder(tmp, final)
     if accelerator.is_main_process:
-        for old in complete_checkpoints(out)[:-keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
+        # A checkpoint this folder's runs did not make (one copied in, or written before FiC marked
+        # its folders) is not this run's to delete: it is kept.
+        for old in [p for p in complete_checkpoints(out) if owned(p, token)][:-keep_last]:
+            remove_folder(old, token)
     accelerator.wait_for_everyone()
     return final
 
@@ -145,7 +175,7 @@ def _removed_on_failure(accelerator: Any, tmp: Path, what: str) -> Iterator[None
         yield
     except BaseException as err:
         full = isinstance(err, Exception) and disk_full(err, tmp.parent)
-        if accelerator.is_main_process:
+        if accelerator.is_main_process and not os.path.islink(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
         if full:
             raise FicError(f"no space left on the device while writing {what}; the partial copy was removed. Free "
@@ -272,12 +302,13 @@ def save_final(accelerator: Any, loss_model: Any, cfg: Any, out: Path, card: Cal
     the trained network."""
     check_finite_weights(accelerator, "at the end of training")
     final, tmp = out / "final", out / ".final.tmp"
+    guard_out(out)
     if accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _fresh_temporary(out, tmp)
     with _removed_on_failure(accelerator, tmp, "the final model"):
         write_model_folder(accelerator, loss_model, cfg, tmp, card("LoRA adapter" if cfg.lora.enabled else "full model"))
         if accelerator.is_main_process:
-            publish_folder(tmp, final)
+            _publish_model(tmp, final)
     if accelerator.is_main_process:
         if cfg.save_merged:
             from peft import PeftModel
@@ -287,15 +318,29 @@ def save_final(accelerator: Any, loss_model: Any, cfg: Any, out: Path, card: Cal
             base = load_model(cfg.model.path, dtype=cfg.model.weights_dtype, trust_remote_code=cfg.model.trust_remote_code)
             merged = PeftModel.from_pretrained(base, final).merge_and_unload()
             tmp = out / ".final-merged.tmp"
-            shutil.rmtree(tmp, ignore_errors=True)
+            _fresh_temporary(out, tmp)
             with _removed_on_failure(accelerator, tmp, "the merged model"):
                 merged.save_pretrained(tmp, safe_serialization=True)
                 copy_tokenizer(cfg.model.path, tmp)
                 write_text(tmp / "README.md", card("LoRA merged into the base model"))
-                publish_folder(tmp, out / "final-merged")
+                _publish_model(tmp, out / "final-merged")
         unlock_folder(out)  # taken by `fic.training.loop.make_accelerator`
     accelerator.wait_for_everyone()
     return final
+
+
+def _fresh_temporary(out: Path, tmp: Path) -> None:
+    """An empty temporary folder `tmp` in `out`, marked as this run's; a stale one of an earlier
+    run into `out` (killed while writing) is deleted first."""
+    token = run_token(out)
+    remove_folder(tmp, token)
+    make_folder(tmp, token=token)
+
+
+def _publish_model(tmp: Path, final: Path) -> None:
+    """Publish a model folder without FiC's marker: it is the user's to load, copy and upload."""
+    (tmp / RUN_MARKER).unlink(missing_ok=True)
+    publish_folder(tmp, final)
 
 
 def model_card(cfg: Any, *, title: str, tags: Sequence[str], summary: str, facts: Sequence[str], kind: str) -> str:

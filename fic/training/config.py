@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fic.core.config import setting
+from fic.core.config import MAX_ACCUMULATION, MAX_BATCH, MAX_EPOCHS, MAX_RANK, MAX_REPEATS, MAX_STEPS, setting
 from fic.core.errors import FicError, one_line
 from fic.core.optional import installed, missing
 
@@ -41,7 +41,7 @@ class ModelSection:
 @dataclass
 class LoraSection:
     enabled: bool = setting(False, "Train a LoRA adapter (PEFT) instead of all weights.")
-    r: int = setting(16, "LoRA rank.", min=1)
+    r: int = setting(16, "LoRA rank.", min=1, max=MAX_RANK)
     alpha: int = setting(32, "LoRA alpha (the update is scaled by alpha / r).", min=1)
     dropout: float = setting(0.05, "Dropout on the LoRA input.", min=0.0, max=1.0)
     target_modules: list[str] = setting(DEFAULT_LORA_TARGETS, "Module names that get adapters "
@@ -54,7 +54,7 @@ class OptimSection:
     weight_decay: float = setting(0.0, "AdamW weight decay, on matrices only (not biases and norms).", min=0.0)
     betas: list[float] = setting([0.9, 0.999], "AdamW betas.")
     eps: float = setting(1e-8, "AdamW epsilon.", min=0.0)
-    warmup_steps: int = setting(0, "Optimizer steps of linear warm-up.", min=0)
+    warmup_steps: int = setting(0, "Optimizer steps of linear warm-up.", min=0, max=MAX_STEPS)
     schedule: str = setting("cosine", "Learning-rate decay after warm-up.", choices=("constant", "linear", "cosine"))
     min_lr_ratio: float = setting(0.0, "Final learning rate as a share of lr (linear and cosine).", min=0.0, max=1.0)
     max_grad_norm: float = setting(1.0, "Clip the gradient norm to this (0: no clipping).", min=0.0)
@@ -62,10 +62,14 @@ class OptimSection:
 
 @dataclass
 class TrainSection:
-    max_steps: int | None = setting(None, "Optimizer steps to run; null: derived from epochs (SFT only).", min=1)
-    epochs: float = setting(1.0, "Passes over the data when max_steps is null (SFT only).", min=0.0)
-    micro_batch_size: int = setting(4, "Conversations per forward pass on each process.", min=1)
-    grad_accum_steps: int = setting(1, "Micro-batches per optimizer step on each process.", min=1)
+    max_steps: int | None = setting(None, "Optimizer steps to run; null: derived from epochs (SFT only).", min=1,
+                                     max=MAX_STEPS)
+    epochs: float = setting(1.0, "Passes over the data when max_steps is null (SFT only).", min=0.0,
+                           max=MAX_EPOCHS)
+    micro_batch_size: int = setting(4, "Conversations per forward pass on each process.", min=1,
+                                   max=MAX_BATCH)
+    grad_accum_steps: int = setting(1, "Micro-batches per optimizer step on each process.", min=1,
+                                   max=MAX_ACCUMULATION)
     seed: int = setting(0, "Seed of weight init (LoRA), dropout and every other random draw.")
     mixed_precision: str = setting("auto", "auto: what the accelerate launch config says, else bf16 autocast when "
                                    "model.dtype is auto and bf16 is fast here, else none. no: compute in the "
@@ -80,7 +84,8 @@ class TrainSection:
                                    "(0: to its longest row). bf16 on a CPU (oneDNN) keeps kernels and buffers for "
                                    "every new matrix shape, so unpadded widths make memory grow step after step: "
                                    "the bundled model's SFT grew 55 MB a step, and 8 with 64 at the same step time "
-                                   "(docs/performance.md). The padding is masked and trains nothing.", min=0)
+                                   "(docs/performance.md). The padding is masked and trains nothing.", min=0,
+                                   max=MAX_ACCUMULATION)
     collective_timeout_s: float = setting(1800.0, "The watchdog of a multi-process run: a collective (all-reduce, "
                                           "a ZeRO-3 weight gather) that waits longer than this for the other ranks "
                                           "ends the run with one line naming the rank and the phase it was in, "
@@ -92,8 +97,8 @@ class TrainSection:
 @dataclass
 class CheckpointSection:
     every: int = setting(100, "Write a resumable checkpoint every this many optimizer steps (0: none), and "
-                         "at the last step.", min=0)
-    keep_last: int = setting(2, "Checkpoints kept; older ones are deleted.", min=1)
+                         "at the last step.", min=0, max=MAX_STEPS)
+    keep_last: int = setting(2, "Checkpoints kept; older ones are deleted.", min=1, max=MAX_REPEATS)
     model_folder: bool = setting(True, "Also write step-N/model/, the model as a Hugging Face folder (config, "
                                  "weights or the LoRA adapter, tokenizer): AutoModelForCausalLM.from_pretrained and "
                                  "`fic eval model.model=OUT/checkpoints/step-N` load it. It holds the weights a "
@@ -108,7 +113,7 @@ class LoggingSection:
     mode: str = setting("offline", "wandb mode unless the WANDB_MODE environment variable says otherwise; "
                         "offline runs can be uploaded later with `wandb sync`.", choices=("offline", "online"))
     log_every: int = setting(1, "Send metrics to wandb every this many steps (metrics.jsonl gets every step).",
-                             min=1)
+                             min=1, max=MAX_STEPS)
     progress: bool = setting(True, "Show a progress bar on a terminal; elsewhere (a log file, a batch job) "
                              "print a progress line every logging.print_every_s seconds.")
     print_every_s: float = setting(60.0, "Seconds between progress lines when the output is not a terminal.",

@@ -15,7 +15,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 
-from fic.core.chat import render_chat
+from fic.core.chat import record_error, render_chat
 from fic.core.errors import FicError
 from fic.core.files import read_records
 
@@ -61,7 +61,7 @@ def render_examples(records: Sequence[dict], tokenizer: Any, max_seq_len: int, s
         try:
             rendered = render_chat(tokenizer, messages)
         except FicError as err:
-            raise FicError(err.message, path=source, record=number, field=err.field or "messages") from None
+            raise record_error(err, source, number) from None
         mask = rendered.assistant_mask
         if targets == "non_final":
             mask = [a and not f for a, f in zip(rendered.assistant_mask, rendered.final_mask)]

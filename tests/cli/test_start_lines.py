@@ -98,21 +98,23 @@ def test_probe_dry_run_and_start_line(tmp_path, capsys, no_model_loads):
 def test_keys_with_a_config_show_the_values_this_run_uses(capsys):
     assert main(["eval", "--config", f"{RECIPES}/eval.yaml", "runs=3", "--keys"]) == 0
     text = capsys.readouterr().out
-    assert f"data.limit (an integer or null, default None; this run: 8, set in {RECIPES}/eval.yaml)" in text
-    assert "runs (an integer, default 1; this run: 3, set on the command line)" in text
-    assert "temperature (a number, default 0.0; this run: 0.0, set in" in text
+    assert (f"data.limit (an integer or null, default None, 1 to 10,000,000; this run: 8, set in "
+            f"{RECIPES}/eval.yaml)") in text
+    assert "runs (an integer, default 1, 1 to 1,000; this run: 3, set on the command line)" in text
+    assert "temperature (a number, default 0.0, at least 0; this run: 0.0, set in" in text
     assert main(["eval", "--keys"]) == 0  # without a config: the defaults alone
     assert "this run" not in capsys.readouterr().out
     # a section's defaults are those its config declares: sft-data reads 1000 instances, not all
     assert main(["sft-data", "--keys"]) == 0
-    assert "data.limit (an integer or null, default 1000)" in capsys.readouterr().out
+    assert "data.limit (an integer or null, default 1000, 1 to 10,000,000)" in capsys.readouterr().out
 
 
 def test_demo_keys_and_dry_run_show_demo_yaml_s_values(tmp_path, capsys, no_model_loads):
     assert main(["demo", "--keys"]) == 0
     text = capsys.readouterr().out
-    assert f"data.test (an integer, default 128; this run: 256, set in {RECIPES}/demo.yaml)" in text
-    assert f"sft.train.max_steps (an integer or null, default None; this run: 207, set in {RECIPES}/demo.yaml)" in text
+    assert f"data.test (an integer, default 128, 1 to 10,000,000; this run: 256, set in {RECIPES}/demo.yaml)" in text
+    assert (f"sft.train.max_steps (an integer or null, default None, 1 to 10,000,000; this run: 207, set in "
+            f"{RECIPES}/demo.yaml)") in text
     out = tmp_path / "demo"
     assert main(["demo", f"out={out}", "data.test=16", "--dry-run"]) == 0
     printed = capsys.readouterr().out

@@ -256,3 +256,55 @@ def test_continue_ids_ignores_how_a_noisy_reply_would_retokenise(smollm2_tokeniz
     clean = opening + [{"role": "assistant", "content": "Hello there"}]
     clean_ids = prompt_ids(tok, opening) + tok("Hello there", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     assert continued[len(ids):] == continue_ids(tok, clean, clean_ids, [follow_up])[len(clean_ids):]
+
+
+# --------------------------------------------------------------------------- a template is bounded code
+
+def test_a_template_that_loops_is_stopped_at_the_time_bound_naming_its_folder(tokenizers, monkeypatch):
+    import time
+
+    from fic.core import chat
+
+    monkeypatch.setattr(chat, "RENDER_SECONDS", 0.5)
+    tokenizer = copy.deepcopy(tokenizers["smollm2"])
+    tokenizer.chat_template = ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+                               "{{ messages[0]['content'] }}")
+    began = time.monotonic()
+    with pytest.raises(TemplateError, match="did not render a conversation of 7 messages within 0.5 s") as err:
+        render_chat(tokenizer, CONVERSATION)
+    assert time.monotonic() - began < 5  # ran until killed before
+    assert err.value.path == tokenizer.name_or_path and err.value.path
+    assert render_chat(tokenizers["smollm2"], CONVERSATION).input_ids  # the timer is gone: the next render is plain
+
+
+def test_a_template_whose_output_is_over_the_bound_is_refused_before_the_tokenizer_reads_it(tokenizers, monkeypatch):
+    from fic.core import chat
+
+    monkeypatch.setattr(chat, "MAX_RENDER_CHARS", 10_000)
+    tokenizer = copy.deepcopy(tokenizers["smollm2"])
+    tokenizer.chat_template = "{% for i in range(1000) %}{{ 'x' * 100 }}{% endfor %}"
+    monkeypatch.setattr(type(tokenizer), "__call__", lambda *a, **k: pytest.fail("the tokenizer read it"))
+    with pytest.raises(TemplateError, match="as 100,000 characters, more than the 10,000 FiC reads") as err:
+        render_chat(tokenizer, CONVERSATION)
+    assert err.value.path == tokenizer.name_or_path
+
+
+def test_a_recursive_template_names_the_model_folder_and_the_record_it_was_rendering(tiny_model_dir, tmp_path,
+                                                                                         capsys):
+    import json
+    import shutil
+
+    from fic.cli.main import main
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, folder)
+    (folder / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = "{% macro f(x) %}{{ f(x) }}{% endmacro %}{{ f(1) }}"
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    data = tmp_path / "sft.jsonl"
+    data.write_text(json.dumps({"messages": CONVERSATION}) + "\n")
+    assert main(["masks", "--model", str(folder), "--data", str(data)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"fic masks: error: {folder}: the chat template cannot render this conversation")
+    assert err.endswith(f"(rendering record 1 of {data})") and len(err.splitlines()) == 1

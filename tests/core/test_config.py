@@ -291,3 +291,27 @@ def test_the_issue_s_values_are_refused_at_load_time_naming_the_field():
         with pytest.raises(FicError, match=f"field '{override.split('=')[0]}': expected a value {re.escape(needle)}"):
             load_config(config_class(path), None, [override])
     load_config(config_class("fic.train_sft:SFTConfig"), None, ["train.seed=4294967295", "model.path=x"])
+
+
+@pytest.mark.parametrize("text,field,what", [
+    ("model: m\n1: x\n", "1", "an integer (1)"),
+    ("model: m\nyes: x\n", "true", "true (YAML reads yes, no, on and off as true or false)"),
+    ("model: m\noptim:\n  2.5: x\n", "optim.2.5", "a number (2.5)"),
+    ("model: m\nviews: [{a: {null: 1}}]\n", "views[0].a.null", "null"),
+    ("model: m\noptim: {lr: 0.1, 3: x, schedule: cosine}\n", "optim.3", "an integer (3)"),
+])
+def test_a_key_that_is_no_string_at_any_depth_is_one_line_naming_its_path(tmp_path, text, field, what):
+    """An integer or `yes:` key was a TypeError while naming the unknown key (and a sort of mixed keys)."""
+    with pytest.raises(FicError) as err:
+        load_config(Example, write(tmp_path, text))
+    assert str(err.value) == f"{tmp_path / 'c.yaml'}: field '{field}': keys must be strings; got {what}: quote the key"
+
+
+def test_a_data_section_file_with_an_integer_key_names_that_file(tmp_path, capsys):
+    from fic.cli.main import main
+
+    data = tmp_path / "bench.yaml"
+    data.write_text("source: [gsm8k]\nfields:\n  question: problem\n  7: answer\n")
+    assert main(["eval", f"data={data}", "model.model=m", "--dry-run"]) == 2
+    assert capsys.readouterr().err.strip() == (f"fic eval: error: {data}: field 'fields.7': keys must be strings; got "
+                                               "an integer (7): quote the key")

@@ -1,4 +1,6 @@
-"""SIGTERM ends a run within seconds, even inside a long native call of a training step."""
+"""SIGTERM ends a run within the documented bound (`SIGTERM_BOUND_S`, 3 s), even inside a long
+native call, with one line that says what the cut-short block loses, and runs the cleanups
+registered for it (a new output folder holding no finished work is removed)."""
 
 from __future__ import annotations
 
@@ -10,15 +12,21 @@ import time
 
 import pytest
 
+from fic.core.errors import SIGTERM_BOUND_S, STEP_NOTE
+
 SCRIPT = """
 import sys, time, torch
-from fic.core.errors import cut_short_on_sigterm, exit_status
+from pathlib import Path
+from fic.core.errors import cut_short_on_sigterm, exit_status, sigterm_note
+from fic.core.files import removed_if_failed
 
 def run():
     a = torch.randn(3000, 3000)
-    print("ready", flush=True)
-    with cut_short_on_sigterm() if sys.argv[1] == "step" else open(__file__):
-        torch.linalg.matrix_power(a, 2 ** 40)  # one native call of 40+ products: no bytecode runs meanwhile
+    with removed_if_failed(Path(sys.argv[2]) / "new" / "out"):
+        (Path(sys.argv[2]) / "new" / "out").mkdir(parents=True)
+        print("ready", flush=True)
+        with cut_short_on_sigterm() if sys.argv[1] == "step" else sigterm_note(None):
+            torch.linalg.matrix_power(a, 2 ** 40)  # one native call of 40+ products: no bytecode runs meanwhile
     print("finished", flush=True)
 
 sys.exit(exit_status("fic test", run))
@@ -27,26 +35,26 @@ sys.exit(exit_status("fic test", run))
 
 @pytest.mark.slow  # a process that computes for seconds
 @pytest.mark.parametrize("where", ["step", "outside"])
-def test_sigterm_ends_a_long_native_call_in_a_step_within_seconds(where, tmp_path):
-    """Inside a step (`cut_short_on_sigterm`) the watchdog ends the process 3 s after SIGTERM, with
-    status 143 and one line; outside one, the usual handler waits for the call to return."""
+def test_sigterm_ends_a_long_native_call_within_the_bound(where, tmp_path):
+    """In a step the line says the step is lost and how to resume; outside one, the verb's own
+    line. Before, outside a step the process ran on until the native call returned."""
     script = tmp_path / "long.py"
     script.write_text(SCRIPT)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, str(script), where], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env)
+    proc = subprocess.Popen([sys.executable, str(script), where, str(tmp_path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
     assert proc.stdout.readline().strip() == "ready"
     time.sleep(1.0)
     sent = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     try:
-        out, err = proc.communicate(timeout=15 if where == "step" else 4)
+        out, err = proc.communicate(timeout=15)
     except subprocess.TimeoutExpired:
         proc.kill()
-        out, err = proc.communicate()
-        assert where == "outside", "SIGTERM did not end the step within 15 s"
-        return  # outside a step the native call runs on (it would end at its end, as before)
+        proc.communicate()
+        raise AssertionError("SIGTERM did not end the native call within 15 s") from None
     took = time.monotonic() - sent
-    assert where == "step" and proc.returncode == 143 and took < 10
-    assert "finished" not in out and "terminated (SIGTERM) in the middle of a step" in err
-    assert len(err.strip().splitlines()) == 1
+    assert proc.returncode == 143 and took < SIGTERM_BOUND_S + 1.0  # the bound, and a loaded machine's scheduling
+    assert "finished" not in out
+    assert err.strip().splitlines() == ["fic test: terminated (SIGTERM)" + (f"; {STEP_NOTE}" if where == "step" else "")]
+    assert not (tmp_path / "new").exists()  # the watchdog ran the run's cleanups: no new folder is left

@@ -288,14 +288,14 @@ def test_a_local_jsonl_nested_too_deeply_for_pyarrow_is_one_line_not_a_segfault(
 
 
 def test_a_local_record_over_the_bound_is_refused_before_pyarrow(tmp_path, monkeypatch):
-    from fic.data import hub
+    from fic.data import formats
 
-    monkeypatch.setattr(hub, "MAX_RECORD_BYTES", 1000)
+    monkeypatch.setattr(formats, "MAX_RECORD_BYTES", 1000)
     path = tmp_path / "big.jsonl"
     path.write_text(json.dumps({"question": "q", "answer": "#### 1"}) + "\n"
                     + json.dumps({"question": "x" * 2000, "answer": "#### 2"}) + "\n")
     monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: pytest.fail("pyarrow was asked to read it"))
-    with pytest.raises(FicError, match="line 2 is 0 MiB, more than the 0 MiB FiC reads as one record"):
+    with pytest.raises(FicError, match="line 2 is 0.0 MiB, more than the 0 MiB FiC reads as one record"):
         load_source(f"hf:{path}", "math")
 
 

@@ -110,6 +110,9 @@ WALK = {
     "bench vasd": {
         "out": None, "no_output": "prints figures; writes no file",
         "input": ["--model", "{bad}", "--memory-tokens", "0"], "input_kind": "folder"},
+    "bench sigterm": {
+        "out": None, "no_output": "prints figures; its runs write into a temporary folder it removes",
+        "input": ["--model", "{bad}"], "input_kind": "folder"},
     "bench zero": {
         "out": ["--stage", "2", "--tokenizer", "{missing}", "--work", "{out}/run"],
         "input": ["--stage", "2", "--tokenizer", "{bad}", "--work", "{tmp}/run"], "input_kind": "folder"},

@@ -553,3 +553,54 @@ def test_a_sampled_eval_resumed_or_played_in_other_chunks_draws_the_same_replies
     assert len(expected) == 18 and replies(chunked) == expected and replies(resumed) == expected
     # Sampled, not greedy: the two runs of a conversation drew different first replies.
     assert any(expected[(i, v, 0)][0][0] != expected[(i, v, 1)][0][0] for i, v, _ in expected)
+
+
+@pytest.mark.parametrize("field,value,needle", [
+    ("score", "1", "field 'score': expected a number from 0 to 1, got '1'"),
+    ("run", "0", "field 'run': expected a run number, got '0'"),
+    ("turns", {"a": 1}, "field 'turns': expected a list of turn objects"),
+])
+def test_a_saved_record_of_the_wrong_type_is_refused_at_resume_before_any_replay(lic_file, tmp_path, tiny_model_dir,
+                                                                                  tiny_backend, field, value, needle):
+    """A string score in a saved conversation was a ValueError in the metrics after every other
+    conversation had been played again."""
+    out = tmp_path / "run"
+    cfg = config(lic_file, out, tiny_model_dir, "views=[full]", "runs=1")
+    evaluate(cfg, assistant=tiny_backend, progress=False)
+    records = log(out)[:2]  # the third is left to play again
+    records[0][field] = value
+    (out / "conversations.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    resumed = Counting(tiny_backend)
+    with pytest.raises(FicError) as err:
+        evaluate(cfg, assistant=resumed, progress=False)
+    assert str(err.value).startswith(f"{out / 'conversations.jsonl'}: line 1: {needle}")
+    assert "cannot be resumed" in str(err.value) and resumed.calls == 0  # refused before any reply was played
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_resume_says_what_it_promises_in_each_dtype(lic_file, tmp_path, tiny_model_dir, dtype, capsys):
+    """float32: a resumed sampled run draws exactly the replies of an unbroken one (and says nothing);
+    bfloat16: a row's logits depend on its batch-mates, so the resume says that its replies may
+    differ and that they are reproducible in float32 only (docs/evaluation.md says the same)."""
+    from fic.backends import make_backend
+    from fic.core.generation import BackendConfig
+
+    backend = make_backend(BackendConfig(model=str(tiny_model_dir), device="cpu", batch_size=32, dtype=dtype))
+    whole = tmp_path / "whole"
+    evaluate(config(lic_file, whole, tiny_model_dir, "batch_size=32"), assistant=backend, progress=False)
+    resumed = tmp_path / "resumed"
+    cfg = config(lic_file, resumed, tiny_model_dir, "batch_size=4")
+    with pytest.raises(KeyboardInterrupt):
+        evaluate(cfg, assistant=Counting(backend, fail_after=6), progress=False)
+    capsys.readouterr()
+    evaluate(cfg, assistant=backend, progress=False)
+    said = capsys.readouterr().out
+    note = ("fic eval: resuming with bfloat16 weights: a row's logits depend on the rows batched with it, so the replies "
+            "played from here may differ from those an unbroken run would have drawn; replies are reproducible across "
+            "a resume or another batch_size in float32 only (model.dtype=float32)")
+    if dtype == "float32":
+        assert "resuming with" not in said
+        assert untimed(log(resumed)) != [] and sorted(map(json.dumps, untimed(log(resumed)))) == \
+            sorted(map(json.dumps, untimed(log(whole))))
+    else:
+        assert note in said.splitlines()

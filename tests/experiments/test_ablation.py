@@ -12,6 +12,8 @@ import pytest
 import yaml
 from tiny_demo import RECIPES, small
 
+from fic.core import files
+from fic.core.errors import FicError
 from fic.demo.run import load_demo
 
 pytestmark = [pytest.mark.usefixtures("fresh_accelerate_state"), pytest.mark.slow]  # as the demo's own tests
@@ -86,11 +88,19 @@ def test_the_ablation_resumes_a_killed_variant_from_its_checkpoint_and_restarts_
     assert json.loads((killed / "trained.json").read_text()) == spent
 
     early = tmp_path / "early" / "train"
+    files.make_folder(early, token=files.run_token(early.parent))  # made by an earlier call, as `train` makes it
     (early / "checkpoints" / "step-2").mkdir(parents=True)  # no `complete` marker: a half-written checkpoint
     (early / "metrics.jsonl").write_text("{}\n")
     spent = ablation.train("vasd", config, early, progress=False)
     assert "resume=false" in commands[-1] and not (early / "metrics.jsonl").exists()
     assert "estimated" not in spent
+
+    users = tmp_path / "users" / "train"  # the same, but a folder of the user's: refused, not deleted
+    users.mkdir(parents=True)
+    (users / "notes.txt").write_text("mine")
+    with pytest.raises(FicError, match="is in the way: FiC did not make this folder") as err:
+        ablation.train("vasd", config, users, progress=False)
+    assert err.value.path == str(users) and (users / "notes.txt").read_text() == "mine"
 
     assert ablation.train("vasd", config, killed, progress=False) == json.loads((killed / "trained.json").read_text())
     assert len(commands) == 2  # a finished variant is not trained again

@@ -688,9 +688,9 @@ def test_top_k_above_the_vocabulary_and_adapter_folders_are_refused_early(tiny_m
                                                                           monkeypatch):
     from fic.training import loop
     monkeypatch.setattr(loop, "build_model", lambda *a, **k: pytest.fail("a model was loaded"))
-    with pytest.raises(FicError, match="top_k 99999999 is not below the vocabulary"):
+    with pytest.raises(FicError, match="top_k 999999 is not below the vocabulary"):
         train(load_config(VASDConfig, None, settings(tiny_model_dir, anchor_corpus, tmp_path / "a", "train.max_steps=1",
-                                                      "loss.estimator=topk", "loss.top_k=99999999")))
+                                                      "loss.estimator=topk", "loss.top_k=999999")))
     adapter = tmp_path / "adapter"
     adapter.mkdir()
     (adapter / "adapter_config.json").write_text("{}")

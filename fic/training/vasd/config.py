@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fic.conversation.users import UserSimulatorSection
-from fic.core.config import setting
+from fic.core.config import MAX_BATCH, MAX_MIB, MAX_REPEATS, MAX_STEPS, MAX_VOCAB, setting
 from fic.core.errors import FicError
 from fic.data.sources import InstancesSection
 from fic.data.splits import ExcludeSection
@@ -41,9 +41,10 @@ class RolloutSection:
                                   min=1)
     max_conversation_tokens: int = setting(4096, "Most tokens of a whole rollout (prompts and replies); a "
                                            "conversation that would grow past it ends early and is left out.", min=16)
-    batch_size: int = setting(16, "Most conversations per generation forward pass (hf).", min=1)
+    batch_size: int = setting(16, "Most conversations per generation forward pass (hf).", min=1,
+                            max=MAX_BATCH)
     kv_reuse_mb: float = setting(1024, "hf: memory for keys and values kept between turns of a rollout (0: off); "
-                                 "cleared after every optimizer step.", min=0)
+                                 "cleared after every optimizer step.", min=0, max=MAX_MIB)
     user: UserSimulatorSection = setting(UserSimulatorSection(), "The simulated user: verbatim shards (default) or an LLM user.")
     gpu_memory_utilization: float = setting(0.3, "vllm: share of GPU memory for the engine; the trainer keeps the "
                                             "rest.", min=0.01, max=1.0)
@@ -75,7 +76,7 @@ class LossSection:
     beta: float = setting(0.5, "jsd: weight of the teacher in the mixture (0.5: symmetric JSD).", min=0.0, max=1.0)
     estimator: str = setting("full", "full: the whole vocabulary (fp32, in chunks); topk: the student's top-k tokens "
                              "plus a tail bucket; sampled: the sampled token only (reverse_kl).", choices=ESTIMATORS)
-    top_k: int = setting(64, "topk: tokens kept per position.", min=1)
+    top_k: int = setting(64, "topk: tokens kept per position.", min=1, max=MAX_VOCAB)
     temperature: float = setting(1.0, "Applied to both sides' logits before the divergence (not rescaled by T^2).",
                                  min=0.01)
     keep_truncated: bool = setting(False, "Distill final replies cut by rollout.max_new_tokens too (they are counted "
@@ -112,7 +113,7 @@ class LabelsSection:
                           "where the task cannot tell), and nothing else: no deferral is taught where the "
                           "request was complete but more was still to come.",
                           choices=("earliest", "premature", "unanswerable"))
-    max_turns: int = setting(1, "Labelled turns per rollout, at most.", min=1)
+    max_turns: int = setting(1, "Labelled turns per rollout, at most.", min=1, max=MAX_REPEATS)
     ask_share: float = setting(0.5, "Share of labels that ask for the next detail rather than defer.", min=0.0,
                                max=1.0)
 
@@ -138,7 +139,8 @@ class RewardSection:
                             "at rollout.temperature (the distribution it was sampled from) weighted by the "
                             "advantage. Untuned; the discount of a premature call follows RLAAR (arXiv 2510.18731).", min=0.0)
     group_size: int = setting(4, "Rollouts of each task per step; it divides train.micro_batch_size x "
-                              "train.grad_accum_steps, so a step plays that many over group_size tasks.", min=2)
+                              "train.grad_accum_steps, so a step plays that many over group_size tasks.", min=2,
+                              max=MAX_BATCH)
     premature_penalty: float = setting(1.0, "An early answer's reward is the final score times 1 - this (1: an "
                                        "early call earns nothing, however the conversation ends).", min=0.0, max=1.0)
     penalize: str = setting("premature", "Which early answers are discounted. premature: any answer attempt before "
@@ -157,7 +159,8 @@ class RegularizerSection:
     kind: str = setting("anchor", "anchor: cross-entropy on SFT-corpus conversations mixed into each batch, on the "
                         "turns anchor_targets names (by default every trained assistant turn); reference: divergence "
                         "to the starting model on the rollouts' earlier replies; both; none.", choices=REGULARIZERS)
-    anchor_share: float = setting(0.5, "Anchor conversations per rollout conversation.", min=0.0)
+    anchor_share: float = setting(0.5, "Anchor conversations per rollout conversation.", min=0.0,
+                                  max=MAX_REPEATS)
     anchor_weight: float = setting(1.0, "Weight of the anchor term next to the distillation term.", min=0.0)
     anchor_targets: str = setting("assistant", "Which SFT-corpus turns the anchor trains: assistant (every trained "
                                   "turn: deferrals, asks and the final answers, so both decisions are kept) or "
@@ -176,7 +179,7 @@ class RegularizerSection:
 class EvalSection:
     every: int = setting(0, "Evaluate the live model before training, every this many steps and at the end (0: "
                          "never): the divergence per answer token on the held-out tasks' greedy rollouts, and "
-                         "`fic eval` of eval.views.", min=0)
+                         "`fic eval` of eval.views.", min=0, max=MAX_STEPS)
     data: InstancesSection = setting(InstancesSection(limit=32), "Held-out instances, with their own seed; they "
                                      "must not overlap the rollout tasks (checked).")
     views: list[str] = setting(["full", "sharded"], f"Views `fic eval` plays, from: {', '.join(VIEWS)} (empty: the "
@@ -187,7 +190,7 @@ class EvalSection:
 @dataclass
 class VASDLoggingSection(LoggingSection):
     samples_every: int = setting(10, "Write sample conversations (samples.jsonl, wandb table) every this many "
-                                 "steps (0: never).", min=0)
+                                 "steps (0: never).", min=0, max=MAX_STEPS)
 
 
 @dataclass
