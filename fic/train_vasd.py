@@ -34,8 +34,8 @@ Each optimizer step (`fic.training.vasd.step.VASDStep`, the one step `fic bench 
 Rollouts are seeded from (seed, step, rank), the data order is a function of the step, and
 checkpoints hold weights, optimizer, RNG and the EMA teacher: losses after a kill and
 `resume=true` equal those of an uninterrupted run. Outputs as `fic/train_sft.py`, plus
-`samples.jsonl` (sample conversations every `logging.samples_every` steps) and `eval/step-N/`
-(a `fic eval` of the live model every `eval.every` steps).
+`samples.jsonl` (sample conversations every `logging.samples_every` steps) and `dev/step-N/`
+(a `fic eval` of the live model every `dev.every` steps).
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def train(cfg: VASDConfig) -> dict:
     out = Path(cfg.out)
 
     def held_out_figures(step: int) -> dict:
-        return evaluate_now(cfg, held_out, vasd, out=out / "eval" / f"step-{step}")
+        return evaluate_now(cfg, held_out, vasd, out=out / "dev" / f"step-{step}")
 
     if held_out and start == 0 and main:  # the point the held-out figures are compared with
         before = held_out_figures(0)
@@ -125,7 +125,7 @@ def train(cfg: VASDConfig) -> dict:
                 for row in rows:
                     append_jsonl(out / "samples.jsonl", {"step": step, "task_id": row[0], "score": row[1],
                                                          "conversation": row[2]})
-        if cfg.eval.every and (step % cfg.eval.every == 0 or step == steps):
+        if cfg.dev.every and (step % cfg.dev.every == 0 or step == steps):
             last.update(held_out_figures(step))
         log.step(step, last, tables)
         state = {"world_size": world, "data_sha256": data_sha, "config": config_to_dict(cfg), "wandb_id": run_id,
@@ -142,22 +142,22 @@ def train(cfg: VASDConfig) -> dict:
 
 
 def evaluate_now(cfg: VASDConfig, held_out: list, vasd: VASDStep, *, out: Path) -> dict:
-    """On the held-out tasks (main process): the divergence per answer token (`eval_divergence_per_token`)
-    and, for each of `eval.views`, a `fic eval` of the live model (`out/eval/step-N/`)."""
+    """On the held-out dev tasks (main process): the divergence per answer token (`dev_divergence_per_token`)
+    and, for each of `dev.views`, a `fic eval` of the live model (`out/dev/step-N/`)."""
     accelerator = vasd.accelerator
     if not accelerator.is_main_process:
         return {}
     vasd.policy.eval()
     with vasd.copy:
-        figures = {"eval_divergence_per_token": held_out_divergence(cfg, held_out, vasd.generator, vasd.tokenizer,
+        figures = {"dev_divergence_per_token": held_out_divergence(cfg, held_out, vasd.generator, vasd.tokenizer,
                                                                     vasd.parts, vasd.loss, device=accelerator.device,
                                                                     autocast=accelerator.autocast,
                                                                     share_prefixes=vasd.share_prefixes)}
     vasd.policy.train()
-    if cfg.eval.views:
-        figures.update(evaluate_live(vasd.policy, vasd.tokenizer, cfg.eval.data, cfg.eval.views,
-                                     max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.rollout.batch_size,
-                                     out=out, prefix="eval_"))
+    if cfg.dev.views:
+        figures.update(evaluate_live(vasd.policy, vasd.tokenizer, cfg.dev.data, cfg.dev.views,
+                                     max_new_tokens=cfg.dev.max_new_tokens, batch_size=cfg.dev.batch_size,
+                                     out=out, prefix="dev_"))
     return figures
 
 
@@ -186,7 +186,7 @@ def start_line(cfg: VASDConfig, instances: list, held_out: list, overlap: dict, 
     per_step = cfg.train.micro_batch_size * cfg.train.grad_accum_steps * world
     anchor = (f"; anchor {cfg.regularizer.anchor_share:g} of each batch from {cfg.regularizer.anchor_path}"
               if cfg.regularizer.kind in ("anchor", "both") else "")
-    evaluated = f"; {len(held_out)} held-out tasks evaluated every {cfg.eval.every} steps" if held_out else ""
+    evaluated = f"; {len(held_out)} held-out dev tasks scored every {cfg.dev.every} steps" if held_out else ""
     return (f"fic train vasd: {read}; {len(instances)} rollout tasks after {overlap['dropped']} evaluation "
             f"instance(s) dropped ({', '.join(cfg.exclude.sources) or 'no exclude.sources named'}); "
             f"{cfg.train.max_steps} steps (train.max_steps{', ' + set_where(where) if where else ''}) of "

@@ -311,7 +311,7 @@ def stage_commands(args: argparse.Namespace, plan: dict, stage: str, layers: int
         overrides += ["data.source=actions-gen:train", "data.task=actions", f"data.limit={rollouts * args.vasd_steps + 16}",
                       "exclude.sources=[]", f"regularizer.anchor_path={corpus}", "rollout.backend=hf",
                       f"rollout.max_new_tokens={args.rollout_tokens}", "loss.keep_truncated=true",
-                      f"train.max_steps={args.vasd_steps}", "logging.samples_every=0", "eval.every=0"]
+                      f"train.max_steps={args.vasd_steps}", "logging.samples_every=0", "dev.every=0"]
     if info["lora"]:
         overrides.append("save_merged=false")
     if info["engine"] == "plain":

@@ -110,7 +110,7 @@ def measure(args: argparse.Namespace) -> dict:
 def timed_config(args: argparse.Namespace, scratch: Path) -> VASDConfig:
     """The VASD config the bench times: `--config` (or the recipe's defaults on generated data,
     with an anchor corpus written to `scratch`), then `--set`, run for one step into `scratch`."""
-    run = [f"out={scratch / 'run'}", "train.max_steps=1", "resume=false", "checkpoint.every=0", "eval.every=0",
+    run = [f"out={scratch / 'run'}", "train.max_steps=1", "resume=false", "checkpoint.every=0", "dev.every=0",
            "logging.wandb=false", "logging.tensorboard=false", "logging.progress=false"]
     model = [f"model.path={args.model}"] if args.model else []
     if args.config:

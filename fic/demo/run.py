@@ -78,7 +78,7 @@ class DemoDataSection:
     train: int = setting(600, "Train instances: the warm-up corpus, the SFT corpus and VASD's rollouts.", min=1)
     dev: int = setting(256, "Dev instances: settings are chosen on them (`fic demo --ablate`; its paired sign "
                        "tests need a few hundred), the premise is measured on them, and stage 1's dev "
-                       "curve and VASD's in-training evaluation read them (sft.dev.every, vasd.eval.every).", min=1)
+                       "curve and VASD's in-training evaluation read them (sft.dev.every, vasd.dev.every).", min=1)
     test: int = setting(128, "Test instances: every stage is evaluated on them.", min=1)
     test_unseen: int = setting(64, "Instances of functions never seen in training, reported separately.", min=1)
 
@@ -312,8 +312,8 @@ def stage_vasd(cfg: DemoConfig, progress: bool) -> dict:
     v.data.source, v.data.task = [f"jsonl:{split_file(cfg, 'train')}"], cfg.data.task
     v.regularizer.anchor_path = str(paths(cfg)["data"] / "sft.sft.jsonl")
     v.exclude.sources = [f"jsonl:{split_file(cfg, s)}" for s in ("dev", *EVAL_SETS)]
-    if v.eval.every:
-        v.eval.data.source, v.eval.data.task = [f"jsonl:{split_file(cfg, 'dev')}"], cfg.data.task
+    if v.dev.every:
+        v.dev.data.source, v.dev.data.task = [f"jsonl:{split_file(cfg, 'dev')}"], cfg.data.task
     return _train("vasd", v, train_vasd.train)
 
 

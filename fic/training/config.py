@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from fic.core.config import setting
 from fic.core.errors import FicError, one_line
 from fic.core.optional import installed, missing
+from fic.data.sources import InstancesSection
+from fic.data.views import VIEWS
 
 DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -131,6 +133,23 @@ def _check_tensorboard(source: str) -> None:
         raise FicError(f"logging.tensorboard=true: tensorboard is installed but does not import "
                        f"({type(err).__name__}: {one_line(err)[:200]}); reinstall it: pip install --force-reinstall "
                        "tensorboard", path=source, field="tensorboard") from None
+
+
+@dataclass
+class DevSection:
+    """The live model scored on dev instances as it trains (`fic.evaluation.live`): SFT's dev curve
+    and VASD's held-out evaluation, one section, the same keys."""
+
+    every: int = setting(0, "Score the live model on the dev instances every this many steps and at the end (0: "
+                         "never). SFT stops at its plateau rule (dev.metric); VASD also scores before the first "
+                         "step, and logs the divergence per answer token on the dev tasks' greedy rollouts.", min=0)
+    data: InstancesSection = setting(InstancesSection(limit=32), "Dev instances, drawn with their own seed; never "
+                                     "evaluation data (name the evaluation's recipes in exclude.sources) nor, in "
+                                     "VASD, a rollout task (checked).")
+    views: list[str] = setting(["sharded"], f"Views the dev probe plays, from: {', '.join(VIEWS)} (VASD: empty, "
+                               "the divergence only).")
+    max_new_tokens: int = setting(256, "Most tokens of one dev reply.", min=1)
+    batch_size: int = setting(16, "Most dev conversations per generation forward pass.", min=1)
 
 
 @dataclass

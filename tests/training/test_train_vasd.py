@@ -655,12 +655,12 @@ def test_fic_train_vasd_runs_the_shipped_recipe(tiny_model_dir, anchor_corpus, t
     assert main(["train", "vasd", "--config", str(RECIPE), f"model.path={tiny_model_dir}",
                  f"regularizer.anchor_path={anchor_corpus}", f"out={out}", "train.max_steps=1", "train.micro_batch_size=2",
                  "train.grad_accum_steps=1", "rollout.max_new_tokens=6", "logging.wandb=false",
-                 "data.limit=8", "eval.every=1", "eval.data.source=reasoning-gym:gsm_symbolic", "eval.data.limit=2",
-                 "eval.views=[]", "loss.keep_truncated=true"]) == 0
+                 "data.limit=8", "dev.every=1", "dev.data.source=reasoning-gym:gsm_symbolic", "dev.data.limit=2",
+                 "dev.views=[]", "loss.keep_truncated=true"]) == 0
     assert (out / "final" / "config.json").exists()
     before, figures = metrics(out)  # step 0: the held-out figures training is compared with
-    assert before["step"] == 0 and before["eval_divergence_per_token"] > 0
-    assert figures["step"] == 1 and figures["eval_divergence_per_token"] > 0
+    assert before["step"] == 0 and before["dev_divergence_per_token"] > 0
+    assert figures["step"] == 1 and figures["dev_divergence_per_token"] > 0
     for key in ("divergence_per_token", "premature_answer_rate", "final_not_answer_rate", "rollout_accuracy",
                 "truncated_final_rate", "rollout_s", "teacher_s", "student_s", "optimizer_s"):
         assert key in figures, key
@@ -673,7 +673,7 @@ def test_fic_train_vasd_runs_the_shipped_recipe(tiny_model_dir, anchor_corpus, t
     ("regularizer.kind=anchor regularizer.anchor_path=", "regularizer.anchor_path"),
     ("model.path=/nonexistent/sft/final", "not found"),
     ("lora.enabled=false teacher.mode=ema regularizer.kind=both", "third copy"),
-    ("eval.views=[fulll,sharded]", "eval.views[0]"),
+    ("dev.views=[fulll,sharded]", "dev.views[0]"),
 ])
 def test_bad_settings_exit_2_with_one_line_before_any_model_loads(override, message, capsys, monkeypatch):
     from fic.train_vasd import main
@@ -834,22 +834,22 @@ def test_rollout_tasks_never_include_the_evaluation_instances(tmp_path):
 
 def test_held_out_tasks_are_drawn_with_the_evals_own_seed_and_an_overlap_is_refused():
     """The in-training held-out set used to be drawn with the training seed: from a generated
-    source, every held-out instance was a rollout task. eval.data has its own seed; an overlap
+    source, every held-out instance was a rollout task. dev.data has its own seed; an overlap
     with the rollout tasks is refused in one line, before any model loads."""
     from fic.training.vasd.inputs import load_held_out, load_rollout_tasks
 
     common = ["data.source=reasoning-gym:gsm_symbolic", "data.limit=16", "data.seed=9", "regularizer.kind=none",
-              "train.max_steps=1", "eval.every=1", "eval.data.source=reasoning-gym:gsm_symbolic", "eval.data.limit=8"]
-    cfg = load_config(VASDConfig, None, [*common, "eval.data.seed=3"])
+              "train.max_steps=1", "dev.every=1", "dev.data.source=reasoning-gym:gsm_symbolic", "dev.data.limit=8"]
+    cfg = load_config(VASDConfig, None, [*common, "dev.data.seed=3"])
     rollout_tasks, _, _ = load_rollout_tasks(cfg)
     held_out = load_held_out(cfg, rollout_tasks)
     assert len(held_out) == 8
     assert not {i.task_id for i in held_out} & {i.task_id for i in rollout_tasks}
     assert not {i.fields["question"] for i in held_out} & {i.fields["question"] for i in rollout_tasks}
-    same_seed = load_config(VASDConfig, None, [*common, "eval.data.seed=9"])
+    same_seed = load_config(VASDConfig, None, [*common, "dev.data.seed=9"])
     with pytest.raises(FicError, match=r"(\d+) of \1 held-out instances are rollout tasks too") as err:
         load_held_out(same_seed, load_rollout_tasks(same_seed)[0])
-    assert "\n" not in str(err.value) and err.value.field == "eval.data"
+    assert "\n" not in str(err.value) and err.value.field == "dev.data"
 
 
 @pytest.mark.slow  # the benchmark, in a child process

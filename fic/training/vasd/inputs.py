@@ -61,18 +61,18 @@ def load_rollout_tasks(cfg: VASDConfig) -> tuple[list[Instance], str, dict]:
 
 
 def load_held_out(cfg: VASDConfig, rollout_tasks: list[Instance]) -> list[Instance]:
-    """The held-out tasks of the in-training evaluation (`eval.data`, drawn with its own seed);
+    """The held-out tasks of the in-training evaluation (`dev.data`, drawn with its own seed);
     an overlap with the rollout tasks is an error, not a silently inflated figure."""
-    if not cfg.eval.every:
+    if not cfg.dev.every:
         return []
-    held_out = multi_turn_instances(cfg.eval.data, "eval.data")
+    held_out = multi_turn_instances(cfg.dev.data, "dev.data")
     training = {i.task_id for i in rollout_tasks}
     prompts = {prompt_key(i) for i in rollout_tasks}
     shared = [i.task_id for i in held_out if i.task_id in training or prompt_key(i) in prompts]
     if shared:
         raise FicError(f"{len(shared)} of {len(held_out)} held-out instances are rollout tasks too (e.g. "
-                       f"{shared[0]}); give eval.data another source or seed, or name it in exclude.sources",
-                       field="eval.data")
+                       f"{shared[0]}); give dev.data another source or seed, or name it in exclude.sources",
+                       field="dev.data")
     return held_out
 
 
