@@ -173,7 +173,7 @@ def install(probe: Probe, method: str) -> Any:
         from fic.training.vasd.step import VASDStep
 
         VASDStep.rollouts = probe.phased("rollout", VASDStep.rollouts)
-        VASDStep.micro_batches = probe.phased("teacher", VASDStep.micro_batches)
+        VASDStep.teacher = probe.phased("teacher", VASDStep.teacher)
         VASDStep.student = probe.phased("student", VASDStep.student)
     return recipe
 

@@ -5,10 +5,11 @@ The step is the recipe's own (`fic.training.vasd.step.VASDStep`, built as `fic/t
 builds it), at the precision the recipe would pick here, from `--config` (any VASD YAML, e.g.
 the demo's `runs/demo/vasd/config.yaml`, with `--set key=value` overrides) or, without one,
 from the recipe's defaults on `--rollouts` sharded gsm_symbolic rollouts of `--max-new-tokens`
-and anchor conversations the SFT corpus builder writes. Phases, in seconds: rollout generation,
-the teacher pass (the step's micro-batches with the teacher's and reference's hidden states),
-the student pass (forward and backward of every loss term) and the optimizer step;
-`rollout_share` = rollout seconds / step seconds. Each timed phase also has its CPU seconds
+and anchor conversations the SFT corpus builder writes. Phases, in seconds:
+`rollouts` (generation), `teacher` (the step's micro-batches with the teacher's and reference's
+hidden states), `student` (forward and backward of every loss term) and `update` (the optimizer
+step and the rollout engine's refresh), the step's own phases (`VASDStep`);
+`rollouts_share` = rollout seconds / step seconds. Each timed phase also has its CPU seconds
 (`*_cpu_s`, all threads), the unit the demo's equal-compute control is counted in.
 
 `overhead_ratio`: the teacher and student passes over a bare student forward+backward on the
@@ -160,28 +161,28 @@ def step_figures(cfg: VASDConfig, repeats: int, sft_micro_batch_size: int, profi
         model = build_model(cfg, device=str(accelerator.device))
         vasd = VASDStep(cfg, accelerator, model, tokenizer, instances, anchors, cfg.train.max_steps)
     clock = _Clock()
-    convs = clock.time("rollout", lambda: vasd.rollouts(1))
+    convs = clock.time("rollouts", lambda: vasd.rollouts(1))
     batches: list[dict] = []
     for _ in range(repeats):
-        batches = clock.time("teacher", lambda: vasd.micro_batches(convs, 1)[0])
+        batches = clock.time("teacher", lambda: vasd.teacher(convs, 1)[0])
         kept = [dict(b) for b in batches]  # the student pops the counts
         clock.time("student", lambda kept=kept: vasd.student(kept))
         vasd.optimizer.zero_grad(set_to_none=True)
         clock.time("bare", lambda batches=batches: _bare_passes(vasd, convs, batches))
         vasd.optimizer.zero_grad(set_to_none=True)
     if profiled:  # one student pass under the profiler, then its gradients dropped
-        again = [dict(b) for b in vasd.micro_batches(convs, 1)[0]]
+        again = [dict(b) for b in vasd.teacher(convs, 1)[0]]
         shares = profile(lambda: vasd.student(again), vasd.policy)
         vasd.optimizer.zero_grad(set_to_none=True)
-    vasd.student([dict(b) for b in vasd.micro_batches(convs, 1)[0]])
-    clock.time("optimizer", lambda: vasd.update(convs))
-    phases = ("rollout", "teacher", "student", "optimizer")
+    vasd.student([dict(b) for b in vasd.teacher(convs, 1)[0]])
+    clock.time("update", lambda: vasd.update(convs))
+    phases = ("rollouts", "teacher", "student", "update")
     step_s = sum(clock.median(name) for name in phases)
     step_cpu_s = sum(clock.median(name, cpu=True) for name in phases)
     figures = {"rollouts": len(convs), "precision": "bf16_copy" if vasd.copy.params else accelerator.mixed_precision,
                **{f"{name}_s": clock.median(name) for name in phases},
                **{f"{name}_cpu_s": clock.median(name, cpu=True) for name in phases},
-               "step_s": step_s, "step_cpu_s": step_cpu_s, "rollout_share": clock.median("rollout") / step_s,
+               "step_s": step_s, "step_cpu_s": step_cpu_s, "rollouts_share": clock.median("rollouts") / step_s,
                "bare_passes_s": clock.median("bare"),
                "overhead_ratio": (sum(clock.wall["teacher"]) + sum(clock.wall["student"])) / sum(clock.wall["bare"])}
     # The roofline of the passes without rollouts: the teacher's forward over its single-turn rows,

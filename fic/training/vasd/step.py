@@ -69,8 +69,8 @@ class VASDStep:
     on it and the frozen or moving-average teacher is held in bfloat16.
 
     A step's phases are methods, so the recipe reads them in order and `fic bench` can time
-    each: `rollouts` (play the sharded conversations on-policy, every shard), `micro_batches`
-    (student rows with the teacher's and reference's hidden states), `student` (forward and
+    each: `rollouts` (play the sharded conversations on-policy, every shard), `teacher` (the
+    window's student rows with the teacher's and reference's hidden states), `student` (forward and
     backward of every loss term over the window, each term normalised by its positions on all
     ranks), `update` (clip, step, EMA, refresh the rollout engine)."""
 
@@ -133,17 +133,17 @@ class VASDStep:
         with cut_short_on_sigterm():  # nothing of a step is kept until it is over
             began = time.perf_counter()
             convs = self.rollouts(step)
-            timed("rollout_s", began)
+            timed("rollouts_s", began)
             advantages, reward = self.advantages(convs)
             began = time.perf_counter()
-            batches, left_out = self.micro_batches(convs, step, advantages)
+            batches, left_out = self.teacher(convs, step, advantages)
             timed("teacher_s", began)
             began = time.perf_counter()
             window = self.student(batches)
             timed("student_s", began)
             began = time.perf_counter()
             figures = self.update(convs)
-            timed("optimizer_s", began)
+            timed("update_s", began)
         return {"loss": window["loss"], **{figure: window.get(name) for name, figure in TERMS.items()},
                 "answer_tokens": int(window.get("n_distill", 0)), **figures, **rollout_figures(convs), **reward,
                 **{f"left_out_{k}": v for k, v in left_out.items() if k != "empty_micro_batches"},
@@ -173,7 +173,7 @@ class VASDStep:
         advantages = leave_one_out(rewards, self.group)
         return advantages, reward_figures(rewards, advantages, self.group)
 
-    def micro_batches(self, convs: list, step: int, advantages: list[float] | None = None
+    def teacher(self, convs: list, step: int, advantages: list[float] | None = None
                       ) -> tuple[list[dict], Counter]:
         """The window's micro-batches for `convs` plus this step's anchors (see `step_batches`),
         the teacher and reference read without dropout."""
