@@ -159,7 +159,7 @@ def memory_estimate(config: Any, stage: str, cfg: Any, layers: int, engine: str)
     if stage == "sft":
         tokens = cfg.train.micro_batch_size * cfg.data.max_seq_len
     else:
-        anchors = 1 if cfg.regularizer.kind in ("anchor", "both") and cfg.regularizer.anchor_share > 0 else 0
+        anchors = 1 if cfg.anchor.share > 0 else 0
         tokens = (cfg.train.micro_batch_size + anchors) * cfg.rollout.max_conversation_tokens
     if cfg.model.gradient_checkpointing:
         activations = tokens * hidden * (2 * layers + 34)
@@ -309,7 +309,7 @@ def stage_commands(args: argparse.Namespace, plan: dict, stage: str, layers: int
     else:
         rollouts = info["micro_batch_size"] * info["grad_accum_steps"]
         overrides += ["data.source=actions-gen:train", "data.task=actions", f"data.limit={rollouts * args.vasd_steps + 16}",
-                      "exclude.sources=[]", f"regularizer.anchor_path={corpus}", "rollout.backend=hf",
+                      "exclude.sources=[]", f"anchor.path={corpus}", "rollout.backend=hf",
                       f"rollout.max_new_tokens={args.rollout_tokens}", "loss.keep_truncated=true",
                       f"train.max_steps={args.vasd_steps}", "logging.samples_every=0", "dev.every=0"]
     if info["lora"]:

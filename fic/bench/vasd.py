@@ -57,9 +57,11 @@ from fic.training.data import IGNORE, load_corpus
 from fic.training.loop import build_model, make_accelerator
 from fic.training.losses import divergence, divergence_rows
 from fic.training.sft import SFTConfig, SFTStep
+from fic.training.vasd.batches import body_inputs
 from fic.training.vasd.config import VASDConfig
-from fic.training.vasd.distill import TERMS, body_inputs, rollout_from, teacher_prompts
 from fic.training.vasd.inputs import check_inputs, load_rollout_tasks
+from fic.training.vasd.prompts import teacher_prompts
+from fic.training.vasd.rows import rollout_from
 from fic.training.vasd.step import VASDStep
 
 
@@ -122,7 +124,7 @@ def timed_config(args: argparse.Namespace, scratch: Path) -> VASDConfig:
     write_jsonl(anchors, make_records(args.rollouts + 8, args.seed))
     G = max(1, args.rollouts // args.micro_batch_size)
     defaults = [f"model.path={args.model or BUNDLED_MODEL_DIR}", f"data.limit={3 * args.rollouts}",
-                f"data.seed={args.seed + 1}", f"regularizer.anchor_path={anchors}",
+                f"data.seed={args.seed + 1}", f"anchor.path={anchors}",
                 f"train.micro_batch_size={args.micro_batch_size}", f"train.grad_accum_steps={G}",
                 f"rollout.max_new_tokens={args.max_new_tokens}", "loss.keep_truncated=true"]  # time every final reply
     return load_config(VASDConfig, None, [*defaults, *args.overrides, *run])
@@ -155,9 +157,9 @@ def step_figures(cfg: VASDConfig, repeats: int, sft_micro_batch_size: int, profi
         tokenizer = load_tokenizer(cfg.model.path)
         instances, _, _ = load_rollout_tasks(cfg)
         anchors = []
-        if cfg.regularizer.kind in ("anchor", "both"):
-            anchors, _ = load_corpus(cfg.regularizer.anchor_path, tokenizer, cfg.regularizer.anchor_max_seq_len,
-                                     progress=False, targets=cfg.regularizer.anchor_targets)
+        if cfg.anchor.share > 0:
+            anchors, _ = load_corpus(cfg.anchor.path, tokenizer, cfg.anchor.max_seq_len, progress=False,
+                                     targets=cfg.anchor.targets)
         model = build_model(cfg, device=str(accelerator.device))
         vasd = VASDStep(cfg, accelerator, model, tokenizer, instances, anchors, cfg.train.max_steps)
     clock = _Clock()
@@ -190,7 +192,7 @@ def step_figures(cfg: VASDConfig, repeats: int, sft_micro_batch_size: int, profi
     dims = shape(vasd.policy)
     counts = [b["counts"] for b in batches]
     lengths = [int(n) for b in batches for n in b["attention_mask"].sum(1)]
-    head_rows = int(sum((b[f"{term}_targets"] != IGNORE).sum() for b in batches for term in TERMS))
+    head_rows = int(sum((targets != IGNORE).sum() for b in batches for targets in b["targets"].values()))
     teacher_lengths = [len(p) + len(rollout_from(c).answer_ids) for c in convs if c.stop_reason == "last_turn"
                        for p in teacher_prompts(tokenizer, c.instance, ["full"])]
     flops = train_flops(dims, lengths, head_rows) + forward_flops(dims, teacher_lengths, 0)
@@ -238,9 +240,9 @@ def _bare_passes(vasd: VASDStep, convs: list, batches: list[dict]) -> None:
     model = vasd.policy
     with vasd.accelerator.autocast():
         for batch in batches:
-            labels = batch["distill_targets"].clone()
-            for term in ("anchor", "labels", "corrections", "reward"):
-                labels = torch.where(labels != IGNORE, labels, batch[f"{term}_targets"])
+            labels = torch.full_like(batch["input_ids"], IGNORE)
+            for targets in batch["targets"].values():  # every term's positions, once
+                labels = torch.where(labels != IGNORE, labels, targets)
             logits = model(input_ids=batch["input_ids"], **body_inputs(batch)).logits
             ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE)
             ce.backward()

@@ -262,31 +262,14 @@ def _inline_section_files(cls: type, data: dict, where: dict[str, str], prefix: 
             _inline_section_files(hints[f.name], value, where, f"{prefix}{f.name}.")
 
 
-def _renamed(cls: type, data: dict, unknown: Sequence[str]) -> tuple[str, str] | None:
-    """(old key, where it went) for the first unknown key that the class's `RENAMED` (old dotted
-    key, or a whole old section, -> its new name) names, so an old config fails in one line that
-    says what to write instead."""
-    renamed = getattr(cls, "RENAMED", {})
-    for key in unknown:
-        value = data[key]
-        for leaf in flatten({key: dict(value)}) if isinstance(value, dict) and value else [key]:
-            parts = leaf.split(".")
-            for old in (".".join(parts[:n]) for n in range(len(parts), 0, -1)):  # the longest known name
-                if old in renamed:
-                    return old, renamed[old]
-    return None
-
-
 def _build(cls: type, data: dict, source: str, prefix: str = "") -> Any:
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - set(fields))
-    if unknown:
-        moved = _renamed(cls, data, unknown)
-        if moved is not None:
-            raise FicError(f"renamed: now {moved[1]}", path=source, field=prefix + moved[0])
-        raise FicError(f"unknown key; expected one of: {', '.join(sorted(fields))}",
-                       path=source, field=prefix + unknown[0])
+    if unknown:  # a class may say where an old key went (`moved`: (old key, message) or None)
+        moved = getattr(cls, "moved", lambda data, unknown: None)(data, unknown)
+        raise FicError(moved[1] if moved else f"unknown key; expected one of: {', '.join(sorted(fields))}",
+                       path=source, field=prefix + (moved[0] if moved else unknown[0]))
     kwargs = {}
     for name, value in data.items():
         key = prefix + name

@@ -164,7 +164,7 @@ def vasd_config(cfg: DemoConfig, overrides: list[str], out: Path, seed: int = 0)
     base = with_overrides(base, overrides, f"ablation.variants ({' '.join(overrides) or 'no overrides'})")
     base.model.path, base.out = str(start_model(cfg)), str(out)
     base.data.source, base.data.task = [f"jsonl:{split_file(cfg, 'train')}"], cfg.data.task
-    base.regularizer.anchor_path = str(paths(cfg)["data"] / "sft.sft.jsonl")
+    base.anchor.path = str(paths(cfg)["data"] / "sft.sft.jsonl")
     base.exclude.sources = [f"jsonl:{split_file(cfg, s)}" for s in ("dev", "test", "test-unseen")]
     base.save_merged = base.save_merged or base.lora.enabled
     base.train.seed, base.data.seed = base.train.seed + seed, base.data.seed + seed
@@ -174,7 +174,7 @@ def vasd_config(cfg: DemoConfig, overrides: list[str], out: Path, seed: int = 0)
 def check_variants(cfg: DemoConfig) -> None:
     """Refuse two variants that resolve to the same vasd settings: overrides are applied over
     demo.yaml's vasd section, so a variant named for what that section already sets (`[]` beside
-    `[labels.weight=1.0]` when labels are on there) would train the same run twice under two names."""
+    `[terms.labels.weight=1.0]` when labels are on there) would train the same run twice under two names."""
     seen: dict[str, str] = {}
     for name, overrides in cfg.ablation.variants.items():
         settings = json.dumps(config_to_dict(vasd_config(cfg, list(overrides), Path("train"))), sort_keys=True,

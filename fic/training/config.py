@@ -11,8 +11,9 @@ recipe lists every key and a YAML with an unknown key is an error.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
-from fic.core.config import setting
+from fic.core.config import flatten, setting
 from fic.core.errors import FicError, one_line
 from fic.core.optional import installed, missing
 from fic.data.sources import InstancesSection
@@ -176,3 +177,16 @@ class RunConfig:
             raise FicError("expected at least one module name", path=source, field="lora.target_modules")
         if not self.out.strip():
             raise FicError("expected an output folder", path=source, field="out")
+
+
+def moved_key(renamed: dict[str, str], data: dict, unknown: Sequence[str]) -> tuple[str, str] | None:
+    """A config class's `moved` hook (`fic.core.config`): for the first unknown key that `renamed`
+    (an old dotted key, or a whole old section, -> where it went) names, the longest old name
+    first, (that key, "renamed: now ..."), so an old config fails in one line that says what to
+    write instead; None for a key never known."""
+    for leaf in (leaf for key in unknown for leaf in flatten({key: data[key]})):
+        parts = leaf.split(".")
+        old = next((name for name in (".".join(parts[:n]) for n in range(len(parts), 0, -1)) if name in renamed), None)
+        if old:
+            return old, f"renamed: now {renamed[old]}"
+    return None

@@ -209,7 +209,7 @@ def test_plan_runs_each_recipe_at_its_own_shape(backbone):
             assert (run.rollout.max_conversation_tokens, run.rollout.temperature) == (
                 recipe.rollout.max_conversation_tokens, recipe.rollout.temperature)
             assert run.rollout.backend == "hf" and run.rollout.max_new_tokens == 112 and run.loss.keep_truncated
-            assert (run.teacher, run.regularizer.anchor_share) == (recipe.teacher, recipe.regularizer.anchor_share)
+            assert (run.teacher, run.anchor.share) == (recipe.teacher, recipe.anchor.share)
             assert run.data.source == ["actions-gen:train"] and run.exclude.sources == []
         argv = info["command"]
         if info["engine"] == "deepspeed":

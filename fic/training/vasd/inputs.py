@@ -19,8 +19,7 @@ from fic.core.model import check_model_folder
 from fic.data.sources import InstancesSection, load_sharded
 from fic.data.splits import exclude_instances, prompt_key
 from fic.training.vasd.config import VASDConfig
-from fic.training.vasd.distill import teacher_prompts
-from fic.training.vasd.step import teacher_views
+from fic.training.vasd.prompts import teacher_prompts, teacher_views
 
 
 def check_inputs(cfg: VASDConfig) -> None:
@@ -31,9 +30,9 @@ def check_inputs(cfg: VASDConfig) -> None:
         raise FicError("is a LoRA adapter, not a model; start VASD from the merged SFT model "
                        "(train SFT with save_merged=true and use out/final-merged)", path=str(folder), field="model.path")
     check_model_folder(cfg.model.path)
-    if cfg.regularizer.kind in ("anchor", "both") and not Path(cfg.regularizer.anchor_path).is_file():
-        raise FicError("SFT corpus not found (make one with `fic sft-data`)", path=cfg.regularizer.anchor_path,
-                       field="regularizer.anchor_path")
+    if cfg.anchor.share > 0 and not Path(cfg.anchor.path).is_file():
+        raise FicError("SFT corpus not found (make one with `fic sft-data`)", path=cfg.anchor.path,
+                       field="anchor.path")
     if cfg.rollout.backend == "vllm":
         import_vllm()
 
