@@ -87,15 +87,16 @@ class AblationSection:
         # over demo.yaml's vasd section: final-reply VASD, answer-hinted teacher, 1e-4 cosine, rollouts at 0.3
         "vasd-hinted": [],
         "vasd-full-view": ["teacher.view=full", "loss.max_log_ratio=0"],  # the paper's teacher
-        "vasd-hinted-decision": ["loss.turns=all", "loss.nonfinal_tokens=4", "train.max_steps=28"],
-        "vasd-labels": ["labels.weight=1.0", "labels.select=unanswerable", "labels.max_turns=8", "train.max_steps=28"],
-        "corrections": ["loss.weight=0", "corrections.weight=1.0"],
+        "vasd-hinted-decision": ["terms.turns.replies=all", "terms.turns.nonfinal_tokens=4", "train.max_steps=28"],
+        "vasd-labels": ["terms.labels.weight=1.0", "terms.labels.select=unanswerable", "terms.labels.max_turns=8",
+                        "train.max_steps=28"],
+        "corrections": ["loss.weight=0", "terms.corrections.weight=1.0"],
         # the dev arm ahead of its control in every seed (45-25, 34-26, 34-27); its 16 rollouts a step in student
         # micro-batches of 2 x 8, not 4 x 4: the same update, a peak of 7,061 MiB against 9,575 over its 17 steps
-        "reward": ["loss.weight=0", "reward.weight=1.0", "reward.penalize=unanswerable", "reward.unanswered_reward=-0.5",
-                   "regularizer.kind=both", "rollout.temperature=0.7", "train.micro_batch_size=2",
-                   "train.grad_accum_steps=8", "train.max_steps=17"],
-    }, "Name -> overrides of the vasd section (e.g. [loss.turns=all]); each variant trains from the same SFT "
+        "reward": ["loss.weight=0", "terms.reward.weight=1.0", "terms.reward.penalize=unanswerable",
+                   "terms.reward.unanswered_reward=-0.5", "terms.reference.weight=1.0", "rollout.temperature=0.7",
+                   "train.micro_batch_size=2", "train.grad_accum_steps=8", "train.max_steps=17"],
+    }, "Name -> overrides of the vasd section (e.g. [terms.turns.replies=all]); each variant trains from the same SFT "
        "model with the same seeds and is evaluated on the dev split. Two variants that come to the same settings are "
        "refused.")
     control: bool = setting(True, "Also continue stage 1 for the variants' mean CPU time (the equal-compute "
@@ -253,7 +254,7 @@ def vasd_config(cfg: AblationConfig, overrides: list[str], out: Path, seed: int 
     base = with_overrides(base, overrides, f"ablation.variants ({' '.join(overrides) or 'no overrides'})")
     base.model.path, base.out = str(start_model(cfg)), str(out)
     base.data.source, base.data.task = [f"jsonl:{split_file(cfg, 'train')}"], cfg.data.task
-    base.regularizer.anchor_path = str(paths(cfg)["data"] / "sft.sft.jsonl")
+    base.anchor.path = str(paths(cfg)["data"] / "sft.sft.jsonl")
     base.exclude.sources = [f"jsonl:{split_file(cfg, s)}" for s in ("dev", "test", "test-unseen")]
     base.save_merged = base.save_merged or base.lora.enabled
     base.train.seed, base.data.seed = base.train.seed + seed, base.data.seed + seed
@@ -263,7 +264,7 @@ def vasd_config(cfg: AblationConfig, overrides: list[str], out: Path, seed: int 
 def check_variants(cfg: AblationConfig) -> None:
     """Refuse two variants that resolve to the same vasd settings: overrides are applied over
     demo.yaml's vasd section, so a variant named for what that section already sets (`[]` beside
-    `[labels.weight=1.0]` when labels are on there) would train the same run twice under two names."""
+    `[terms.labels.weight=1.0]` when labels are on there) would train the same run twice under two names."""
     seen: dict[str, str] = {}
     for name, overrides in cfg.ablation.variants.items():
         settings = json.dumps(config_to_dict(vasd_config(cfg, list(overrides), Path("train"))), sort_keys=True,

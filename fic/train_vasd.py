@@ -3,39 +3,34 @@
     accelerate launch fic/train_vasd.py --config recipes/<backbone>/vasd.yaml [key=value ...]
     fic train vasd --config recipes/<backbone>/vasd.yaml [key=value ...]      (one process)
 
-Each optimizer step (`fic.training.vasd.step.VASDStep`, the one step `fic bench vasd` times too):
+Each optimizer step (`fic.training.vasd.step.VASDStep`, the one step `fic bench vasd` times too)
+runs four phases, rollouts -> teacher -> student -> update:
 
 1. Rollouts, on-policy: the current weights play a batch of sharded conversations
-   (`fic.conversation.simulator.play`: lockstep, keys and values kept between turns) with every assistant
-   reply sampled at `rollout.temperature`; every shard is played (no stop at a correct answer),
-   so the final reply is the reply to the last shard, whatever it says.
-2. Teacher: the same backbone reads the single-turn view of the same task (`teacher.view`)
-   followed by the student's final-reply ids (`fic/training/vasd/distill.py` has the layout), under
-   `teacher.mode`: `frozen` (the starting weights: LoRA adapters switched off, or a frozen
-   copy), `live` (the current weights, no gradient) or `ema` (a moving average). With
-   `loss.turns: all` it also reads, for every earlier reply, the single-turn request of what the
-   user had revealed by then, followed by that reply's ids (per-turn view asymmetry).
-3. Loss: a token-level divergence (`loss.*`) between the student's and the teacher's
-   next-token distributions at the distilled replies' tokens (content and end-of-turn token),
-   normalised by their weight over the accumulation window and all ranks. Final replies cut by
-   the token cap are counted and left out (`loss.keep_truncated`). With `labels.weight`, a
-   cross-entropy on gold asks and deferrals at the student's own earlier states is added; with
-   `corrections.weight`, on gold continuations from its premature or wrong turns; with
-   `reward.weight`, each task is played `reward.group_size` times and every reply token is
-   trained at its rollout's group-relative advantage (`fic/training/vasd/reward.py`).
-4. Regulariser (`regularizer.kind`): the teacher, who has the whole request, always wants an
-   immediate answer; the shared update leaks into earlier turns and, unchecked, teaches the
-   model to answer before the last shard. An SFT anchor (cross-entropy on the assistant turns of
-   SFT-corpus conversations mixed into each batch: deferrals and asks, and by default the final
-   answers too, since an anchor of deferrals alone teaches deferring even when the request is
-   complete) and/or a divergence to the starting model on the rollouts' earlier replies keep that
-   behaviour, with extra weight on the first tokens of each reply, where the decision is made.
+   (`fic.conversation.simulator.play`: lockstep, keys and values kept between turns) with every
+   assistant reply sampled at `rollout.temperature`; every shard is played (no stop at a correct
+   answer), so the final reply is the reply to the last shard, whatever it says.
+2. Teacher: the step's rows are built without a model (`fic/training/vasd/window.py`), then the
+   same backbone reads the single-turn view of the same task (`teacher.view`) followed by the
+   student's final-reply ids (`fic/training/vasd/rows.py` has the layout), under `teacher.mode`:
+   `frozen` (the starting weights: LoRA adapters switched off, or a frozen copy), `live` (the
+   current weights, no gradient) or `ema` (a moving average).
+3. Student: forward and backward of each of the run's loss terms (`fic/training/vasd/terms/`):
+   the paper's token-level divergence (`loss.*`) between the student's and the teacher's
+   next-token distributions at the final reply's tokens (content and end-of-turn token), and the
+   anchor (`anchor.*`): cross-entropy on SFT-corpus conversations mixed into each batch, which
+   keeps the deferrals SFT taught (the teacher, who has the whole request, always wants an
+   immediate answer, and the shared update leaks into earlier turns). Plug-in terms add their
+   own (`terms.*`: on-policy labels and corrections, a reward, a reference divergence, per-turn
+   views). Each term is normalised by its count over the accumulation window and all ranks.
+   Final replies cut by the token cap are counted and left out (`loss.keep_truncated`).
+4. Update: clip, optimizer step, the EMA teacher, the rollout engine's refresh.
 
 Rollouts are seeded from (seed, step, rank), the data order is a function of the step, and
 checkpoints hold weights, optimizer, RNG and the EMA teacher: losses after a kill and
 `resume=true` equal those of an uninterrupted run. Outputs as `fic/train_sft.py`, plus
-`samples.jsonl` (sample conversations every `logging.samples_every` steps) and `eval/step-N/`
-(a `fic eval` of the live model every `eval.every` steps).
+`samples.jsonl` (sample conversations every `logging.samples_every` steps) and `dev/step-N/`
+(a `fic eval` of the live model every `dev.every` steps).
 """
 
 from __future__ import annotations
@@ -57,7 +52,9 @@ from fic.training.data import load_corpus
 from fic.training.losses import check_target_path
 from fic.training.vasd.config import MUST_MATCH, VASDConfig
 from fic.training.vasd.inputs import check_against_tokenizer, check_inputs, load_held_out, load_rollout_tasks
-from fic.training.vasd.step import VASDStep, held_out_divergence, sample_rows
+from fic.training.vasd.rollouts import sample_rows
+from fic.training.vasd.step import VASDStep, held_out_divergence
+from fic.training.vasd.terms import run_terms
 
 
 def train(cfg: VASDConfig) -> dict:
@@ -74,10 +71,10 @@ def train(cfg: VASDConfig) -> dict:
     say(start_line(cfg, instances, held_out, overlap, world) + template_clause(tokenizer))
     check_against_tokenizer(cfg, tokenizer, instances)
     anchors, anchor_stats = [], {"used": 0}
-    if cfg.regularizer.kind in ("anchor", "both"):
-        anchors, anchor_stats = load_corpus(cfg.regularizer.anchor_path, tokenizer, cfg.regularizer.anchor_max_seq_len,
-                                            progress=main and cfg.logging.progress, targets=cfg.regularizer.anchor_targets)
-        data_sha += ":" + file_sha256(cfg.regularizer.anchor_path)
+    if cfg.anchor.share > 0:
+        anchors, anchor_stats = load_corpus(cfg.anchor.path, tokenizer, cfg.anchor.max_seq_len,
+                                            progress=main and cfg.logging.progress, targets=cfg.anchor.targets)
+        data_sha += ":" + file_sha256(cfg.anchor.path)
     if saved is not None:
         changed = checkpoints.check_compatible(saved, cfg, MUST_MATCH, data_sha,
                                                data_name="rollout instances and anchor corpus", world=world,
@@ -104,7 +101,7 @@ def train(cfg: VASDConfig) -> dict:
     out = Path(cfg.out)
 
     def held_out_figures(step: int) -> dict:
-        return evaluate_now(cfg, held_out, vasd, out=out / "eval" / f"step-{step}")
+        return evaluate_now(cfg, held_out, vasd, out=out / "dev" / f"step-{step}")
 
     if held_out and start == 0 and main:  # the point the held-out figures are compared with
         before = held_out_figures(0)
@@ -125,7 +122,7 @@ def train(cfg: VASDConfig) -> dict:
                 for row in rows:
                     append_jsonl(out / "samples.jsonl", {"step": step, "task_id": row[0], "score": row[1],
                                                          "conversation": row[2]})
-        if cfg.eval.every and (step % cfg.eval.every == 0 or step == steps):
+        if cfg.dev.every and (step % cfg.dev.every == 0 or step == steps):
             last.update(held_out_figures(step))
         log.step(step, last, tables)
         state = {"world_size": world, "data_sha256": data_sha, "config": config_to_dict(cfg), "wandb_id": run_id,
@@ -142,22 +139,22 @@ def train(cfg: VASDConfig) -> dict:
 
 
 def evaluate_now(cfg: VASDConfig, held_out: list, vasd: VASDStep, *, out: Path) -> dict:
-    """On the held-out tasks (main process): the divergence per answer token (`eval_divergence_per_token`)
-    and, for each of `eval.views`, a `fic eval` of the live model (`out/eval/step-N/`)."""
+    """On the held-out dev tasks (main process): the divergence per answer token (`dev_divergence_per_token`)
+    and, for each of `dev.views`, a `fic eval` of the live model (`out/dev/step-N/`)."""
     accelerator = vasd.accelerator
     if not accelerator.is_main_process:
         return {}
     vasd.policy.eval()
     with vasd.copy:
-        figures = {"eval_divergence_per_token": held_out_divergence(cfg, held_out, vasd.generator, vasd.tokenizer,
+        figures = {"dev_divergence_per_token": held_out_divergence(cfg, held_out, vasd.generator, vasd.tokenizer,
                                                                     vasd.parts, vasd.loss, device=accelerator.device,
                                                                     autocast=accelerator.autocast,
                                                                     share_prefixes=vasd.share_prefixes)}
     vasd.policy.train()
-    if cfg.eval.views:
-        figures.update(evaluate_live(vasd.policy, vasd.tokenizer, cfg.eval.data, cfg.eval.views,
-                                     max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.rollout.batch_size,
-                                     out=out, prefix="eval_"))
+    if cfg.dev.views:
+        figures.update(evaluate_live(vasd.policy, vasd.tokenizer, cfg.dev.data, cfg.dev.views,
+                                     max_new_tokens=cfg.dev.max_new_tokens, batch_size=cfg.dev.batch_size,
+                                     out=out, prefix="dev_"))
     return figures
 
 
@@ -169,8 +166,9 @@ def model_card(cfg: VASDConfig, result: dict, kind: str) -> str:
                         "own next-token distribution given the single-turn view",
                 facts=[f"Started from: `{cfg.model.path}` (the SFT warm-start checkpoint)",
                        f"Rollout tasks: {', '.join(cfg.data.source)} (task {cfg.data.task}, seed {cfg.data.seed})",
-                       f"Teacher: {cfg.teacher.mode}, view {cfg.teacher.view}; loss {loss}; regulariser "
-                       f"{cfg.regularizer.kind}" + (f" on `{cfg.regularizer.anchor_path}`" if cfg.regularizer.anchor_path else ""),
+                       f"Teacher: {cfg.teacher.mode}, view {cfg.teacher.view}; loss {loss}; terms "
+                       + ", ".join(f"{term.name} x{term.weight:g}" for term in run_terms(cfg, anchors=cfg.anchor.share > 0))
+                       + (f"; anchor `{cfg.anchor.path}`" if cfg.anchor.share > 0 else ""),
                        f"Training: {result['steps']} optimizer steps, {result['world_size']} process(es), "
                        f"{cfg.train.micro_batch_size} x {cfg.train.grad_accum_steps} rollouts per process per step; "
                        f"final loss {result['final_loss']:.4f}" if result["final_loss"] is not None else
@@ -184,9 +182,8 @@ def start_line(cfg: VASDConfig, instances: list, held_out: list, overlap: dict, 
     read = describe_loaded(load_sharded(cfg.data, several_shards=True), cfg.data, limit_set_in=set_in(cfg, "data.limit"))
     where = set_in(cfg, "train.max_steps")
     per_step = cfg.train.micro_batch_size * cfg.train.grad_accum_steps * world
-    anchor = (f"; anchor {cfg.regularizer.anchor_share:g} of each batch from {cfg.regularizer.anchor_path}"
-              if cfg.regularizer.kind in ("anchor", "both") else "")
-    evaluated = f"; {len(held_out)} held-out tasks evaluated every {cfg.eval.every} steps" if held_out else ""
+    anchor = f"; anchor {cfg.anchor.share:g} of each batch from {cfg.anchor.path}" if cfg.anchor.share > 0 else ""
+    evaluated = f"; {len(held_out)} held-out dev tasks scored every {cfg.dev.every} steps" if held_out else ""
     return (f"fic train vasd: {read}; {len(instances)} rollout tasks after {overlap['dropped']} evaluation "
             f"instance(s) dropped ({', '.join(cfg.exclude.sources) or 'no exclude.sources named'}); "
             f"{cfg.train.max_steps} step{'s' * (cfg.train.max_steps != 1)} (train.max_steps{', ' + set_where(where) if where else ''}) of "

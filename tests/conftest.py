@@ -83,6 +83,18 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) 
     return out
 
 
+@pytest.fixture(scope="session")
+def anchor_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small SFT corpus (gsm_symbolic, 24 conversations) for VASD's anchor."""
+    from fic.core.config import load_config
+    from fic.corpus.build import SFTDataConfig, build_corpus
+
+    out = tmp_path_factory.mktemp("anchor") / "anchor.sft.jsonl"
+    build_corpus(load_config(SFTDataConfig, None, ["data.source=reasoning-gym:gsm_symbolic", "data.limit=24", "seed=5",
+                                                   f"out={out}"]), progress=False)
+    return out
+
+
 @pytest.fixture
 def fresh_accelerate_state():
     """Accelerate keeps process-wide singletons; an in-process training run starts from a clean one.

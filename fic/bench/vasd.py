@@ -5,10 +5,11 @@ The step is the recipe's own (`fic.training.vasd.step.VASDStep`, built as `fic/t
 builds it), at the precision the recipe would pick here, from `--config` (any VASD YAML, e.g.
 the demo's `runs/demo/vasd/config.yaml`, with `--set key=value` overrides) or, without one,
 from the recipe's defaults on `--rollouts` sharded gsm_symbolic rollouts of `--max-new-tokens`
-and anchor conversations the SFT corpus builder writes. Phases, in seconds: rollout generation,
-the teacher pass (the step's micro-batches with the teacher's and reference's hidden states),
-the student pass (forward and backward of every loss term) and the optimizer step;
-`rollout_share` = rollout seconds / step seconds. Each timed phase also has its CPU seconds
+and anchor conversations the SFT corpus builder writes. Phases, in seconds:
+`rollouts` (generation), `teacher` (the step's micro-batches with the teacher's and reference's
+hidden states), `student` (forward and backward of every loss term) and `update` (the optimizer
+step and the rollout engine's refresh), the step's own phases (`VASDStep`);
+`rollouts_share` = rollout seconds / step seconds. Each timed phase also has its CPU seconds
 (`*_cpu_s`, all threads), the unit the demo's equal-compute control is counted in.
 
 `overhead_ratio`: the teacher and student passes over a bare student forward+backward on the
@@ -56,9 +57,11 @@ from fic.training.data import IGNORE, load_corpus
 from fic.training.loop import build_model, make_accelerator
 from fic.training.losses import divergence, divergence_rows
 from fic.training.sft import SFTConfig, SFTStep
+from fic.training.vasd.batches import body_inputs
 from fic.training.vasd.config import VASDConfig
-from fic.training.vasd.distill import TERMS, body_inputs, rollout_from, teacher_prompts
 from fic.training.vasd.inputs import check_inputs, load_rollout_tasks
+from fic.training.vasd.prompts import teacher_prompts
+from fic.training.vasd.rows import rollout_from
 from fic.training.vasd.step import VASDStep
 
 # train.loss_chunk_tokens of recipes/smollm2-135m-instruct/vasd.yaml (a test holds the two equal): the
@@ -108,7 +111,7 @@ def measure(args: argparse.Namespace) -> dict:
 def timed_config(args: argparse.Namespace, scratch: Path) -> VASDConfig:
     """The VASD config the bench times: `--config` (or the recipe's defaults on generated data,
     with an anchor corpus written to `scratch`), then `--set`, run for one step into `scratch`."""
-    run = [f"out={scratch / 'run'}", "train.max_steps=1", "resume=false", "checkpoint.every=0", "eval.every=0",
+    run = [f"out={scratch / 'run'}", "train.max_steps=1", "resume=false", "checkpoint.every=0", "dev.every=0",
            "logging.wandb=false", "logging.tensorboard=false", "logging.progress=false"]
     model = [f"model.path={args.model}"] if args.model else []
     if args.config:
@@ -119,7 +122,7 @@ def timed_config(args: argparse.Namespace, scratch: Path) -> VASDConfig:
     write_jsonl(anchors, make_records(args.rollouts + 8, args.seed))
     G = max(1, args.rollouts // args.micro_batch_size)
     defaults = [f"model.path={args.model or BUNDLED_MODEL_DIR}", f"data.limit={3 * args.rollouts}",
-                f"data.seed={args.seed + 1}", f"regularizer.anchor_path={anchors}",
+                f"data.seed={args.seed + 1}", f"anchor.path={anchors}",
                 f"train.micro_batch_size={args.micro_batch_size}", f"train.grad_accum_steps={G}",
                 f"rollout.max_new_tokens={args.max_new_tokens}", "loss.keep_truncated=true"]  # time every final reply
     return load_config(VASDConfig, None, [*defaults, *args.overrides, *run])
@@ -152,34 +155,34 @@ def step_figures(cfg: VASDConfig, repeats: int, sft_micro_batch_size: int, profi
         tokenizer = load_tokenizer(cfg.model.path)
         instances, _, _ = load_rollout_tasks(cfg)
         anchors = []
-        if cfg.regularizer.kind in ("anchor", "both"):
-            anchors, _ = load_corpus(cfg.regularizer.anchor_path, tokenizer, cfg.regularizer.anchor_max_seq_len,
-                                     progress=False, targets=cfg.regularizer.anchor_targets)
+        if cfg.anchor.share > 0:
+            anchors, _ = load_corpus(cfg.anchor.path, tokenizer, cfg.anchor.max_seq_len, progress=False,
+                                     targets=cfg.anchor.targets)
         model = build_model(cfg, device=str(accelerator.device))
         vasd = VASDStep(cfg, accelerator, model, tokenizer, instances, anchors, cfg.train.max_steps)
     clock = _Clock()
-    convs = clock.time("rollout", lambda: vasd.rollouts(1))
+    convs = clock.time("rollouts", lambda: vasd.rollouts(1))
     batches: list[dict] = []
     for _ in range(repeats):
-        batches = clock.time("teacher", lambda: vasd.micro_batches(convs, 1)[0])
+        batches = clock.time("teacher", lambda: vasd.teacher(convs, 1)[0])
         kept = [dict(b) for b in batches]  # the student pops the counts
         clock.time("student", lambda kept=kept: vasd.student(kept))
         vasd.optimizer.zero_grad(set_to_none=True)
         clock.time("bare", lambda batches=batches: _bare_passes(vasd, convs, batches))
         vasd.optimizer.zero_grad(set_to_none=True)
     if profiled:  # one student pass under the profiler, then its gradients dropped
-        again = [dict(b) for b in vasd.micro_batches(convs, 1)[0]]
+        again = [dict(b) for b in vasd.teacher(convs, 1)[0]]
         shares = profile(lambda: vasd.student(again), vasd.policy)
         vasd.optimizer.zero_grad(set_to_none=True)
-    vasd.student([dict(b) for b in vasd.micro_batches(convs, 1)[0]])
-    clock.time("optimizer", lambda: vasd.update(convs))
-    phases = ("rollout", "teacher", "student", "optimizer")
+    vasd.student([dict(b) for b in vasd.teacher(convs, 1)[0]])
+    clock.time("update", lambda: vasd.update(convs))
+    phases = ("rollouts", "teacher", "student", "update")
     step_s = sum(clock.median(name) for name in phases)
     step_cpu_s = sum(clock.median(name, cpu=True) for name in phases)
     figures = {"rollouts": len(convs), "precision": "bf16_copy" if vasd.copy.params else accelerator.mixed_precision,
                **{f"{name}_s": clock.median(name) for name in phases},
                **{f"{name}_cpu_s": clock.median(name, cpu=True) for name in phases},
-               "step_s": step_s, "step_cpu_s": step_cpu_s, "rollout_share": clock.median("rollout") / step_s,
+               "step_s": step_s, "step_cpu_s": step_cpu_s, "rollouts_share": clock.median("rollouts") / step_s,
                "bare_passes_s": clock.median("bare"),
                "overhead_ratio": (sum(clock.wall["teacher"]) + sum(clock.wall["student"])) / sum(clock.wall["bare"])}
     # The roofline of the passes without rollouts: the teacher's forward over its single-turn rows,
@@ -187,7 +190,7 @@ def step_figures(cfg: VASDConfig, repeats: int, sft_micro_batch_size: int, profi
     dims = shape(vasd.policy)
     counts = [b["counts"] for b in batches]
     lengths = [int(n) for b in batches for n in b["attention_mask"].sum(1)]
-    head_rows = int(sum((b[f"{term}_targets"] != IGNORE).sum() for b in batches for term in TERMS))
+    head_rows = int(sum((targets != IGNORE).sum() for b in batches for targets in b["targets"].values()))
     teacher_lengths = [len(p) + len(rollout_from(c).answer_ids) for c in convs if c.stop_reason == "last_turn"
                        for p in teacher_prompts(tokenizer, c.instance, ["full"])]
     flops = train_flops(dims, lengths, head_rows) + forward_flops(dims, teacher_lengths, 0)
@@ -235,9 +238,9 @@ def _bare_passes(vasd: VASDStep, convs: list, batches: list[dict]) -> None:
     model = vasd.policy
     with vasd.accelerator.autocast():
         for batch in batches:
-            labels = batch["distill_targets"].clone()
-            for term in ("anchor", "labels", "corrections", "reward"):
-                labels = torch.where(labels != IGNORE, labels, batch[f"{term}_targets"])
+            labels = torch.full_like(batch["input_ids"], IGNORE)
+            for targets in batch["targets"].values():  # every term's positions, once
+                labels = torch.where(labels != IGNORE, labels, targets)
             logits = model(input_ids=batch["input_ids"], **body_inputs(batch)).logits
             ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE)
             ce.backward()

@@ -114,10 +114,10 @@ def make_plan(args: argparse.Namespace) -> dict:
             overrides = [*common, f"data.path={corpus}", "train.micro_batch_size=4", "train.grad_accum_steps=1"]
         else:
             overrides = [*common, "data.source=actions-gen:train", "data.task=actions", "data.limit=32",
-                         "exclude.sources=[]", f"regularizer.anchor_path={corpus}", "rollout.backend=hf",
+                         "exclude.sources=[]", f"anchor.path={corpus}", "rollout.backend=hf",
                          f"rollout.max_new_tokens={args.rollout_tokens}", "loss.keep_truncated=true",
                          "train.micro_batch_size=2", "train.grad_accum_steps=2", "logging.samples_every=0",
-                         "eval.every=0"]
+                         "dev.every=0"]
             if args.stage == 3:
                 overrides += ["lora.enabled=true", "teacher.mode=frozen"]
         overrides += list(args.override)

@@ -307,9 +307,10 @@ def _build(cls: type, data: dict, source: str, prefix: str = "") -> Any:
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - set(fields), key=str)
-    if unknown:
-        raise FicError(f"unknown key; expected one of: {', '.join(sorted(fields))}",
-                       path=source, field=prefix + unknown[0])
+    if unknown:  # a class may say where an old key went (`moved`: (old key, message) or None)
+        moved = getattr(cls, "moved", lambda data, unknown: None)(data, unknown)
+        raise FicError(moved[1] if moved else f"unknown key; expected one of: {', '.join(sorted(fields))}",
+                       path=source, field=prefix + (moved[0] if moved else unknown[0]))
     kwargs = {}
     for name, value in data.items():
         key = prefix + name

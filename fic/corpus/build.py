@@ -13,7 +13,7 @@ conversation per line, in three kinds:
 - `single_turn`: the full prompt in one turn and the gold reply, so single-turn skill is kept.
 - `partial`: a single-turn request that is not complete yet (the first k shards in the task's
   concat rendering, k < N) and a reply that asks for or waits for what is missing. VASD's
-  per-turn teacher (`loss.turns: all`) reads exactly such requests, so stage 1 must teach the
+  per-turn teacher (`terms.turns.replies: all`) reads exactly such requests, so stage 1 must teach the
   model what to do with them; the reply obeys the same no-leak check as every early reply.
 
 Record: `{"id", "task_id", "task", "kind", "messages": [{"role", "content", "train"}],

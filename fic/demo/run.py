@@ -94,7 +94,7 @@ class DemoDataSection:
                         max=MAX_INSTANCES)
     dev: int = setting(256, "Dev instances: settings are chosen on them (the stage 2 ablation; its paired sign "
                        "tests need a few hundred), the premise is measured on them, and stage 1's dev "
-                       "curve and VASD's in-training evaluation read them (sft.dev.every, vasd.eval.every).", min=1,
+                       "curve and VASD's in-training evaluation read them (sft.dev.every, vasd.dev.every).", min=1,
                        max=MAX_INSTANCES)
     test: int = setting(128, "Test instances: every stage is evaluated on them.", min=1, max=MAX_INSTANCES)
     test_unseen: int = setting(64, "Instances of functions never seen in training, reported separately.", min=1,
@@ -316,10 +316,10 @@ def stage_vasd(cfg: DemoConfig, progress: bool) -> dict:
     v = cfg.vasd
     v.model.path, v.out, v.logging.progress = str(model_of(cfg, "sft")), str(paths(cfg)["vasd"]), progress
     v.data.source, v.data.task = [f"jsonl:{split_file(cfg, 'train')}"], cfg.data.task
-    v.regularizer.anchor_path = str(paths(cfg)["data"] / "sft.sft.jsonl")
+    v.anchor.path = str(paths(cfg)["data"] / "sft.sft.jsonl")
     v.exclude.sources = [f"jsonl:{split_file(cfg, s)}" for s in ("dev", *EVAL_SETS)]
-    if v.eval.every:
-        v.eval.data.source, v.eval.data.task = [f"jsonl:{split_file(cfg, 'dev')}"], cfg.data.task
+    if v.dev.every:
+        v.dev.data.source, v.dev.data.task = [f"jsonl:{split_file(cfg, 'dev')}"], cfg.data.task
     return _train("vasd", v, train_vasd.train, demo_token(cfg))
 
 

@@ -1,7 +1,7 @@
 """The live model of a training run, evaluated as it trains: a `fic eval` of the weights in
 memory (no checkpoint written), greedy, under LiC's rules, reduced to the figures a training
 curve draws. SFT's dev curve (`dev.every`, the plateau rule) and VASD's held-out evaluation
-(`eval.every`) both read it, on every rank of a multi-process run.
+(`dev.every` too) both read it, on every rank of a multi-process run.
 """
 
 from __future__ import annotations

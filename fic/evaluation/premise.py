@@ -1,6 +1,6 @@
 """Ask or answer: does a model notice missing information better in one turn than over several?
 
-VASD's per-turn teacher (`loss.turns: all`) reads, at every turn k of a sharded conversation,
+VASD's per-turn teacher (`terms.turns.replies: all`) reads, at every turn k of a sharded conversation,
 the same request as one single-turn message: the first k shards in the task's concat view. It
 can only teach the student to wait if the model, reading that partial request in one turn,
 answers less often than it does at the same point of the conversation. This measures both on

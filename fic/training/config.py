@@ -11,10 +11,23 @@ recipe lists every key and a YAML with an unknown key is an error.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
-from fic.core.config import MAX_ACCUMULATION, MAX_BATCH, MAX_EPOCHS, MAX_RANK, MAX_REPEATS, MAX_STEPS, setting
+from fic.core.config import (
+    MAX_ACCUMULATION,
+    MAX_BATCH,
+    MAX_EPOCHS,
+    MAX_RANK,
+    MAX_REPEATS,
+    MAX_STEPS,
+    MAX_TOKENS,
+    flatten,
+    setting,
+)
 from fic.core.errors import FicError, one_line
 from fic.core.optional import installed, missing
+from fic.data.sources import InstancesSection
+from fic.data.views import VIEWS
 
 DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -145,6 +158,24 @@ def _check_tensorboard(source: str) -> None:
 
 
 @dataclass
+class DevSection:
+    """The live model scored on dev instances as it trains (`fic.evaluation.live`): SFT's dev curve
+    and VASD's held-out evaluation, one section, the same keys."""
+
+    every: int = setting(0, "Score the live model on the dev instances every this many steps and at the end (0: "
+                         "never). SFT stops at its plateau rule (dev.metric); VASD also scores before the first "
+                         "step, and logs the divergence per answer token on the dev tasks' greedy rollouts.", min=0,
+                         max=MAX_STEPS)
+    data: InstancesSection = setting(InstancesSection(limit=32), "Dev instances, drawn with their own seed; never "
+                                     "evaluation data (name the evaluation's recipes in exclude.sources) nor, in "
+                                     "VASD, a rollout task (checked).")
+    views: list[str] = setting(["sharded"], f"Views the dev probe plays, from: {', '.join(VIEWS)} (VASD: empty, "
+                               "the divergence only).")
+    max_new_tokens: int = setting(256, "Most tokens of one dev reply.", min=1, max=MAX_TOKENS)
+    batch_size: int = setting(16, "Most dev conversations per generation forward pass.", min=1, max=MAX_BATCH)
+
+
+@dataclass
 class RunConfig:
     """What every training run has; recipes add their data and loss sections."""
 
@@ -168,3 +199,16 @@ class RunConfig:
             raise FicError("expected at least one module name", path=source, field="lora.target_modules")
         if not self.out.strip():
             raise FicError("expected an output folder", path=source, field="out")
+
+
+def moved_key(renamed: dict[str, str], data: dict, unknown: Sequence[str]) -> tuple[str, str] | None:
+    """A config class's `moved` hook (`fic.core.config`): for the first unknown key that `renamed`
+    (an old dotted key, or a whole old section, -> where it went) names, the longest old name
+    first, (that key, "renamed: now ..."), so an old config fails in one line that says what to
+    write instead; None for a key never known."""
+    for leaf in (leaf for key in unknown for leaf in flatten({key: data[key]})):
+        parts = leaf.split(".")
+        old = next((name for name in (".".join(parts[:n]) for n in range(len(parts), 0, -1)) if name in renamed), None)
+        if old:
+            return old, f"renamed: now {renamed[old]}"
+    return None

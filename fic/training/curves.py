@@ -4,8 +4,8 @@
   dev curve (`dev_*`) when the run scores itself on dev instances as it trains.
 - VASD: the divergence per answer token, the regulariser terms (anchor cross-entropy and
   reference divergence), rollout accuracy, premature-answer and final-not-answer rates,
-  tokens per rollout, the peak memory so far, and the held-out figures (`eval_*`) when the
-  run evaluates as it trains.
+  tokens per rollout, the peak memory so far, and the held-out dev figures (`dev_*`) when the
+  run scores itself as it trains.
 
 `RunLog` (fic.training.loop) redraws it every few minutes and at the end; `fic report RUN_DIR`
 redraws it from the file at any time, also while the run is writing it (a line being written
@@ -37,7 +37,7 @@ VASD_PANELS = [
     ("premature answers", "share of rollouts", ["premature_answer_rate", "final_not_answer_rate"]),
     ("tokens", "generated tokens per rollout", ["rollout_tokens"]),
     ("memory", "peak memory of the process (MiB)", ["peak_memory_mb"]),
-    ("held-out evaluation", "value", "eval_"),  # every eval_* key
+    ("held-out dev tasks", "value", "dev_"),  # every dev_* key (dev.every)
 ]
 
 

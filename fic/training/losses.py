@@ -330,6 +330,13 @@ def divergence_rows(head: Callable, student_hidden: torch.Tensor, teacher_head: 
 
 # --------------------------------------------------------------------------- the window
 
+def to_device(value: Any, device: Any) -> Any:
+    """A batch entry on `device`: a tensor, or a mapping of them (VASD's term tables)."""
+    if isinstance(value, dict):
+        return {key: to_device(item, device) for key, item in value.items()}
+    return value.to(device) if torch.is_tensor(value) else value
+
+
 def window_backward(accelerator: Any, loss_module: torch.nn.Module, batches: list[dict],
                     counts: list[dict[str, float]], weights: dict[str, float],
                     after_backward: Callable[[], None] | None = None) -> dict[str, float]:
@@ -354,7 +361,7 @@ def window_backward(accelerator: Any, loss_module: torch.nn.Module, batches: lis
     sums = {name: torch.zeros((), dtype=torch.float64, device=device) for name in weights}
     for index, batch in enumerate(batches):
         with accelerator.accumulate(loss_module):
-            terms = loss_module(**{k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()})
+            terms = loss_module(**to_device(batch, device))
             loss = sum(weights[name] * terms[name] / totals[name] for name in weights if totals.get(name, 0) > 0)
             if not torch.is_tensor(loss):  # no positions anywhere: still run backward so ranks stay in step
                 loss = sum(terms[name] * 0.0 for name in weights)

@@ -14,15 +14,14 @@ from typing import Any, Sequence
 import torch
 
 from fic import tasks
-from fic.core.config import MAX_ACCUMULATION, MAX_BATCH, MAX_REPEATS, MAX_STEPS, setting
+from fic.core.config import MAX_ACCUMULATION, MAX_REPEATS, setting
 from fic.core.errors import FicError, cut_short_on_sigterm
 from fic.core.files import check_writable
 from fic.core.model import check_model_folder
 from fic.core.stats import CURVE_FIGURES
-from fic.data.sources import InstancesSection
-from fic.data.views import VIEWS, check_views
+from fic.data.views import check_views
 from fic.training import loop
-from fic.training.config import RunConfig
+from fic.training.config import DevSection, RunConfig
 from fic.training.data import DataOrder, Example, collate
 from fic.training.losses import TargetLoss, target_counts, window_backward
 
@@ -46,21 +45,14 @@ class DataSection:
 
 
 @dataclass
-class DevCurveSection:
-    every: int = setting(0, "Score the live model every this many steps on the dev instances (0: never), and stop "
-                         "at the plateau rule (patience, min_delta) or at train.max_steps, whichever comes first: "
-                         "a stage trained to where it stops improving, not to a step count.", min=0, max=MAX_STEPS)
-    data: InstancesSection = setting(InstancesSection(limit=32), "Dev instances; never evaluation data (name "
-                                     "the evaluation's recipes in the corpus's exclude.sources).")
-    views: list[str] = setting(["sharded"], f"Views the dev probe plays, from: {', '.join(VIEWS)}.")
+class DevCurveSection(DevSection):
+    """`DevSection` with the plateau rule that ends an SFT run."""
+
     metric: str = setting("sharded_P", "The figure the plateau rule reads: <view>_P, <view>_first_answer_accuracy "
                           "(0-100) or <view>_premature_answer_rate (lower is better).")
     patience: int = setting(2, "Stop after this many dev scores in a row without a gain of min_delta over the best "
                             "so far.", min=1, max=MAX_REPEATS)
     min_delta: float = setting(2.0, "The smallest gain that counts, in the metric's units (points of P).", min=0.0)
-    max_new_tokens: int = setting(256, "Most tokens of one dev reply.", min=1)
-    batch_size: int = setting(16, "Most dev conversations per generation forward pass.", min=1,
-                              max=MAX_BATCH)
 
 
 @dataclass

@@ -96,5 +96,5 @@ def test_atomic_write_leaves_old_file_when_interrupted(tmp_path):
 def test_every_config_verb_lists_its_keys_with_their_help(verb, capsys):
     assert main([*verb, "--keys"]) == 0
     listing = capsys.readouterr().out
-    key = {"sft": "data.path", "vasd": "regularizer.anchor_path"}.get(verb[-1], "data.source" if verb != ["demo"] else "sft.data.path")
+    key = {"sft": "data.path", "vasd": "anchor.path"}.get(verb[-1], "data.source" if verb != ["demo"] else "sft.data.path")
     assert f"{key} (" in listing and "default" in listing

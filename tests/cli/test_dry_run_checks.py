@@ -82,7 +82,7 @@ def test_a_local_looking_model_that_is_not_there_is_one_line_at_once(model, dry,
 
 @pytest.mark.parametrize("verb", [["probe", "data.source=jsonl:{data}"],
                                   ["train", "sft", "data.path={data}"],
-                                  ["train", "vasd", "data.source=jsonl:{data}", "regularizer.kind=none", "train.max_steps=1"]])
+                                  ["train", "vasd", "data.source=jsonl:{data}", "anchor.share=0", "train.max_steps=1"]])
 def test_every_verbs_dry_run_checks_the_model_folder(verb, tmp_path, capsys, nothing_loads):
     data = jsonl(tmp_path / "d.jsonl", MATH)
     key = "model.model" if verb[0] == "probe" else "model.path"

@@ -470,7 +470,7 @@ def test_gpu_check_dry_run_prints_every_command(tmp_path, tools):
         assert (config.model.dtype, config.train.mixed_precision) == ("float32", "bf16")
         assert config.train.max_steps == 3 and not config.logging.wandb
     assert sft.data.path == corpus.out and sft.out == f"{out}/sft"
-    assert vasd.model.path == f"{out}/sft/final" and vasd.regularizer.anchor_path == corpus.out
+    assert vasd.model.path == f"{out}/sft/final" and vasd.anchor.path == corpus.out
     assert vasd.rollout.backend == ("vllm" if both else "hf")
     if both:
         assert configs["zero2-sft"].train.mixed_precision == "auto"  # bf16 from the launch file

@@ -226,7 +226,7 @@ def test_one_sft_step_and_one_vasd_step_train_on_the_variant(qwen_model, corpus,
     vasd = tmp_path / "vasd"
     assert main(["train", "vasd", "--config", str(RECIPES / "vasd.yaml"), f"model.path={sft / 'final'}",
                  "data.source=actions-gen:train", "data.task=actions", "data.limit=4", "exclude.sources=[]",
-                 f"regularizer.anchor_path={corpus}", f"out={vasd}", "train.max_steps=1", "train.micro_batch_size=2",
+                 f"anchor.path={corpus}", f"out={vasd}", "train.max_steps=1", "train.micro_batch_size=2",
                  "train.grad_accum_steps=1", "rollout.max_new_tokens=8", "loss.keep_truncated=true",
                  "logging.progress=false", "logging.wandb=false", "logging.samples_every=0"]) == 0
     out = capsys.readouterr().out

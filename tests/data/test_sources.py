@@ -299,7 +299,7 @@ def test_every_stage_counts_the_same_reasons(tmp_path):
     singles = write_jsonl(tmp_path / "singles.jsonl", [
         {"task_id": "one", "task": "math", "question": "Ann has 3 apples. How many?", "answer": "#### 3",
          "shards": [{"shard_id": 1, "shard": "Ann has 3 apples. How many?"}]}])
-    cfg = load_config(VASDConfig, None, [f"data.source=jsonl:{singles}", "regularizer.kind=none", "train.max_steps=1"])
+    cfg = load_config(VASDConfig, None, [f"data.source=jsonl:{singles}", "anchor.share=0", "train.max_steps=1"])
     with pytest.raises(FicError, match=f"1 x {SINGLE_SHARD}") as err:
         load_rollout_tasks(cfg)
     assert err.value.field == "data.source" and "\n" not in str(err.value)

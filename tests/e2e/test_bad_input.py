@@ -95,7 +95,7 @@ WALK = {
                 "train.max_steps=1", "logging.wandb=false", "logging.progress=false"],
         "input": ["--config", "{bad}"], "input_kind": "file"},
     "train vasd": {
-        "out": ["--config", "{vasd_yaml}", "model.path={model}", "regularizer.anchor_path={corpus}", "out={out}/run",
+        "out": ["--config", "{vasd_yaml}", "model.path={model}", "anchor.path={corpus}", "out={out}/run",
                 "train.max_steps=1", "logging.wandb=false", "logging.progress=false"],
         "input": ["--config", "{bad}"], "input_kind": "file"},
     "report": {

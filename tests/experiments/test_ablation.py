@@ -24,7 +24,7 @@ def test_a_miniature_ablation_trains_every_variant_and_writes_its_table(tiny_mod
     the choice of the rule fixed in the config; then (ablation.test) the start, stage 1, the
     choice, a variant asked for and the control on test and test-unseen, in float32."""
     out = tmp_path / "demo"
-    variants = "ablation.variants={final: [], per-turn: [loss.turns=all]}"
+    variants = "ablation.variants={final: [], per-turn: [terms.turns.replies=all]}"
     assert ablation.main(["--recipes", str(RECIPES), *small(tiny_model_dir, out)[:-1], variants, "ablation.seeds=[0,1]",
                           "ablation.test=true", "ablation.test_runs=[per-turn]", "--quiet"]) == 0
     printed = capsys.readouterr().out

@@ -15,7 +15,7 @@ from ablation import check_variants, load, vasd_config
 from fic.cli.main import main
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes" / "smollm2-135m-instruct"
-VARIANTS = "ablation.variants={a: [], b: [labels.weight=1.0, train.max_steps=64]}"
+VARIANTS = "ablation.variants={a: [], b: [terms.labels.weight=1.0, train.max_steps=64]}"
 
 
 def dry_run(capsys, out: Path, *overrides: str) -> str:
@@ -111,10 +111,11 @@ def test_the_shipped_variants_are_each_their_own_run():
     check_variants(cfg)  # raises where two shipped variants are one run under two names
     configs = {name: vasd_config(cfg, list(o), Path("train")) for name, o in cfg.ablation.variants.items()}
     assert configs["vasd-full-view"].teacher.view == "full" != configs["vasd-hinted"].teacher.view  # the paper's VASD
-    assert configs["vasd-labels"].labels.weight == 1.0 and configs["vasd-hinted"].labels.weight == 0
+    assert configs["vasd-labels"].terms.labels.weight == 1.0 and configs["vasd-hinted"].terms.labels.weight == 0
     assert configs["corrections"].loss.weight == 0 == configs["reward"].loss.weight  # no teacher pass
-    assert configs["reward"].reward.weight == 1.0 and configs["reward"].rollout.temperature > 0
-    assert configs["reward"].reward.unanswered_reward < 0 and configs["reward"].regularizer.kind == "both"
+    assert configs["reward"].terms.reward.weight == 1.0 and configs["reward"].rollout.temperature > 0
+    assert configs["reward"].terms.reward.unanswered_reward < 0 and configs["reward"].terms.reference.weight > 0
+    assert configs["reward"].anchor.share > 0  # beside the anchor: the demo's `both`
     # 16 rollouts a step, the arm measured on dev, in the student micro-batches that keep it under 8 GB
     assert (configs["reward"].train.micro_batch_size, configs["reward"].train.grad_accum_steps) == (2, 8)
 
@@ -196,7 +197,7 @@ def test_the_ablations_settings_file_is_read_and_the_command_line_wins(tmp_path,
     """--config holds the `ablation` keys (checked as that file's); key=value overrides either the
     demo's settings or the ablation's, and a demo stage's own process is given only the demo's."""
     settings = tmp_path / "ablation.yaml"
-    settings.write_text("variants: {a: [], b: [labels.weight=1.0]}\nseeds: [0, 1]\ntest: true\n")
+    settings.write_text("variants: {a: [], b: [terms.labels.weight=1.0]}\nseeds: [0, 1]\ntest: true\n")
     cfg = load(str(RECIPES), str(settings), ["ablation.seeds=[0,2]", "data.dev=96"])
     assert list(cfg.ablation.variants) == ["a", "b"] and cfg.ablation.test and cfg.data.dev == 96
     assert cfg.ablation.seeds == [0, 2] and cfg.ablation.control  # the command line wins; the rest keeps its default

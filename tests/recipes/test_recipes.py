@@ -107,8 +107,8 @@ def path_values(path: Path) -> list[tuple[str, str]]:
     elif stem == "vasd":
         if (data.get("model") or {}).get("path"):
             found.append(("model.path", data["model"]["path"]))
-        if (data.get("regularizer") or {}).get("anchor_path"):
-            found.append(("regularizer.anchor_path", data["regularizer"]["anchor_path"]))
+        if (data.get("anchor") or {}).get("path"):
+            found.append(("anchor.path", data["anchor"]["path"]))
         for spec in (data.get("exclude") or {}).get("sources") or []:
             found.append(("exclude.sources", source_path(spec) or spec))
     elif stem == "demo":  # every other path of a demo is under its own `out`, wired by fic/demo/run.py
@@ -198,7 +198,7 @@ def test_stages_of_a_backbone_chain(folder):
         assert not lora_sft or sft.get("save_merged"), "a LoRA SFT must save_merged for VASD to start from"
         wanted = f"{sft['out'].rstrip('/')}/{'final-merged' if lora_sft else 'final'}"
         assert vasd["model"]["path"] == wanted, f"vasd.yaml does not start from what sft.yaml saves ({wanted})"
-        assert vasd["regularizer"]["anchor_path"] == load("sft-data.yaml")["out"], \
+        assert vasd["anchor"]["path"] == load("sft-data.yaml")["out"], \
             "vasd.yaml's anchor is not the SFT corpus sft-data.yaml writes"
         excluded = (vasd.get("exclude") or {}).get("sources") or []
         assert f"recipes/{folder.name}/eval.yaml" in excluded, "vasd.yaml does not keep eval.yaml's data out"

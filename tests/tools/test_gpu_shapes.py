@@ -54,7 +54,7 @@ def test_recipe_sizing_recomputes_at_a_measured_mfu(backbone):
     n = random_models.parameter_count(random_weights.make_config(random_models.load_shape(backbone)))
     vasd = load_config(VASDConfig, REPO / "recipes" / backbone / "vasd.yaml")
     phases = shapes.recipe_phases("vasd", vasd, n)
-    assert {phases["rollout"]["c"], phases["teacher"]["c"]} == {2}  # forwards only
+    assert {phases["rollouts"]["c"], phases["teacher"]["c"]} == {2}  # forwards only
     assumed = {p: s["assumed_mfu"] for p, s in phases.items()}
     assert shapes.hours_at(phases, assumed) == pytest.approx(sum(s["hours"] for s in phases.values()))
     assert shapes.hours_at(phases, {"student": 0.5}) < shapes.hours_at(phases, {})
@@ -104,7 +104,7 @@ def test_sft_figures_leave_out_the_warm_up_steps(tmp_path, steps, timed):
     seconds = [4.0, 4.0, 0.5, 0.5, 0.5, 0.5][:steps]
     tokens = [2000, 3000, 2200, 2400, 2000, 2600][:steps]
     probe = {"phases": {"student": [{"seconds": s, "positions": t + 100, "forwards": 1} for s, t in zip(seconds, tokens)],
-                        "optimizer": [{"seconds": 0.0, "positions": 0, "forwards": 0}] * steps},
+                        "update": [{"seconds": 0.0, "positions": 0, "forwards": 0}] * steps},
              "model": {"parameters": 3_000_000_000, "trainable_parameters": 3_000_000_000, "layers": 28,
                        "dtype": "bfloat16"}, "peak_rss_bytes": GIB}
     (tmp_path / "probe.json").write_text(json.dumps(probe))
@@ -200,7 +200,7 @@ def test_plan_runs_each_recipe_at_its_own_shape(backbone):
             assert (run.rollout.max_conversation_tokens, run.rollout.temperature) == (
                 recipe.rollout.max_conversation_tokens, recipe.rollout.temperature)
             assert run.rollout.backend == "hf" and run.rollout.max_new_tokens == 112 and run.loss.keep_truncated
-            assert (run.teacher, run.regularizer.anchor_share) == (recipe.teacher, recipe.regularizer.anchor_share)
+            assert (run.teacher, run.anchor.share) == (recipe.teacher, recipe.anchor.share)
             assert run.data.source == ["actions-gen:train"] and run.exclude.sources == []
         argv = info["command"]
         if info["engine"] == "deepspeed":
@@ -274,7 +274,7 @@ def test_tiny_shapes_run_end_to_end_on_cpu(tmp_path, smollm2_dir, capsys):
     assert vasd["lora_r"] == 16 and sft["lora_r"] is None
     assert sft["tokens_per_s"] > 0 and 0 < sft["mfu"] and 0 <= sft["padding_share"] < 1
     assert 200 < sft["mean_sequence_tokens"] < 500  # actions-gen conversations, like the recipes' ~300
-    for phase in ("rollout", "teacher", "student"):
+    for phase in ("rollouts", "teacher", "student"):
         assert vasd["phases"][phase]["positions_per_step"] > 0 and vasd["phases"][phase]["mfu"] > 0, phase
     assert 1 <= vasd["decode"]["mean_rows"] <= 2 and vasd["decode"]["roofline_tokens_per_s"] > 0
     assert vasd["generated_tokens_per_rollout"] > 0

@@ -21,7 +21,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 SFT_STEPS = [{"step": s, "loss": 2.0 / s, "lr": 1e-4 * s, "grad_norm": 1.5 - 0.1 * s, "target_tokens": 40,
               "tokens": 90, "epoch": 0.1 * s, "target_tokens_per_s": 300.0,
               "peak_memory_mb": 900 + s} for s in range(1, 6)]
-VASD_STEPS = [{"step": 0, "eval_divergence_per_token": 0.9, "eval_sharded_P": 10.0}] + [
+VASD_STEPS = [{"step": 0, "dev_divergence_per_token": 0.9, "dev_sharded_P": 10.0}] + [
     {"step": s, "loss": 0.5, "divergence_per_token": 0.4 / s, "anchor_ce": 1.1, "reference_divergence": None,
      "rollout_accuracy": 0.1 * s, "premature_answer_rate": 0.5 - 0.05 * s, "final_not_answer_rate": 0.2,
      "rollout_tokens": 80.0 + s, "lr": 1e-5, "grad_norm": 0.3, "peak_memory_mb": 1200} for s in range(1, 5)]
@@ -46,7 +46,7 @@ def test_a_run_figure_has_one_named_axis_per_quantity(records, kind, panels):
         assert {"loss", "lr", "grad_norm", "peak_memory_mb"} <= drawn
     else:
         assert {"divergence_per_token", "anchor_ce", "rollout_accuracy", "premature_answer_rate", "rollout_tokens",
-                "eval_sharded_P", "peak_memory_mb"} <= drawn
+                "dev_sharded_P", "peak_memory_mb"} <= drawn
         assert "reference_divergence" not in drawn  # never logged: no empty line drawn for it
 
 

@@ -212,7 +212,7 @@ SFT_SMALL=(data.path="$CORPUS" train.max_steps="$STEPS" train.micro_batch_size=4
            optim.warmup_steps=0 checkpoint.every=0 logging.wandb=false)
 # The recipe's rollout sizes (256 new tokens, 8 rollouts a step): enough for some final replies to end
 # with their end-of-turn token, which the log-prob check needs.
-VASD_SMALL=(model.path="$OUT/sft/final" regularizer.anchor_path="$CORPUS" data.limit=32 train.max_steps="$STEPS"
+VASD_SMALL=(model.path="$OUT/sft/final" anchor.path="$CORPUS" data.limit=32 train.max_steps="$STEPS"
             optim.warmup_steps=0 checkpoint.every=0 logging.wandb=false logging.samples_every=0
             rollout.backend="$BACKEND")
 if [[ $WEIGHTS == random ]]; then

@@ -103,8 +103,8 @@ def markdown(data: dict) -> str:
             continue
         p, d = s.get("phases", {}), s.get("decode") or {}
         vasd.append(f"| {backbone} | {_num(s.get('step_s'), '{:.1f}')} | "
-                    f"{_num(p.get('rollout', {}).get('seconds_per_step'), '{:.1f}')} | "
-                    f"{_pct(p.get('rollout', {}).get('mfu'))} | {_pct(p.get('teacher', {}).get('mfu'))} | "
+                    f"{_num(p.get('rollouts', {}).get('seconds_per_step'), '{:.1f}')} | "
+                    f"{_pct(p.get('rollouts', {}).get('mfu'))} | {_pct(p.get('teacher', {}).get('mfu'))} | "
                     f"{_pct(p.get('student', {}).get('mfu'))} | {_num(d.get('mean_rows'), '{:.0f}')} | "
                     f"{_num(d.get('forward_tokens_per_s'))} | {_num(s.get('rollout_tokens_per_s'))} | "
                     f"{_num(d.get('roofline_tokens_per_s'))} | {_pct(d.get('rollout_share_of_roofline'))} | "

@@ -84,7 +84,7 @@ class Probe:
         if self.current is not None:
             self.current["positions"] += positions
             self.current["forwards"] += 1
-        if self.phase == "rollout":
+        if self.phase == "rollouts":
             _sync()
             self._forward_began = time.perf_counter()
             self._shape = shape
@@ -92,7 +92,7 @@ class Probe:
             self._context = int(cache.get_seq_length()) if cache is not None and hasattr(cache, "get_seq_length") else 0
 
     def after_forward(self, module: Any, args: tuple, kwargs: dict, output: Any) -> None:
-        if self.phase != "rollout" or self._forward_began is None:
+        if self.phase != "rollouts" or self._forward_began is None:
             return
         _sync()
         seconds = time.perf_counter() - self._forward_began
@@ -162,7 +162,7 @@ def install(probe: Probe, method: str) -> Any:
 
     build_model = loop.build_model
     loop.build_model = lambda *a, **k: probe.watch(build_model(*a, **k))
-    loop.optimizer_step = probe.phased("optimizer", loop.optimizer_step)
+    loop.optimizer_step = probe.phased("update", loop.optimizer_step)
     if method == "sft":
         import fic.train_sft as recipe
         from fic.training import sft
@@ -172,8 +172,8 @@ def install(probe: Probe, method: str) -> Any:
         import fic.train_vasd as recipe
         from fic.training.vasd.step import VASDStep
 
-        VASDStep.rollouts = probe.phased("rollout", VASDStep.rollouts)
-        VASDStep.micro_batches = probe.phased("teacher", VASDStep.micro_batches)
+        VASDStep.rollouts = probe.phased("rollouts", VASDStep.rollouts)
+        VASDStep.teacher = probe.phased("teacher", VASDStep.teacher)
         VASDStep.student = probe.phased("student", VASDStep.student)
     return recipe
 

@@ -90,7 +90,7 @@ GPU_PEAKS = (("H200 NVL", 835e12, 4.8e12), ("H200", 989e12, 4.8e12), ("H100 NVL"
 RECIPE_GPUS, RECIPE_PEAK = 8, 312e12
 RECIPE_PHASES = {
     "sft": {"student": (None, 5.8e6, 0.25)},
-    "vasd": {"rollout": (2, 9.0e6, 0.03), "teacher": (2, 6.7e6, 0.25), "student": (None, 1.4e7, 0.25)},
+    "vasd": {"rollouts": (2, 9.0e6, 0.03), "teacher": (2, 6.7e6, 0.25), "student": (None, 1.4e7, 0.25)},
 }
 GIB = 2**30
 
@@ -156,7 +156,7 @@ def memory_estimate(config: Any, stage: str, cfg: Any, layers: int, engine: str)
     if stage == "sft":
         tokens = cfg.train.micro_batch_size * cfg.data.max_seq_len
     else:
-        anchors = 1 if cfg.regularizer.kind in ("anchor", "both") and cfg.regularizer.anchor_share > 0 else 0
+        anchors = 1 if cfg.anchor.share > 0 else 0
         tokens = (cfg.train.micro_batch_size + anchors) * cfg.rollout.max_conversation_tokens
     if cfg.model.gradient_checkpointing:
         activations = tokens * hidden * (2 * layers + 34)
@@ -296,9 +296,9 @@ def stage_commands(args: argparse.Namespace, plan: dict, stage: str, layers: int
     else:
         rollouts = info["micro_batch_size"] * info["grad_accum_steps"]
         overrides += ["data.source=actions-gen:train", "data.task=actions", f"data.limit={rollouts * args.vasd_steps + 16}",
-                      "exclude.sources=[]", f"regularizer.anchor_path={corpus}", "rollout.backend=hf",
+                      "exclude.sources=[]", f"anchor.path={corpus}", "rollout.backend=hf",
                       f"rollout.max_new_tokens={args.rollout_tokens}", "loss.keep_truncated=true",
-                      f"train.max_steps={args.vasd_steps}", "logging.samples_every=0", "eval.every=0"]
+                      f"train.max_steps={args.vasd_steps}", "logging.samples_every=0", "dev.every=0"]
     if info["lora"]:
         overrides.append("save_merged=false")
     if info["engine"] == "plain":
@@ -443,7 +443,7 @@ def stage_results(stage: str, info: dict, plan: dict, peak: float | None, bandwi
     model = probe["model"]
     base = model["parameters"] - (model["trainable_parameters"] if cfg.lora.enabled else 0)
     c_train = flops_coefficient(cfg.lora.enabled, cfg.model.gradient_checkpointing)
-    coefficients = {"student": c_train, "teacher": 2, "rollout": 2}
+    coefficients = {"student": c_train, "teacher": 2, "rollouts": 2}
     out: dict = {"steps": steps, "timed_steps": len(timed), "layers": model["layers"], "parameters": base,
                  "trainable_parameters": model["trainable_parameters"], "dtype": model["dtype"],
                  "micro_batch_size": cfg.train.micro_batch_size, "grad_accum_steps": cfg.train.grad_accum_steps,
@@ -454,7 +454,7 @@ def stage_results(stage: str, info: dict, plan: dict, peak: float | None, bandwi
                  "peak_rss_gib": probe["peak_rss_bytes"] / GIB, "gpu": probe.get("gpu"),
                  "versions": {k: probe.get(k) for k in ("torch", "cuda", "transformers", "deepspeed")}, "phases": {}}
     mfu: dict = {}
-    for phase in ("rollout", "teacher", "student", "optimizer"):
+    for phase in ("rollouts", "teacher", "student", "update"):
         phase_calls = calls.get(phase, [])
         chosen = [phase_calls[i] for i in timed if i < len(phase_calls)]
         if not chosen:
@@ -482,7 +482,7 @@ def stage_results(stage: str, info: dict, plan: dict, peak: float | None, bandwi
     else:
         rollouts = cfg.train.micro_batch_size * cfg.train.grad_accum_steps
         generated = sum(rows[i].get("rollout_tokens", 0) * rollouts for i in timed)
-        rollout_s = sum(calls["rollout"][i]["seconds"] for i in timed if i < len(calls.get("rollout", [])))
+        rollout_s = sum(calls["rollouts"][i]["seconds"] for i in timed if i < len(calls.get("rollouts", [])))
         decode = probe["rollout_decode"]
         out["rollout_tokens_per_s"] = generated / rollout_s if rollout_s else None
         out["generated_tokens_per_rollout"] = statistics.mean(rows[i].get("rollout_tokens", 0) for i in timed) if timed else None
@@ -499,10 +499,10 @@ def stage_results(stage: str, info: dict, plan: dict, peak: float | None, bandwi
     phases = recipe_phases(stage, cfg, plan["full_parameters"])
     out["recipe"] = {"phases": phases, "compute_hours": sum(p["hours"] for p in phases.values())}
     if mfu:
-        kept = {k: v for k, v in mfu.items() if k != "rollout"}  # the recipes' rollouts run on vLLM
+        kept = {k: v for k, v in mfu.items() if k != "rollouts"}  # the recipes' rollouts run on vLLM
         out["recomputed_compute_hours"] = hours_at(phases, kept)
         out["recomputed_vs_recipe"] = out["recomputed_compute_hours"] / out["recipe"]["compute_hours"]
-        if stage == "vasd" and "rollout" in mfu:
+        if stage == "vasd" and "rollouts" in mfu:
             out["recomputed_compute_hours_hf_rollouts"] = hours_at(phases, mfu)
     return out
 

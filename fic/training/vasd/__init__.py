@@ -1,11 +1,19 @@
 """VASD (FiC stage 2): the recipe's settings and its step. The loop is `fic/train_vasd.py`.
 
-- `config`: `VASDConfig`, one section per part of a step; every rule between settings is checked
-  in `VASDConfig.check`, when the config loads.
+A step is four phases, rollouts -> teacher -> student -> update (`step.VASDStep`):
+
+- `config`: `VASDConfig`: the paper's VASD in the core sections, the plug-in terms under `terms:`;
+  every rule between settings is checked when the config loads.
 - `inputs`: what a run reads before it trains (rollout tasks, held-out tasks, checks).
-- `step`: `VASDStep`, one optimizer step (rollouts, teacher, student, update), which the recipe
-  takes and `fic bench vasd` times; one step's micro-batches and on-policy labels.
-- `teacher`: who plays teacher and reference, and the EMA teacher.
-- `distill`: the token layout (rollouts as student rows, the teacher's single-turn rows), the
-  loss terms and their weights (`TERMS`, `DistillLoss`).
+- `rollouts`: the engine that plays the rollouts on the current weights, and their figures.
+- `prompts`: the teacher's single-turn prompts (`teacher.view`).
+- `rows`: token spans as the student's rows of per-term targets and weights (pure).
+- `window`: a step's rows cut into its micro-batches, with what each network reads (pure).
+- `batches`: rows as tensors; the hidden states a network gives at chosen positions.
+- `teacher`: who plays teacher and reference, the EMA teacher, and the teacher pass.
+- `term`: what a loss term is (`Term`) and what a plug-in brings (`PlugIn`).
+- `terms/`: the run's terms; one file per plug-in term (labels, corrections, reward, reference,
+  turns).
+- `loss`: `DistillLoss`, the student's forward, looping over the run's terms.
+- `step`: `VASDStep`, and the held-out divergence.
 """

@@ -1,31 +1,31 @@
-"""The settings of the VASD recipe (`fic/train_vasd.py`, `fic train vasd --keys`): one section
-per part of a step, each field documented by its help text."""
+"""The settings of the VASD recipe (`fic/train_vasd.py`, `fic train vasd --keys`): the paper's
+VASD in the core sections (rollouts, teacher, the divergence, the anchor), every other arm a
+plug-in term under `terms:` (one section per file of `fic/training/vasd/terms/`), the dev tasks in
+the section SFT's dev curve uses. Each field is documented by its help text; every rule between
+settings is checked in `VASDConfig.check`, when the config loads."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, make_dataclass
 
 from fic.conversation.users import UserSimulatorSection
 from fic.core.config import MAX_BATCH, MAX_MIB, MAX_REPEATS, MAX_STEPS, MAX_VOCAB, setting
 from fic.core.errors import FicError
 from fic.data.sources import InstancesSection
 from fic.data.splits import ExcludeSection
-from fic.data.views import VIEWS, check_views
-from fic.training.config import LoggingSection, RunConfig, TrainSection
+from fic.data.views import check_views
+from fic.training.config import DevSection, LoggingSection, RunConfig, TrainSection, moved_key
 from fic.training.data import TARGET_KINDS
 from fic.training.losses import DIVERGENCES, ESTIMATORS
+from fic.training.vasd.terms import PLUGINS, run_terms
 
+# Settings a resumed run must share with the checkpoint: anything else changes what the saved
+# optimizer state, RNG and data position mean.
 MUST_MATCH = ("model.path", "model.dtype", "lora", "data", "exclude", "rollout", "teacher.mode", "teacher.view",
               "train.micro_batch_size", "train.grad_accum_steps", "train.seed", "train.loss_chunk_tokens",
-              "reward.group_size",
-              "regularizer.kind", "regularizer.anchor_share",
-              "regularizer.anchor_targets", "regularizer.anchor_path", "regularizer.anchor_max_seq_len")
-REGULARIZERS = ("anchor", "reference", "both", "none")
-EMA_WITH_REFERENCE = ("in full fine-tuning teacher.mode=ema with a reference term would need a third copy of the model "
-                      "(the average, and the starting weights the reference reads): use LoRA, teacher.mode=frozen "
-                      "or live, or regularizer.kind=anchor")
+              "anchor.share", "anchor.targets", "anchor.path", "anchor.max_seq_len",
+              *(key for plugin in PLUGINS for key in plugin.must_match))
 TEACHER_VIEWS = ("full", "concat", "both", "hinted")
-TURNS = ("final", "all")
 
 
 @dataclass
@@ -69,8 +69,8 @@ class TeacherSection:
 
 @dataclass
 class LossSection:
-    weight: float = setting(1.0, "Weight of the divergence term (0: no teacher pass at all, e.g. on-policy "
-                            "corrections alone: corrections.weight).", min=0.0)
+    weight: float = setting(1.0, "Weight of the divergence term (0: no teacher pass at all, e.g. a plug-in term "
+                            "alone: terms.corrections.weight).", min=0.0)
     divergence: str = setting("forward_kl", "forward_kl: KL(teacher || student); reverse_kl: KL(student || teacher); "
                               "jsd: generalised Jensen-Shannon with loss.beta.", choices=DIVERGENCES)
     beta: float = setting(0.5, "jsd: weight of the teacher in the mixture (0.5: symmetric JSD).", min=0.0, max=1.0)
@@ -81,110 +81,39 @@ class LossSection:
                                  min=0.01)
     keep_truncated: bool = setting(False, "Distill final replies cut by rollout.max_new_tokens too (they are counted "
                                    "either way).")
-    turns: str = setting("final", "final: the divergence on the final reply, against the whole request (the paper's "
-                         "VASD); all: on every reply, reply k against the single-turn request of what the user had "
-                         "revealed by turn k (per-turn view asymmetry: the teacher sees an incomplete request as "
-                         "one, where asking is easier to get right).", choices=TURNS)
-    nonfinal_weight: float = setting(1.0, "turns=all: weight of an earlier reply's tokens next to the final reply's.",
-                                     min=0.0)
-    nonfinal_tokens: int = setting(0, "turns=all: distill only the first this many tokens of each earlier reply, "
-                                   "where it asks or answers (0: the whole reply); the final reply is distilled "
-                                   "whole.", min=0)
     max_log_ratio: float = setting(0.0, "Trust region on the teacher (0: off): at each distilled token the target is "
                                    "the teacher's distribution with log p_teacher - log p_student clipped to "
                                    "[-c, c] and renormalised, so no token's pull exceeds a factor e^c over what the "
                                    "student already gives it (a guard for the hinted teacher's drift).", min=0.0)
-    decision_tokens: int = setting(0, "The first this many tokens of each distilled reply weigh decision_weight: "
-                                   "the ask-or-answer decision is made there.", min=0)
-    decision_weight: float = setting(1.0, "Weight of those first tokens.", min=0.0)
+
+    @classmethod
+    def moved(cls, data: dict, unknown: list[str]) -> tuple[str, str] | None:  # plug-ins' keys once in this section
+        return moved_key({old.removeprefix("loss."): new for plugin in PLUGINS for old, new in plugin.renamed.items()
+                          if old.startswith("loss.")}, data, unknown)
 
 
 @dataclass
-class LabelsSection:
-    weight: float = setting(0.0, "Weight of on-policy deferral labels (0: off): at the student's own earlier turns "
-                            "(its own replies, premature answers included, in the context), cross-entropy on the "
-                            "reply the corpus builder writes for that state (an ask for the next detail or a "
-                            "deferral): imitation on the states the policy visits, as in DAgger.", min=0.0)
-    select: str = setting("earliest", "Which earlier turns get a label. earliest: up to max_turns, its premature "
-                          "answers first, then its earliest other turns; premature: every premature answer (up to "
-                          "max_turns), or the last turn before the final one when nothing was premature; "
-                          "unanswerable: every premature answer given before the request was answerable "
-                          "(`Task.answerable`: in actions, a required argument missing; every premature answer "
-                          "where the task cannot tell), and nothing else: no deferral is taught where the "
-                          "request was complete but more was still to come.",
-                          choices=("earliest", "premature", "unanswerable"))
-    max_turns: int = setting(1, "Labelled turns per rollout, at most.", min=1, max=MAX_REPEATS)
-    ask_share: float = setting(0.5, "Share of labels that ask for the next detail rather than defer.", min=0.0,
-                               max=1.0)
-
-
-@dataclass
-class CorrectionsSection:
-    weight: float = setting(0.0, "Weight of on-policy corrections (0: off), DAgger-style with the corpus builder as "
-                            "the expert: a rollout that answered before the last shard is continued from its first "
-                            "premature turn with the gold asks and deferrals and the gold answer at the end (the "
-                            "student's own earlier ids kept, out of the loss); one whose final answer scored 0 gets "
-                            "the gold answer in its own context. Cross-entropy on the gold replies.", min=0.0)
-    ask_share: float = setting(0.5, "Share of gold early replies that ask for the next detail rather than defer.",
-                               min=0.0, max=1.0)
-
-
-@dataclass
-class RewardSection:
-    weight: float = setting(0.0, "Weight of a policy-gradient term on a verifiable reward (0: off), group-relative "
-                            "as in RLOO: each task is played group_size times a step, a rollout's reward is its "
-                            "final answer's score, discounted when it answered early (premature_penalty), and its "
-                            "advantage is that reward minus the mean of the group's other rollouts. Every reply "
-                            "token of the rollout, the ask-or-answer ones included, is trained with cross-entropy "
-                            "at rollout.temperature (the distribution it was sampled from) weighted by the "
-                            "advantage. Untuned; the discount of a premature call follows RLAAR (arXiv 2510.18731).", min=0.0)
-    group_size: int = setting(4, "Rollouts of each task per step; it divides train.micro_batch_size x "
-                              "train.grad_accum_steps, so a step plays that many over group_size tasks.", min=2,
-                              max=MAX_BATCH)
-    premature_penalty: float = setting(1.0, "An early answer's reward is the final score times 1 - this (1: an "
-                                       "early call earns nothing, however the conversation ends).", min=0.0, max=1.0)
-    penalize: str = setting("premature", "Which early answers are discounted. premature: any answer attempt before "
-                            "the last shard; unanswerable: only one made before the request was answerable "
-                            "(`Task.answerable`; where the task cannot tell, as premature).",
-                            choices=("premature", "unanswerable"))
-    unanswered_reward: float = setting(0.0, "The reward of a rollout whose final reply, after the last shard, is no "
-                                       "answer attempt, in place of its score (0: off, it keeps its last answer's score, 0 "
-                                       "if it never answered). Below 0 an ask at the end scores worse than a wrong "
-                                       "call; at 0 one dev seed learned to ask at the last shard (docs/results.md).",
-                                       min=-1.0, max=0.0)
-
-
-@dataclass
-class RegularizerSection:
-    kind: str = setting("anchor", "anchor: cross-entropy on SFT-corpus conversations mixed into each batch, on the "
-                        "turns anchor_targets names (by default every trained assistant turn); reference: divergence "
-                        "to the starting model on the rollouts' earlier replies; both; none.", choices=REGULARIZERS)
-    anchor_share: float = setting(0.5, "Anchor conversations per rollout conversation.", min=0.0,
-                                  max=MAX_REPEATS)
-    anchor_weight: float = setting(1.0, "Weight of the anchor term next to the distillation term.", min=0.0)
-    anchor_targets: str = setting("assistant", "Which SFT-corpus turns the anchor trains: assistant (every trained "
-                                  "turn: deferrals, asks and the final answers, so both decisions are kept) or "
-                                  "non_final (deferrals and asks only; on its own it can teach the model to defer "
-                                  "even when the request is complete).", choices=TARGET_KINDS)
-    anchor_path: str = setting("", "SFT corpus (JSONL from `fic sft-data`) the anchor trains on; needed when kind is "
-                               "anchor or both.")
-    anchor_max_seq_len: int = setting(2048, "Anchor conversations longer than this many tokens are skipped.", min=8)
-    reference_weight: float = setting(1.0, "Weight of the reference term next to the distillation term.", min=0.0)
-    first_tokens: int = setting(4, "The first this many tokens of each non-final reply weigh first_token_weight.",
-                                min=0)
+class AnchorSection:
+    share: float = setting(0.5, "Anchor conversations per rollout conversation (0: no anchor): cross-entropy on "
+                           "SFT-corpus conversations mixed into each batch, on the turns `targets` names. The "
+                           "teacher has the whole request, so it always wants an answer at once; the anchor keeps "
+                           "the deferrals SFT taught.", min=0.0, max=MAX_REPEATS)
+    weight: float = setting(1.0, "Weight of the anchor term next to the distillation term.", min=0.0)
+    targets: str = setting("assistant", "Which SFT-corpus turns the anchor trains: assistant (every trained turn: "
+                           "deferrals, asks and the final answers, so both decisions are kept) or non_final "
+                           "(deferrals and asks only; on its own it can teach the model to defer even when the "
+                           "request is complete).", choices=TARGET_KINDS)
+    path: str = setting("", "SFT corpus (JSONL from `fic sft-data`) the anchor trains on; needed when share > 0.")
+    max_seq_len: int = setting(2048, "Anchor conversations longer than this many tokens are skipped.", min=8)
+    first_tokens: int = setting(4, "The first this many tokens of each trained reply (the anchor's, and a plug-in's "
+                                "gold replies) weigh first_token_weight.", min=0)
     first_token_weight: float = setting(4.0, "Weight of those first tokens (the defer-or-answer decision).", min=0.0)
 
 
-@dataclass
-class EvalSection:
-    every: int = setting(0, "Evaluate the live model before training, every this many steps and at the end (0: "
-                         "never): the divergence per answer token on the held-out tasks' greedy rollouts, and "
-                         "`fic eval` of eval.views.", min=0, max=MAX_STEPS)
-    data: InstancesSection = setting(InstancesSection(limit=32), "Held-out instances, with their own seed; they "
-                                     "must not overlap the rollout tasks (checked).")
-    views: list[str] = setting(["full", "sharded"], f"Views `fic eval` plays, from: {', '.join(VIEWS)} (empty: the "
-                               "divergence only).")
-    max_new_tokens: int = setting(256, "Most tokens of one evaluation reply.", min=1)
+# One section per plug-in term, each its own file's settings.
+TermsSection = make_dataclass("TermsSection", [(plugin.name, plugin.section, setting(plugin.section(), plugin.help))
+                                               for plugin in PLUGINS])
+TermsSection.__module__, TermsSection.__doc__ = __name__, "The plug-in terms (fic/training/vasd/terms/), each off by default."
 
 
 @dataclass
@@ -195,11 +124,25 @@ class VASDLoggingSection(LoggingSection):
 
 @dataclass
 class VASDTrainSection(TrainSection):
-    share_prefixes: bool = setting(True, "A rollout's label and correction rows (its own ids up to an earlier turn, "
-                                   "then gold replies) ride on its row as branches that attend to the shared "
-                                   "context, which is computed once, and its teacher rows (one system prompt, the "
-                                   "requests a few words apart) on one another: the same losses and gradients as "
-                                   "separate rows, fewer positions (sdpa attention; false: one sequence a row).")
+    share_prefixes: bool = setting(True, "A rollout's plug-in gold rows (its own ids up to an earlier turn, then "
+                                   "gold replies) ride on its row as branches that attend to the shared context, "
+                                   "which is computed once, and its teacher rows (one system prompt, the requests a "
+                                   "few words apart) on one another: the same losses and gradients as separate "
+                                   "rows, fewer positions (sdpa attention; false: one sequence a row).")
+
+
+# Keys an older FiC read, and where they went: a config that still names one fails in one line.
+_ANCHOR = {"anchor_share": "share", "anchor_weight": "weight", "anchor_targets": "targets", "anchor_path": "path",
+           "anchor_max_seq_len": "max_seq_len"}
+OLD_KEYS = {"eval": "dev (the same keys)", **{f"eval.{k}": f"dev.{k}" for k in ("every", "data", "views",
+                                                                                   "max_new_tokens")},
+           "regularizer": "anchor.* (the reference term: terms.reference.*)",
+           "regularizer.kind": "anchor.share (0: no anchor) and terms.reference.weight (> 0: the reference term)",
+           **{f"regularizer.{old}": f"anchor.{new}" for old, new in _ANCHOR.items()},
+           "regularizer.first_tokens": "anchor.first_tokens (the reference term's: terms.reference.first_tokens)",
+           "regularizer.first_token_weight": "anchor.first_token_weight (the reference term's: "
+                                             "terms.reference.first_token_weight)",
+           **{old: new for plugin in PLUGINS for old, new in plugin.renamed.items() if not old.startswith("loss.")}}
 
 
 @dataclass
@@ -214,16 +157,17 @@ class VASDConfig(RunConfig):
     train: VASDTrainSection = setting(VASDTrainSection(), "Steps, batch sizes, precision.")
     rollout: RolloutSection = setting(RolloutSection(), "On-policy rollouts of the sharded view.")
     teacher: TeacherSection = setting(TeacherSection(), "The single-turn teacher.")
-    loss: LossSection = setting(LossSection(), "The divergence to the single-turn teacher.")
-    labels: LabelsSection = setting(LabelsSection(), "On-policy deferral labels at the student's earlier turns.")
-    corrections: CorrectionsSection = setting(CorrectionsSection(), "On-policy corrections: gold continuations from "
-                                              "the student's own premature or wrong turns.")
-    reward: RewardSection = setting(RewardSection(), "A group-relative policy-gradient term on a verifiable reward "
-                                    "that discounts early answers.")
-    regularizer: RegularizerSection = setting(RegularizerSection(), "What keeps the deferral SFT taught.")
-    eval: EvalSection = setting(EvalSection(), "Held-out evaluation during training.")
+    loss: LossSection = setting(LossSection(), "The divergence to the single-turn teacher at the final reply.")
+    anchor: AnchorSection = setting(AnchorSection(), "The anchor: what keeps the deferrals SFT taught.")
+    terms: TermsSection = setting(TermsSection(), "Plug-in terms beyond the paper's VASD, each off by default.")
+    dev: DevSection = setting(DevSection(views=["full", "sharded"]), "The live model scored on held-out dev tasks "
+                              "as it trains.")
     logging: VASDLoggingSection = setting(VASDLoggingSection(), "wandb, metrics, progress and samples.")
     out: str = setting("runs/vasd", "Output folder: config, metrics, samples, checkpoints, final model.")
+
+    @classmethod
+    def moved(cls, data: dict, unknown: list[str]) -> tuple[str, str] | None:
+        return moved_key(OLD_KEYS, data, unknown)
 
     def check(self, source: str) -> None:
         super().check(source)
@@ -240,26 +184,18 @@ class VASDConfig(RunConfig):
                            field="loss.beta")
         if not self.data.source:
             raise FicError("expected at least one source of rollout tasks", path=source, field="data.source")
-        if self.regularizer.kind in ("anchor", "both") and not self.regularizer.anchor_path:
-            raise FicError(f"regularizer.kind={self.regularizer.kind} needs the SFT corpus whose deferrals it keeps",
-                           path=source, field="regularizer.anchor_path")
-        if self.teacher.mode == "ema" and not self.lora.enabled and self.regularizer.kind in ("reference", "both"):
-            raise FicError(EMA_WITH_REFERENCE, path=source, field="teacher.mode")
-        check_views(self.eval.views, source, "eval.views", allow_empty=True)
-        if not (self.loss.weight or self.labels.weight or self.corrections.weight or self.reward.weight):
-            raise FicError("nothing to train: loss.weight, labels.weight, corrections.weight and reward.weight are "
-                           "all 0", path=source, field="loss.weight")
-        if self.reward.weight:
-            per_rank = self.train.micro_batch_size * self.train.grad_accum_steps
-            if per_rank % self.reward.group_size:
-                raise FicError(f"reward.group_size {self.reward.group_size} must divide the {per_rank} rollouts a "
-                               "process plays a step (train.micro_batch_size x train.grad_accum_steps)", path=source,
-                               field="reward.group_size")
-            if self.rollout.temperature <= 0:
-                raise FicError("the reward's group needs sampled rollouts: greedy ones are all alike, so every "
-                               "advantage is 0; set rollout.temperature > 0", path=source, field="rollout.temperature")
+        if self.anchor.share > 0 and not self.anchor.path:
+            raise FicError("anchor.share > 0 needs the SFT corpus whose deferrals the anchor keeps (or anchor.share=0: "
+                           "no anchor)", path=source, field="anchor.path")
+        check_views(self.dev.views, source, "dev.views", allow_empty=True)
+        if not run_terms(self, anchors=False):
+            raise FicError("nothing to train: loss.weight is 0 and no plug-in term is on (terms.*.weight)",
+                           path=source, field="loss.weight")
         if self.loss.max_log_ratio and self.loss.estimator != "full":
             raise FicError("loss.max_log_ratio needs the full-vocabulary estimator", path=source,
                            field="loss.max_log_ratio")
-        if self.eval.every and not self.eval.data.source:
-            raise FicError("eval.every is set but eval.data.source is empty", path=source, field="eval.data.source")
+        if self.dev.every and not self.dev.data.source:
+            raise FicError("dev.every is set but dev.data.source is empty", path=source, field="dev.data.source")
+        for plugin in PLUGINS:
+            if plugin.check is not None:
+                plugin.check(self, source)

@@ -19,8 +19,7 @@ from fic.core.model import check_model_folder
 from fic.data.sources import InstancesSection, load_sharded
 from fic.data.splits import exclude_instances, prompt_key
 from fic.training.vasd.config import VASDConfig
-from fic.training.vasd.distill import teacher_prompts
-from fic.training.vasd.step import teacher_views
+from fic.training.vasd.prompts import teacher_prompts, teacher_views
 
 
 def check_inputs(cfg: VASDConfig) -> None:
@@ -31,9 +30,9 @@ def check_inputs(cfg: VASDConfig) -> None:
         raise FicError("is a LoRA adapter, not a model; start VASD from the merged SFT model "
                        "(train SFT with save_merged=true and use out/final-merged)", path=str(folder), field="model.path")
     check_model_folder(cfg.model.path)
-    if cfg.regularizer.kind in ("anchor", "both") and not Path(cfg.regularizer.anchor_path).is_file():
-        raise FicError("SFT corpus not found (make one with `fic sft-data`)", path=cfg.regularizer.anchor_path,
-                       field="regularizer.anchor_path")
+    if cfg.anchor.share > 0 and not Path(cfg.anchor.path).is_file():
+        raise FicError("SFT corpus not found (make one with `fic sft-data`)", path=cfg.anchor.path,
+                       field="anchor.path")
     if cfg.rollout.backend == "vllm":
         import_vllm()
 
@@ -61,18 +60,18 @@ def load_rollout_tasks(cfg: VASDConfig) -> tuple[list[Instance], str, dict]:
 
 
 def load_held_out(cfg: VASDConfig, rollout_tasks: list[Instance]) -> list[Instance]:
-    """The held-out tasks of the in-training evaluation (`eval.data`, drawn with its own seed);
+    """The held-out tasks of the in-training evaluation (`dev.data`, drawn with its own seed);
     an overlap with the rollout tasks is an error, not a silently inflated figure."""
-    if not cfg.eval.every:
+    if not cfg.dev.every:
         return []
-    held_out = multi_turn_instances(cfg.eval.data, "eval.data")
+    held_out = multi_turn_instances(cfg.dev.data, "dev.data")
     training = {i.task_id for i in rollout_tasks}
     prompts = {prompt_key(i) for i in rollout_tasks}
     shared = [i.task_id for i in held_out if i.task_id in training or prompt_key(i) in prompts]
     if shared:
         raise FicError(f"{len(shared)} of {len(held_out)} held-out instances are rollout tasks too (e.g. "
-                       f"{shared[0]}); give eval.data another source or seed, or name it in exclude.sources",
-                       field="eval.data")
+                       f"{shared[0]}); give dev.data another source or seed, or name it in exclude.sources",
+                       field="dev.data")
     return held_out
 
 

@@ -1,61 +1,39 @@
 """VASD's step as one unit (`VASDStep`), taken by the recipe (`fic/train_vasd.py`) and timed by
-`fic bench vasd`: rollouts on the current weights, the teacher (and reference) passes, the
-student's forward and backward over the accumulation window, the optimizer step and the
-rollout engine's refresh. Also the pieces it is made of: one step's micro-batches, the on-policy
-labels, the rollout engine, and the figures logged about the rollouts.
+`fic bench vasd`, in four phases: rollouts -> teacher -> student -> update. Also the held-out
+divergence the recipe logs (`held_out_divergence`).
 
-Who plays teacher and reference is `fic.training.vasd.teacher`; the token layout and the loss
-module are `fic.training.vasd.distill`.
+The pieces: the rollout engine (`rollouts`), the window's rows before any model runs (`window`,
+`rows`), who plays teacher and reference and the teacher pass (`teacher`), the loss module
+(`loss`) and its terms (`terms`).
 """
 
 from __future__ import annotations
 
-import copy
 import time
-from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from fic import tasks
 from fic.backends import make_backend
-from fic.backends.hf import HFBackend, column_major_linears
-from fic.backends.vllm import colocated_engine, sync_weights
 from fic.conversation.classify import make_classifier
-from fic.conversation.simulator import answerable_by, make_conversations, play, unanswerable_answer_rate
+from fic.conversation.simulator import make_conversations, play
 from fic.conversation.users import make_user
-from fic.core.chat import continue_ids, reply_ids
 from fic.core.errors import FicError, cut_short_on_sigterm
 from fic.core.generation import SamplingParams
-from fic.core.seeding import derive_seed, seeded_rng
+from fic.core.seeding import derive_seed
 from fic.training import loop
-from fic.training.data import DataOrder, Example, padded_width
-from fic.training.losses import causal_lm, window_backward
+from fic.training.data import DataOrder, Example
+from fic.training.losses import causal_lm, to_device, window_backward
+from fic.training.vasd import terms as plugins
 from fic.training.vasd.config import VASDConfig
-from fic.training.vasd.distill import (
-    TERMS,
-    DistillLoss,
-    GoldRow,
-    Rollout,
-    batch_counts,
-    collate_rows,
-    hidden_at,
-    partial_prompts,
-    rollout_from,
-    shared_prefix_rows,
-    student_rows,
-    teacher_prompts,
-)
-from fic.training.vasd.reward import leave_one_out, reward_figures, rollout_reward
-from fic.training.vasd.teacher import TeacherParts, teacher_parts, teacher_views
+from fic.training.vasd.loss import DistillLoss
+from fic.training.vasd.rollouts import make_rollout_backend, play_greedy, rollout_figures, sync_rollout_backend
+from fic.training.vasd.teacher import TeacherParts, teacher_parts, teacher_pass
+from fic.training.vasd.terms import run_terms
+from fic.training.vasd.window import step_rows
 
-# Why a rollout is left out of the distillation: it ended before the last shard (the
-# conversation outgrew rollout.max_conversation_tokens), the teacher's prompt is over
-# teacher.max_prompt_tokens, or its final reply was cut by rollout.max_new_tokens (unless
-# loss.keep_truncated).
-LEFT_OUT = ("cut_before_last_shard", "teacher_prompt_too_long", "truncated_final")
 EMA_FILE = "ema.safetensors"
 
 
@@ -69,10 +47,12 @@ class VASDStep:
     on it and the frozen or moving-average teacher is held in bfloat16.
 
     A step's phases are methods, so the recipe reads them in order and `fic bench` can time
-    each: `rollouts` (play the sharded conversations on-policy, every shard), `micro_batches`
-    (student rows with the teacher's and reference's hidden states), `student` (forward and
-    backward of every loss term over the window, each term normalised by its positions on all
-    ranks), `update` (clip, step, EMA, refresh the rollout engine)."""
+    each: `rollouts` (play the sharded conversations on-policy, every shard), `teacher` (the
+    window's student rows, `fic.training.vasd.window.step_rows`, with the hidden states of every
+    network a term reads, `teacher_pass`), `student` (forward and backward of every loss term
+    over the window, each term normalised by its count on all ranks), `update` (clip, step, EMA,
+    refresh the rollout engine). Between rollouts and teacher the plug-ins give each rollout its
+    value (`values`: the reward's advantages)."""
 
     def __init__(self, cfg: VASDConfig, accelerator: Any, model: torch.nn.Module, tokenizer: Any,
                  instances: list, anchors: list[Example], steps: int):
@@ -85,12 +65,14 @@ class VASDStep:
         self.parts = teacher_parts(cfg, model, torch.bfloat16 if loop.computes_on_copy(cfg, accelerator) else None)
         world, rank = accelerator.num_processes, accelerator.process_index
         per_rank = cfg.train.micro_batch_size * cfg.train.grad_accum_steps
-        self.n_anchor = round(cfg.regularizer.anchor_share * per_rank) if anchors else 0
-        self.group = cfg.reward.group_size if cfg.reward.weight else 1  # rollouts of one task a step
+        self.n_anchor = round(cfg.anchor.share * per_rank) if anchors else 0
+        self.terms = run_terms(cfg, anchors=self.n_anchor > 0)
+        # rollouts of one task a step (the reward's group)
+        self.group = max([plugin.group(cfg) for plugin in plugins.of(self.terms) if plugin.group] or [1])
         self.order = DataOrder(len(instances), per_rank // self.group, world, rank, cfg.data.seed, cfg.rollout.shuffle)
         self.anchor_order = (DataOrder(len(anchors), self.n_anchor, world, rank, cfg.data.seed + 1, True)
                              if self.n_anchor else None)
-        loss = DistillLoss.for_run(cfg, model, self.parts, anchors=self.n_anchor > 0)
+        loss = DistillLoss.for_run(cfg, model, self.parts.heads, anchors=self.n_anchor > 0)
         self.loss_model, self.optimizer, self.scheduler = loop.prepare(accelerator, loss, cfg, steps)
         self.policy = accelerator.unwrap_model(self.loss_model).model
         self.copy = loop.compute_copy(cfg, accelerator, self.policy)
@@ -123,36 +105,31 @@ class VASDStep:
     # ------------------------------------------------------------------ one step
 
     def step(self, step: int) -> tuple[dict, list]:
-        """Optimizer step `step` (1-based): its figures (losses, rollout figures, what was left
-        out and why, seconds per phase) and the rollouts it played."""
+        """Optimizer step `step` (1-based): its figures (each term's mean under its metric, the
+        rollouts' figures, what was left out and why, seconds per phase) and the rollouts it played."""
         seconds: dict[str, float] = {}
 
-        def timed(name: str, began: float) -> None:
-            seconds[name] = time.perf_counter() - began
+        def timed(name: str, phase: Callable, *args: Any) -> Any:
+            began = time.perf_counter()
+            result = phase(*args)
+            seconds[f"{name}_s"] = time.perf_counter() - began
+            return result
 
         with cut_short_on_sigterm():  # nothing of a step is kept until it is over
-            began = time.perf_counter()
-            convs = self.rollouts(step)
-            timed("rollout_s", began)
-            advantages, reward = self.advantages(convs)
-            began = time.perf_counter()
-            batches, left_out = self.micro_batches(convs, step, advantages)
-            timed("teacher_s", began)
-            began = time.perf_counter()
-            window = self.student(batches)
-            timed("student_s", began)
-            began = time.perf_counter()
-            figures = self.update(convs)
-            timed("optimizer_s", began)
-        return {"loss": window["loss"], **{figure: window.get(name) for name, figure in TERMS.items()},
-                "answer_tokens": int(window.get("n_distill", 0)), **figures, **rollout_figures(convs), **reward,
+            convs = timed("rollouts", self.rollouts, step)
+            values, value_figures = self.values(convs)
+            batches, left_out = timed("teacher", self.teacher, convs, step, values)
+            window = timed("student", self.student, batches)
+            figures = timed("update", self.update, convs)
+        return {"loss": window["loss"], **{term.metric: window.get(term.name) for term in self.terms},
+                "answer_tokens": int(window.get("n_distill", 0)), **figures, **rollout_figures(convs), **value_figures,
                 **{f"left_out_{k}": v for k, v in left_out.items() if k != "empty_micro_batches"},
                 "empty_micro_batches": left_out["empty_micro_batches"], **seconds}, convs
 
     def rollouts(self, step: int) -> list:
         """The current weights play this rank's rollout tasks of `step`, sharded, every shard,
-        sampled from a seed of (train.seed, step, rank); with the reward on, each task
-        `reward.group_size` times in a row (runs of their own: each samples from its own seeds)."""
+        sampled from a seed of (train.seed, step, rank); each task `self.group` times in a row
+        (runs of their own: each samples from its own seeds)."""
         cfg = self.cfg
         convs = make_conversations([self.instances[i] for i in self.order.micro_batch(step - 1)], ["sharded"],
                                    self.group)
@@ -162,28 +139,27 @@ class VASDStep:
                  max_context=cfg.rollout.max_conversation_tokens)
         return convs
 
-    def advantages(self, convs: list) -> tuple[list[float] | None, dict]:
-        """With the reward on: each rollout's group-relative advantage (`fic.training.vasd.reward`)
-        and the step's reward figures; else (None, {})."""
-        reward = self.cfg.reward
-        if not reward.weight:
-            return None, {}
-        rewards = [rollout_reward(conv, reward.premature_penalty, reward.penalize, reward.unanswered_reward)
-                   for conv in convs]
-        advantages = leave_one_out(rewards, self.group)
-        return advantages, reward_figures(rewards, advantages, self.group)
+    def values(self, convs: list) -> tuple[dict[str, list[float]], dict]:
+        """Each on plug-in's value per rollout (the reward's advantages), and their figures."""
+        values, figures = {}, {}
+        for plugin in plugins.of(self.terms):
+            if plugin.values is not None:
+                values[plugin.name], more = plugin.values(self.cfg, convs)
+                figures.update(more)
+        return values, figures
 
-    def micro_batches(self, convs: list, step: int, advantages: list[float] | None = None
-                      ) -> tuple[list[dict], Counter]:
-        """The window's micro-batches for `convs` plus this step's anchors (see `step_batches`),
-        the teacher and reference read without dropout."""
+    def teacher(self, convs: list, step: int, values: dict[str, list[float]] | None = None) -> tuple[list[dict], dict]:
+        """The window's batches for `convs` plus this step's anchors (`step_rows`), with the
+        hidden states of the teacher (and reference) read without dropout (`teacher_pass`)."""
         chosen = [self.anchors[i] for i in self.anchor_order.micro_batch(step - 1)] if self.anchor_order else []
+        micro_batches, left_out = step_rows(self.cfg, convs, chosen, self.tokenizer, self.terms, values=values,
+                                            share_prefixes=self.share_prefixes)
         self.policy.eval()
         try:
             with self.copy:  # a live teacher reads the weights the student computes with
-                return step_batches(self.cfg, convs, chosen, self.tokenizer, self.parts,
+                return teacher_pass(micro_batches, self.parts, self.terms, self.tokenizer.pad_token_id,
                                     device=self.accelerator.device, autocast=self.accelerator.autocast,
-                                    share_prefixes=self.share_prefixes, advantages=advantages)
+                                    multiple=self.cfg.train.pad_to_multiple), left_out
         finally:
             self.policy.train()
 
@@ -221,288 +197,21 @@ class VASDStep:
         sync_rollout_backend(self.generator, self.policy, self.cfg, [], self.accelerator.print, masters=self.masters)
 
 
-def step_batches(cfg: VASDConfig, convs: list, anchors: list, tokenizer: Any, parts: TeacherParts, *, device: Any,
-                 autocast: Any, share_prefixes: bool = False, advantages: list[float] | None = None
-                 ) -> tuple[list[dict], Counter]:
-    """The G micro-batches of one step, always G of them: student rows with teacher (and
-    reference) hidden states; and counts of the rollouts left out of the distillation, once each
-    under the first reason that applies (`LEFT_OUT`), their total (`rollouts`) and the
-    micro-batches that had nothing to train (`empty_micro_batches`). `advantages` (one per conv,
-    the reward mode's) put reward targets on a rollout's own row.
-
-    Every row of the step (rollouts, anchors, labels, corrections) is one sequence; rows that
-    train nothing are dropped, and the rest are cut, by length, into G groups of similar widths
-    (`length_groups`), so a short label row is never padded to the longest rollout. With
-    `share_prefixes` a rollout's label and correction rows, which start with its own ids, ride on
-    its row as branches (`shared_prefix_rows`), and so do a rollout's teacher rows on one another
-    (one system prompt, a few words of request apart): the same losses and gradients, the shared
-    context computed once. The loss is normalised over the whole window, so the grouping and the
-    sharing change the passes' shapes, not the update."""
-    G = cfg.train.grad_accum_steps
-    counts: Counter = Counter({name: 0 for name in (*LEFT_OUT, "empty_micro_batches")})
-    played = []  # (conv, rollout) of the conversations that reached the last shard
-    for index, conv in enumerate(convs):
-        if conv.stop_reason != "last_turn":
-            counts["cut_before_last_shard"] += 1
-            continue
-        rollout = rollout_from(conv)
-        rollout.advantage = advantages[index] if advantages is not None else 0.0
-        if cfg.loss.weight > 0:
-            distilled, reason = distilled_spans(cfg, rollout, conv, tokenizer)
-            if reason:
-                counts[reason] += 1
-            rollout.distilled = distilled
-        played.append((conv, rollout))
-    counts["rollouts"] = sum(counts[reason] for reason in LEFT_OUT)
-    reference = parts.ref_head is not None
-    shape = {"reference": reference, "first_tokens": cfg.regularizer.first_tokens,
-             "first_weight": cfg.regularizer.first_token_weight, "decision_tokens": cfg.loss.decision_tokens,
-             "decision_weight": cfg.loss.decision_weight}
-    # (rollout or None, row): a rollout's row trains something when it is distilled or read by the reference
-    items: list[tuple[Rollout | None, dict]] = []
-    for conv, rollout in played:
-        trains = bool(rollout.distilled or (reference and rollout.earlier) or rollout.advantage)
-        rows = student_rows([rollout] if trains else [], [], label_rows(cfg, conv, tokenizer),
-                            correction_rows(cfg, conv, tokenizer), **shape)
-        if share_prefixes and len(rows) > 1:
-            rows = shared_prefix_rows(rows)
-        items += [(rollout if trains and i == 0 else None, row) for i, row in enumerate(rows)]
-    items += [(None, row) for row in student_rows([], anchors, **shape)]
-    batches = []
-    for group in length_groups([len(row["input_ids"]) for _, row in items], G, cfg.train.pad_to_multiple):
-        chosen = [items[i] for i in group]
-        part = [rollout for rollout, _ in chosen if rollout is not None]  # in row order: the teacher's rows follow
-        rows = [row for _, row in chosen]
-        if not rows:
-            # Nothing of the step landed here. It still runs (one token, no target: every term a
-            # zero with a gradient graph), so each rank does the same G forward and backward
-            # passes with the same collective calls, and the accumulation window stays in step
-            # with accelerate's gradient sync.
-            counts["empty_micro_batches"] += 1
-            rows = [empty_row(tokenizer.pad_token_id)]
-        batch = collate_rows(rows, tokenizer.pad_token_id, cfg.train.pad_to_multiple)
-        views = []
-        with parts.context(), autocast():
-            for v in range(len(teacher_views(cfg))):
-                pairs = [pair for r in part for pair in r.teacher_rows(v)]
-                sequences = [prompt + reply for prompt, reply in pairs]
-                positions = [range(len(prompt) - 1, len(prompt) - 1 + len(reply)) for prompt, reply in pairs]
-                views.append(hidden_at(parts.net, sequences, positions, tokenizer.pad_token_id, device,
-                                       cfg.train.pad_to_multiple, share_prefixes=share_prefixes))
-        batch["teacher_hidden"] = torch.stack(views, dim=1)  # [answer tokens, views, hidden]
-        if reference:
-            with parts.ref_context(), autocast():
-                positions = [[t - 1 for s, e in r.earlier for t in range(s, e)] for r in part]
-                batch["reference_hidden"] = hidden_at(parts.ref_net, [r.ids for r in part], positions,
-                                                      tokenizer.pad_token_id, device, cfg.train.pad_to_multiple)
-        batch["counts"] = batch_counts(batch)
-        if not chosen:
-            batch["counts"]["tokens"] = 0.0
-        batches.append(batch)
-    return batches, counts
-
-
 def shares_prefixes(model: torch.nn.Module) -> bool:
     """Whether rows with branches can run on `model`: its attention takes `branch_mask`, a
     boolean 4D mask, as it is (sdpa, every backbone's default here; eager adds the mask)."""
     return getattr(causal_lm(model).config, "_attn_implementation", None) == "sdpa"
 
 
-def distilled_spans(cfg: VASDConfig, rollout: Rollout, conv: Any, tokenizer: Any
-                    ) -> tuple[list[tuple[tuple[int, int], float]], str | None]:
-    """The (span, weight) pairs of a rollout the divergence is taken on, with the teacher's
-    prompts filled in, or ([], the `LEFT_OUT` reason it is not distilled). With `loss.turns: all`
-    every earlier reply is distilled too (its first `loss.nonfinal_tokens`, where set)."""
-    rollout.teacher_prompts = teacher_prompts(tokenizer, conv.instance, teacher_views(cfg))
-    if cfg.loss.turns == "all":
-        rollout.partial_prompts = partial_prompts(tokenizer, conv)
-    if max(len(p) for p in rollout.teacher_prompts + rollout.partial_prompts) > cfg.teacher.max_prompt_tokens:
-        return [], "teacher_prompt_too_long"
-    if not rollout.finished and not cfg.loss.keep_truncated:
-        return [], "truncated_final"  # distilled anyway under keep_truncated: not left out
-    earlier = rollout.earlier if cfg.loss.turns == "all" else []
-    if cfg.loss.nonfinal_tokens:
-        earlier = [(start, min(end, start + cfg.loss.nonfinal_tokens)) for start, end in earlier]
-    return [(span, cfg.loss.nonfinal_weight) for span in earlier] + [(rollout.final, 1.0)], None
-
-
-def length_groups(lengths: list[int], groups: int, multiple: int = 0) -> list[list[int]]:
-    """Indices of `lengths` cut into `groups` runs of the length-sorted order (some possibly
-    empty) with the fewest padded positions in all (sum over runs of rows x the width the run is
-    collated at: its longest row rounded up to a multiple of `multiple`, as `collate_rows` pads;
-    ties: the smaller largest run), found exactly by dynamic programming over the cut points.
-    Rows of one run are kept in their original order."""
-    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
-    sizes = [lengths[i] for i in order]
-    n = len(order)
-
-    def padded(a: int, b: int) -> int:  # the run order[a:b] at its collated width (the last row: sorted)
-        return (b - a) * padded_width([sizes[b - 1]], multiple) if b > a else 0
-
-    # best[(g, end)]: the least (total padded, largest run) splitting order[:end] into g runs, and its cuts
-    best: dict[tuple[int, int], tuple[tuple[int, int], list[int]]] = {(0, 0): ((0, 0), [])}
-    for g in range(1, groups + 1):
-        for end in range(n + 1):
-            options = [((total + padded(start, end), max(largest, padded(start, end))), cuts + [end])
-                       for start in range(end + 1) if (g - 1, start) in best
-                       for (total, largest), cuts in [best[(g - 1, start)]]]
-            if options:
-                best[(g, end)] = min(options, key=lambda option: option[0])
-    cuts = [0] + best[(groups, n)][1]
-    return [sorted(order[cuts[k]:cuts[k + 1]]) for k in range(groups)]
-
-
-def empty_row(pad_id: int) -> dict:
-    """A one-token student row that trains nothing (the stand-in for an empty micro-batch); the
-    token is attended, so no attention row is fully masked."""
-    return student_rows([], [], [GoldRow([pad_id], [])], reference=False, first_tokens=0, first_weight=1.0)[0]
-
-
-def _revealed(task: Any, conv: Any, k: int) -> set:
-    """The values the user had given by turn k of a played conversation."""
-    return {v for turn in conv.turns[:k + 1] for v in task.values_in(turn.user, conv.instance)}
-
-
-def label_rows(cfg: VASDConfig, conv: Any, tokenizer: Any) -> list[GoldRow]:
-    """On-policy deferral labels (`labels.weight`): at earlier turns of the student's rollout
-    (`labels.select`), its own ids up to that turn's generation prompt and the gold reply for that
-    state, an ask for the next shard's detail or a deferral (`Task.early_reply`, no value not
-    given yet)."""
-    if not cfg.labels.weight or len(conv.turns) < 2 or conv.stop_reason != "last_turn":
-        return []
-    task = tasks.get(conv.instance.task)
-    earlier = list(range(len(conv.turns) - 1))
-    premature = [k for k in earlier if conv.turns[k].label == "answer_attempt"]
-    if cfg.labels.select == "premature":
-        chosen = premature[:cfg.labels.max_turns] or [earlier[-1]]
-    elif cfg.labels.select == "unanswerable":
-        chosen = [k for k in premature
-                  if answerable_by(conv.instance, conv.view, conv.turns, k) is not True][:cfg.labels.max_turns]
-    else:
-        chosen = sorted(earlier, key=lambda k: (k not in premature, k))[:cfg.labels.max_turns]
-    rows = []
-    for k in sorted(chosen):
-        rng = seeded_rng(cfg.train.seed, "labels", conv.instance.task_id, conv.run, k)
-        text, _ = task.early_reply(conv.turns[k + 1].user, _revealed(task, conv, k), rng, conv.instance,
-                                   ask=rng.random() < cfg.labels.ask_share, used=set())
-        rows.append(GoldRow.single(list(conv.ids[:conv.turns[k].prompt_tokens]), reply_ids(tokenizer, text)))
-    return rows
-
-
-def correction_rows(cfg: VASDConfig, conv: Any, tokenizer: Any) -> list[GoldRow]:
-    """On-policy corrections (`corrections.weight`), the corpus builder as the expert. A rollout
-    that answered before the last shard: its own ids up to its first premature turn, then the
-    gold replies from there on (asks or deferrals while details are missing, the gold answer at
-    the end) with the user turns it was sent between them. Otherwise, a rollout whose final reply
-    is not a correct answer: the gold answer in its own context, its earlier replies kept. The
-    student's own replies are context only; the gold replies are trained."""
-    if not cfg.corrections.weight or not conv.turns or conv.stop_reason != "last_turn":
-        return []
-    task = tasks.get(conv.instance.task)
-    last = len(conv.turns) - 1
-    premature = [k for k in range(last) if conv.turns[k].label == "answer_attempt"]
-    if premature:
-        start = premature[0]
-    elif (conv.turns[last].score or 0.0) < 1.0:
-        start = last
-    else:
-        return []
-    ids = list(conv.ids[:conv.turns[start].prompt_tokens])
-    messages = list(conv.messages[:2 + 2 * start])  # the system message, then (user, assistant) pairs to user `start`
-    spans, used = [], set()
-    for k in range(start, last + 1):
-        if k < last:
-            rng = seeded_rng(cfg.train.seed, "corrections", conv.instance.task_id, conv.run, k)
-            text, _ = task.early_reply(conv.turns[k + 1].user, _revealed(task, conv, k), rng, conv.instance,
-                                       ask=rng.random() < cfg.corrections.ask_share, used=used)
-            used.add(text)
-        else:
-            text = task.gold_reply(conv.instance)
-        reply = reply_ids(tokenizer, text)
-        spans.append((len(ids), len(ids) + len(reply)))
-        ids += reply
-        messages.append({"role": "assistant", "content": text})
-        if k < last:
-            user = {"role": "user", "content": conv.turns[k + 1].user}
-            ids = continue_ids(tokenizer, messages, ids, [user])
-            messages.append(user)
-    return [GoldRow(ids, spans)]
-
-
-def rollout_figures(convs: list) -> dict:
-    """What the rollouts did: accuracy, premature answers, over-deferral, lengths."""
-    records = [c.to_record() for c in convs]
-    finals = [c.turns[-1] for c in convs if c.turns]
-    n = max(len(records), 1)
-    first = [r["first_answer_turn"] for r in records if r["first_answer_turn"] is not None]
-    return {
-        "rollout_accuracy": sum(r["score"] for r in records) / n,
-        "premature_answer_rate": sum(bool(r["premature_answer"]) for r in records) / n,
-        "unanswerable_answer_rate": unanswerable_answer_rate(records),
-        "final_not_answer_rate": sum(t.label != "answer_attempt" for t in finals) / max(len(finals), 1),
-        "first_answer_turn": sum(first) / len(first) if first else None,
-        "rollout_tokens": sum(r["generated_tokens"] for r in records) / n,
-        "truncated_final_rate": sum(t.finish_reason != "stop" for t in finals) / max(len(finals), 1),
-    }
-
-
-def sample_rows(convs: list, limit: int = 4) -> list[list]:
-    rows = []
-    for conv in convs[:limit]:
-        dialogue = "\n".join(f"[user] {t.user}\n[assistant:{t.label}] {t.reply}" for t in conv.turns)
-        rows.append([conv.instance.task_id, round(conv.score(), 3), dialogue])
-    return rows
-
-
-def make_rollout_backend(cfg: VASDConfig, policy: Any, tokenizer: Any,
-                         compute_dtype: torch.dtype) -> tuple[Any, dict | None]:
-    """The engine that plays the rollouts with the current weights, and the master weights its
-    copy is refreshed from (None: it plays on the policy itself, or is a vLLM engine).
-
-    hf: when the run computes in bfloat16 over float32 master weights (full fine-tuning, no
-    ZeRO-3), the rollouts run on a bfloat16 copy of the policy laid out for decoding
-    (`column_major_linears` on a CPU), refreshed from the masters after every optimizer step
-    (`sync_rollout_backend`): the same numbers autocast would compute, without casting every
-    weight again at every decoding step and through the slow small-batch product path (a 16-row
-    decoding product 5x faster in bf16 column-major than in float32, measured). Otherwise the
-    policy itself plays."""
-    if cfg.rollout.backend == "vllm":
-        return colocated_engine(policy, tokenizer, cfg.model.path, cfg.rollout.gpu_memory_utilization,
-                                cfg.rollout.max_conversation_tokens), None
-    model = policy
-    weights = next(policy.parameters())
-    if compute_dtype == torch.bfloat16 and weights.dtype == torch.float32 and not cfg.lora.enabled:
-        model = copy.deepcopy(policy).to(torch.bfloat16).eval().requires_grad_(False)
-        if weights.device.type == "cpu":
-            column_major_linears(model)
-    backend = HFBackend(model, tokenizer, batch_size=cfg.rollout.batch_size, kv_reuse_mb=cfg.rollout.kv_reuse_mb)
-    return backend, None if model is policy else dict(policy.state_dict(keep_vars=True))
-
-
-def sync_rollout_backend(generator: Any, policy: Any, cfg: VASDConfig, convs: list, say: Any, *,
-                         masters: dict | None = None) -> None:
-    """After an optimizer step: the hf backend's bfloat16 copy (if it has one) takes the new
-    master weights, and it forgets the keys and values computed with the old ones; a vLLM engine
-    gets the new weights."""
-    if cfg.rollout.backend == "hf":
-        if masters is not None:
-            with torch.no_grad():  # copy_ casts and keeps the copy's own (column-major) layout
-                for name, param in generator.model.named_parameters():
-                    param.copy_(masters[name])
-        generator.weights_changed()
-    else:
-        sync_weights(generator, policy, convs, cfg.rollout.logprob_check_tolerance, say)
-
-
 def held_out_divergence(cfg: VASDConfig, instances: list, generator: Any, tokenizer: Any, parts: TeacherParts,
-                        loss: Any, *, device: Any, autocast: Any, share_prefixes: bool = False) -> float | None:
-    """The distillation term per answer token on held-out tasks, without a gradient: the live
+                        loss: DistillLoss, *, device: Any, autocast: Any, share_prefixes: bool = False) -> float | None:
+    """The divergence term per answer token on held-out tasks, without a gradient: the live
     model plays them greedily (sharded, every shard) and the teacher reads their single-turn
-    views, as in training. Lower means the student's final replies moved towards the teacher's."""
-    convs = make_conversations(instances, ["sharded"], 1)
-    play(convs, generator, make_user("verbatim"), make_classifier("rule"),
-         SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=0.0), batch_size=len(convs),
-         stop_at_correct=False, max_context=cfg.rollout.max_conversation_tokens)
+    views, as in training. Lower means the student's final replies moved towards the teacher's.
+    None where the run takes no divergence (loss.weight: 0)."""
+    if "distill" not in loss.weights:
+        return None
+    convs = play_greedy(cfg, instances, generator)
     per_step = cfg.train.micro_batch_size * cfg.train.grad_accum_steps
     total, count = 0.0, 0.0
     was_training = loss.training
@@ -510,11 +219,12 @@ def held_out_divergence(cfg: VASDConfig, instances: list, generator: Any, tokeni
     try:
         with torch.no_grad():
             for start in range(0, len(convs), per_step):
-                batches, _ = step_batches(cfg, convs[start:start + per_step], [], tokenizer, parts, device=device,
-                                          autocast=autocast, share_prefixes=share_prefixes)
-                for batch in batches:
+                micro_batches, _ = step_rows(cfg, convs[start:start + per_step], [], tokenizer, loss.terms,
+                                             share_prefixes=share_prefixes)
+                for batch in teacher_pass(micro_batches, parts, loss.terms, tokenizer.pad_token_id, device=device,
+                                          autocast=autocast, multiple=cfg.train.pad_to_multiple):
                     count += batch.pop("counts")["distill"]
-                    total += float(loss(**{k: v.to(device) for k, v in batch.items()})["distill"])
+                    total += float(loss(**to_device(batch, device))["distill"])
     finally:
         loss.train(was_training)
     return total / count if count else None

@@ -1,23 +1,24 @@
 """Who plays teacher and reference in a VASD step, without a gradient: the networks, the LoRA
-switches around them, their LM heads, and the moving-average (EMA) teacher's float32 masters."""
+switches around them, their LM heads, the moving-average (EMA) teacher's float32 masters, and
+the teacher pass (`teacher_pass`: a window's micro-batches with every read network's hidden
+states)."""
 
 from __future__ import annotations
 
 import copy
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
 from fic.core.errors import FicError
 from fic.training.losses import decoder_and_head
+from fic.training.vasd.batches import batch_counts, collate_rows, hidden_at
 from fic.training.vasd.config import VASDConfig
-
-
-def teacher_views(cfg: VASDConfig) -> list[str]:
-    """The single-turn views the teacher reads (`teacher.view: both` reads two)."""
-    return ["full", "concat"] if cfg.teacher.view == "both" else [cfg.teacher.view]
+from fic.training.vasd.term import Term
+from fic.training.vasd.terms import run_terms
+from fic.training.vasd.window import MicroBatch
 
 
 @dataclass
@@ -38,6 +39,15 @@ class TeacherParts:
     ref_head: Callable | None = None
     ema: EmaTeacher | None = None  # teacher.mode=ema: the float32 average written into `copy`
 
+    @property
+    def heads(self) -> dict[str, Callable]:
+        """Reader (`fic.training.vasd.term.READERS`) -> its LM head, for the readers there are."""
+        return {"teacher": self.head, **({"reference": self.ref_head} if self.ref_head is not None else {})}
+
+    def network(self, reader: str) -> tuple[Any, Callable[[], Any]]:
+        """The network that plays `reader` and the context it runs in."""
+        return (self.net, self.context) if reader == "teacher" else (self.ref_net, self.ref_context)
+
 
 def teacher_parts(cfg: VASDConfig, model: Any, copy_dtype: torch.dtype | None = None) -> TeacherParts:
     """Who plays teacher and reference for `cfg` (see `TeacherParts`). The reference always reads
@@ -46,7 +56,8 @@ def teacher_parts(cfg: VASDConfig, model: Any, copy_dtype: torch.dtype | None = 
     dtype a frozen or moving-average copy is held in (the run's compute dtype on a bf16 compute
     copy: it is never trained, and the EMA keeps float32 masters of its own)."""
     lora = cfg.lora.enabled
-    needs_reference = cfg.regularizer.kind in ("reference", "both")  # EMA with it: refused by VASDConfig.check
+    # a term that reads the starting weights (the reference term); with EMA in full fine-tuning: refused at load
+    needs_reference = any(term.reads == "reference" for term in run_terms(cfg, anchors=False))
     copy_model = None
     if cfg.teacher.mode == "ema" or (not lora and (cfg.teacher.mode == "frozen" or needs_reference)):
         copy_model = copy.deepcopy(model).eval()
@@ -123,3 +134,28 @@ class EmaTeacher:
         weight, master = self.weights[name], self.master[name]
         if weight.data_ptr() != master.data_ptr():
             weight.data.copy_(master)
+
+
+def teacher_pass(micro_batches: Sequence[MicroBatch], parts: TeacherParts, terms: Sequence[Term], pad_id: int, *,
+                 device: Any, autocast: Callable[[], Any], multiple: int = 0) -> list[dict]:
+    """The window's micro-batches as the student's batches: rows collated with the run's term
+    tables, and `hidden[reader]` [rows, slots, hidden] (a slot: a teacher view), each network's
+    hidden states at the positions its micro-batch asks (`fic.training.vasd.window.Reads`), and
+    `counts` (`batch_counts`). Every micro-batch runs every read network's forward, on a stand-in
+    token where it has no rollout rows, so every rank runs the same passes (ZeRO-3)."""
+    names = [term.name for term in terms]
+    batches = []
+    for micro in micro_batches:
+        batch = collate_rows(micro.rows, pad_id, multiple, names)
+        batch["hidden"] = {}
+        for reader, reads in micro.reads.items():
+            net, context = parts.network(reader)
+            with context(), autocast():
+                slots = [hidden_at(net, r.sequences, r.positions, pad_id, device, multiple, share_prefixes=r.share)
+                         for r in reads]
+            batch["hidden"][reader] = torch.stack(slots, dim=1)
+        batch["counts"] = batch_counts(batch, terms)
+        if micro.empty:
+            batch["counts"]["tokens"] = 0.0
+        batches.append(batch)
+    return batches

@@ -1,4 +1,4 @@
-"""The reward mode of stage 2 (`reward.*`): the reward of a scripted rollout, the leave-one-out
+"""The reward term of stage 2 (`fic/training/vasd/terms/reward.py`, `terms.reward.*`): the reward of a scripted rollout, the leave-one-out
 advantages, the reward targets on a rollout's own row, the term's value against a naive policy
 gradient, the grouped rollouts of a step, and the settings refused."""
 
@@ -6,37 +6,26 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
 from actions_instances import late_optional_instance
-from scripted import FunctionBackend
+from vasd_played import RECIPE, play_scripted
 
 from fic import tasks
-from fic.conversation.classify import RuleClassifier
-from fic.conversation.simulator import make_conversations, play
-from fic.conversation.users import VerbatimUser
 from fic.core.config import load_config
 from fic.core.errors import FicError
-from fic.core.generation import SamplingParams
 from fic.training.data import IGNORE
+from fic.training.vasd.batches import batch_counts, collate_rows
 from fic.training.vasd.config import VASDConfig
-from fic.training.vasd.distill import DistillLoss, batch_counts, collate_rows, rollout_from, student_rows
-from fic.training.vasd.reward import leave_one_out, reward_figures, rollout_reward
+from fic.training.vasd.loss import DistillLoss
+from fic.training.vasd.rows import rollout_from, student_row
+from fic.training.vasd.terms import run_terms
+from fic.training.vasd.terms.reward import leave_one_out, reward_figures, reward_targets, rollout_reward
 
-ROOT = Path(__file__).resolve().parents[2]
-RECIPE = ROOT / "recipes" / "smollm2-135m-instruct" / "vasd.yaml"
+REWARD = ["train.max_steps=1", "anchor.share=0", "loss.weight=0", "terms.reward.weight=1.0"]
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
-
-
-def play_scripted(instance, reply, tokenizer):
-    """`instance` played sharded by an assistant that writes `reply(prompt)`."""
-    (conv,) = make_conversations([instance], ["sharded"], 1)
-    play([conv], FunctionBackend(reply, tokenizer), VerbatimUser(), RuleClassifier(), SamplingParams(max_new_tokens=64),
-         stop_at_correct=False)
-    return conv
 
 
 def calls_from(turn: int, answer: str):
@@ -72,7 +61,7 @@ def test_the_reward_is_the_final_score_discounted_for_an_early_call(smollm2_toke
 
 
 def test_a_rollout_that_ends_on_an_ask_earns_the_unanswered_reward(smollm2_tokenizer):
-    """`reward.unanswered_reward` replaces the score of a conversation whose final reply is no
+    """`terms.reward.unanswered_reward` replaces the score of a conversation whose final reply is no
     answer attempt, even one that called right earlier; a final call keeps its score."""
     instance, _, _ = late_optional_instance()
     last = len(instance.shards) - 1
@@ -113,22 +102,23 @@ def patient_rollout(tokenizer):
 def test_reward_targets_are_every_reply_token_at_the_rollouts_advantage(smollm2_tokenizer):
     """Every token of every reply (the early asks, where the decision is made, and the final
     call) is a reward target weighing the advantage; nothing else is; the term counts positions."""
+    cfg = load_config(VASDConfig, None, REWARD)
+    terms = run_terms(cfg, anchors=False)
+    assert [(t.name, t.per) for t in terms] == [("reward", "positions")]
     conv = patient_rollout(smollm2_tokenizer)
     rollout = rollout_from(conv)
-    rollout.advantage = -0.5
-    (row,) = student_rows([rollout], [], reference=False, first_tokens=4, first_weight=4.0)
+    rollout.values["reward"] = -0.5
+    row = student_row(rollout.ids, {"reward": reward_targets(cfg, rollout)})
     expected = {t - 1 for turn in conv.turns for t in range(turn.prompt_tokens, turn.prompt_tokens + turn.reply_tokens)}
-    targets = {t for t, y in enumerate(row["reward_targets"]) if y != IGNORE}
+    targets = {t for t, y in enumerate(row["targets"]["reward"]) if y != IGNORE}
     assert targets == expected and len(conv.turns) > 2
-    assert all(row["reward_targets"][t] == conv.ids[t + 1] and row["reward_weights"][t] == -0.5 for t in targets)
-    assert all(row["reward_weights"][t] == 0.0 for t in range(len(conv.ids)) if t not in targets)
-    assert all(y == IGNORE for y in row["distill_targets"])
-    counts = batch_counts(collate_rows([row], smollm2_tokenizer.pad_token_id))
+    assert all(row["targets"]["reward"][t] == conv.ids[t + 1] and row["weights"]["reward"][t] == -0.5 for t in targets)
+    assert all(row["weights"]["reward"][t] == 0.0 for t in range(len(conv.ids)) if t not in targets)
+    counts = batch_counts(collate_rows([row], smollm2_tokenizer.pad_token_id, names=["reward"]), terms)
     assert counts["reward"] == len(expected)  # positions: the signed weights would sum to a negative count
 
-    rollout.advantage = 0.0
-    (row,) = student_rows([rollout], [], reference=False, first_tokens=4, first_weight=4.0)
-    assert all(y == IGNORE for y in row["reward_targets"])
+    rollout.values["reward"] = 0.0
+    assert all(y == IGNORE for y in reward_targets(cfg, rollout)[0])
 
 
 def test_the_reward_term_is_the_advantage_weighted_log_likelihood_at_the_sampling_temperature(
@@ -138,22 +128,20 @@ def test_the_reward_term_is_the_advantage_weighted_log_likelihood_at_the_samplin
     tokens were sampled at."""
     from transformers import AutoModelForCausalLM
 
-    from fic.training.losses import causal_lm
-
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, torch_dtype=torch.float32)
+    cfg = load_config(VASDConfig, None, [*REWARD, "rollout.temperature=0.5"])
     conv = patient_rollout(smollm2_tokenizer)
     rollout = rollout_from(conv)
-    rollout.advantage = 0.75
-    (row,) = student_rows([rollout], [], reference=False, first_tokens=0, first_weight=1.0)
-    batch = collate_rows([row], smollm2_tokenizer.pad_token_id)
-    hidden_size = causal_lm(model).config.hidden_size
-    loss = DistillLoss(model, lambda h: h, None, divergence="forward_kl", estimator="full", beta=0.5, temperature=1.0,
-                       top_k=8, chunk_tokens=16, weights={"reward": 1.0}, reward_temperature=0.5)
-    terms = loss(**batch, teacher_hidden=torch.zeros((0, 1, hidden_size)))
+    rollout.values["reward"] = 0.75
+    batch = collate_rows([student_row(rollout.ids, {"reward": reward_targets(cfg, rollout)})],
+                         smollm2_tokenizer.pad_token_id, names=["reward"])
+    loss = DistillLoss(model, run_terms(cfg, anchors=False), {}, chunk_tokens=16)
+    assert loss.terms[0].temperature == 0.5  # the sampling temperature
+    terms = loss(**batch)
     with torch.no_grad():
         logits = model(input_ids=batch["input_ids"]).logits[0].float()
-    where = batch["reward_targets"][0] != IGNORE
-    logp = torch.log_softmax(logits[where] / 0.5, dim=-1).gather(1, batch["reward_targets"][0][where][:, None])
+    where = batch["targets"]["reward"][0] != IGNORE
+    logp = torch.log_softmax(logits[where] / 0.5, dim=-1).gather(1, batch["targets"]["reward"][0][where][:, None])
     assert terms["reward"].item() == pytest.approx(float(-0.75 * logp.sum()), rel=1e-4)
     terms["reward"].backward()
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
@@ -166,8 +154,8 @@ def test_the_recipe_plays_each_task_group_size_times_and_trains_on_the_reward(ti
     assert main(["train", "vasd", "--config", str(RECIPE), f"model.path={tiny_model_dir}", f"out={out}",
                  "train.max_steps=2", "train.micro_batch_size=2", "train.grad_accum_steps=2", "rollout.max_new_tokens=6",
                  "logging.wandb=false", "data.limit=8", "logging.progress=false", "logging.samples_every=1",
-                 "loss.weight=0", "regularizer.kind=none", "reward.weight=1.0", "reward.group_size=2",
-                 "reward.premature_penalty=0.5", "reward.unanswered_reward=-0.5"]) == 0
+                 "loss.weight=0", "anchor.share=0", "terms.reward.weight=1.0", "terms.reward.group_size=2",
+                 "terms.reward.premature_penalty=0.5", "terms.reward.unanswered_reward=-0.5"]) == 0
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == [1, 2]
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
@@ -193,14 +181,14 @@ def test_the_recipe_plays_each_task_group_size_times_and_trains_on_the_reward(ti
 
 
 @pytest.mark.parametrize("override, field", [
-    (["reward.group_size=3"], "reward.group_size"),                 # 3 does not divide 2 x 2 rollouts
+    (["terms.reward.group_size=3"], "terms.reward.group_size"),     # 3 does not divide 2 x 2 rollouts
     (["rollout.temperature=0"], "rollout.temperature"),             # greedy groups are all alike
 ])
 def test_reward_settings_that_cannot_train_are_refused(override, field):
-    base = ["train.max_steps=1", "train.micro_batch_size=2", "train.grad_accum_steps=2", "regularizer.kind=none",
-            "reward.weight=1.0", "reward.group_size=2"]
+    base = ["train.max_steps=1", "train.micro_batch_size=2", "train.grad_accum_steps=2", "anchor.share=0",
+            "terms.reward.weight=1.0", "terms.reward.group_size=2"]
     with pytest.raises(FicError) as error:
         load_config(VASDConfig, None, base + override)
     assert error.value.field == field
     load_config(VASDConfig, None, base)  # the base itself is fine
-    load_config(VASDConfig, None, ["train.max_steps=1", "loss.weight=0", "regularizer.kind=none", "reward.weight=1.0"])
+    load_config(VASDConfig, None, REWARD)
