@@ -45,16 +45,8 @@ import yaml
 
 from fic.core.config import DRY_RUN_HELP, config_to_dict, print_keys, resolved_yaml, setting, with_overrides
 from fic.core.errors import FicError, exit_status
-from fic.core.files import (
-    folder_lock,
-    make_folder,
-    read_json,
-    read_log,
-    remove_folder,
-    run_token,
-    write_json,
-    write_text,
-)
+from fic.core.files import folder_lock, make_folder, remove_folder, run_token, write_json, write_text
+from fic.core.records import read_json, read_log
 from fic.core.stats import sign_test
 from fic.demo import costs
 from fic.demo.report import (

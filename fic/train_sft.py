@@ -34,9 +34,10 @@ from accelerate.utils import set_seed
 
 from fic.core.config import config_to_dict, set_in, set_where
 from fic.core.errors import FicError
-from fic.core.files import append_jsonl, file_sha256, read_json, write_json
+from fic.core.files import append_jsonl, write_json
 from fic.core.model import load_template_checked_tokenizer, template_clause
 from fic.core.ranks import phase
+from fic.core.records import file_sha256, read_json
 from fic.evaluation.live import evaluate_live
 from fic.training import checkpoints, loop
 from fic.training.checkpoints import model_card as card

@@ -42,8 +42,9 @@ from pathlib import Path
 from accelerate.utils import set_seed
 
 from fic.core.config import config_to_dict, set_in, set_where
-from fic.core.files import append_jsonl, file_sha256, write_json
+from fic.core.files import append_jsonl, write_json
 from fic.core.model import load_template_checked_tokenizer, template_clause
+from fic.core.records import file_sha256
 from fic.data.sources import describe_loaded, load_sharded
 from fic.evaluation.live import evaluate_live
 from fic.training import checkpoints, loop

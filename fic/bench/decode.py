@@ -152,7 +152,7 @@ def _model(args: argparse.Namespace, device: str, dtype: torch.dtype) -> Any:
         folder = check_model_folder(args.model)
         return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
     if args.model_config:
-        from fic.core.files import read_json
+        from fic.core.records import read_json
 
         fields = read_json(args.model_config, "a transformers config.json")
         if not isinstance(fields, dict) or not isinstance(fields.get("model_type"), str):

@@ -20,9 +20,10 @@ import torch
 
 from fic import __version__
 from fic.core.errors import FicError
-from fic.core.files import file_sha256, publish_folder
+from fic.core.files import publish_folder
 from fic.core.model import BUNDLED_MODEL_DIR, dtype_kwarg, load_model, load_tokenizer, resolve_dtype
 from fic.core.optional import need
+from fic.core.records import file_sha256
 
 log = logging.getLogger(__name__)
 

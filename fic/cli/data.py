@@ -11,9 +11,10 @@ from fic.backends import make_backend
 from fic.core.chat import format_masks, record_error, render_chat
 from fic.core.config import config_to_dict, load_config
 from fic.core.errors import FicError
-from fic.core.files import check_writable, read_records, write_json, write_jsonl
+from fic.core.files import check_writable, write_json, write_jsonl
 from fic.core.generation import BackendConfig
 from fic.core.instance import Instance
+from fic.core.records import read_records
 from fic.data.hub import ANSWER_FROM
 from fic.data.llm_sharder import shard_with_llm
 from fic.data.sources import (

@@ -32,7 +32,7 @@ from typing import Any, Sequence
 
 from fic.core.config import read_yaml, yaml_value
 from fic.core.errors import FicError
-from fic.core.files import read_json
+from fic.core.records import read_json
 
 # The set-ups FiC's trainers are written and tested for (accelerate's names).
 DISTRIBUTED_TYPES = ("NO", "MULTI_GPU", "DEEPSPEED", "FSDP")

@@ -25,7 +25,8 @@ from typing import Any, Callable
 
 from fic.core.config import read_yaml
 from fic.core.errors import FicError
-from fic.core.files import check_writable, read_growing_log, read_json
+from fic.core.files import check_writable
+from fic.core.records import read_growing_log, read_json
 from fic.demo.report import PLOT, plot_demo
 from fic.evaluation.lic_logs import LOG_FOLDER, run_settings, write_lic_logs
 from fic.evaluation.metrics import record_problem, summarize

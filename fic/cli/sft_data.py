@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from fic.core.config import add_config_arguments, load_config, print_keys, resolved_yaml
-from fic.core.files import read_records
+from fic.core.records import read_records
 from fic.corpus.build import SFTDataConfig, build_corpus, card_paths, plan
 
 

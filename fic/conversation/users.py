@@ -29,7 +29,8 @@ from typing import Any, Sequence
 
 from fic.conversation import lic_prompts
 from fic.conversation.simulator import NOTHING, UserTurn
-from fic.core.config import MAX_REPEATS, setting
+from fic.core.bounds import MAX_REPEATS
+from fic.core.config import setting
 from fic.core.generation import Backend, BackendConfig, SamplingParams
 from fic.core.parsing import find_json
 from fic.core.seeding import reply_seed

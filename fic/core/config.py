@@ -24,8 +24,9 @@ from typing import Any, Sequence
 
 import yaml
 
+from fic.core.bounds import bounds_text, check_physical, check_range
 from fic.core.errors import FicError
-from fic.core.files import read_data_text
+from fic.core.records import read_data_text
 
 _MISSING = dataclasses.MISSING
 MAX_YAML_BYTES = 256 << 10  # a recipe is a few kilobytes; PyYAML reads about 0.5 MB a second
@@ -36,7 +37,7 @@ MAX_YAML_VALUES = 100_000   # values (scalars, mappings, lists) with every alias
 def setting(default: Any = _MISSING, help: str = "", *, choices: Sequence[Any] | None = None,
             min: float | None = None, max: float | None = None, factory: Any = _MISSING) -> Any:
     """Declare a config field with its help text and optional allowed values or range. Fields
-    are also held to the physical bounds their name implies (`PHYSICAL_BOUNDS`)."""
+    are also held to the physical bounds their name implies (`fic.core.bounds.PHYSICAL_BOUNDS`)."""
     metadata = {"help": help, "choices": tuple(choices) if choices else None, "min": min, "max": max}
     if factory is not _MISSING:
         return dataclasses.field(default_factory=factory, metadata=metadata)
@@ -175,79 +176,6 @@ def _convert(value: Any, tp: Any, key: str, source: str) -> Any:
     raise bad()
 
 
-# Bounds a field's name implies, whatever its declaration: a setting past them is accepted by no
-# library FiC hands it to (the OpenAI client overflows on a timeout of 1e12 s, numpy refuses a
-# seed of -1 or 2**32, nucleus sampling keeps no token at top_p 0). (suffix, low, high, low excluded)
-WEEK_S = 7 * 24 * 3600
-MAX_TOKENS = 1 << 24  # more tokens than any model's context
-PHYSICAL_BOUNDS = (("_s", 0, WEEK_S, False), ("tokens", 0, MAX_TOKENS, False), ("seq_len", 1, MAX_TOKENS, False),
-                   ("seed", 0, 2**32 - 1, False), ("top_p", 0, 1, True))
-
-
-# Upper bounds of the settings that size an allocation, a loop or a retry count, declared with
-# `setting(..., max=...)` and checked as the config loads (`--dry-run` included), before any model
-# loads: past them a run would hold more memory or take longer than any machine allows, so the
-# value is a slip (`lora.r=10**6` was accepted, then failed after a 200 s model load). `--keys`
-# shows each setting's bounds.
-MAX_BATCH = 4096            # prompts, conversations or sequences handled at once
-MAX_STEPS = 10_000_000      # optimizer steps, and steps between checkpoints, scores or logs
-MAX_ACCUMULATION = 65_536   # micro-batches per optimizer step; a padding multiple; a bucket window
-MAX_REPEATS = 1000          # runs, samples, conversations per instance, patience, turns, checkpoints kept
-MAX_RETRIES = 100           # retries of a request or of a judge's answer
-MAX_INSTANCES = 10_000_000  # instances read or generated
-MAX_RANK = 4096             # a LoRA rank
-MAX_EPOCHS = 10_000
-MAX_PARALLEL = 1024         # requests in flight; GPUs a model is sharded over
-MAX_RESAMPLES = 1_000_000   # bootstrap resamples
-MAX_MIB = 1 << 20           # a memory budget in MiB (1 TiB)
-MAX_VOCAB = 1 << 20         # tokens of a vocabulary (the largest are about 256k)
-
-
-def bounds_text(name: str, meta: dict) -> str:
-    """A setting's range in words (`1 to 4,096`, `at least 0`, `0 to a week`), from its declared
-    `min`/`max` and the bounds its name implies; empty when it has none."""
-    low, high, above = meta.get("min"), meta.get("max"), False
-    for suffix, floor, ceiling, excluded in PHYSICAL_BOUNDS:
-        if name.endswith(suffix):
-            if low is None or floor >= low:
-                low, above = floor, excluded
-            high = ceiling if high is None else min(high, ceiling)
-
-    def shown(value: float) -> str:
-        if value == WEEK_S and name.endswith("_s"):
-            return "a week"
-        return f"{value:,}" if isinstance(value, int) or float(value).is_integer() and abs(value) >= 1000 else f"{value:g}"
-
-    if low is not None and high is not None:
-        return f"{'above ' if above else ''}{shown(low)} to {shown(high)}"
-    if low is not None:
-        return f"{'above' if above else 'at least'} {shown(low)}"
-    return f"at most {shown(high)}" if high is not None else ""
-
-
-def _check_physical(value: Any, name: str, key: str, source: str) -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        return
-    for suffix, low, high, excluded in PHYSICAL_BOUNDS:
-        if name.endswith(suffix) and (value <= low if excluded else value < low):
-            raise FicError(f"expected a value {'>' if excluded else '>='} {low}, got {value!r}", path=source, field=key)
-        if name.endswith(suffix) and value > high:
-            unit = {"_s": " seconds (a week)", "seed": " (a seed is 32 bits)"}.get(suffix, "")
-            raise FicError(f"expected a value <= {high:,}{unit}, got {value!r}", path=source, field=key)
-
-
-def _check_range(value: Any, meta: dict, key: str, source: str) -> None:
-    choices, low, high = meta.get("choices"), meta.get("min"), meta.get("max")
-    if choices is not None and value is not None and value not in choices:
-        raise FicError(f"expected one of {', '.join(map(repr, choices))}, got {value!r}",
-                       path=source, field=key)
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if low is not None and value < low:
-            raise FicError(f"expected a value >= {low}, got {value!r}", path=source, field=key)
-        if high is not None and value > high:
-            raise FicError(f"expected a value <= {high}, got {value!r}", path=source, field=key)
-
-
 def _declared(section: Any) -> dict:
     """The keys whose value in `section` differs from its class's own defaults, nested."""
     plain = type(section)()
@@ -324,8 +252,8 @@ def _build(cls: type, data: dict, source: str, prefix: str = "") -> Any:
             # not the section class's own: `data.limit=5` must not reset `data.source`.
             value = _merge(_declared(f.default_factory()), value)
         converted = _convert(value, hints[name], key, where)
-        _check_range(converted, dict(fields[name].metadata), key, where)
-        _check_physical(converted, name, key, where)
+        check_range(converted, dict(fields[name].metadata), key, where)
+        check_physical(converted, name, key, where)
         kwargs[name] = converted
     for name, f in fields.items():
         if name not in kwargs and f.default is _MISSING and f.default_factory is _MISSING:

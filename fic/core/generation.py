@@ -26,8 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
+from fic.core.bounds import MAX_BATCH, MAX_MIB, MAX_PARALLEL, MAX_RETRIES, MAX_TOKENS
 from fic.core.chat import end_of_turn_ids, prompt_ids
-from fic.core.config import MAX_BATCH, MAX_MIB, MAX_PARALLEL, MAX_RETRIES, MAX_TOKENS, setting
+from fic.core.config import setting
 from fic.core.errors import FicError
 
 KINDS = ("hf", "vllm", "openai")

@@ -40,7 +40,8 @@ from tqdm import tqdm
 
 from fic import tasks
 from fic.backends import make_backend
-from fic.core.config import MAX_REPEATS, config_to_dict, set_in, setting
+from fic.core.bounds import MAX_REPEATS
+from fic.core.config import config_to_dict, set_in, setting
 from fic.core.errors import FicError
 from fic.core.files import check_writable, write_together
 from fic.core.generation import BackendConfig, SamplingParams

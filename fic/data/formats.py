@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from fic.core.errors import FicError, one_line
-from fic.core.files import MAX_FILE_BYTES, parse_records, read_data_bytes
+from fic.core.records import MAX_FILE_BYTES, parse_records, read_data_bytes
 
 MAX_RECORD_BYTES = 32 << 20  # one record (a JSONL line, a CSV row, a Parquet or Arrow row)
 MAX_COLUMNS = 2048          # columns of a table (leaf columns of a nested one)

@@ -45,8 +45,8 @@ from typing import Any
 
 from fic import tasks
 from fic.core.errors import FicError, one_line
-from fic.core.files import read_json
 from fic.core.instance import Instance
+from fic.core.records import read_json
 from fic.data.formats import check_local, parse_in_child
 from fic.tasks.math import BOXED, boxed_content
 

@@ -39,11 +39,12 @@ from pathlib import Path
 from typing import Callable
 
 from fic import tasks
-from fic.core.config import MAX_INSTANCES, set_where, setting
+from fic.core.bounds import MAX_INSTANCES
+from fic.core.config import set_where, setting
 from fic.core.errors import FicError
-from fic.core.files import read_numbered_records, read_records
 from fic.core.instance import Instance
 from fic.core.optional import need
+from fic.core.records import read_numbered_records, read_records
 from fic.data.actions_gen import generate
 from fic.data.hub import ANSWER_FROM, load_hf
 from fic.tasks.code import human_eval_instances

@@ -22,8 +22,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fic.core.files import read_json, read_log, write_text
+from fic.core.files import write_text
 from fic.core.plots import pyplot, save_png
+from fic.core.records import read_json, read_log
 from fic.core.stats import paired_bootstrap, sign_test
 
 STAGE_NAMES = {"start": "starting point", "sft": "FiC stage 1 (SFT)", "vasd": "FiC stage 1+2 (SFT + VASD)",

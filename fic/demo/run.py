@@ -52,20 +52,21 @@ from typing import Any, Callable
 from fic import tasks, train_sft, train_vasd
 from fic.backends import make_backend
 from fic.bundled.prepare import prepare_model
-from fic.core.config import MAX_INSTANCES, MAX_MIB, MAX_RESAMPLES, MAX_STEPS, load_config, set_in, set_where, setting
+from fic.core.bounds import MAX_INSTANCES, MAX_MIB, MAX_RESAMPLES, MAX_STEPS
+from fic.core.config import load_config, set_in, set_where, setting
 from fic.core.errors import FicError
 from fic.core.files import (
     check_writable,
     folder_lock,
     guard_out,
     make_folder,
-    read_json,
     remove_folder,
     run_token,
     write_json,
     write_jsonl,
 )
 from fic.core.model import BUNDLED_MODEL_DIR, check_model_folder, peak_memory_mb
+from fic.core.records import read_json
 from fic.corpus.build import SFTDataConfig, build_corpus
 from fic.data.sources import load_source
 from fic.data.splits import prompt_key

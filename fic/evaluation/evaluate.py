@@ -54,22 +54,15 @@ from fic.backends import check_backend, make_backend
 from fic.conversation.classify import ClassifierSection, make_classifier
 from fic.conversation.simulator import answerable_by, make_conversations, play
 from fic.conversation.users import UserSimulatorSection, make_user
-from fic.core.config import MAX_BATCH, MAX_REPEATS, config_to_dict, differences, set_in, setting
+from fic.core.bounds import MAX_BATCH, MAX_REPEATS
+from fic.core.config import config_to_dict, differences, set_in, setting
 from fic.core.errors import FicError
-from fic.core.files import (
-    append_jsonl,
-    check_writable,
-    folder_lock,
-    read_json,
-    read_numbered_log,
-    removed_if_failed,
-    write_json,
-    write_text,
-)
+from fic.core.files import append_jsonl, check_writable, folder_lock, removed_if_failed, write_json, write_text
 from fic.core.generation import BackendConfig, SamplingParams
 from fic.core.instance import Instance
 from fic.core.progress import Progress
 from fic.core.ranks import Ranks
+from fic.core.records import read_json, read_numbered_log
 from fic.data.sources import InstancesSection, ShardedInstances, describe_loaded, load_sharded
 from fic.data.views import VIEWS, check_views
 from fic.evaluation.metrics import record_problem, summarize

@@ -51,25 +51,14 @@ from typing import Any, Sequence
 from fic import tasks
 from fic.backends import check_backend, make_backend
 from fic.conversation.simulator import score_reply
+from fic.core.bounds import MAX_BATCH, MAX_REPEATS, MAX_RETRIES
 from fic.core.chat import prompt_ids, user_turn_ids
-from fic.core.config import (
-    MAX_BATCH,
-    MAX_REPEATS,
-    MAX_RETRIES,
-    config_to_dict,
-    differences,
-    resolved_yaml,
-    set_in,
-    setting,
-)
+from fic.core.config import config_to_dict, differences, resolved_yaml, set_in, setting
 from fic.core.errors import FicError
 from fic.core.files import (
     append_jsonl,
     check_writable,
     folder_lock,
-    read_json,
-    read_log,
-    read_records,
     removed_if_failed,
     write_json,
     write_jsonl,
@@ -78,6 +67,7 @@ from fic.core.files import (
 from fic.core.generation import BackendConfig, Generation, SamplingParams
 from fic.core.instance import Instance
 from fic.core.progress import Progress
+from fic.core.records import read_json, read_log, read_records
 from fic.core.seeding import derive_seed, pick
 from fic.data.sources import InstancesSection, ShardedInstances, describe_loaded, load_unsharded
 from fic.data.views import system_message, user_turns

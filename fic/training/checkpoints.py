@@ -36,7 +36,6 @@ from fic.core.files import (
     make_folder,
     owned,
     publish_folder,
-    read_json,
     remove_folder,
     run_token,
     unlock_folder,
@@ -44,6 +43,7 @@ from fic.core.files import (
     write_text,
 )
 from fic.core.model import CHECKPOINT_MODEL, check_model_folder
+from fic.core.records import read_json
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "chat_template.json", "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",

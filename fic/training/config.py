@@ -13,17 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from fic.core.config import (
-    MAX_ACCUMULATION,
-    MAX_BATCH,
-    MAX_EPOCHS,
-    MAX_RANK,
-    MAX_REPEATS,
-    MAX_STEPS,
-    MAX_TOKENS,
-    flatten,
-    setting,
-)
+from fic.core.bounds import MAX_ACCUMULATION, MAX_BATCH, MAX_EPOCHS, MAX_RANK, MAX_REPEATS, MAX_STEPS, MAX_TOKENS
+from fic.core.config import flatten, setting
 from fic.core.errors import FicError, one_line
 from fic.core.optional import installed, missing
 from fic.data.sources import InstancesSection

@@ -17,8 +17,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fic.core.files import read_growing_log
 from fic.core.plots import integer_axis, no_data, pyplot, save_png
+from fic.core.records import read_growing_log
 
 CURVES_PNG = "curves.png"
 # (title, y label, metric keys drawn on the panel, or the prefix of the keys it draws)
@@ -42,7 +42,7 @@ VASD_PANELS = [
 
 
 def read_metrics(path: str | Path) -> list[dict]:
-    """The step records of a `metrics.jsonl`, read only (`fic.core.files.read_growing_log`: the
+    """The step records of a `metrics.jsonl`, read only (`fic.core.records.read_growing_log`: the
     last line, the one a running job is writing, is passed over when torn, not repaired; a broken
     line elsewhere is a one-line error); a record without a numeric step is no step record."""
     return [record for _, record in read_growing_log(path, "a metrics.jsonl log")

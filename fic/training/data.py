@@ -17,7 +17,7 @@ import torch
 
 from fic.core.chat import record_error, render_chat
 from fic.core.errors import FicError
-from fic.core.files import read_records
+from fic.core.records import read_records
 
 IGNORE = -100
 TARGET_KINDS = ("assistant", "non_final")

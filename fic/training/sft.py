@@ -14,7 +14,8 @@ from typing import Any, Sequence
 import torch
 
 from fic import tasks
-from fic.core.config import MAX_ACCUMULATION, MAX_REPEATS, setting
+from fic.core.bounds import MAX_ACCUMULATION, MAX_REPEATS
+from fic.core.config import setting
 from fic.core.errors import FicError, cut_short_on_sigterm
 from fic.core.files import check_writable
 from fic.core.model import check_model_folder

@@ -10,7 +10,8 @@ import typing
 import pytest
 
 from fic.cli.main import main
-from fic.core.config import bounds_text, load_config
+from fic.core.bounds import bounds_text
+from fic.core.config import load_config
 from fic.core.errors import FicError
 from fic.corpus.build import SFTDataConfig
 from fic.demo.run import DemoConfig

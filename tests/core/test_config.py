@@ -250,7 +250,7 @@ def bounded_keys(cls, prefix=""):
     import dataclasses
     import typing
 
-    from fic.core.config import PHYSICAL_BOUNDS
+    from fic.core.bounds import PHYSICAL_BOUNDS
 
     found = []
     for name, hint in typing.get_type_hints(cls).items():

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from fic.core import files
+from fic.core import files, records
 from fic.core.errors import FicError
 
 
@@ -52,19 +52,19 @@ def test_publish_folder_into_an_empty_place(tmp_path):
 def test_read_log_drops_only_a_torn_last_line(tmp_path):
     log = tmp_path / "log.jsonl"
     log.write_text('{"a": 1}\n{"a": 2}\n{"a": ')
-    assert files.read_log(log) == [{"a": 1}, {"a": 2}]
+    assert records.read_log(log) == [{"a": 1}, {"a": 2}]
     assert log.read_text() == '{"a": 1}\n{"a": 2}\n'  # rewritten: the next append starts a clean line
     log.write_text('{"a": 1}\n{"a"\n{"a": 3}\n')
     with pytest.raises(FicError, match="line 2 is not valid JSON"):
-        files.read_log(log)
-    assert files.read_log(tmp_path / "missing.jsonl") == []
+        records.read_log(log)
+    assert records.read_log(tmp_path / "missing.jsonl") == []
 
 
 def test_file_sha256(tmp_path):
     path = tmp_path / "blob"
     data = os.urandom(3 << 20)  # several read blocks
     path.write_bytes(data)
-    assert files.file_sha256(path) == hashlib.sha256(data).hexdigest()
+    assert records.file_sha256(path) == hashlib.sha256(data).hexdigest()
 
 
 # --------------------------------------------------------------------------- the guarded reader
@@ -85,7 +85,7 @@ def test_hostile_data_files_are_one_line_errors_naming_file_and_line(tmp_path, n
     path = tmp_path / name
     path.write_text(text)
     with pytest.raises(FicError) as err:
-        files.read_records(path)
+        records.read_records(path)
     assert needle in str(err.value) and str(path) in str(err.value)
     assert "\n" not in str(err.value)
 
@@ -97,7 +97,7 @@ def test_files_that_are_no_regular_file_are_refused_before_reading(tmp_path, spe
         os.mkfifo(special)  # reading it would block for ever
     elif special == "folder":
         special = tmp_path
-    for read in (files.read_records, files.read_log, files.read_json):
+    for read in (records.read_records, records.read_log, records.read_json):
         with pytest.raises(FicError, match="regular file|is a folder"):
             read(special)
 
@@ -105,47 +105,47 @@ def test_files_that_are_no_regular_file_are_refused_before_reading(tmp_path, spe
 def test_a_file_over_the_size_limit_is_refused(tmp_path, monkeypatch):
     path = tmp_path / "big.jsonl"
     path.write_text('{"a": 1}\n' * 100)
-    monkeypatch.setattr(files, "MAX_FILE_BYTES", 64)
+    monkeypatch.setattr(records, "MAX_FILE_BYTES", 64)
     with pytest.raises(FicError, match="in one piece; split it"):
-        files.read_records(path)
+        records.read_records(path)
 
 
 def test_read_json_and_read_log_use_the_same_guards(tmp_path):
     path = tmp_path / "state.json"
     path.write_text('{"step": ' + "[" * DEEP + "]" * DEEP + "}")
     with pytest.raises(FicError, match="nested too deeply") as err:
-        files.read_json(path)
+        records.read_json(path)
     assert str(path) in str(err.value)
     log = tmp_path / "log.jsonl"
     log.write_text('{"a": 1}\n{"n": ' + "1" * 5000 + '}\n{"a": 3}\n')
     with pytest.raises(FicError, match="line 2 holds a number .* the log is damaged"):
-        files.read_log(log)
+        records.read_log(log)
     log.write_text('{"a": 1}\n' + "[" * DEEP)  # a torn last line, however it is broken, is dropped
-    assert files.read_log(log) == [{"a": 1}]
+    assert records.read_log(log) == [{"a": 1}]
 
 
 def test_a_lone_surrogate_is_written_as_its_escape_and_reads_back(tmp_path):
     path = tmp_path / "in.jsonl"
     path.write_text('{"text": "half a pair: \\ud800 here"}\n')
-    (record,) = files.read_records(path)
+    (record,) = records.read_records(path)
     assert record["text"] == "half a pair: \ud800 here"
     for write in (files.write_jsonl, lambda p, rs: [files.append_jsonl(p, r) for r in rs]):
         out = tmp_path / "out.jsonl"
         out.unlink(missing_ok=True)
         write(out, [record])
-        assert files.read_records(out) == [record]
+        assert records.read_records(out) == [record]
     files.write_json(tmp_path / "one.json", record)
-    assert files.read_json(tmp_path / "one.json") == record
+    assert records.read_json(tmp_path / "one.json") == record
 
 
 def test_a_legal_250_character_name_can_be_written(tmp_path):
     path = tmp_path / ("n" * 245 + ".json")
     files.write_json(path, {"ok": True})
-    assert files.read_json(path) == {"ok": True}
+    assert records.read_json(path) == {"ok": True}
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary left
     longer = tmp_path / ("é" * 120 + ".jsonl")  # 240 bytes of two-byte characters
     files.write_jsonl(longer, [{"a": 1}])
-    assert files.read_records(longer) == [{"a": 1}]
+    assert records.read_records(longer) == [{"a": 1}]
 
 
 # --------------------------------------------------------------------------- folder locks
@@ -202,14 +202,14 @@ def test_an_appended_log_that_is_a_link_is_refused_before_any_work(tmp_path, pre
     log = tmp_path / "conversations.jsonl"
     (os.symlink if link == "symlink" else os.link)(precious, log)
     with pytest.raises(FicError, match="link"):
-        files.read_log(log)  # a resumed run reads its log first: refused there, before playing
+        records.read_log(log)  # a resumed run reads its log first: refused there, before playing
     with pytest.raises(FicError, match="link"):
         files.append_jsonl(log, {"a": 1})
     assert precious.read_text() == "keep me\n"
     dangling = tmp_path / "dangling.jsonl"
     os.symlink(tmp_path / "nowhere" / "new.jsonl", dangling)
     with pytest.raises(FicError, match="symbolic link"):
-        files.read_log(dangling)  # not "no log yet": it would create a file outside
+        records.read_log(dangling)  # not "no log yet": it would create a file outside
     assert not (tmp_path / "nowhere").exists()
 
 
@@ -217,7 +217,7 @@ def test_atomic_writes_replace_a_link_instead_of_writing_through_it(tmp_path, pr
     link = tmp_path / "metrics.json"
     os.symlink(precious, link)
     files.write_json(link, {"a": 1})
-    assert not link.is_symlink() and files.read_json(link) == {"a": 1}
+    assert not link.is_symlink() and records.read_json(link) == {"a": 1}
     assert precious.read_text() == "keep me\n"
 
 

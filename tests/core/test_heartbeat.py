@@ -18,9 +18,9 @@ from fic.conversation.users import make_user
 from fic.core import progress
 from fic.core.config import load_config
 from fic.core.errors import FicError
-from fic.core.files import read_records
 from fic.core.generation import BackendConfig, SamplingParams
 from fic.core.progress import Progress
+from fic.core.records import read_records
 from fic.data.sources import InstancesSection, load_sharded
 from fic.evaluation.evaluate import EvalConfig, evaluate
 from fic.probe.run import ProbeConfig, probe

@@ -14,7 +14,7 @@ from fic import tasks
 from fic.cli.main import main
 from fic.core.config import load_config
 from fic.core.errors import FicError
-from fic.core.files import read_records
+from fic.core.records import read_records
 from fic.data.hub import number_of, parse_spec
 from fic.data.sources import InstancesSection, load_source, load_sources
 from fic.evaluation.evaluate import EvalConfig, evaluate

@@ -11,7 +11,8 @@ import yaml
 
 from fic.core.config import load_config
 from fic.core.errors import FicError
-from fic.core.files import read_records, write_jsonl
+from fic.core.files import write_jsonl
+from fic.core.records import read_records
 from fic.corpus.build import SFTDataConfig, build_corpus, load_instances
 from fic.data.sources import load_source
 from fic.data.splits import ExcludeSection, exclude_instances, normalise

@@ -12,7 +12,7 @@ from scripted import FunctionBackend
 from fic.cli.main import main
 from fic.core.config import load_config, set_in
 from fic.core.errors import FicError
-from fic.core.files import read_json, read_records
+from fic.core.records import read_json, read_records
 from fic.corpus.build import SFTDataConfig, build_corpus
 from fic.data.sources import InstancesSection, describe_loaded, load_sharded, read_instance
 from fic.evaluation.evaluate import EvalConfig, evaluate, instance_digests

@@ -38,7 +38,8 @@ import pytest
 
 from fic.cli.main import VERBS, main
 from fic.core.errors import FicError, one_line, os_error
-from fic.core.files import check_writable, read_records, write_jsonl
+from fic.core.files import check_writable, write_jsonl
+from fic.core.records import read_records
 
 REPO = Path(__file__).resolve().parents[2]
 AS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0

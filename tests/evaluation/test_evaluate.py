@@ -13,7 +13,7 @@ from scripted import FunctionBackend
 from fic.cli.main import main
 from fic.core.config import load_config
 from fic.core.errors import FicError
-from fic.core.files import read_records
+from fic.core.records import read_records
 from fic.evaluation.evaluate import EvalConfig, evaluate
 from fic.tasks import Task
 

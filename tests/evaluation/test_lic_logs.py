@@ -16,7 +16,7 @@ from scripted import FunctionBackend
 from fic.cli.main import main
 from fic.conversation.labels import LABELS
 from fic.core.config import load_config
-from fic.core.files import read_records
+from fic.core.records import read_records
 from fic.evaluation.evaluate import EvalConfig, evaluate
 from fic.evaluation.lic_logs import LIC_KEYS, conv_type, from_lic, view_of
 

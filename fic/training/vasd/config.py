@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, make_dataclass
 
 from fic.conversation.users import UserSimulatorSection
-from fic.core.config import MAX_BATCH, MAX_MIB, MAX_REPEATS, MAX_STEPS, MAX_VOCAB, setting
+from fic.core.bounds import MAX_BATCH, MAX_MIB, MAX_REPEATS, MAX_STEPS, MAX_VOCAB
+from fic.core.config import setting
 from fic.core.errors import FicError
 from fic.data.sources import InstancesSection
 from fic.data.splits import ExcludeSection

@@ -10,8 +10,9 @@ from typing import Any
 
 from fic import tasks
 from fic.conversation.simulator import answerable_by
+from fic.core.bounds import MAX_REPEATS
 from fic.core.chat import reply_ids
-from fic.core.config import MAX_REPEATS, setting
+from fic.core.config import setting
 from fic.core.seeding import seeded_rng
 from fic.training.vasd.rows import GoldRow, revealed_values
 from fic.training.vasd.term import CROSS_ENTROPY, PlugIn, Term, moved

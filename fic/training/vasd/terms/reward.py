@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from fic.core.config import MAX_BATCH, setting
+from fic.core.bounds import MAX_BATCH
+from fic.core.config import setting
 from fic.core.errors import FicError
 from fic.training.vasd.rows import Rollout, weighted_spans
 from fic.training.vasd.term import POLICY_GRADIENT, PlugIn, Term, moved
