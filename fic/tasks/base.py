@@ -118,11 +118,16 @@ class Task:
         return ordered
 
     def scored(self, text: str, instance: Instance, judge: Any = None) -> tuple[float, str | None]:
-        """`score` plus why a reply scored 0 when the reason is not just a wrong answer (code that
-        timed out, SQL that was refused, no judge configured); the simulator logs the note.
-        `judge` is the run's LLM judge (a backend with `chat`, or None), for the tasks it scores
-        (summary); the caller hands it in for each call, no task keeps one."""
-        return float(self.score(text, instance)), None
+        """A reply's score in [0, 1] against the instance's reference, and why it scored 0 when the
+        reason is not just a wrong answer (code that timed out, SQL that was refused, no judge
+        configured; None otherwise); the simulator logs the note. `judge` is the run's LLM judge (a
+        backend with `chat`, or None), for the tasks it scores (summary); the caller hands it in
+        for each call, no task keeps one. Every task writes this; `score` derives from it."""
+        raise NotImplementedError
+
+    def score(self, text: str, instance: Instance) -> float:
+        """The score alone, without a judge: `scored(text, instance)[0]`. Not overridden."""
+        return self.scored(text, instance)[0]
 
     def scoring_caveats(self, judged: bool = False) -> list[str]:
         """What this task's scores do not measure as set up now (database without Spider
@@ -132,10 +137,6 @@ class Task:
 
     def extract_answer(self, text: str) -> str | None:
         """The answer part of a reply, or None when the reply holds no answer."""
-        raise NotImplementedError
-
-    def score(self, text: str, instance: Instance) -> float:
-        """Score a reply in [0, 1] against the instance's reference."""
         raise NotImplementedError
 
     def reference_answer(self, instance: Instance) -> str:

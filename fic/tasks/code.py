@@ -299,9 +299,6 @@ class CodeTask(Task):
         reason = failed[-1] if failed and not result.reason.startswith(("time limit", "refused")) else result.reason
         return 0.0, f"{reason}{refused if not reason.startswith('refused') else ''}{left} [{result.isolation}]"
 
-    def score(self, text: str, instance: Instance) -> float:
-        return self.scored(text, instance)[0]
-
     def reference_answer(self, instance: Instance) -> str:
         return self.gold_reply(instance)
 

@@ -265,8 +265,8 @@ class CountTask(Task):
     def extract_answer(self, text):
         return text.strip() or None
 
-    def score(self, text, instance):
-        return float(text.strip() == f"count: {instance.fields['count']}")
+    def scored(self, text, instance, judge=None):
+        return float(text.strip() == f"count: {instance.fields['count']}"), None
 
     def reference_answer(self, instance):
         return instance.fields["count"]
