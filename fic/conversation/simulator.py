@@ -65,7 +65,6 @@ from fic.data.views import (
     VIEWS,
     check_prompts,
     recap_turn,
-    rendered,
     shard_turn,
     snowball_turn,
     system_message,
@@ -261,7 +260,7 @@ def _compose(conv: Conversation, picked: UserTurn | None) -> tuple[str, list[int
     ids = [] if picked.shard_id == NOTHING else [picked.shard_id]
     if conv.view == "snowball":
         # LiC restates the user's earlier messages; here their verbatim sharded turns (FiC: the shards).
-        said = rendered(conv.task, "sharded_turns", conv.instance, prompts=conv.prompts) if conv.prompts == "lic" \
+        said = conv.task.sharded_turns(conv.instance, conv.prompts) if conv.prompts == "lic" \
             else conv.task.shard_contents(conv.instance)
         by_id = dict(zip(conv.shard_ids, said))
         return snowball_turn(conv.instance, [by_id[i] for i in conv.revealed], picked.text, conv.prompts), ids, \

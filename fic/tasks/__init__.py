@@ -8,12 +8,13 @@ without touching the core.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable
 
 from fic.core.errors import FicError
 from fic.core.optional import installed, missing
 from fic.tasks.actions import ActionsTask
-from fic.tasks.base import Task
+from fic.tasks.base import PROMPT_STYLES, Task
 from fic.tasks.code import CodeTask
 from fic.tasks.database import DatabaseTask
 from fic.tasks.math import MathTask
@@ -23,9 +24,14 @@ _REGISTRY: dict[str, Task] = {}
 
 
 def register(task: Task) -> Task:
-    """Add a task under `task.name`; registering a name twice is a programming error."""
+    """Add a task under `task.name`. A name registered twice, or a prompt hook that does not take the
+    prompt style, is a programming error, refused here rather than when a view is first rendered."""
     if task.name in _REGISTRY:
         raise ValueError(f"task {task.name!r} is already registered")
+    for hook in (task.system_prompt_for, task.full_prompt, task.sharded_turns, task.concat_turn):
+        if "prompts" not in inspect.signature(hook).parameters:
+            raise ValueError(f"task {task.name!r}: {hook.__name__} must take `prompts` (the prompt style, "
+                             f"{' or '.join(PROMPT_STYLES)}), as Task's does")
     _REGISTRY[task.name] = task
     return task
 

@@ -259,7 +259,7 @@ class CountTask(Task):
     name = "test-count"
     required_fields = ("question", "count")
 
-    def full_prompt(self, instance):
+    def full_prompt(self, instance, prompts="fic"):
         return instance.fields["question"]
 
     def extract_answer(self, text):
