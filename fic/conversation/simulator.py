@@ -133,7 +133,7 @@ class Conversation:
 
     @property
     def task(self):
-        return tasks.get(self.instance.task)
+        return tasks.of(self.instance)
 
     @property
     def shard_ids(self) -> list[int]:
@@ -213,7 +213,7 @@ def answerable_by(instance: Instance, view: str, turns: Sequence[Any], turn: int
     if turn is None or view not in MULTI_TURN_VIEWS:
         return None
     ids = {i for t in turns[:turn + 1] for i in (t["shard_ids"] if isinstance(t, dict) else t.shard_ids)}
-    return tasks.get(instance.task).answerable(instance, [s.shard for s in instance.shards if s.shard_id in ids])
+    return tasks.of(instance).answerable(instance, [s.shard for s in instance.shards if s.shard_id in ids])
 
 
 def unanswerable_answer_rate(records: list[dict]) -> float | None:

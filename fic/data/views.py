@@ -56,7 +56,7 @@ def check_prompts(prompts: str, field: str = "prompts") -> None:
 def shuffled_shards(instance: Instance, seed: int, prompts: str = "fic") -> list[str]:
     """The shard contents in a seeded random order: 2..N under FiC's prompts (the intent stays
     first), all of them under LiC's."""
-    contents = tasks.get(instance.task).shard_contents(instance)
+    contents = tasks.of(instance).shard_contents(instance)
     rng = seeded_rng(seed, instance.task_id)
     if prompts == "lic":
         rng.shuffle(contents)
@@ -69,12 +69,12 @@ def shuffled_shards(instance: Instance, seed: int, prompts: str = "fic") -> list
 def shard_turn(instance: Instance, shard_id: int, prompts: str = "fic") -> str:
     """What the user says to reveal one shard verbatim (its sharded-view turn)."""
     index = [s.shard_id for s in instance.shards].index(shard_id)
-    return tasks.get(instance.task).sharded_turns(instance, prompts)[index]
+    return tasks.of(instance).sharded_turns(instance, prompts)[index]
 
 
 def recap_turn(instance: Instance, prompts: str = "fic") -> str:
     """The recap view's last user turn: every shard restated (LiC: its concat prompt, framed)."""
-    task = tasks.get(instance.task)
+    task = tasks.of(instance)
     shards = task.shard_contents(instance)
     if prompts == "lic":
         return lic_prompts.fill(LIC_RECAP, SAMPLE_TEXT=task.concat_turn(instance, shards, prompts))
@@ -87,12 +87,12 @@ def snowball_turn(instance: Instance, earlier: list[str], new: str, prompts: str
     if prompts == "lic":
         return lic_prompts.fill(LIC_SNOWBALL, HINTS_SO_FAR="\n".join(f"- {hint}" for hint in earlier),
                                 LAST_HINT=new)
-    return f"{SNOWBALL_HEADER}\n{tasks.get(instance.task).concat_prompt(earlier)}\n\n{new}"
+    return f"{SNOWBALL_HEADER}\n{tasks.of(instance).concat_prompt(earlier)}\n\n{new}"
 
 
 def user_turns(instance: Instance, view: str, *, seed: int = 0, prompts: str = "fic") -> list[str]:
     """The user turns of `instance` in `view`, in the order they are sent."""
-    task = tasks.get(instance.task)
+    task = tasks.of(instance)
     check_prompts(prompts)
     if view not in VIEWS:
         raise FicError(f"unknown view {view!r}; expected one of {', '.join(VIEWS)}", field="view")
@@ -126,7 +126,7 @@ def partial_instance(instance: Instance, shard_ids: list[int]) -> Instance:
 
 
 def system_message(instance: Instance, prompts: str = "fic") -> dict:
-    return {"role": "system", "content": tasks.get(instance.task).system_prompt_for(instance, prompts)}
+    return {"role": "system", "content": tasks.of(instance).system_prompt_for(instance, prompts)}
 
 
 def render_view(instance: Instance, view: str, *, seed: int = 0, prompts: str = "fic") -> dict:

@@ -1,4 +1,5 @@
-"""The task registry: `fic.tasks.get(name)` returns the object that knows a task.
+"""The task registry: `fic.tasks.get(name)` returns the object that knows a task, and
+`fic.tasks.of(instance)` the one an instance carries (resolved once, by the loader).
 
 A task supplies its system prompt, how to render the full and concat prompts of an
 instance, how to validate its LiC keys, how to extract and score an answer, and the gold
@@ -12,6 +13,7 @@ import inspect
 from collections.abc import Iterable
 
 from fic.core.errors import FicError
+from fic.core.instance import Instance
 from fic.core.optional import installed, missing
 from fic.tasks.actions import ActionsTask
 from fic.tasks.base import PROMPT_STYLES, Task
@@ -43,6 +45,14 @@ def get(name: str) -> Task:
         raise FicError(f"unknown task {name!r}; known tasks: {', '.join(names())}") from None
 
 
+def of(instance: Instance) -> Task:
+    """The task of `instance`, resolved once: a loaded instance carries it from the loader on
+    (`fic.data.sources.read_instance`); one made by hand is resolved by name here and keeps it."""
+    if instance.resolved_task is None:
+        instance.resolved_task = get(instance.task)
+    return instance.resolved_task
+
+
 def names() -> list[str]:
     return sorted(_REGISTRY)
 
@@ -64,4 +74,4 @@ register(TranslationTask())
 register(SummaryTask())
 register(ActionsTask())
 
-__all__ = ["Task", "check_scoring", "get", "names", "register"]
+__all__ = ["Task", "check_scoring", "get", "names", "of", "register"]

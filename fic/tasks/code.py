@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import base64
+import dataclasses
 import json
 import random
 import re
@@ -404,7 +405,7 @@ def shard_docstring(instance: Instance, *, seed: int = 0) -> Instance:
         raise ShardingError("only one piece of information; nothing to reveal over several turns",
                             record=instance.task_id)
     shards = [Shard(i, text) for i, text in enumerate(texts, start=1)]
-    return Instance(instance.task_id, instance.task, shards, dict(instance.fields))
+    return dataclasses.replace(instance, shards=shards, fields=dict(instance.fields))
 
 
 def human_eval_instances(limit: int | None = None) -> list[Instance]:

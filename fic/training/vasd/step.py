@@ -370,7 +370,7 @@ def label_rows(cfg: VASDConfig, conv: Any, tokenizer: Any) -> list[GoldRow]:
     given yet)."""
     if not cfg.labels.weight or len(conv.turns) < 2 or conv.stop_reason != "last_turn":
         return []
-    task = tasks.get(conv.instance.task)
+    task = tasks.of(conv.instance)
     earlier = list(range(len(conv.turns) - 1))
     premature = [k for k in earlier if conv.turns[k].label == "answer_attempt"]
     if cfg.labels.select == "premature":
@@ -398,7 +398,7 @@ def correction_rows(cfg: VASDConfig, conv: Any, tokenizer: Any) -> list[GoldRow]
     student's own replies are context only; the gold replies are trained."""
     if not cfg.corrections.weight or not conv.turns or conv.stop_reason != "last_turn":
         return []
-    task = tasks.get(conv.instance.task)
+    task = tasks.of(conv.instance)
     last = len(conv.turns) - 1
     premature = [k for k in range(last) if conv.turns[k].label == "answer_attempt"]
     if premature:
