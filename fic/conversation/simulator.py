@@ -65,7 +65,6 @@ from fic.data.views import (
     VIEWS,
     check_prompts,
     recap_turn,
-    rendered,
     shard_turn,
     snowball_turn,
     system_message,
@@ -134,7 +133,7 @@ class Conversation:
 
     @property
     def task(self):
-        return tasks.get(self.instance.task)
+        return tasks.of(self.instance)
 
     @property
     def shard_ids(self) -> list[int]:
@@ -214,7 +213,7 @@ def answerable_by(instance: Instance, view: str, turns: Sequence[Any], turn: int
     if turn is None or view not in MULTI_TURN_VIEWS:
         return None
     ids = {i for t in turns[:turn + 1] for i in (t["shard_ids"] if isinstance(t, dict) else t.shard_ids)}
-    return tasks.get(instance.task).answerable(instance, [s.shard for s in instance.shards if s.shard_id in ids])
+    return tasks.of(instance).answerable(instance, [s.shard for s in instance.shards if s.shard_id in ids])
 
 
 def unanswerable_answer_rate(records: list[dict]) -> float | None:
@@ -261,7 +260,7 @@ def _compose(conv: Conversation, picked: UserTurn | None) -> tuple[str, list[int
     ids = [] if picked.shard_id == NOTHING else [picked.shard_id]
     if conv.view == "snowball":
         # LiC restates the user's earlier messages; here their verbatim sharded turns (FiC: the shards).
-        said = rendered(conv.task, "sharded_turns", conv.instance, prompts=conv.prompts) if conv.prompts == "lic" \
+        said = conv.task.sharded_turns(conv.instance, conv.prompts) if conv.prompts == "lic" \
             else conv.task.shard_contents(conv.instance)
         by_id = dict(zip(conv.shard_ids, said))
         return snowball_turn(conv.instance, [by_id[i] for i in conv.revealed], picked.text, conv.prompts), ids, \

@@ -34,6 +34,10 @@ class Instance:
     task: str
     shards: list[Shard]
     fields: dict[str, Any] = field(default_factory=dict)  # the task's own LiC keys, kept as they came
+    # The `fic.tasks.Task` that `task` names, resolved once (by the loader, else on first use:
+    # `fic.tasks.of`) and carried from then on; not part of the record. Typed Any: the core sits
+    # below the task registry.
+    resolved_task: Any = field(default=None, repr=False, compare=False)
 
     @property
     def is_sharded(self) -> bool:

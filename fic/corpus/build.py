@@ -177,7 +177,7 @@ def plan(cfg: SFTDataConfig) -> tuple[list[Instance], list[dict], str]:
                 dropped[f"an evaluation problem (same {why.replace('_', ' ')})"] += n
         count = 0
         for instance in usable:
-            task = tasks.get(instance.task)
+            task = tasks.of(instance)
             if task.score(task.gold_reply(instance), instance) != 1.0:
                 dropped["its gold reply does not score as correct"] += 1
                 continue
@@ -208,7 +208,7 @@ def _message(role: str, content: str, train: bool = False) -> dict:
 def partial_conversation(instance: Instance, rng: random.Random, cfg: SFTDataConfig) -> tuple[list[dict], str]:
     """A partial single-turn request (the first k < N shards, concat view) and its reply: an ask
     for the next shard's detail or a deferral, naming no value not given yet."""
-    task = tasks.get(instance.task)
+    task = tasks.of(instance)
     k = rng.randrange(1, len(instance.shards))
     partial = partial_instance(instance, [s.shard_id for s in instance.shards[:k]])
     sent = user_turns(instance, "sharded")
@@ -221,7 +221,7 @@ def partial_conversation(instance: Instance, rng: random.Random, cfg: SFTDataCon
 
 def conversation(instance: Instance, kind: str, slot: int, cfg: SFTDataConfig) -> tuple[dict, list[dict]]:
     """One record, plus the trained early replies a model may rewrite (with what each may say)."""
-    task = tasks.get(instance.task)
+    task = tasks.of(instance)
     rng = seeded_rng(cfg.seed, instance.task_id, slot, kind)
     gold = task.gold_reply(instance)
     messages = [{**system_message(instance), "train": False}]
@@ -387,7 +387,7 @@ def reply_problem(text: str, kind: str, edit: dict, max_words: int) -> str | Non
     if kind == "ask" and "?" not in text:
         return "asked to ask but asks nothing"
     instance = edit["instance"]
-    reason = tasks.get(instance.task).leak(text, edit["revealed"], instance)
+    reason = tasks.of(instance).leak(text, edit["revealed"], instance)
     if reason is None:
         return None
     return ("holds the reference answer" if "reference" in reason else

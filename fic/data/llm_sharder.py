@@ -21,6 +21,7 @@ Checking shards by what a model does with them is an evaluation: `fic.evaluation
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 from fic import tasks
@@ -81,7 +82,7 @@ def _check_values(texts: list[str], instance: Instance) -> None:
     """The shards carry exactly the values (numbers for math) of the full prompt, and shard 1
     is not the whole task."""
 
-    task = tasks.get(instance.task)
+    task = tasks.of(instance)
 
     def values_of(text: str) -> set:
         return set(task.values_in(text, instance))
@@ -98,7 +99,7 @@ def _check_values(texts: list[str], instance: Instance) -> None:
 
 def sharder_prompt(instance: Instance) -> list[dict]:
 
-    question = tasks.get(instance.task).full_prompt(instance)
+    question = tasks.of(instance).full_prompt(instance)
     return [{"role": "system", "content": SHARDER_PROMPT},
             {"role": "user", "content": f"Task:\n{question}\n\nReply with the JSON object only."}]
 
@@ -128,7 +129,7 @@ def shard_with_llm(instances: Sequence[Instance], backend: Backend, *, retries: 
                 failed.append(i)
                 continue
             source = instances[i]
-            results[i] = Instance(source.task_id, source.task, shards, dict(source.fields))
+            results[i] = dataclasses.replace(source, shards=shards, fields=dict(source.fields))
             bar.update(1)
         pending = failed
     bar.close()

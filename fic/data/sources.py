@@ -258,7 +258,7 @@ def read_instance(record: dict, *, path: str | None = None, record_no: int | Non
         return FicError(message, path=path, record=record_no, field=field_name)
 
     try:
-        task = tasks.get(instance.task)
+        task = tasks.of(instance)  # resolved here once: the instance carries its task from now on
     except FicError as err:
         raise error(err.message, "task") from None
     task.validate_fields(instance.fields, error)
@@ -412,7 +412,7 @@ def shard_missing(instances: list[Instance], *, seed: int = 0,
 
 def shard_rule(instance: Instance, *, seed: int = 0) -> Instance:
     """Shard with the rules of the instance's task (`Task.rule_shard`)."""
-    return tasks.get(instance.task).rule_shard(instance, seed=seed)
+    return tasks.of(instance).rule_shard(instance, seed=seed)
 
 
 # --------------------------------------------------------------------------- the loader of the stages
@@ -475,7 +475,7 @@ def load_sharded(data: InstancesSection, *, section: str = "data", several_shard
     reports = []
     for loaded in sources:
         to_shard = [i for i in loaded.instances
-                    if (reshard or not i.is_sharded) and (shard_all or i.is_sharded or tasks.get(i.task).rule_sharder)]
+                    if (reshard or not i.is_sharded) and (shard_all or i.is_sharded or tasks.of(i).rule_sharder)]
         done, failed = shard([dataclasses.replace(i, shards=[]) for i in to_shard]) if to_shard else ([], [])
         originals = {i.task_id: i for i in to_shard}
         rejected = [(originals[i.task_id], reason) for i, reason in failed]

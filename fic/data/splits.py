@@ -56,7 +56,7 @@ def normalise(text: str) -> str:
 
 
 def prompt_key(instance: Instance) -> str:
-    return normalise(tasks.get(instance.task).full_prompt(instance))
+    return normalise(tasks.of(instance).full_prompt(instance))
 
 
 def load_excluded(spec: str) -> list[Instance]:

@@ -20,15 +20,13 @@ simulator_snowball.py under the MIT License reproduced there).
 from __future__ import annotations
 
 import dataclasses
-import inspect
-from typing import Any
 
 from fic import tasks
 from fic.core.errors import FicError
 from fic.core.instance import Instance
 from fic.core.seeding import seeded_rng
 from fic.tasks import lic_prompts
-from fic.tasks.base import PROMPT_STYLES, Task
+from fic.tasks.base import PROMPT_STYLES
 
 VIEWS = ("full", "concat", "shuffle-concat", "sharded", "recap", "snowball")
 SINGLE_TURN_VIEWS = ("full", "concat", "shuffle-concat")
@@ -55,21 +53,10 @@ def check_prompts(prompts: str, field: str = "prompts") -> None:
         raise FicError(f"expected one of {', '.join(PROMPT_STYLES)}, got {prompts!r}", field=field)
 
 
-def rendered(task: Task, method: str, *args: Any, prompts: str = "fic") -> Any:
-    """`task.<method>(*args)` in a prompt style. A task written before styles existed (its method
-    takes no `prompts`) renders FiC's wording and is refused for LiC's."""
-    function = getattr(task, method)
-    if prompts == "fic":
-        return function(*args)
-    if "prompts" not in inspect.signature(function).parameters:
-        raise FicError(f"task {task.name!r} has no LiC wording: its {method} takes no `prompts`", field="prompts")
-    return function(*args, prompts=prompts)
-
-
 def shuffled_shards(instance: Instance, seed: int, prompts: str = "fic") -> list[str]:
     """The shard contents in a seeded random order: 2..N under FiC's prompts (the intent stays
     first), all of them under LiC's."""
-    contents = tasks.get(instance.task).shard_contents(instance)
+    contents = tasks.of(instance).shard_contents(instance)
     rng = seeded_rng(seed, instance.task_id)
     if prompts == "lic":
         rng.shuffle(contents)
@@ -82,16 +69,15 @@ def shuffled_shards(instance: Instance, seed: int, prompts: str = "fic") -> list
 def shard_turn(instance: Instance, shard_id: int, prompts: str = "fic") -> str:
     """What the user says to reveal one shard verbatim (its sharded-view turn)."""
     index = [s.shard_id for s in instance.shards].index(shard_id)
-    return rendered(tasks.get(instance.task), "sharded_turns", instance, prompts=prompts)[index]
+    return tasks.of(instance).sharded_turns(instance, prompts)[index]
 
 
 def recap_turn(instance: Instance, prompts: str = "fic") -> str:
     """The recap view's last user turn: every shard restated (LiC: its concat prompt, framed)."""
-    task = tasks.get(instance.task)
+    task = tasks.of(instance)
     shards = task.shard_contents(instance)
     if prompts == "lic":
-        return lic_prompts.fill(LIC_RECAP, SAMPLE_TEXT=rendered(task, "concat_turn", instance, shards,
-                                                                        prompts=prompts))
+        return lic_prompts.fill(LIC_RECAP, SAMPLE_TEXT=task.concat_turn(instance, shards, prompts))
     return f"{RECAP_HEADER}\n{task.concat_prompt(shards)}"
 
 
@@ -101,27 +87,27 @@ def snowball_turn(instance: Instance, earlier: list[str], new: str, prompts: str
     if prompts == "lic":
         return lic_prompts.fill(LIC_SNOWBALL, HINTS_SO_FAR="\n".join(f"- {hint}" for hint in earlier),
                                 LAST_HINT=new)
-    return f"{SNOWBALL_HEADER}\n{tasks.get(instance.task).concat_prompt(earlier)}\n\n{new}"
+    return f"{SNOWBALL_HEADER}\n{tasks.of(instance).concat_prompt(earlier)}\n\n{new}"
 
 
 def user_turns(instance: Instance, view: str, *, seed: int = 0, prompts: str = "fic") -> list[str]:
     """The user turns of `instance` in `view`, in the order they are sent."""
-    task = tasks.get(instance.task)
+    task = tasks.of(instance)
     check_prompts(prompts)
     if view not in VIEWS:
         raise FicError(f"unknown view {view!r}; expected one of {', '.join(VIEWS)}", field="view")
     if view == "full":
-        return [rendered(task, "full_prompt", instance, prompts=prompts)]
+        return [task.full_prompt(instance, prompts)]
     if not instance.is_sharded:
         raise FicError(f"view {view!r} needs shards; shard the data first with `fic shard`",
                        record=instance.task_id, field="shards")
     # What each shard tells (restated in one turn) and how the sharded view sends it (some
     # tasks frame each chunk): the same for plain-sentence shards.
-    shards, sent = task.shard_contents(instance), rendered(task, "sharded_turns", instance, prompts=prompts)
+    shards, sent = task.shard_contents(instance), task.sharded_turns(instance, prompts)
     if view == "concat":
-        return [rendered(task, "concat_turn", instance, shards, prompts=prompts)]
+        return [task.concat_turn(instance, shards, prompts)]
     if view == "shuffle-concat":
-        return [rendered(task, "concat_turn", instance, shuffled_shards(instance, seed, prompts), prompts=prompts)]
+        return [task.concat_turn(instance, shuffled_shards(instance, seed, prompts), prompts)]
     if view == "sharded":
         return list(sent)
     if view == "recap":
@@ -140,8 +126,7 @@ def partial_instance(instance: Instance, shard_ids: list[int]) -> Instance:
 
 
 def system_message(instance: Instance, prompts: str = "fic") -> dict:
-    return {"role": "system", "content": rendered(tasks.get(instance.task), "system_prompt_for", instance,
-                                                  prompts=prompts)}
+    return {"role": "system", "content": tasks.of(instance).system_prompt_for(instance, prompts)}
 
 
 def render_view(instance: Instance, view: str, *, seed: int = 0, prompts: str = "fic") -> dict:

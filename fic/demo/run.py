@@ -254,7 +254,7 @@ def split_overlap(splits: dict[str, list]) -> dict[str, int]:
     def keys(instances: list) -> set:
         found = set()
         for i in instances:
-            task = tasks.get(i.task)
+            task = tasks.of(i)
             found |= {("id", i.task_id), ("prompt", prompt_key(i)), ("answer", task.reference_answer(i))}
         return found
 

@@ -296,7 +296,7 @@ def plan(cfg: EvalConfig) -> str:
     check_backends(cfg)
     if out.is_dir():
         check_resume(out, cfg, loaded.instances, write=False)
-    if any(tasks.get(name).runs_code for name in {i.task for i in loaded.instances}):
+    if any(tasks.of(i).runs_code for i in loaded.instances):
         with sandbox.use_mode("" if cfg.sandbox == "default" else cfg.sandbox):
             sandbox.check_mode()
     log_path = out / LOG_NAME
@@ -452,7 +452,7 @@ def _evaluate(cfg: EvalConfig, out: Path, assistant: Any, user_backend: Any, cla
     instances, skipped, origins = loaded.instances, loaded.dropped, loaded.origins
     if baseline is not None:
         check_baseline(baseline, cfg, instances)  # before any model loads
-    runs_code = any(tasks.get(name).runs_code for name in {i.task for i in instances})
+    runs_code = any(tasks.of(i).runs_code for i in instances)
     sandboxed = {"mode": sandbox.check_mode(), "isolation": sandbox.describe_isolation(),
                  "warning": sandbox.weak_warning()} if runs_code else None
     log_path = out / LOG_NAME
@@ -550,8 +550,9 @@ def _summarize(cfg: EvalConfig, out: Path, instances: list[Instance], done: dict
     metrics["context_full"] = sum(1 for r in records if r.get("stop_reason") == "context_full")
     # What a task's score does not measure in this run (database without Spider databases).
     judged = bool(cfg.judge.model) or judge_backend is not None
-    metrics["scoring_caveats"] = {task: caveats for task in sorted({i.task for i in instances})
-                                  if (caveats := tasks.get(task).scoring_caveats(judged))}
+    by_name = {i.task: tasks.of(i) for i in instances}
+    metrics["scoring_caveats"] = {name: caveats for name in sorted(by_name)
+                                  if (caveats := by_name[name].scoring_caveats(judged))}
     if origins:
         metrics["data_origins"] = origins
     metrics["sandbox"] = sandboxed

@@ -322,7 +322,7 @@ def single_turn_replies(cfg: ProbeConfig, model: Any, datasets: list[tuple[str, 
         texts = [(out.text, out.finish_reason) for out in outputs]
     records = []
     for (dataset, instance), (text, finish) in zip(datasets, texts):
-        task = tasks.get(instance.task)
+        task = tasks.of(instance)
         records.append({"dataset": dataset, "task_id": instance.task_id, "task": instance.task,
                         "system": system_message(instance)["content"],  # the task's, with this instance's tools
                         "query": user_turns(instance, "full")[0], "reply": text, "finish_reason": finish,

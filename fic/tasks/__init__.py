@@ -1,4 +1,5 @@
-"""The task registry: `fic.tasks.get(name)` returns the object that knows a task.
+"""The task registry: `fic.tasks.get(name)` returns the object that knows a task, and
+`fic.tasks.of(instance)` the one an instance carries (resolved once, by the loader).
 
 A task supplies its system prompt, how to render the full and concat prompts of an
 instance, how to validate its LiC keys, how to extract and score an answer, and the gold
@@ -8,12 +9,14 @@ without touching the core.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable
 
 from fic.core.errors import FicError
+from fic.core.instance import Instance
 from fic.core.optional import installed, missing
 from fic.tasks.actions import ActionsTask
-from fic.tasks.base import Task
+from fic.tasks.base import PROMPT_STYLES, Task
 from fic.tasks.code import CodeTask
 from fic.tasks.database import DatabaseTask
 from fic.tasks.math import MathTask
@@ -23,9 +26,14 @@ _REGISTRY: dict[str, Task] = {}
 
 
 def register(task: Task) -> Task:
-    """Add a task under `task.name`; registering a name twice is a programming error."""
+    """Add a task under `task.name`. A name registered twice, or a prompt hook that does not take the
+    prompt style, is a programming error, refused here rather than when a view is first rendered."""
     if task.name in _REGISTRY:
         raise ValueError(f"task {task.name!r} is already registered")
+    for hook in (task.system_prompt_for, task.full_prompt, task.sharded_turns, task.concat_turn):
+        if "prompts" not in inspect.signature(hook).parameters:
+            raise ValueError(f"task {task.name!r}: {hook.__name__} must take `prompts` (the prompt style, "
+                             f"{' or '.join(PROMPT_STYLES)}), as Task's does")
     _REGISTRY[task.name] = task
     return task
 
@@ -35,6 +43,14 @@ def get(name: str) -> Task:
         return _REGISTRY[name]
     except KeyError:
         raise FicError(f"unknown task {name!r}; known tasks: {', '.join(names())}") from None
+
+
+def of(instance: Instance) -> Task:
+    """The task of `instance`, resolved once: a loaded instance carries it from the loader on
+    (`fic.data.sources.read_instance`); one made by hand is resolved by name here and keeps it."""
+    if instance.resolved_task is None:
+        instance.resolved_task = get(instance.task)
+    return instance.resolved_task
 
 
 def names() -> list[str]:
@@ -58,4 +74,4 @@ register(TranslationTask())
 register(SummaryTask())
 register(ActionsTask())
 
-__all__ = ["Task", "check_scoring", "get", "names", "register"]
+__all__ = ["Task", "check_scoring", "get", "names", "of", "register"]

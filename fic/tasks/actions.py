@@ -210,9 +210,6 @@ class ActionsTask(Task):
         problem = check_calls(calls, fields["function"], fields["reference_answer"])
         return (0.0, problem) if problem is not None else (1.0, None)
 
-    def score(self, text: str, instance: Instance) -> float:
-        return self.scored(text, instance)[0]
-
     def reference_answer(self, instance: Instance) -> str:
         return format_calls(reference_calls(instance.fields["reference_answer"]))
 

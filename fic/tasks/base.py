@@ -1,22 +1,25 @@
-"""What every task provides. Subclasses override the prompts, validation and scoring.
+"""What every task provides, by role, each hook with a default here except the required ones.
 
-Besides prompts and scoring, a task tells the task-generic stages what its texts carry:
+A task is one object (`Task`) whose hooks fall in five roles, each read by its own stages:
 
-- `values_in(text, instance)`: the values a text states (numbers for math; argument values
-  for function calling; ...). The user simulator checks that a rephrased shard keeps its
-  values and reveals no value of a shard not yet given; the LLM sharder checks that shards
-  carry exactly the values of the question; the SFT corpus checks that no reply before the
-  last shard names a value the user has not given (`leak`).
-- `committed_answer(reply)`: whether a reply commits to a structured answer (calls, code,
-  SQL), for the offline classifier (`fic.conversation.labels`); None where it reads the prose.
-- SFT-corpus replies while information is missing: `ask_for` (a question for the detail the
-  next shard carries, or None), `generic_asks` (when no specific question can be made),
-  `premature_reply` (a plausible wrong early answer for recovery conversations) and
-  `mask_values` (a shard with its unrevealed values blanked, a hint for a model that writes
-  replies).
+- records: `name`, `required_fields`, `validate_fields`, `validate_shards`; the loaders
+  (`fic.data.sources`, `fic.data.hub`) check a record's task keys with them.
+- prompts: the system prompt, the full view, each shard's turn and the concat turn, in a prompt
+  style (`PROMPT_STYLES`); `fic.data.views`, the simulator and the probe render with them.
+- scoring: `scored` (the primitive: a score and, for a 0, why) and `score` derived from it once,
+  here; the answer, the reference, caveats, the extras scoring imports, whether a reply commits
+  to a structured answer (`fic.conversation.labels`) and whether the shards said so far suffice.
+- sharding: `rule_shard` (offline rules, where the task has them) and `values_in`, the values a
+  text states (numbers for math, argument values for function calling), which the LLM sharder
+  and the user simulator check shards and rephrasings against.
+- replies: what the SFT corpus and VASD's rollouts say for the task: the gold reply; while
+  details are missing a deferral (`deferrals`), a question (`ask_for`, else `generic_asks`),
+  both through `early_reply`; a premature answer for recovery conversations; `leak` (why a
+  reply may not be said before the last shard) and `mask_values`.
 
 The defaults treat numbers as a task's values, which fits any task whose details are
-quantities; tasks whose details are names, dates or code override them.
+quantities; tasks whose details are names, dates or code override them. An instance carries its
+task from the loader on (`fic.tasks.of`). docs/adding-a-task.md walks through a new task.
 """
 
 from __future__ import annotations
@@ -47,22 +50,26 @@ GENERIC_ASKS = (
 )
 
 
+# Every public hook of `Task`, by role; `REQUIRED` are the ones a task must write.
+ROLES = {
+    "records": ("name", "required_fields", "validate_fields", "validate_shards"),
+    "prompts": ("system_prompt", "fixed_turns", "system_prompt_for", "full_prompt", "shard_contents",
+                "sharded_turns", "concat_turn", "concat_prompt", "shards_in_order"),
+    "scoring": ("replies_are_answers", "runs_code", "scoring_needs", "scored", "score", "extract_answer",
+                "reference_answer", "scoring_caveats", "answerable", "committed_answer"),
+    "sharding": ("rule_sharder", "rule_shard", "values_in"),
+    "replies": ("generic_asks", "gold_reply", "deferrals", "ask_for", "early_reply", "premature_reply", "leak",
+                "mask_values"),
+}
+REQUIRED = ("name", "full_prompt", "scored", "extract_answer", "reference_answer", "gold_reply")
+
 
 class Task:
+    """One task's hooks, by role (`ROLES`). Each has a default here except the `REQUIRED` ones."""
+
+    # ------------------------------------------------------------------ records (the loaders)
     name: str = ""
-    system_prompt: str = "You are a helpful assistant."
     required_fields: tuple[str, ...] = ()
-    generic_asks: tuple[str, ...] = GENERIC_ASKS
-    # Lost in Conversation sends the user turns of some tasks (translation, summary, data2text)
-    # as written, never rephrased by the user simulator, and treats every reply there as an
-    # answer attempt: the user asks for an updated answer at each turn.
-    fixed_turns: bool = False
-    replies_are_answers: bool = False
-    # Tasks whose scoring runs model-written code (code): a run checks the sandbox before it plays.
-    runs_code: bool = False
-    # Optional modules (`fic.core.optional.EXTRAS`) scoring imports: a stage that scores checks them
-    # before any model loads (`fic.tasks.check_scoring`), not after the first turn was played.
-    scoring_needs: tuple[str, ...] = ()
 
     def validate_fields(self, fields: dict[str, Any], error: ErrorFactory) -> None:
         """Raise `error(message, field)` for a missing or malformed task key."""
@@ -77,22 +84,24 @@ class Task:
             if not shard.shard.strip():
                 raise error(f"expected non-empty text, got {shard.shard!r}", f"shards[{index}].shard")
 
-    def full_prompt(self, instance: Instance, prompts: str = "fic") -> str:
-        """The original, fully specified single-turn instruction (the full view's user turn)."""
-        raise NotImplementedError
 
-    def concat_prompt(self, shard_texts: list[str]) -> str:
-        """All shards in one turn as a bullet list, as in Lost in Conversation's concat view."""
-        return "".join(f"- {text}\n" for text in shard_texts).rstrip("\n")
-
-    # ------------------------------------------------------------------ per-instance rendering
+    # ------------------------------------------------------------------ prompts (views, simulator, probe)
     # The defaults fit tasks whose shards are plain sentences; tasks whose prompts carry a schema,
     # documents or framing override them. `prompts` is the style (`PROMPT_STYLES`): FiC's own
     # wording, or Lost in Conversation's verbatim.
+    system_prompt: str = "You are a helpful assistant."
+    # Lost in Conversation sends the user turns of some tasks (translation, summary, data2text)
+    # as written, never rephrased by the user simulator, and treats every reply there as an
+    # answer attempt: the user asks for an updated answer at each turn.
+    fixed_turns: bool = False
 
     def system_prompt_for(self, instance: Instance, prompts: str = "fic") -> str:
         """The system prompt of one instance (database puts its schema here)."""
         return self.system_prompt
+
+    def full_prompt(self, instance: Instance, prompts: str = "fic") -> str:
+        """The original, fully specified single-turn instruction (the full view's user turn)."""
+        raise NotImplementedError
 
     def shard_contents(self, instance: Instance) -> list[str]:
         """What each shard tells, in shard order (summary renders the documents a shard points to)."""
@@ -107,6 +116,10 @@ class Task:
         concat list keeps the newline after its last bullet."""
         return self.concat_prompt(contents) + ("\n" if prompts == "lic" else "")
 
+    def concat_prompt(self, shard_texts: list[str]) -> str:
+        """All shards in one turn as a bullet list, as in Lost in Conversation's concat view."""
+        return "".join(f"- {text}\n" for text in shard_texts).rstrip("\n")
+
     def shards_in_order(self, instance: Instance, contents: list[str]) -> list:
         """The instance's shards in the order of `contents` (shard contents, perhaps shuffled), for
         prompts that name a shard by its id (LiC's data2text hints)."""
@@ -117,12 +130,34 @@ class Task:
             ordered.append(left.pop(index)[1])
         return ordered
 
+
+    # ------------------------------------------------------------------ scoring (simulator, evaluation, labels)
+    replies_are_answers: bool = False  # see fixed_turns
+    # Tasks whose scoring runs model-written code (code): a run checks the sandbox before it plays.
+    runs_code: bool = False
+    # Optional modules (`fic.core.optional.EXTRAS`) scoring imports: a stage that scores checks them
+    # before any model loads (`fic.tasks.check_scoring`), not after the first turn was played.
+    scoring_needs: tuple[str, ...] = ()
+
     def scored(self, text: str, instance: Instance, judge: Any = None) -> tuple[float, str | None]:
-        """`score` plus why a reply scored 0 when the reason is not just a wrong answer (code that
-        timed out, SQL that was refused, no judge configured); the simulator logs the note.
-        `judge` is the run's LLM judge (a backend with `chat`, or None), for the tasks it scores
-        (summary); the caller hands it in for each call, no task keeps one."""
-        return float(self.score(text, instance)), None
+        """A reply's score in [0, 1] against the instance's reference, and why it scored 0 when the
+        reason is not just a wrong answer (code that timed out, SQL that was refused, no judge
+        configured; None otherwise); the simulator logs the note. `judge` is the run's LLM judge (a
+        backend with `chat`, or None), for the tasks it scores (summary); the caller hands it in
+        for each call, no task keeps one. Every task writes this; `score` derives from it."""
+        raise NotImplementedError
+
+    def score(self, text: str, instance: Instance) -> float:
+        """The score alone, without a judge: `scored(text, instance)[0]`. Not overridden."""
+        return self.scored(text, instance)[0]
+
+    def extract_answer(self, text: str) -> str | None:
+        """The answer part of a reply, or None when the reply holds no answer."""
+        raise NotImplementedError
+
+    def reference_answer(self, instance: Instance) -> str:
+        """The gold final answer, as a short string."""
+        raise NotImplementedError
 
     def scoring_caveats(self, judged: bool = False) -> list[str]:
         """What this task's scores do not measure as set up now (database without Spider
@@ -130,57 +165,11 @@ class Task:
         sentence each; `fic eval` writes them to `metrics.json` and the report."""
         return []
 
-    def extract_answer(self, text: str) -> str | None:
-        """The answer part of a reply, or None when the reply holds no answer."""
-        raise NotImplementedError
-
-    def score(self, text: str, instance: Instance) -> float:
-        """Score a reply in [0, 1] against the instance's reference."""
-        raise NotImplementedError
-
-    def reference_answer(self, instance: Instance) -> str:
-        """The gold final answer, as a short string."""
-        raise NotImplementedError
-
-    def gold_reply(self, instance: Instance) -> str:
-        """A complete assistant reply: the worked solution ending in the task's answer format."""
-        raise NotImplementedError
-
-    # ------------------------------------------------------------------ what texts carry
-
-    def values_in(self, text: str, instance: Instance | None = None) -> Counter:
-        """The values `text` states, as hashable, normalised keys (numbers by value here)."""
-        return number_values(text)
-
-    def leak(self, reply: str, revealed: set, instance: Instance) -> str | None:
-        """Why `reply` may not be said before the last shard, or None when it is safe.
-
-        Here: an answer marker, the reference answer's value (even one the user happened to
-        say: the reply must not look like an answer), or any value the user has not given.
-        Tasks whose reference is made of values the user gives (function calls) override it."""
-        if "####" in reply or "\\boxed" in reply:
-            return "holds an answer marker"
-        reference = self.values_in(self.reference_answer(instance), instance)
-        for value in self.values_in(reply, instance):
-            if value in reference:
-                return f"holds the reference answer {value}"
-            if value not in revealed:
-                return f"holds {value}, a value the user has not given yet"
-        return None
-
-    def mask_values(self, text: str, revealed: set, instance: Instance | None = None) -> str:
-        """`text` with every value not in `revealed` replaced by `___`."""
-        def blank(match: Any) -> str:
-            return match.group(0) if set(number_values(match.group(0))) <= revealed else "___"
-        return NUMBER.sub(blank, text)
-
     def answerable(self, instance: Instance, revealed_texts: list[str]) -> bool | None:
         """Whether the shards said so far (`revealed_texts`) carry everything an answer needs, so
         that answering now is not an error even if more shards follow; None where the task cannot
         tell (here: premature answers are then reported as they are, without this split)."""
         return None
-
-    # ------------------------------------------------------------------ classifying replies
 
     def committed_answer(self, reply: str) -> bool | None:
         """Whether a reply commits to an answer, for tasks whose answer is structured (a call,
@@ -188,7 +177,28 @@ class Task:
         (here) where the classifier reads the reply's prose instead (math-style answers)."""
         return None
 
-    # ------------------------------------------------------------------ SFT-corpus replies
+
+    # ------------------------------------------------------------------ sharding (fic shard, LLM sharder, user simulator)
+    rule_sharder: bool = False  # whether `rule_shard` can shard this task's instances offline
+
+    def rule_shard(self, instance: Instance, seed: int = 0) -> Instance:
+        """A copy of `instance` with shards made by rules; `fic.tasks.sharding.ShardingError` when the task
+        has no rule sharder or this instance cannot be split (the LLM sharder then does it)."""
+
+        raise ShardingError(f"the {self.name} task has no rule sharder; shard its instances with --sharder llm",
+                            record=instance.task_id)
+
+    def values_in(self, text: str, instance: Instance | None = None) -> Counter:
+        """The values `text` states, as hashable, normalised keys (numbers by value here)."""
+        return number_values(text)
+
+
+    # ------------------------------------------------------------------ replies (the SFT corpus and VASD)
+    generic_asks: tuple[str, ...] = GENERIC_ASKS
+
+    def gold_reply(self, instance: Instance) -> str:
+        """A complete assistant reply: the worked solution ending in the task's answer format."""
+        raise NotImplementedError
 
     @property
     def deferrals(self) -> tuple[str, ...]:
@@ -226,13 +236,24 @@ class Task:
         hold the reference answer. Used (out of the loss) in recovery conversations."""
         raise NotImplementedError(f"task {self.name!r} has no premature replies; set recovery_share=0")
 
-    # ------------------------------------------------------------------ sharding
+    def leak(self, reply: str, revealed: set, instance: Instance) -> str | None:
+        """Why `reply` may not be said before the last shard, or None when it is safe.
 
-    rule_sharder: bool = False  # whether `rule_shard` can shard this task's instances offline
+        Here: an answer marker, the reference answer's value (even one the user happened to
+        say: the reply must not look like an answer), or any value the user has not given.
+        Tasks whose reference is made of values the user gives (function calls) override it."""
+        if "####" in reply or "\\boxed" in reply:
+            return "holds an answer marker"
+        reference = self.values_in(self.reference_answer(instance), instance)
+        for value in self.values_in(reply, instance):
+            if value in reference:
+                return f"holds the reference answer {value}"
+            if value not in revealed:
+                return f"holds {value}, a value the user has not given yet"
+        return None
 
-    def rule_shard(self, instance: Instance, seed: int = 0) -> Instance:
-        """A copy of `instance` with shards made by rules; `fic.tasks.sharding.ShardingError` when the task
-        has no rule sharder or this instance cannot be split (the LLM sharder then does it)."""
-
-        raise ShardingError(f"the {self.name} task has no rule sharder; shard its instances with --sharder llm",
-                            record=instance.task_id)
+    def mask_values(self, text: str, revealed: set, instance: Instance | None = None) -> str:
+        """`text` with every value not in `revealed` replaced by `___`."""
+        def blank(match: Any) -> str:
+            return match.group(0) if set(number_values(match.group(0))) <= revealed else "___"
+        return NUMBER.sub(blank, text)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import base64
+import dataclasses
 import json
 import random
 import re
@@ -299,9 +300,6 @@ class CodeTask(Task):
         reason = failed[-1] if failed and not result.reason.startswith(("time limit", "refused")) else result.reason
         return 0.0, f"{reason}{refused if not reason.startswith('refused') else ''}{left} [{result.isolation}]"
 
-    def score(self, text: str, instance: Instance) -> float:
-        return self.scored(text, instance)[0]
-
     def reference_answer(self, instance: Instance) -> str:
         return self.gold_reply(instance)
 
@@ -407,7 +405,7 @@ def shard_docstring(instance: Instance, *, seed: int = 0) -> Instance:
         raise ShardingError("only one piece of information; nothing to reveal over several turns",
                             record=instance.task_id)
     shards = [Shard(i, text) for i, text in enumerate(texts, start=1)]
-    return Instance(instance.task_id, instance.task, shards, dict(instance.fields))
+    return dataclasses.replace(instance, shards=shards, fields=dict(instance.fields))
 
 
 def human_eval_instances(limit: int | None = None) -> list[Instance]:

@@ -272,9 +272,6 @@ class DatabaseTask(Task):
                 return 0.0, SCHEMA_ONLY_NOTE.split(":")[0] if schema_only else None
         return 1.0, SCHEMA_ONLY_NOTE if schema_only else None
 
-    def score(self, text: str, instance: Instance) -> float:
-        return self.scored(text, instance)[0]
-
     def reference_answer(self, instance: Instance) -> str:
         return instance.fields["reference_sql"]
 

@@ -129,24 +129,8 @@ class MathTask(Task):
         the last number of the reply (LiC)."""
         return answer_span(text or "") or last_number(text or "")
 
-    def score(self, text: str, instance: Instance) -> float:
-        gold = reference_number(instance.fields["answer"])
-        text = text or ""
-        if gold is None:
-            return 0.0
-        span = answer_span(text)
-        if span is not None:
-            read = read_span(span)
-            if read is None:
-                return 0.0
-            kind, answer = read
-            return float(_latex_equal(answer, gold) if kind == "latex" else _numbers_equal(answer, gold))
-        # No marker: a closing line in LaTeX is read as a whole; else LiC's rule, the last number.
-        last_line = next((ln for ln in reversed(text.splitlines()) if ln.strip()), "")
-        read = read_span(last_line.rsplit("=", 1)[-1])
-        if read is not None and read[0] == "latex":
-            return float(_latex_equal(read[1].strip().strip("$").strip(), gold))
-        return float(_numbers_equal(last_number(text), gold))
+    def scored(self, text: str, instance: Instance, judge: Any = None) -> tuple[float, str | None]:
+        return graded(text or "", reference_number(instance.fields["answer"])), None
 
     def reference_answer(self, instance: Instance) -> str:
         return reference_number(instance.fields["answer"]) or ""
@@ -188,6 +172,25 @@ class MathTask(Task):
 
         return shard_math(instance, seed=seed)
 
+
+def graded(text: str, gold: str | None) -> float:
+    """1.0 when `text`'s final answer equals `gold` (a reference number, None when the reference has
+    none), else 0.0."""
+    if gold is None:
+        return 0.0
+    span = answer_span(text)
+    if span is not None:
+        read = read_span(span)
+        if read is None:
+            return 0.0
+        kind, answer = read
+        return float(_latex_equal(answer, gold) if kind == "latex" else _numbers_equal(answer, gold))
+    # No marker: a closing line in LaTeX is read as a whole; else LiC's rule, the last number.
+    last_line = next((ln for ln in reversed(text.splitlines()) if ln.strip()), "")
+    read = read_span(last_line.rsplit("=", 1)[-1])
+    if read is not None and read[0] == "latex":
+        return float(_latex_equal(read[1].strip().strip("$").strip(), gold))
+    return float(_numbers_equal(last_number(text), gold))
 
 def _numbers_equal(predicted: str | None, gold: str) -> bool:
     """LiC's exact match of the cleaned text, or the same exact value ("3360.0", "6720/2")."""

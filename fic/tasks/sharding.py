@@ -18,6 +18,7 @@ turns). The seed only picks the intent wording.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import Counter
 
@@ -186,4 +187,4 @@ def shard_math(instance: Instance, *, seed: int = 0) -> Instance:
     if _numbers(question) != sum((_numbers(t) for t in texts), Counter()):
         raise ShardingError("the numbers of the shards differ from the question's", record=instance.task_id)
     shards = [Shard(shard_id=i, shard=text) for i, text in enumerate(texts, start=1)]
-    return Instance(task_id=instance.task_id, task=instance.task, shards=shards, fields=dict(instance.fields))
+    return dataclasses.replace(instance, shards=shards, fields=dict(instance.fields))

@@ -101,8 +101,8 @@ class Data2TextTask(_TextTask):
         hints = "\n\n".join(f"Hint {k}:\n{text}" for k, text in enumerate(contents, start=1))
         return f"{self.INSTRUCTION}\n\n{hints}"
 
-    def score(self, text: str, instance: Instance) -> float:
-        return bleu(text, instance.fields["references"])
+    def scored(self, text: str, instance: Instance, judge: Any = None) -> tuple[float, str | None]:
+        return bleu(text, instance.fields["references"]), None
 
     def reference_answer(self, instance: Instance) -> str:
         return instance.fields["references"][0]
@@ -159,8 +159,8 @@ class TranslationTask(_TextTask):
         return ("Translate these chunks of a German document into English, as one document without the chunk "
                 f"labels. Reply with the translation only.\n\n{chunks}")
 
-    def score(self, text: str, instance: Instance) -> float:
-        return bleu(text, [instance.fields["document_en"]])
+    def scored(self, text: str, instance: Instance, judge: Any = None) -> tuple[float, str | None]:
+        return bleu(text, [instance.fields["document_en"]]), None
 
     def reference_answer(self, instance: Instance) -> str:
         return instance.fields["document_en"]
@@ -290,9 +290,6 @@ class SummaryTask(_TextTask):
                 total += coverage * _f1(cited, wanted)
         score = total / max(len(instance.fields["insights"]), 1)
         return score, (f"{unreadable} judge verdict(s) unreadable, counted as not covered" if unreadable else None)
-
-    def score(self, text: str, instance: Instance) -> float:
-        return self.scored(text, instance)[0]
 
     def reference_answer(self, instance: Instance) -> str:
         return self.gold_reply(instance)

@@ -259,14 +259,14 @@ class CountTask(Task):
     name = "test-count"
     required_fields = ("question", "count")
 
-    def full_prompt(self, instance):
+    def full_prompt(self, instance, prompts="fic"):
         return instance.fields["question"]
 
     def extract_answer(self, text):
         return text.strip() or None
 
-    def score(self, text, instance):
-        return float(text.strip() == f"count: {instance.fields['count']}")
+    def scored(self, text, instance, judge=None):
+        return float(text.strip() == f"count: {instance.fields['count']}"), None
 
     def reference_answer(self, instance):
         return instance.fields["count"]

@@ -23,7 +23,7 @@ def teacher_request(instance: Any, view: str) -> str:
     """The teacher's one user turn for a single-turn view; `hinted` is the full view followed by
     the reference answer (`HINT`) and nothing else."""
     if view == "hinted":
-        return user_turns(instance, "full")[0] + HINT.format(answer=tasks.get(instance.task).reference_answer(instance))
+        return user_turns(instance, "full")[0] + HINT.format(answer=tasks.of(instance).reference_answer(instance))
     return user_turns(instance, view)[0]
 
 

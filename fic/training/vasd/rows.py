@@ -73,7 +73,7 @@ def teacher_pairs(rollout: Rollout, view: int) -> list[tuple[list[int], list[int
 
 def revealed_values(conv: Any, k: int) -> set:
     """The values the user had given by turn k of a played conversation."""
-    task = tasks.get(conv.instance.task)
+    task = tasks.of(conv.instance)
     return {v for turn in conv.turns[:k + 1] for v in task.values_in(turn.user, conv.instance)}
 
 

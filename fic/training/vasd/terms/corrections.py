@@ -37,7 +37,7 @@ def correction_rows(cfg: Any, conv: Any, tokenizer: Any) -> list[GoldRow]:
     kept. The student's own replies are context only; the gold replies are trained."""
     if not cfg.terms.corrections.weight or not conv.turns or conv.stop_reason != "last_turn":
         return []
-    task = tasks.get(conv.instance.task)
+    task = tasks.of(conv.instance)
     last = len(conv.turns) - 1
     premature = [k for k in range(last) if conv.turns[k].label == "answer_attempt"]
     if premature:

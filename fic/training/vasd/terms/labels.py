@@ -45,7 +45,7 @@ def label_rows(cfg: Any, conv: Any, tokenizer: Any) -> list[GoldRow]:
     labels = cfg.terms.labels
     if not labels.weight or len(conv.turns) < 2 or conv.stop_reason != "last_turn":
         return []
-    task = tasks.get(conv.instance.task)
+    task = tasks.of(conv.instance)
     earlier = list(range(len(conv.turns) - 1))
     premature = [k for k in earlier if conv.turns[k].label == "answer_attempt"]
     if labels.select == "premature":
