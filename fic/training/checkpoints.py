@@ -27,6 +27,7 @@ from fic.core.config import config_to_dict, flatten
 from fic.core.errors import FicError
 from fic.core.files import publish_folder, read_json, unlock_folder, write_json, write_text
 from fic.core.model import CHECKPOINT_MODEL, check_model_folder
+from fic.core.push import push
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "chat_template.json", "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
@@ -295,7 +296,20 @@ def save_final(accelerator: Any, loss_model: Any, cfg: Any, out: Path, card: Cal
                 publish_folder(tmp, out / "final-merged")
         unlock_folder(out)  # taken by `fic.training.loop.make_accelerator`
     accelerator.wait_for_everyone()
+    if cfg.hub.push and accelerator.is_main_process:  # after the barrier: a failed push strands no rank
+        url = push(final, cfg.hub.repo_id, private=cfg.hub.private, revision=cfg.hub.revision)
+        accelerator.print(f"pushed {final} to {url}")
     return final
+
+
+def push_clause(cfg: Any) -> str:
+    """The start line's clause on the push at the end (`hub.push`); empty without one."""
+    if not cfg.hub.push:
+        return ""
+    where = f"{cfg.hub.repo_id}" + (f" branch {cfg.hub.revision}" if cfg.hub.revision else "")
+    what = "the LoRA adapter" if cfg.lora.enabled else "the model"
+    new = "private" if cfg.hub.private else "public"
+    return f"; then {what} in {Path(cfg.out) / 'final'} pushed to the hub as {where} ({new} if new)"
 
 
 def model_card(cfg: Any, *, title: str, tags: Sequence[str], summary: str, facts: Sequence[str], kind: str) -> str:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from fic.core.config import setting
 from fic.core.errors import FicError, one_line
 from fic.core.optional import installed, missing
+from fic.core.push import HubSection
 
 DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -149,6 +150,7 @@ class RunConfig:
     train: TrainSection = setting(TrainSection(), "Steps, batch sizes, precision.")
     checkpoint: CheckpointSection = setting(CheckpointSection(), "Resumable checkpoints.")
     logging: LoggingSection = setting(LoggingSection(), "wandb, TensorBoard, curves and progress.")
+    hub: HubSection = setting(HubSection(), "Pushing the final model to the Hugging Face hub.")
     out: str = setting("runs/train", "Output folder: config, metrics, checkpoints, final model.")
     resume: bool = setting(False, "Continue from the newest complete checkpoint in out/checkpoints.")
     save_merged: bool = setting(False, "LoRA: also save the base model with the adapter merged in (out/final-merged).")
