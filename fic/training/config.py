@@ -99,6 +99,16 @@ class CheckpointSection:
                                  "weights or the LoRA adapter, tokenizer): AutoModelForCausalLM.from_pretrained and "
                                  "`fic eval model.model=OUT/checkpoints/step-N` load it. It holds the weights a "
                                  "second time (the resumable state keeps its own copy): false saves that disk.")
+    save_only_model: bool = setting(False, "Checkpoints hold only step-N/model/ (the weights or the LoRA adapter as a "
+                                    "Hugging Face folder), not the resumable state (optimizer, scheduler, RNG; "
+                                    "TRL's save_only_model): for full fine-tuning with AdamW about a quarter of "
+                                    "the disk, but resume=true cannot continue from them. The start line states "
+                                    "each checkpoint's size either way.")
+
+    def check(self, source: str) -> None:
+        if self.save_only_model and not self.model_folder:
+            raise FicError("save_only_model keeps step-N/model/ only: it needs checkpoint.model_folder=true",
+                           path=source, field="save_only_model")
 
 
 @dataclass
