@@ -41,6 +41,10 @@ REFERENCE = {
     "premise": {"seconds": 1.6, "peak_mb": 4200},
     "eval": {"seconds": 0.87, "peak_mb": 5400},
 }
+# What a stage costs besides its units when priced from the reference machine: the process start,
+# the model's load and save (the warm-up's 12 steps took 15.1 s each against SFT's 12.2: 35 s). A
+# smoke run's stages are mostly this.
+STAGE_START_S = 35.0
 # A dev-curve conversation against an evaluation's average one: float32 weights and the sharded view,
 # the longest (2026-12-02: 3.4 s against 0.9).
 DEV_CONVERSATION_COST = 3.8
@@ -126,9 +130,47 @@ def unit_cost(cfg: Any, shipped: Any, stage: str, done: dict[str, dict]) -> dict
             scoring = ((marker.get("figures") or {}).get("plateau") or {}).get("seconds", 0.0)  # not training
             return {"seconds": (marker["seconds"] - scoring) / size, "peak_mb": float(marker["peak_rss_mb"]),
                     "source": f"measured here ({name})"}
-    if as_shipped(cfg, shipped, stage) and off_reference() is None:
+    if off_reference() is not None:
+        return None
+    if as_shipped(cfg, shipped, stage):
         return {**REFERENCE[kind], "source": "reference machine"}
+    if kind == "vasd" and fewer_rollouts(cfg, shipped):  # the smoke run's: priced per rollout, its peak bounded
+        share = rollouts(cfg.vasd) / rollouts(shipped.vasd)
+        return {**REFERENCE[kind], "seconds": REFERENCE[kind]["seconds"] * share, "source": "reference machine"}
     return None
+
+
+def rollouts(section: Any) -> int:
+    return section.train.micro_batch_size * section.train.grad_accum_steps
+
+
+def fewer_rollouts(cfg: Any, shipped: Any) -> bool:
+    """Whether VASD runs the shipped settings but for fewer rollouts a step in micro-batches no
+    larger than the shipped ones: its time scales with the rollouts, its peak is at most theirs."""
+    if shipped is None or cfg.base_model != shipped.base_model:
+        return False
+    mine, theirs = cfg.vasd, shipped.vasd
+    same = all(_value(mine, key) == _value(theirs, key) for key in MEMORY_KEYS
+               if key not in ("train.micro_batch_size", "train.grad_accum_steps"))
+    return same and mine.train.micro_batch_size <= theirs.train.micro_batch_size
+
+
+def load_factor() -> tuple[float, str]:
+    """How much slower than quiet this machine runs now: with a 1-minute load average of L others'
+    runnable threads on C cores, the demo's C threads get C / (C + L) of them. The factor and a
+    clause saying so (empty where the machine is quiet)."""
+    import os
+
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return 1.0, ""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    factor = 1.0 + max(load, 0.0) / cores
+    if factor < 1.1:
+        return 1.0, ""
+    return factor, (f"; the reference figures x{factor:.1f} for this machine's load now (1-minute load average "
+                    f"{load:.1f} on {cores} cores)")
 
 
 def estimate(cfg: Any, shipped: Any, stage: str, done: dict[str, dict], control: float | None = None) -> dict | None:
@@ -141,6 +183,8 @@ def estimate(cfg: Any, shipped: Any, stage: str, done: dict[str, dict], control:
         vasd, sft = unit_cost(cfg, shipped, "vasd", done), cost
         control = cfg.control_steps or (vasd and cfg.vasd.train.max_steps * vasd["seconds"] / sft["seconds"]) or 0.0
     seconds = units(cfg, stage, control) * cost["seconds"] + dev_curve_seconds(cfg, shipped, stage, done)
+    if cost["source"] == "reference machine":  # measured here: this machine's load is in its figures
+        seconds = (seconds + STAGE_START_S) * load_factor()[0]
     return {"minutes": seconds / 60, "peak_mb": cost["peak_mb"], "source": cost["source"]}
 
 
@@ -190,6 +234,7 @@ def plan(cfg: Any, shipped: Any, stages: list[str], done: dict[str, dict],
     peak = max(c["peak_mb"] for c in known.values())
     sources = sorted({c["source"].split(" (")[0] for c in known.values()})
     unknown = [s for s, c in costs.items() if c is None]
+    loaded = load_factor()[1] if "reference machine" in sources else ""
     return (f"estimate: about {minutes:.0f} min for {len(known)} stage(s), peak {peak / 1024:.1f} GiB "
-            f"({' and '.join(sources)} figures)" + (f"; not priced: {', '.join(unknown)}" if unknown else "")
+            f"({' and '.join(sources)} figures{loaded})" + (f"; not priced: {', '.join(unknown)}" if unknown else "")
             + (f" ({why})" if unknown and why else "")), costs

@@ -92,6 +92,32 @@ def test_the_shipped_settings_are_priced_from_the_reference_machine(tmp_path, mo
     assert costs.estimate(faster, load_demo(str(RECIPES), []), "vasd", {}) is None  # not what was measured
 
 
+def test_the_smoke_run_is_priced_whole_and_scaled_by_the_load_at_start(tmp_path, monkeypatch):
+    import os
+
+    from fic.demo import costs
+    from fic.demo.run import QUICK
+
+    monkeypatch.setenv("FIC_CPU_FLAGS", "amx_bf16")  # the reference machine's CPU
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    shipped = load_demo(str(RECIPES), [])
+    quick = load_demo(str(RECIPES), [*QUICK, f"out={tmp_path}"])
+    stages = list(STAGES[:-1])
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    quiet, planned = costs.plan(quick, shipped, stages, {})
+    assert "not priced" not in quiet and "load" not in quiet
+    vasd = planned["vasd"]["minutes"] * 60 - costs.STAGE_START_S  # 2 steps of 2 rollouts, the reference's 8 a step
+    assert vasd == pytest.approx(2 * costs.REFERENCE["vasd"]["seconds"] * 2 / 8)
+    monkeypatch.setattr(os, "getloadavg", lambda: (4.0, 4.0, 4.0))  # two other jobs' threads per core
+    loaded, busy = costs.plan(quick, shipped, stages, {})
+    assert "x3.0 for this machine's load now (1-minute load average 4.0 on 2 cores)" in loaded
+    assert sum(c["minutes"] for c in busy.values()) == pytest.approx(3 * sum(c["minutes"] for c in planned.values()))
+    done = {"vasd": {"seconds": 100.0, "peak_rss_mb": 5000, "units": 2}}  # measured here: already under the load
+    assert costs.estimate(quick, shipped, "vasd", done)["minutes"] == pytest.approx(100 / 60)
+    bigger = load_demo(str(RECIPES), [*QUICK, f"out={tmp_path}", "vasd.train.micro_batch_size=8"])
+    assert costs.estimate(bigger, shipped, "vasd", {}) is None  # a peak above the reference's: not priced
+
+
 def test_a_bad_stage_or_missing_recipe_is_one_line(tmp_path, capsys):
     assert main(["demo", "--recipes", str(RECIPES), "--from", "polish", f"out={tmp_path}/d"]) == 2
     assert "--from" in capsys.readouterr().err
