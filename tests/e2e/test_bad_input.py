@@ -116,6 +116,9 @@ WALK = {
     "bench zero": {
         "out": ["--stage", "2", "--tokenizer", "{missing}", "--work", "{out}/run"],
         "input": ["--stage", "2", "--tokenizer", "{bad}", "--work", "{tmp}/run"], "input_kind": "folder"},
+    "push": {
+        "out": None, "no_output": "uploads to the hub; writes nothing here",
+        "input": ["{bad}", "--repo-id", "me/x"], "input_kind": "file"},
     "launch-check": {
         "out": None, "no_output": "checks files; writes nothing",
         "input": ["--config_file", "{bad}", "--recipe", str(REPO / "recipes/smollm2-135m-instruct/sft.yaml")],
