@@ -149,7 +149,7 @@ def start_line(cfg: SFTConfig, corpus: dict, steps: int, world: int) -> str:
     clauses = [read, f"{steps} step{'s' * (steps != 1)} ({why}) of {per_step} conversations{dev}",
                f"from {cfg.model.path}" + (f" with LoRA r={cfg.lora.r}" if cfg.lora.enabled else ""),
                f"outputs in {cfg.out} ({saved}, the model in {Path(cfg.out) / 'final'})"]
-    return "fic train sft: " + "; ".join(clauses)
+    return "fic train sft: " + "; ".join(clauses) + checkpoints.saving_clause(cfg)
 
 
 def plan(cfg: SFTConfig) -> str:

@@ -189,7 +189,8 @@ def start_line(cfg: VASDConfig, instances: list, held_out: list, overlap: dict, 
             f"instance(s) dropped ({', '.join(cfg.exclude.sources) or 'no exclude.sources named'}); "
             f"{cfg.train.max_steps} step{'s' * (cfg.train.max_steps != 1)} (train.max_steps{', ' + set_where(where) if where else ''}) of "
             f"{cfg.train.micro_batch_size} x {cfg.train.grad_accum_steps} x {world} = {per_step} sharded rollouts, "
-            f"{cfg.train.max_steps * per_step} in all{anchor}{evaluated}; from {cfg.model.path}; outputs in {cfg.out}")
+            f"{cfg.train.max_steps * per_step} in all{anchor}{evaluated}; from {cfg.model.path}; outputs in {cfg.out}"
+            + checkpoints.saving_clause(cfg))
 
 
 def plan(cfg: VASDConfig) -> str:

@@ -32,6 +32,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "demo": ("fic.cli.demo", "the main job: warm-up, FiC's SFT and VASD on one task, evaluated stage by stage, "
              "one table"),
     "report": ("fic.cli.report", "(re)draw a run's figures: training curves, evaluation report, the demo's figure"),
+    "push": ("fic.cli.push", "push a saved model or adapter, or a dataset FiC wrote, to the Hugging Face hub"),
     "bench": ("fic.cli.bench", "benchmarks that print figures (rollout, sft, vasd, zero, decode, sigterm); --json for "
               "one JSON object"),
     "launch-check": ("fic.cli.launch_check", "check a launch config and recipe before a multi-GPU job starts"),

@@ -43,6 +43,7 @@ from fic.core.files import (
     write_text,
 )
 from fic.core.model import CHECKPOINT_MODEL, check_model_folder
+from fic.core.push import push
 from fic.core.records import read_json
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
@@ -124,18 +125,20 @@ def save_checkpoint(accelerator: Any, out: Path, step: int, state: dict, *, keep
     kwargs = {}
     if lora and accelerator.distributed_type == DistributedType.DEEPSPEED:
         kwargs["exclude_frozen_parameters"] = True
+    model_only = cfg is not None and cfg.checkpoint.save_only_model
     with _removed_on_failure(accelerator, tmp, f"checkpoint step-{step}"), sigterm_note(
             f"while writing checkpoint step-{step}: its partial copy is removed at the next save; resume=true "
             "continues from the last complete checkpoint"):
-        accelerator.save_state(str(tmp), safe_serialization=True, **kwargs)
+        if not model_only:
+            accelerator.save_state(str(tmp), safe_serialization=True, **kwargs)
         if cfg is not None and cfg.checkpoint.model_folder:  # every rank: ZeRO-3 gathers the weights
             write_model_folder(accelerator, accelerator._models[0], cfg, tmp / CHECKPOINT_MODEL,
                                checkpoint_card(cfg, out, step))
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
-            if extra is not None:
+            if extra is not None and not model_only:  # the rest of the resumable state (VASD's EMA teacher)
                 extra(tmp)
-            write_json(tmp / "trainer_state.json", state)
+            write_json(tmp / "trainer_state.json", {**state, "model_only": model_only})
             write_text(tmp / "complete", f"step {step}\n")
             publish_folder(tmp, final)
     if accelerator.is_main_process:
@@ -220,6 +223,10 @@ def find_resume(out: Path) -> tuple[Path, dict, list[str]]:
     except (FicError, OSError, ValueError, KeyError, TypeError) as err:
         raise FicError(f"checkpoint is damaged (trainer_state.json: {err}); delete this folder to resume "
                        "from the one before it", path=str(path)) from None
+    if state.get("model_only"):
+        raise FicError("resume=true but this checkpoint holds the model only (checkpoint.save_only_model=true): no "
+                       "optimizer, scheduler or RNG state to continue from; start a new run from its model/ "
+                       "(model.path=.../model) or without resume=true", path=str(path), field="resume")
     return path, state, skipped
 
 
@@ -326,6 +333,9 @@ def save_final(accelerator: Any, loss_model: Any, cfg: Any, out: Path, card: Cal
                 _publish_model(tmp, out / "final-merged")
         unlock_folder(out)  # taken by `fic.training.loop.make_accelerator`
     accelerator.wait_for_everyone()
+    if cfg.hub.push and accelerator.is_main_process:  # after the barrier: a failed push strands no rank
+        url = push(final, cfg.hub.repo_id, private=cfg.hub.private, revision=cfg.hub.revision)
+        accelerator.print(f"pushed {final} to {url}")
     return final
 
 
@@ -341,6 +351,63 @@ def _publish_model(tmp: Path, final: Path) -> None:
     """Publish a model folder without FiC's marker: it is the user's to load, copy and upload."""
     (tmp / RUN_MARKER).unlink(missing_ok=True)
     publish_folder(tmp, final)
+
+
+def saving_clause(cfg: Any) -> str:
+    """The start line's clauses on what the run saves beyond its final model: the disk each
+    checkpoint takes (`checkpoint_sizes`) and the push at the end (`hub.push`)."""
+    clauses = []
+    sizes = checkpoint_sizes(cfg) if cfg.checkpoint.every else None
+    if sizes is not None:
+        gb = {k: f"{v / 1e9:.2f} GB" for k, v in sizes.items()}
+        if cfg.checkpoint.save_only_model:
+            clauses.append(f"each checkpoint about {gb['model']} on disk (the model only: not resumable)")
+        elif not cfg.checkpoint.model_folder:
+            clauses.append(f"each checkpoint about {gb['total']} on disk (the resumable state only: weights, "
+                           f"optimizer, RNG), the last {cfg.checkpoint.keep_last} kept")
+        else:
+            clauses.append(f"each checkpoint about {gb['total']} on disk ({gb['state']} resumable state: weights, "
+                           f"optimizer, RNG; {gb['model']} model/; checkpoint.save_only_model=true: {gb['model']}), "
+                           f"the last {cfg.checkpoint.keep_last} kept")
+    if cfg.hub.push:
+        where = f"{cfg.hub.repo_id}" + (f" branch {cfg.hub.revision}" if cfg.hub.revision else "")
+        what = "the LoRA adapter" if cfg.lora.enabled else "the model"
+        new = "private" if cfg.hub.private else "public"
+        clauses.append(f"then {what} in {Path(cfg.out) / 'final'} pushed to the hub as {where} ({new} if new)")
+    return "".join(f"; {c}" for c in clauses)
+
+
+def checkpoint_sizes(cfg: Any) -> dict[str, int] | None:
+    """Bytes a checkpoint of `cfg` takes, from the model's config (built on the meta device: no
+    weights load): `state` (what Accelerate saves: the trained weights and AdamW's two moments,
+    plus an EMA teacher), `model` (`model/`: the weights, or the adapter), `total` (what this
+    run's `checkpoint.*` writes). None when the model's config cannot be read here (the run's
+    model load then says why)."""
+    import torch
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
+        with init_empty_weights():
+            model = AutoModelForCausalLM.from_config(config, trust_remote_code=cfg.model.trust_remote_code)
+        model.tie_weights()  # on the meta device tied weights are two tensors until tied again
+    except (OSError, ValueError, KeyError, ImportError):
+        return None
+    width = torch.empty(0, dtype=getattr(torch, cfg.model.weights_dtype)).element_size()
+    weights = sum(p.numel() for p in model.parameters())  # tied weights once, as safetensors stores them
+    if cfg.lora.enabled:
+        targets = set(cfg.lora.target_modules)
+        trained = sum(cfg.lora.r * (m.in_features + m.out_features) for name, m in model.named_modules()
+                      if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in targets)
+        saved = trained
+    else:
+        trained = saved = weights
+    ema = trained * 4 if getattr(getattr(cfg, "teacher", None), "mode", None) == "ema" else 0  # float32 average
+    state = saved * width + 2 * trained * width + ema
+    model_bytes = saved * width if cfg.checkpoint.model_folder else 0
+    total = model_bytes if cfg.checkpoint.save_only_model else state + model_bytes
+    return {"state": state, "model": model_bytes, "total": total}
 
 
 def model_card(cfg: Any, *, title: str, tags: Sequence[str], summary: str, facts: Sequence[str], kind: str) -> str:

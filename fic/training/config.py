@@ -17,6 +17,7 @@ from fic.core.bounds import MAX_ACCUMULATION, MAX_BATCH, MAX_EPOCHS, MAX_RANK, M
 from fic.core.config import flatten, setting
 from fic.core.errors import FicError, one_line
 from fic.core.optional import installed, missing
+from fic.core.push import HubSection
 from fic.data.sources import InstancesSection
 from fic.data.views import VIEWS
 
@@ -107,6 +108,16 @@ class CheckpointSection:
                                  "weights or the LoRA adapter, tokenizer): AutoModelForCausalLM.from_pretrained and "
                                  "`fic eval model.model=OUT/checkpoints/step-N` load it. It holds the weights a "
                                  "second time (the resumable state keeps its own copy): false saves that disk.")
+    save_only_model: bool = setting(False, "Checkpoints hold only step-N/model/ (the weights or the LoRA adapter as a "
+                                    "Hugging Face folder), not the resumable state (optimizer, scheduler, RNG; "
+                                    "TRL's save_only_model): for full fine-tuning with AdamW about a quarter of "
+                                    "the disk, but resume=true cannot continue from them. The start line states "
+                                    "each checkpoint's size either way.")
+
+    def check(self, source: str) -> None:
+        if self.save_only_model and not self.model_folder:
+            raise FicError("save_only_model keeps step-N/model/ only: it needs checkpoint.model_folder=true",
+                           path=source, field="save_only_model")
 
 
 @dataclass
@@ -176,6 +187,7 @@ class RunConfig:
     train: TrainSection = setting(TrainSection(), "Steps, batch sizes, precision.")
     checkpoint: CheckpointSection = setting(CheckpointSection(), "Resumable checkpoints.")
     logging: LoggingSection = setting(LoggingSection(), "wandb, TensorBoard, curves and progress.")
+    hub: HubSection = setting(HubSection(), "Pushing the final model to the Hugging Face hub.")
     out: str = setting("runs/train", "Output folder: config, metrics, checkpoints, final model.")
     resume: bool = setting(False, "Continue from the newest complete checkpoint in out/checkpoints.")
     save_merged: bool = setting(False, "LoRA: also save the base model with the adapter merged in (out/final-merged).")

@@ -120,3 +120,57 @@ def test_an_import_error_inside_an_installed_package_is_not_hidden(monkeypatch, 
     monkeypatch.delitem(sys.modules, "sacrebleu", raising=False)
     with pytest.raises(ModuleNotFoundError, match="fic_no_such_dependency"):
         need("sacrebleu", "BLEU")
+
+
+def installs(line: str) -> set[str]:
+    """The distributions a `pip install ... -e ".[a,b]"` line brings, through pyproject's extras."""
+    [wanted] = re.findall(r'-e "\.\[([\w,]+)\]"', line)
+    return names([f"fic[{wanted}]"])
+
+
+def bash_blocks(text: str) -> list[list[str]]:
+    """The commands of each ```bash block (continued lines joined, comments dropped)."""
+    blocks = []
+    for body in re.findall(r"```bash\n(.*?)```", text, flags=re.DOTALL):
+        joined = re.sub(r"\\\n\s*", "", body)
+        blocks.append([line.split("  #")[0].strip() for line in joined.splitlines() if line.strip()])
+    return blocks
+
+
+def assert_no_extra_missing(monkeypatch, capsys, install_line: str, commands: list[str]) -> None:
+    """Run each command's --dry-run with every optional module the install line does not bring
+    hidden: none may stop on an extra (a later precondition, such as a stage not yet run, may)."""
+    import shlex
+
+    from fic.cli.main import main
+
+    brought = installs(install_line)
+    hidden = [module for module, (distribution, _) in EXTRAS.items() if distribution not in brought]
+    assert hidden  # the check hides something: the line is not `dev`
+    for module in hidden:
+        absent(monkeypatch, module)
+    for command in commands:
+        argv = shlex.split(command)
+        assert argv[0] == "fic", command
+        main(argv[1:] + ["--dry-run"])
+        err = capsys.readouterr().err
+        assert 'pip install "fic[' not in err, (command, err)
+
+
+def test_the_demo_runs_on_what_the_readme_install_line_brings(monkeypatch, capsys, tmp_path):
+    readme = (ROOT / "README.md").read_text()
+    [install] = [line for block in bash_blocks(readme) for line in block if line.startswith("python3 -m venv")
+                 and "[dev]" not in line]
+    assert_no_extra_missing(monkeypatch, capsys, install, [
+        f"fic demo --quick --recipes {ROOT}/recipes/smollm2-135m-instruct out={tmp_path}/demo"])
+
+
+def test_the_bundled_recipes_by_hand_run_on_the_install_line_before_them(monkeypatch, capsys):
+    """docs/demo.md's "same stages by hand": its one install line brings every extra its commands
+    need (the bundled model's recipes: the reasoning-gym source, math scoring, wandb logging)."""
+    section = (ROOT / "docs" / "demo.md").read_text().split("## The same stages by hand", 1)[1]
+    [block] = bash_blocks(section)[:1]
+    [install, *commands] = block
+    assert install.startswith("pip install") and commands, block
+    monkeypatch.chdir(ROOT)  # the commands name the recipes from the clone's root
+    assert_no_extra_missing(monkeypatch, capsys, install, commands)

@@ -120,6 +120,9 @@ WALK = {
     "bench decode": {
         "out": None, "no_output": "prints figures; writes no file",
         "input": ["--model-config", "{bad}"], "input_kind": "file"},
+    "push": {
+        "out": None, "no_output": "uploads to the hub; writes nothing here",
+        "input": ["{bad}", "--repo-id", "me/x"], "input_kind": "file"},
     "launch-check": {
         "out": None, "no_output": "checks files; writes nothing",
         "input": ["--config_file", "{bad}", "--recipe", str(REPO / "recipes/smollm2-135m-instruct/sft.yaml")],

@@ -72,7 +72,7 @@ def test_a_variants_own_steps_price_it_and_settings_with_no_figures_are_said(tmp
     one = re.search(r"1 training run\(s\) (\d+) min", estimate).group(1)
     two = re.search(r"1 training run\(s\) (\d+) min", longer).group(1)
     assert abs(int(two) - 2 * int(one)) <= 1  # 64 steps against the recipe's 32
-    _, unknown = dry_run(capsys, tmp_path / "d", "vasd.train.micro_batch_size=2")
+    _, unknown = dry_run(capsys, tmp_path / "d", "vasd.train.micro_batch_size=8")
     assert unknown == "[ablation] estimate: no figures for these settings yet"
 
 

@@ -96,3 +96,43 @@ def test_a_checkpoint_without_its_model_folder_says_what_it_is(tiny_model_dir, t
         check_model_folder(step)
     with pytest.raises(FicError, match=r"a training run into .*missing writes it"):
         check_model_folder(tmp_path / "missing" / "final")
+
+
+def disk(folder) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("extra", [[], ["lora.enabled=true", "lora.r=4"]], ids=["full", "lora"])
+def test_the_start_line_states_each_checkpoints_disk_and_save_only_model_keeps_the_model_alone(
+        tiny_model_dir, tmp_path, extra):
+    from fic.training.checkpoints import checkpoint_sizes, find_resume, saving_clause
+
+    corpus = write_corpus(tmp_path / "c.jsonl")
+    settings = [f"model.path={tiny_model_dir}", f"data.path={corpus}", "logging.wandb=false", *extra]
+    full = load_config(SFTConfig, None, [*settings, f"out={tmp_path / 'full'}"])
+    only = load_config(SFTConfig, None, [*settings, f"out={tmp_path / 'only'}", "checkpoint.save_only_model=true"])
+    expected, expected_only = checkpoint_sizes(full), checkpoint_sizes(only)
+    assert f"each checkpoint about {expected['total'] / 1e9:.2f} GB on disk" in saving_clause(full)
+    assert f"each checkpoint about {expected_only['total'] / 1e9:.2f} GB on disk (the model only" in saving_clause(only)
+
+    run(tiny_model_dir, corpus, tmp_path / "full", *extra, "train.max_steps=1")
+    run(tiny_model_dir, corpus, tmp_path / "only", *extra, "train.max_steps=1", "checkpoint.save_only_model=true")
+    written, written_only = (tmp_path / "full/checkpoints/step-1"), (tmp_path / "only/checkpoints/step-1")
+    tokenizer = disk(tiny_model_dir) - sum(p.stat().st_size for p in tiny_model_dir.glob("model*.safetensors"))
+    # the estimate counts tensors; the files add the tokenizer, JSON and headers
+    assert expected["total"] <= disk(written) <= expected["total"] + tokenizer + 200_000
+    assert expected_only["total"] <= disk(written_only) <= expected_only["total"] + tokenizer + 100_000
+    assert disk(written_only) - tokenizer < (disk(written) - tokenizer) / 2
+    assert sorted(p.name for p in written_only.iterdir()) == ["complete", "model", "trainer_state.json"]
+    assert AutoModelForCausalLM.from_pretrained(written_only / "model") if not extra else (
+        (written_only / "model" / "adapter_config.json").is_file())
+    with pytest.raises(FicError, match="holds the model only") as err:
+        find_resume(tmp_path / "only")
+    assert err.value.field == "resume"
+    find_resume(tmp_path / "full")
+
+
+def test_save_only_model_needs_the_model_folder():
+    with pytest.raises(FicError, match="needs checkpoint.model_folder=true"):
+        load_config(SFTConfig, None, ["logging.wandb=false", "checkpoint.save_only_model=true",
+                                      "checkpoint.model_folder=false"])
