@@ -123,7 +123,7 @@ def test_the_start_line_states_each_checkpoints_disk_and_save_only_model_keeps_t
     assert expected["total"] <= disk(written) <= expected["total"] + tokenizer + 200_000
     assert expected_only["total"] <= disk(written_only) <= expected_only["total"] + tokenizer + 100_000
     assert disk(written_only) - tokenizer < (disk(written) - tokenizer) / 2
-    assert sorted(p.name for p in written_only.iterdir()) == ["complete", "model", "trainer_state.json"]
+    assert sorted(p.name for p in written_only.iterdir()) == [".fic-run", "complete", "model", "trainer_state.json"]
     assert AutoModelForCausalLM.from_pretrained(written_only / "model") if not extra else (
         (written_only / "model" / "adapter_config.json").is_file())
     with pytest.raises(FicError, match="holds the model only") as err:
