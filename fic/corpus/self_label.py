@@ -12,6 +12,11 @@ The filter (function calls, `actions`): both views agree; every function called 
 instance lists; no positional argument, no parameter the function does not have; every required
 parameter given; every value stated in the request (numbers by value, strings as whole words,
 case-folded). A value that cannot be checked against text (a boolean, a null) fails it.
+
+`keep="any-call"` keeps instead every instance whose full-view reply is a call of listed
+functions with only their parameters (an answer key the task can score against), right or
+wrong: blinded prompts for a stage that must not read gold but needs every prompt (VASD's
+rollouts), where "answer" is then only the model's own belief.
 """
 
 from __future__ import annotations
@@ -30,15 +35,20 @@ from fic.tasks.actions import states
 from fic.tasks.calls import Call, find_calls
 
 VIEWS = ("full", "concat")  # the two single-turn views whose calls must agree
+KEEP = ("agreeing", "any-call")
 
 
-def check_self_label(instance: Instance, full_reply: str, concat_reply: str) -> tuple[list[Call] | None, str | None]:
+def check_self_label(instance: Instance, full_reply: str, concat_reply: str | None,
+                     keep: str = "agreeing") -> tuple[list[Call] | None, str | None]:
     """The calls to train on, or None and why not. Reads the instance's tools and request only,
-    never its reference answer."""
+    never its reference answer. `keep="any-call"` checks only that the calls are an answer key
+    (listed functions, their own parameters, named); `concat_reply` is then not read."""
+    if keep not in KEEP:
+        raise FicError(f"unknown keep {keep!r}; expected one of {', '.join(KEEP)}", field="keep")
     calls = find_calls(full_reply)
     if calls is None:
         return None, "no call in the full view's reply"
-    if find_calls(concat_reply) != calls:
+    if keep == "agreeing" and find_calls(concat_reply or "") != calls:
         return None, "full and concat views disagree"
     tools = {schema["name"]: schema for schema in instance.fields["function"]}
     request = tasks.get("actions").full_prompt(instance)
@@ -52,6 +62,8 @@ def check_self_label(instance: Instance, full_reply: str, concat_reply: str) -> 
         properties = parameters.get("properties") or {}
         if any(param not in properties for param in call.args):
             return None, "parameter the function does not have"
+        if keep == "any-call":
+            continue
         if any(param not in call.args for param in parameters.get("required") or ()):
             return None, "required argument missing"
         if not all(states(request, value) for value in call.args.values()):
@@ -82,14 +94,16 @@ def replies(backend: Any, instances: list[Instance], view: str, *, max_new_token
     return out
 
 
-def label(instances: Iterable[Instance], full: list[str], concat: list[str]) -> tuple[list[dict], Counter]:
+def label(instances: Iterable[Instance], full: list[str], concat: list[str] | None,
+          keep: str = "agreeing") -> tuple[list[dict], Counter]:
     """Self-labelled records of the instances whose replies pass the filter; the rest counted."""
     kept, dropped = [], Counter()
-    for instance, full_reply, concat_reply in zip(instances, full, concat, strict=True):
+    instances = list(instances)
+    for instance, full_reply, concat_reply in zip(instances, full, concat or [None] * len(instances), strict=True):
         if instance.task != "actions":
             raise FicError(f"self-labelling reads function calls (task actions); {instance.task_id} is "
                            f"task {instance.task}", field="task")
-        calls, why = check_self_label(instance, full_reply, concat_reply)
+        calls, why = check_self_label(instance, full_reply, concat_reply, keep)
         if calls is None:
             dropped[why] += 1
         else:
@@ -97,15 +111,17 @@ def label(instances: Iterable[Instance], full: list[str], concat: list[str]) -> 
     return kept, dropped
 
 
-def write_self_labelled(out: str | Path, records: list[dict], dropped: Counter, *, model: str, source: str) -> dict:
+def write_self_labelled(out: str | Path, records: list[dict], dropped: Counter, *, model: str, source: str,
+                        keep: str = "agreeing") -> dict:
     """The records (atomically) and their card `<out stem>.card.json`."""
     out = Path(out)
+    kept_where = ("kept only where the concat view's call is the same and it passes the filter" if keep == "agreeing"
+                  else "kept wherever it is a call of listed functions, right or wrong (keep any-call)")
     card = {
-        "source": source, "model": model, "instances": len(records) + sum(dropped.values()),
+        "source": source, "model": model, "keep": keep, "instances": len(records) + sum(dropped.values()),
         "kept": len(records), "dropped": dict(sorted(dropped.items())),
-        "reference_answer": "the model's own greedy full-view call, kept only where the concat view's call is the "
-                            "same and it passes the filter (fic.corpus.self_label); the original reference answers "
-                            "were dropped and are in no file this command writes",
+        "reference_answer": f"the model's own greedy full-view call, {kept_where} (fic.corpus.self_label); the "
+                            "original reference answers were dropped and are in no file this command writes",
     }
     write_jsonl(out, records)
     write_json(card_path(out), card)

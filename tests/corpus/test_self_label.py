@@ -62,6 +62,19 @@ def test_the_filter_keeps_an_agreeing_well_formed_call_and_labels_it():
     assert ACTIONS.score(call, Instance.from_dict(record)) == 1.0
 
 
+def test_any_call_keeps_wrong_calls_of_listed_functions_and_reads_no_concat_reply():
+    instance = garden()
+    wrong = '[water_garden(zone="rose bed", minutes=15)]'  # a value not in the request, a required one missing
+    assert check_self_label(instance, wrong, None, "any-call")[1] is None
+    for reply, why in (("Which zone?", "no call in the full view's reply"),
+                       ('[set_timer(minutes=15)]', "function not in the tool list"),
+                       ('[water_garden(zone="x", colour="red")]', "parameter the function does not have")):
+        assert check_self_label(instance, reply, None, "any-call") == (None, why)
+    (record,), _ = label([instance], [wrong], None, "any-call")
+    assert record["reference_answer"] == [{"water_garden": {"zone": ["rose bed"], "minutes": [15],
+                                                            "start_time": [""]}}]
+
+
 def planted(records):
     """The records with the first string value of each gold call replaced by the sentinel."""
     out = copy.deepcopy(records)
@@ -103,6 +116,13 @@ def test_blinding_the_sentinel_gold_reaches_no_prompt_label_card_or_self_trainin
                                                       "no call in the full view's reply": 1}
     assert SENTINEL not in labelled.read_text() and SENTINEL not in json.dumps(card)
     assert "original reference answers were dropped" in card["reference_answer"]
+    # The blinded prompts VASD reads (every call, right or wrong): no sentinel either, no concat prompt.
+    blinded = tmp_path / "b-train.blind.jsonl"
+    prompts.clear()
+    assert main(["self-label", "--model", "scripted", "--source", f"jsonl:{b_train}", "--keep", "any-call",
+                 "--out", str(blinded)]) == 0
+    assert len(prompts) == 12 and SENTINEL not in blinded.read_text()
+    assert len(blinded.read_text().splitlines()) == 11  # all but the reply with no call
 
     # C2: the self-training corpus built from the self-labels holds only them.
     corpus = tmp_path / "c2.sft.jsonl"
