@@ -35,7 +35,8 @@ from accelerate.utils import set_seed
 from fic.core.config import config_to_dict, set_in, set_where
 from fic.core.errors import FicError
 from fic.core.files import append_jsonl, file_sha256, read_json, write_json
-from fic.core.model import load_template_checked_tokenizer
+from fic.core.model import load_template_checked_tokenizer, template_clause
+from fic.core.ranks import phase
 from fic.evaluation.live import evaluate_live
 from fic.training import checkpoints, loop
 from fic.training.checkpoints import model_card as card
@@ -66,7 +67,7 @@ def train(cfg: SFTConfig) -> dict:
             say(f"resuming with changed settings: {', '.join(changed)}")
     steps = total_steps(cfg, len(examples), world)
     G = cfg.train.grad_accum_steps
-    say(start_line(cfg, corpus, steps, world))
+    say(start_line(cfg, corpus, steps, world) + template_clause(tokenizer))
 
     set_seed(cfg.train.seed)
     model = loop.build_model(cfg, device=str(accelerator.device))
@@ -80,21 +81,30 @@ def train(cfg: SFTConfig) -> dict:
 
     out = Path(cfg.out)
     curve = DevCurve(cfg, out, start) if cfg.dev.every else None
-    if curve is not None and start == 0 and main:  # the starting point of the curve
-        append_jsonl(out / "metrics.jsonl", {"step": 0, **curve.score(sft.model, tokenizer, 0)})
+
+    def dev_score(step: int) -> dict:  # on every rank, each its share of the dev instances
+        with phase(f"the dev curve at step {step}"), loop.root_gathered(sft.loss_model):
+            return curve.score(sft.model, tokenizer, step)
+
+    if curve is not None and start == 0:  # the starting point of the curve
+        figures = dev_score(0)
+        if main:
+            append_jsonl(out / "metrics.jsonl", {"step": 0, **figures})
 
     last = {"loss": float("nan")}
     stopped = None
     sft.loss_model.train()
     for step in range(start + 1, steps + 1):
-        last = sft.step(step)
+        with phase(f"step {step}"):
+            last = sft.step(step)
         if curve is not None and (step % cfg.dev.every == 0 or step == steps):
-            last.update(curve.score(sft.model, tokenizer, step) if main else {})
+            last.update(dev_score(step))
             stopped = step if curve.flat(accelerator) else None
         log.step(step, last)
-        loop.maybe_checkpoint(accelerator, cfg, step, steps if stopped is None else step,
-                              {"micro_batches": step * G, "world_size": world, "data_sha256": corpus["sha256"],
-                               "config": config_to_dict(cfg), "wandb_id": run_id, "loss": last["loss"]})
+        with phase(f"the checkpoint at step {step}"):
+            loop.maybe_checkpoint(accelerator, cfg, step, steps if stopped is None else step,
+                                  {"micro_batches": step * G, "world_size": world, "data_sha256": corpus["sha256"],
+                                   "config": config_to_dict(cfg), "wandb_id": run_id, "loss": last["loss"]})
         if stopped is not None:
             say(f"the dev curve has stopped rising at step {step} ({cfg.dev.metric}: "
                 f"{', '.join(f'{v:.1f}' for v in curve.values)}; patience {cfg.dev.patience}, min_delta "
@@ -109,8 +119,9 @@ def train(cfg: SFTConfig) -> dict:
               "plateau": None if curve is None else curve.record(stopped)}
     if curve is not None and main:
         write_json(out / DEV_CURVE, result["plateau"])
-    final = checkpoints.save_final(accelerator, sft.loss_model, cfg, out,
-                                   lambda kind: model_card(cfg, corpus, result, kind))
+    with phase("the final model"):
+        final = checkpoints.save_final(accelerator, sft.loss_model, cfg, out,
+                                       lambda kind: model_card(cfg, corpus, result, kind))
     say(f"saved {final}" + (f" and {out / 'final-merged'}" if cfg.save_merged else ""))
     accelerator.end_training()
     return {"model_dir": final, "model": sft.model, **result}
@@ -131,9 +142,10 @@ def start_line(cfg: SFTConfig, corpus: dict, steps: int, world: int) -> str:
     read = (f"{corpus['used']} of {corpus['records']} conversations of {cfg.data.path} ({corpus['skipped_too_long']} "
             f"longer than data.max_seq_len {cfg.data.max_seq_len} tokens left out), {corpus['target_tokens']} target "
             "tokens")
-    saved = (f"checkpoints every {cfg.checkpoint.every} steps" if cfg.checkpoint.every
-             else "a checkpoint at the last step only")
-    clauses = [read, f"{steps} steps ({why}) of {per_step} conversations{dev}",
+    every = cfg.checkpoint.every
+    saved = ("no resumable checkpoint (checkpoint.every 0)" if not every else
+             f"checkpoints every {every} steps" if every < steps else "a checkpoint at the last step only")
+    clauses = [read, f"{steps} step{'s' * (steps != 1)} ({why}) of {per_step} conversations{dev}",
                f"from {cfg.model.path}" + (f" with LoRA r={cfg.lora.r}" if cfg.lora.enabled else ""),
                f"outputs in {cfg.out} ({saved}, the model in {Path(cfg.out) / 'final'})"]
     return "fic train sft: " + "; ".join(clauses)
@@ -146,14 +158,16 @@ def plan(cfg: SFTConfig) -> str:
     tokenizer = load_template_checked_tokenizer(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
     examples, corpus = load_corpus(cfg.data.path, tokenizer, cfg.data.max_seq_len, progress=False)
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    return start_line(cfg, corpus, total_steps(cfg, len(examples), world), world)
+    return start_line(cfg, corpus, total_steps(cfg, len(examples), world), world) + template_clause(tokenizer)
 
 
 class DevCurve:
     """The dev curve of an SFT run (`dev.*`): the live model scored on the dev instances every
     `dev.every` steps (`fic.evaluation.live`, float32 masters, greedy: the same replies whatever the
-    batch), its `dev.metric` values, and the plateau rule read on them. A resumed run reads the
-    scores it had logged back from metrics.jsonl."""
+    batch), its `dev.metric` values, and the plateau rule read on them. Every rank scores: each plays
+    its share of the dev instances in lockstep (a ZeRO-3 or FSDP model gathers its weights in every
+    forward), the main process writes `dev/step-N`. A resumed run reads the scores it had logged
+    back from metrics.jsonl."""
 
     def __init__(self, cfg: SFTConfig, out: Path, start: int):
         self.cfg, self.out = cfg, out

@@ -48,7 +48,7 @@ from accelerate.utils import set_seed
 
 from fic.core.config import config_to_dict, set_in, set_where
 from fic.core.files import append_jsonl, file_sha256, write_json
-from fic.core.model import load_template_checked_tokenizer
+from fic.core.model import load_template_checked_tokenizer, template_clause
 from fic.data.sources import describe_loaded, load_sharded
 from fic.evaluation.live import evaluate_live
 from fic.training import checkpoints, loop
@@ -71,7 +71,7 @@ def train(cfg: VASDConfig) -> dict:
     tokenizer = load_template_checked_tokenizer(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
     instances, data_sha, overlap = load_rollout_tasks(cfg)
     held_out = load_held_out(cfg, instances)
-    say(start_line(cfg, instances, held_out, overlap, world))
+    say(start_line(cfg, instances, held_out, overlap, world) + template_clause(tokenizer))
     check_against_tokenizer(cfg, tokenizer, instances)
     anchors, anchor_stats = [], {"used": 0}
     if cfg.regularizer.kind in ("anchor", "both"):
@@ -92,7 +92,7 @@ def train(cfg: VASDConfig) -> dict:
         check_target_path(model.eval(), len(tokenizer))
         model.train()
     vasd = VASDStep(cfg, accelerator, model, tokenizer, instances, anchors, steps)
-    say(f"{steps} steps: " + vasd.describe())
+    say(f"{steps} step{'s' * (steps != 1)}: " + vasd.describe())
     start, run_id = loop.restore(accelerator, cfg, resume_from, saved)
     vasd.resumed(resume_from)
     if main:
@@ -189,16 +189,19 @@ def start_line(cfg: VASDConfig, instances: list, held_out: list, overlap: dict, 
     evaluated = f"; {len(held_out)} held-out tasks evaluated every {cfg.eval.every} steps" if held_out else ""
     return (f"fic train vasd: {read}; {len(instances)} rollout tasks after {overlap['dropped']} evaluation "
             f"instance(s) dropped ({', '.join(cfg.exclude.sources) or 'no exclude.sources named'}); "
-            f"{cfg.train.max_steps} steps (train.max_steps{', ' + set_where(where) if where else ''}) of "
+            f"{cfg.train.max_steps} step{'s' * (cfg.train.max_steps != 1)} (train.max_steps{', ' + set_where(where) if where else ''}) of "
             f"{cfg.train.micro_batch_size} x {cfg.train.grad_accum_steps} x {world} = {per_step} sharded rollouts, "
             f"{cfg.train.max_steps * per_step} in all{anchor}{evaluated}; from {cfg.model.path}; outputs in {cfg.out}")
 
 
 def plan(cfg: VASDConfig) -> str:
-    """The start line of a run of `cfg` (`fic train vasd --dry-run`); no model or tokenizer loads."""
+    """The start line of a run of `cfg` (`fic train vasd --dry-run`): the tokenizer loads (its chat template
+    is checked as the run checks it); no model."""
     check_inputs(cfg)
+    tokenizer = load_template_checked_tokenizer(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
     instances, _, overlap = load_rollout_tasks(cfg)
-    return start_line(cfg, instances, load_held_out(cfg, instances), overlap, int(os.environ.get("WORLD_SIZE", "1")))
+    return start_line(cfg, instances, load_held_out(cfg, instances), overlap,
+                      int(os.environ.get("WORLD_SIZE", "1"))) + template_clause(tokenizer)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,43 +1,48 @@
-"""The OpenAI-compatible backend: `POST {base_url}/chat/completions`, standard library only.
+"""The OpenAI-compatible backend: chat completions through the `openai` SDK (the `openai` extra).
 
 Works with the OpenAI API and with local servers that speak the same protocol (`vllm serve`,
 llama.cpp, SGLang, TGI). Text in, text out: the server applies its own chat template and
 never shows token ids, so `generate()` (token-in) is refused and `Generation.token_ids` is [].
 
-Reliability: each request has a socket timeout; connection errors, timeouts, 408, 429 and 5xx
-are retried with exponential backoff and jitter (a server's `Retry-After` is honoured, capped);
-any other 4xx is a `FicError` at once with the status and the server's message, since sending
-the same bad request again cannot help. `concurrency` requests run at once in threads.
+The SDK owns the transport: timeouts, retries of connection errors, timeouts, 408, 409, 429 and
+5xx with exponential backoff and jitter, a server's `Retry-After` (honoured up to two minutes),
+proxies (`HTTPS_PROXY`) and TLS (`SSL_CERT_FILE`). FiC keeps what is its own:
 
-Parameters sent: model, messages, max_tokens, temperature, top_p, seed (`params.seeds[i]`, else
-seed + i for the i-th conversation of a call, so repeated conversations are sampled independently
-yet reproducibly where the server honours seeds), and `logprobs: true` when `request_logprobs` is set.
-`max_tokens` rather than `max_completion_tokens`: it is the field every compatible server reads.
+- lockstep batching: `chat` answers a batch of conversations together, `concurrency` requests in
+  flight at once, replies in the order asked, and the rest of the batch cancelled when one fails
+  for good;
+- what it records: the seed of each request (`params.seeds[i]`, else seed + i for the i-th
+  conversation of a call, so repeated conversations are sampled independently yet reproducibly
+  where the server honours seeds) and the reply, its finish reason and any log-probs;
+- a server's refusal of a sampling field adapted once per backend, logged: reasoning models
+  reject `temperature` (and `top_p`, `seed`, `logprobs`), which are then left out so the model
+  samples at its own default, and `max_tokens`, which is then sent as `max_completion_tokens`;
+- errors as one line: a 4xx other than those is a `FicError` at once with the status and the
+  server's message (sending the same bad request again cannot help); a failure the SDK retried
+  says how many attempts it made.
 """
 
 from __future__ import annotations
 
-import http.client
-import json
+import logging
 import os
-import random
-import time
-import urllib.error
+import re
+import threading
 import urllib.parse
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from fic.core.errors import FicError
+from fic.core.errors import FicError, one_line
 from fic.core.generation import BackendConfig, Generation, SamplingParams, request_seeds
+from fic.core.optional import need
 
+LOCAL_KEY = "EMPTY"  # sent where no key is set: local servers ignore it (vLLM's convention), the SDK needs one
+# Fields a reasoning model may refuse, and what is sent instead (None: nothing, the model's default).
+ADAPTED = {"temperature": None, "top_p": None, "seed": None, "logprobs": None, "max_tokens": "max_completion_tokens"}
+RETRIED = (408, 409, 429)  # and 5xx: the statuses the SDK retries
+_REFUSED = re.compile(r"[Uu]nsupported (?:parameter|value):? '(\w+)'")
 
-class _Transient(Exception):
-    """A failure worth retrying; `retry_after` is the server's hint in seconds, if any."""
-
-    def __init__(self, message: str, retry_after: float | None = None):
-        super().__init__(message)
-        self.retry_after = retry_after
+log = logging.getLogger(__name__)
 
 
 class OpenAIBackend:
@@ -48,15 +53,18 @@ class OpenAIBackend:
 
     def __init__(self, model: str, base_url: str, api_key: str | None = None, *,
                  timeout_s: float = 120.0, max_retries: int = 5, concurrency: int = 8,
-                 request_logprobs: bool = False, backoff_s: float = 1.0, max_backoff_s: float = 60.0):
+                 request_logprobs: bool = False):
         if urllib.parse.urlparse(base_url).scheme not in ("http", "https"):
             raise FicError(f"base_url must start with http:// or https://, got {base_url!r}", field="base_url")
-        self.model = model
+        self.sdk = need("openai", "the openai backend (kind: openai)", field="kind")
+        self.model, self.api_key = model, api_key
         self.url = base_url.rstrip("/") + "/chat/completions"
-        self.api_key = api_key
-        self.timeout_s, self.max_retries = timeout_s, max_retries
+        self.max_retries = max_retries
         self.concurrency, self.request_logprobs = max(1, concurrency), request_logprobs
-        self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
+        self.client = self.sdk.OpenAI(base_url=base_url, api_key=api_key or LOCAL_KEY, timeout=timeout_s,
+                                      max_retries=max_retries)
+        self.refused: dict[str, str | None] = {}  # field the server refused -> the field sent instead
+        self._lock = threading.Lock()
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         raise FicError("token-in generation needs a local backend (hf or vllm); "
@@ -78,102 +86,91 @@ class OpenAIBackend:
                     future.cancel()
                 raise
 
-    def _complete(self, messages: list[dict], params: SamplingParams, seed: int | None) -> Generation:
-        body: dict[str, Any] = {"model": self.model, "messages": messages,
-                                "max_tokens": params.max_new_tokens,
-                                "temperature": params.temperature, "top_p": params.top_p}
+    def _fields(self, params: SamplingParams, seed: int | None) -> dict[str, Any]:
+        fields: dict[str, Any] = {"max_tokens": params.max_new_tokens, "temperature": params.temperature,
+                                  "top_p": params.top_p}
         if seed is not None:
-            body["seed"] = seed
+            fields["seed"] = seed
         if self.request_logprobs:
-            body["logprobs"] = True
-        return self._parse(self._post_with_retries(body))
+            fields["logprobs"] = True
+        with self._lock:
+            for name, instead in self.refused.items():
+                if name in fields:
+                    value = fields.pop(name)
+                    if instead is not None:
+                        fields[instead] = value
+        return fields
 
-    def _post_with_retries(self, body: dict) -> dict:
-        payload = json.dumps(body).encode("utf-8")
-        attempts = self.max_retries + 1
-        for attempt in range(attempts):
+    def _complete(self, messages: list[dict], params: SamplingParams, seed: int | None) -> Generation:
+        sdk = self.sdk
+        for _ in range(len(ADAPTED) + 1):  # each refused field is adapted once
+            fields = self._fields(params, seed)
             try:
-                return self._post(payload)
-            except _Transient as err:
-                if attempt + 1 == attempts:
-                    raise FicError(f"{self.url}: gave up after {attempts} attempt(s); last error: {err}") from None
-                time.sleep(self._delay(attempt, err.retry_after))
-        raise AssertionError("unreachable")
+                response = self.client.chat.completions.create(model=self.model, messages=messages, **fields)
+            except sdk.BadRequestError as err:
+                if self._adapt(err, fields):
+                    continue
+                raise self._status_error(err) from None
+            except sdk.APIStatusError as err:
+                raise self._status_error(err) from None
+            except sdk.APIConnectionError as err:  # refused, DNS, reset, timeout: the SDK retried it already
+                cause = err.__cause__ or err
+                raise FicError(f"{self.url}: gave up after {self.max_retries + 1} attempt(s); last error: "
+                               f"{type(cause).__name__}: {one_line(cause)[:300]}") from None
+            except sdk.APIResponseValidationError as err:
+                raise FicError(f"{self.url}: unexpected response: {one_line(err)[:300]}") from None
+            return self._parse(response)
+        raise FicError(f"{self.url}: the server refused every adaptation of the request")
 
-    def _delay(self, attempt: int, retry_after: float | None) -> float:
-        """Exponential backoff with jitter (so parallel workers do not retry in lockstep)."""
-        if retry_after is not None:
-            return min(max(retry_after, 0.0), self.max_backoff_s)
-        base = min(self.backoff_s * 2 ** attempt, self.max_backoff_s)
-        return base * random.uniform(0.5, 1.0)
+    def _adapt(self, err: Any, fields: dict) -> bool:
+        """Whether the refusal names a field FiC can leave out or rename (remembered for every later request)."""
+        body = err.body if isinstance(err.body, dict) else {}
+        found = _REFUSED.search(str(body.get("message") or err.message))
+        name = body.get("param") if body.get("param") in ADAPTED else (found.group(1) if found else None)
+        if name not in ADAPTED or name not in fields:
+            return False
+        with self._lock:
+            first = name not in self.refused
+            self.refused[name] = ADAPTED[name]
+        if first:
+            instead = f"sent as {ADAPTED[name]}" if ADAPTED[name] else "left out: the model samples at its own default"
+            log.warning(f"fic: {self.url}: model {self.model} refuses {name} ({_server_message(err)[:160]}); "
+                        f"from now on {name} is {instead}")
+        return True
 
-    def _post(self, payload: bytes) -> dict:
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        request = urllib.request.Request(self.url, data=payload, headers=headers, method="POST")
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                raw = response.read()
-        except urllib.error.HTTPError as err:
-            status, message = err.code, _server_message(err)
-            if status in (408, 429) or status >= 500:  # timeouts, rate limits, server trouble
-                raise _Transient(f"HTTP {status}: {message}", _retry_after(err.headers)) from None
-            hint = " (check the API key in the variable named by api_key_env)" if status in (401, 403) else ""
-            raise FicError(f"{self.url}: HTTP {status}: {message}{hint}") from None
-        except (OSError, http.client.HTTPException) as err:
-            # URLError (refused, DNS), socket timeouts and resets are all OSErrors; a connection
-            # cut mid-response is an HTTPException (IncompleteRead, RemoteDisconnected).
-            reason = getattr(err, "reason", err)
-            raise _Transient(f"{type(reason).__name__}: {reason}") from None
-        try:
-            return json.loads(raw)
-        except ValueError:
-            raise FicError(f"{self.url}: response is not JSON: {raw[:200]!r}") from None
+    def _status_error(self, err: Any) -> FicError:
+        status, message = err.status_code, _server_message(err)
+        if status in RETRIED or status >= 500:  # the SDK retried these before giving up
+            return FicError(f"{self.url}: gave up after {self.max_retries + 1} attempt(s); last error: "
+                            f"HTTP {status}: {message}")
+        hint = " (check the API key in the variable named by api_key_env)" if status in (401, 403) else ""
+        return FicError(f"{self.url}: HTTP {status}: {message}{hint}")
 
-    def _parse(self, data: dict) -> Generation:
+    def _parse(self, response: Any) -> Generation:
         try:
-            choice = data["choices"][0]
-            text = choice["message"].get("content") or ""
-            reason = choice.get("finish_reason")
-        except (KeyError, IndexError, TypeError, AttributeError):
-            raise FicError(f"{self.url}: unexpected response, no choices[0].message: "
-                           f"{json.dumps(data)[:300]}") from None
+            choice = response.choices[0]
+            text = choice.message.content or ""
+            reason = choice.finish_reason
+        except (AttributeError, IndexError, TypeError):
+            raise FicError(f"{self.url}: unexpected response, no choices[0].message: {str(response)[:300]}") from None
         # Chat-completions shape: {"logprobs": {"content": [{"token", "logprob", ...}, ...]}}.
-        block = choice.get("logprobs")
-        content = block.get("content") if isinstance(block, dict) else None
-        logprobs = [float(item["logprob"]) for item in content or [] if "logprob" in item]
+        content = getattr(choice.logprobs, "content", None) or []
+        logprobs = [float(item.logprob) for item in content if getattr(item, "logprob", None) is not None]
         # Anything but "length" (stop, tool_calls, content_filter, eos) ended the turn itself.
         return Generation(token_ids=[], text=text, logprobs=logprobs,
                           finish_reason="length" if reason == "length" else "stop")
 
 
-def _server_message(err: urllib.error.HTTPError) -> str:
+def _server_message(err: Any) -> str:
     """The error text a server sent: OpenAI's error.message, vLLM's message, FastAPI's detail."""
-    try:
-        raw = err.read().decode("utf-8", "replace")
-    except Exception:  # the body is only a courtesy; the status is what matters
-        return err.reason or ""
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        return raw.strip()[:500] or str(err.reason or "")
-    if isinstance(data, dict):
-        inner = data.get("error")
-        if isinstance(inner, dict) and inner.get("message"):
-            return str(inner["message"])[:500]
+    body = err.body
+    if isinstance(body, dict):
         for key in ("message", "detail", "error"):
-            if data.get(key):
-                return str(data[key])[:500]
-    return raw.strip()[:500]
-
-
-def _retry_after(headers: Any) -> float | None:
-    value = headers.get("Retry-After") if headers is not None else None
-    try:
-        return float(value) if value is not None else None
-    except ValueError:
-        return None  # an HTTP date; fall back to our own backoff
+            if body.get(key):
+                return str(body[key])[:500]
+    if isinstance(body, str) and body.strip():
+        return body.strip()[:500]
+    return re.sub(r"^Error code: \d+ - ", "", str(err.message))[:500]
 
 
 def openai_backend_from_config(cfg: BackendConfig) -> OpenAIBackend:

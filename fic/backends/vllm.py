@@ -40,15 +40,21 @@ from fic.core.generation import (
     request_seeds,
     stop_ids,
 )
+from fic.core.ranks import Ranks
+
+# The vLLM versions FiC's engine code is written against (the `vllm` extra pins the same window): the
+# colocated weight sync reaches into the engine (`_engine_model`), which vLLM does not keep stable.
+SUPPORTED_VLLM = ("0.10.2", "0.12")  # at least, below
 
 
 def import_vllm() -> Any:
-    """Import vllm or explain how to get it."""
+    """Import vllm or explain how to get it; refuse a version outside the tested window."""
     try:
         import vllm
     except ImportError as err:
         raise FicError(f"the vllm backend needs vLLM ({err}): pip install 'fic[vllm]' on a GPU machine, "
                        "or use backend kind hf") from None
+    check_version(getattr(vllm, "__version__", "unknown"))
     return vllm
 
 
@@ -125,18 +131,38 @@ def colocated_engine(policy: Any, tokenizer: Any, model_path: str, gpu_memory_ut
     vllm = import_vllm()
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    # max_num_batched_tokens: the tokens one engine step takes; one whole context fits (a prompt is
+    # never refused), and the engine's activations beside the trainer's stay bounded by it.
     kwargs: dict[str, Any] = {"model": model_path, "dtype": "bfloat16", "gpu_memory_utilization": gpu_memory_utilization,
-                              "max_model_len": max_model_len, "enable_prefix_caching": True,
-                              "seed": torch.distributed.get_rank() if distributed else 0}
+                              "max_model_len": max_model_len, "max_num_batched_tokens": max_model_len,
+                              "enable_prefix_caching": True, "seed": torch.distributed.get_rank() if distributed else 0}
     if distributed:
         kwargs["distributed_executor_backend"] = "external_launcher"
     backend = VLLMBackend(vllm.LLM(**kwargs), tokenizer)
+    Ranks.current().barrier()  # every rank's engine holds its memory before any rank trains beside it
     sync_weights(backend, policy, [], 0.0, lambda message: None)  # the policy may already differ from disk
     return backend
 
 
+def check_version(installed: str) -> None:
+    """One line naming the installed vLLM and the supported window when it is outside it: the engine
+    internals `_engine_model` reaches move between releases."""
+    from packaging.version import InvalidVersion, Version
+
+    low, high = SUPPORTED_VLLM
+    try:
+        inside = Version(low) <= Version(installed) < Version(high)
+    except InvalidVersion:
+        inside = False
+    if not inside:
+        raise FicError(f"vLLM {installed} is installed; FiC's vllm backend is tested with vllm>={low},<{high} "
+                       f"(pip install 'fic[vllm]'), or use backend kind hf", field="vllm")
+
+
 def _engine_model(llm: Any) -> Any:
-    """The torch module inside an in-process engine (the attribute path differs across vLLM versions)."""
+    """The torch module inside an in-process engine: vLLM's private attribute path, the one place FiC
+    reaches into the engine (the window `SUPPORTED_VLLM`, checked by `import_vllm`, is where it was
+    read; vLLM's public weight-transfer API is newer than the window)."""
     executor = llm.llm_engine.model_executor
     worker = executor.driver_worker
     runner = getattr(getattr(worker, "worker", worker), "model_runner", None)
@@ -192,6 +218,20 @@ def _merged(module: Any, name: str, base: Any) -> Any:
     return total.to(base.dtype)
 
 
+def engine_name(name: str) -> str:
+    """The checkpoint's name of a trainer's (PEFT-wrapped) weight: what the engine loads it as."""
+    return name.removeprefix("base_model.model.").replace(".base_layer", "")
+
+
+def check_pushable(policy: Any) -> None:
+    """PEFT's `modules_to_save` (a trained copy beside the frozen original) has no name in the
+    checkpoint the engine loaded: refused rather than pushed under the wrong name or dropped."""
+    saved = sorted({n.split(".modules_to_save")[0] for n, _ in policy.named_parameters() if ".modules_to_save." in n})
+    if saved:
+        raise FicError(f"the vLLM weight sync cannot push PEFT modules_to_save ({', '.join(saved[:3])}): train those "
+                       "modules as LoRA targets or use rollout.backend=hf", field="rollout.backend")
+
+
 def policy_weights(policy: Any) -> Iterator[tuple[str, Any]]:
     """The policy's weights under the checkpoint's names, one at a time, for `load_weights`.
 
@@ -200,6 +240,7 @@ def policy_weights(policy: Any) -> Iterator[tuple[str, Any]]:
     not exact: W + d - d moved 9% of a q_proj's entries in one sync, 49.6% after 100, so the
     frozen teacher, the student's base, `final-merged` and a resume drifted. Only one merged
     tensor exists at a time. Under ZeRO-3 the caller gathers the partitions first."""
+    check_pushable(policy)
     layers = _lora_layers(policy)
     state = policy.state_dict()  # no non-persistent buffers (rotary tables)
     unmatched = sorted(set(layers) - set(state))
@@ -207,45 +248,71 @@ def policy_weights(policy: Any) -> Iterator[tuple[str, Any]]:
         raise FicError(f"cannot find the base weight of LoRA layer {unmatched[0].removesuffix('.base_layer.weight')} "
                        "to merge it for the engine", field="lora.target_modules")
     for name, tensor in state.items():
-        if "lora_" in name or "modules_to_save" in name:
+        if "lora_" in name:
             continue
         module = layers.get(name) or layers.get(name.removesuffix(".bias") + ".weight")
         if module is not None:
             tensor = _merged(module, name, tensor)
-        yield name.removeprefix("base_model.model.").replace(".base_layer", ""), tensor.detach()
+        yield engine_name(name), tensor.detach()
 
 
-def sync_weights(backend: VLLMBackend, policy: Any, rollouts: list, tolerance: float, say: Any) -> None:
-    """Load the policy's current weights into the engine (LoRA merged out of place, the trainer's
-    weights untouched), reset its prefix cache (cached keys and values belong to the old
-    weights), and check on one rollout that the engine's log-probs now agree with the trainer's."""
-
+def push_weights(engine: Any, policy: Any) -> None:
+    """Load the policy's weights into the engine's model. Under ZeRO-3 full fine-tuning each weight
+    is gathered alone and pushed (as TRL does): one full weight at a time beside the engine's copy,
+    not the whole model on every rank. A LoRA policy's partitions are gathered together (merging
+    needs a layer's base and adapter at once; the adapter's base is frozen and bf16 in the recipes)."""
     import torch
 
-    gather = contextlib.nullcontext()
     params = list(policy.parameters())
-    if params and hasattr(params[0], "ds_id"):  # ZeRO-3: every rank holds a slice
-        import deepspeed
+    zero3 = bool(params) and hasattr(params[0], "ds_id")
+    with torch.no_grad():
+        if zero3 and not _lora_layers(policy):
+            import deepspeed
 
-        gather = deepspeed.zero.GatheredParameters(params)
-    with gather, torch.no_grad():
-        _engine_model(backend.llm).load_weights(policy_weights(policy))
+            check_pushable(policy)
+            for name, param in policy.named_parameters():
+                with deepspeed.zero.GatheredParameters([param]):
+                    engine.load_weights([(engine_name(name), param.data.detach())])
+            return
+        gather = contextlib.nullcontext()
+        if zero3:
+            import deepspeed
+
+            gather = deepspeed.zero.GatheredParameters(params)
+        with gather:
+            engine.load_weights(policy_weights(policy))
+
+
+def sync_weights(backend: VLLMBackend, policy: Any, rollouts: list, tolerance: float, say: Any,
+                 ranks: Ranks | None = None) -> None:
+    """Load the policy's current weights into the engine (LoRA merged out of place, the trainer's
+    weights untouched), reset its prefix cache (cached keys and values belong to the old
+    weights), and check on one rollout that the engine's log-probs now agree with the trainer's.
+
+    Every rank calls it. The rollout checked is agreed across ranks first (the main process picks
+    the first rank's that ended on its end-of-turn token), and every rank runs the trainer's
+    forward on it: under ZeRO-3 that forward gathers weights on every rank."""
+    ranks = ranks or Ranks.current()
+    push_weights(_engine_model(backend.llm), policy)
     backend.llm.reset_prefix_cache()
     finished = [c for c in rollouts if c.turns and c.turns[-1].finish_reason == "stop"]
-    if finished:
-        drift = logprob_drift(backend, policy, finished[0])
+    mine = (list(finished[0].ids), finished[0].turns[-1].prompt_tokens) if finished else None
+    offered = ranks.gather(mine)
+    chosen = ranks.share(next((c for c in offered if c is not None), None) if offered is not None else None)
+    if chosen is not None:
+        drift = logprob_drift(backend, policy, *chosen)
         if drift > tolerance:
             say(f"warning: after the weight sync the engine's mean log-prob of a rollout differs from the "
                 f"trainer's by {drift:.3f} (> {tolerance}); rollouts may be off-policy")
 
 
-def logprob_drift(backend: VLLMBackend, policy: Any, conv: Any) -> float:
-    """|mean engine log-prob - mean trainer log-prob| over a rollout's final reply tokens."""
+def logprob_drift(backend: VLLMBackend, policy: Any, ids: list[int], start: int) -> float:
+    """|mean engine log-prob - mean trainer log-prob| over a rollout's final reply tokens (`ids`
+    from position `start`)."""
     import torch
 
     vllm = backend.vllm
-    start = conv.turns[-1].prompt_tokens
-    ids = list(conv.ids)
+    ids = list(ids)
     (out,) = backend.llm.generate([{"prompt_token_ids": ids}],
                                   vllm.SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)
     engine = [float(out.prompt_logprobs[t][ids[t]].logprob) for t in range(start, len(ids))]

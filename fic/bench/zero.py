@@ -23,6 +23,10 @@ weights never stop early.
 
 `--launcher plain` runs the same steps as one plain process (`python fic/train_*.py`) for machines
 without DeepSpeed (the tests' CPU run).
+
+`--processes N` (N > 1) is the multi-process mode, `fic.bench.processes`: SFT on N gloo processes on
+this CPU under DDP, ZeRO-2, ZeRO-3 and FSDP2, each against one process at N x the micro-batch, with a
+checkpoint and a resume.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fic.bench import processes
 from fic.bench.random_models import REPO, parse_sets
 from fic.bench.shapes import Runner, free_port, tokenizer_dir
 from fic.core.errors import FicError
@@ -46,7 +51,7 @@ RECIPES = REPO / "recipes" / "smollm2-135m-instruct"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--stage", type=int, choices=(2, 3), required=True, help="the ZeRO stage")
+    parser.add_argument("--stage", type=int, choices=(2, 3), default=None, help="the ZeRO stage (one process)")
     parser.add_argument("--methods", default="sft,vasd", help="sft, vasd or both (default: sft,vasd)")
     parser.add_argument("--launcher", choices=("deepspeed", "plain"), default="deepspeed",
                         help="deepspeed: accelerate launch with launch/deepspeed_zero{stage}.yaml; plain: one "
@@ -64,9 +69,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=600, help="seconds per command (600)")
     parser.add_argument("--budget-s", type=float, default=None, help="seconds for the whole bench")
     parser.add_argument("--dry-run", action="store_true", help="print the commands; run nothing")
+    processes.add_arguments(parser)
 
 
 def make_plan(args: argparse.Namespace) -> dict:
+    if args.stage is None:
+        raise FicError("expected --stage 2 or 3 (or --processes N for the multi-process mode)", field="--stage")
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if not methods or any(m not in ("sft", "vasd") for m in methods):
         raise FicError(f"expected sft, vasd or sft,vasd, got {args.methods!r}", field="--methods")
@@ -126,6 +134,8 @@ def make_plan(args: argparse.Namespace) -> dict:
 
 
 def measure(args: argparse.Namespace) -> dict:
+    if args.processes > 1:
+        return processes.measure(args)
     if not args.dry_run:  # the output first, before anything is read or written
         check_writable(args.work or f"runs/zero{args.stage}", folder=True, field="--work")
     plan = make_plan(args)
@@ -197,12 +207,7 @@ def run_method(info: dict, runner: Runner, tolerance: float) -> dict:
     out["checkpoint"] = {"path": str(middle), "files": _checkpoint_files(middle),
                          "deepspeed_format": any("optim_states" in f for f in _checkpoint_files(middle))}
     out["final"] = sorted(p.name for p in (run / "final").iterdir()) if (run / "final").is_dir() else []
-    shutil.copytree(run, resumed, symlinks=True)
-    for folder in (resumed / "checkpoints").iterdir():
-        if folder.name.startswith("step-") and int(folder.name.split("-")[1]) > half:
-            shutil.rmtree(folder)
-    for name in ("final", "final-merged"):
-        shutil.rmtree(resumed / name, ignore_errors=True)
+    processes.killed_after(run, resumed, half)
     rc, seconds, why = runner.run(info["resume_command"], log)
     out["resume_seconds"] = seconds
     after = _losses(resumed)

@@ -19,7 +19,8 @@ BENCHES: dict[str, tuple[str, str]] = {
     "shapes": ("fic.bench.shapes", "a backbone recipe's own shapes with random weights: tokens/s, MFU, peak memory "
                "and the recipe's hours recomputed"),
     "zero": ("fic.bench.zero", "SFT and VASD under DeepSpeed ZeRO-2/3 on one process: a checkpoint saved, resumed, "
-             "and the losses after the resume equal to the uninterrupted run's"),
+             "and the losses after the resume equal to the uninterrupted run's; --processes N: SFT on N CPU processes "
+             "under DDP, ZeRO-2, ZeRO-3 and FSDP2 equal to one process"),
 }
 
 

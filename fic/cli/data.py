@@ -50,7 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
         parser.add_argument("--answer-from", default=None, choices=ANSWER_FROM,
                             help="hf: sources, task math: the answer column is a solution ending '#### n' (hash), "
                             "one with \\boxed{} (boxed), the answer itself (value), or the first that fits (auto)")
-        parser.add_argument("--out", required=True, help="output JSONL file (LiC schema, one instance a line)")
+        parser.add_argument("--out", required=True, help="output JSONL file (LiC schema, one instance a line); beside "
+                            "it STEM.rejected.jsonl (what was left out, with why) and, for an hf: source, "
+                            "STEM.card.json (where it came from), STEM being the file without its extension")
         parser.add_argument("--sharder", default="rule", choices=["rule", "llm"],
                             help="how to shard instances that have no shards yet: rule (math, offline) or llm "
                             "(a model, any task; needs --sharder-config) (default: rule)")
@@ -117,7 +119,9 @@ def shard(args: argparse.Namespace) -> int:
         backend = _backend_from_yaml(args.sharder_config, "--sharder-config")
         return shard_with_llm(instances, backend, retries=args.retries, seed=section.seed)
 
-    everything = _load_for_shard(section, llm_sharder if args.sharder == "llm" else None, args.reshard)
+    # --validate plays and scores the views; writing the file alone scores nothing
+    everything = _load_for_shard(section, llm_sharder if args.sharder == "llm" else None, args.reshard,
+                                 scored=bool(args.validate))
     (loaded,) = everything.sources
     print("fic shard: " + describe_loaded(everything, section, section="", limit_set_in=args.data or
                                           ("command line" if args.limit is not None else None),
@@ -186,10 +190,11 @@ def shard_section(args: argparse.Namespace) -> InstancesSection:
                             fields=parse_fields(args.fields), answer_from=args.answer_from or "auto")
 
 
-def _load_for_shard(section: InstancesSection, sharder: Sharder | None, reshard: bool) -> ShardedInstances:
+def _load_for_shard(section: InstancesSection, sharder: Sharder | None, reshard: bool,
+                    scored: bool) -> ShardedInstances:
     try:
         section.check("command line")
-        return load_sharded(section, sharder=sharder, reshard=reshard, progress=True)
+        return load_sharded(section, sharder=sharder, reshard=reshard, progress=True, scored=scored)
     except FicError as err:  # the settings of `fic shard` are options, not config keys
         name = (err.field or "").removeprefix("data.")
         option = {"source": "--source", "task": "--task", "answer_from": "--answer-from"}.get(name)
@@ -285,8 +290,12 @@ def views(args: argparse.Namespace) -> int:
 
 def masks(args: argparse.Namespace) -> int:
     from fic.core.model import load_tokenizer  # lazy: loads torch and transformers
+    from fic.core.templates import template_note
 
-    tokenizer = load_tokenizer(args.model, trust_remote_code=args.trust_remote_code)
+    tokenizer = load_tokenizer(args.model, trust_remote_code=args.trust_remote_code, quiet=True)
+    # the template the masks come from, first: a training variant renders differently from the folder's own
+    note = template_note(tokenizer) or "chat template: the model folder's own"
+    print(f"fic masks: {note} ({args.model})")
     records = read_records(args.data)
     for number, record in enumerate(records[: args.show], start=1):
         messages = record.get("messages")

@@ -40,7 +40,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     cfg = load_demo(args.recipes, args.overrides)
     if args.dry_run:
-        print(resolved_yaml(cfg) + (ablation_plan if args.ablate else plan)(cfg, (args.recipes, args.overrides)))
+        launch = (args.recipes, args.overrides)
+        print(resolved_yaml(cfg) + (ablation_plan(cfg, launch) if args.ablate else
+                                    plan(cfg, launch, start_from=args.start_from)))
         return 0
     if args.stage is not None:  # a stage's own process: its error goes to the demo that started it
         errors = paths(cfg)["stages"] / f"{args.stage}.error"

@@ -10,7 +10,8 @@ very reasons it looks for.
 
 Each mistake is a `FicError` (one line naming the file, the key and what was expected; exit 2):
 a missing file; a `distributed_type` FiC's trainers do not run under; a ZeRO stage other than
-2 or 3; `gradient_accumulation_steps` set in the accelerate or DeepSpeed config (the recipe's
+2 or 3; FSDP other than version 2 (`fsdp_config.fsdp_version`), or with a state-dict type FiC does not
+save; `gradient_accumulation_steps` set in the accelerate or DeepSpeed config (the recipe's
 `train.grad_accum_steps` owns it); a process count that does not fill `num_machines` nodes of
 `--gpus_per_node` GPUs; multi-node DeepSpeed without the `standard` launcher; and a global
 batch (`--global_batch`, or a DeepSpeed JSON's `train_batch_size`) that processes x micro-batch
@@ -34,8 +35,10 @@ from fic.core.errors import FicError
 from fic.core.files import read_json
 
 # The set-ups FiC's trainers are written and tested for (accelerate's names).
-DISTRIBUTED_TYPES = ("NO", "MULTI_GPU", "DEEPSPEED")
+DISTRIBUTED_TYPES = ("NO", "MULTI_GPU", "DEEPSPEED", "FSDP")
 ZERO_STAGES = (2, 3)
+FSDP_VERSIONS = (2,)  # fully_shard; FSDP1's wrapper is not what FiC's checkpoints and final model are tested on
+FSDP_STATE_DICTS = ("SHARDED_STATE_DICT", "FULL_STATE_DICT")
 GPUS_PER_NODE = 8  # an A100 node
 OWNED_BY_RECIPE = ("remove it: the recipe's train.grad_accum_steps sets the accumulation, and a second "
                    "setting would move where optimizer steps fall")
@@ -59,7 +62,7 @@ class Launch:
         return self.processes * self.micro_batch * self.grad_accum
 
     def summary(self) -> str:
-        zero = f" ZeRO-{self.zero_stage}" if self.zero_stage else ""
+        zero = f" ZeRO-{self.zero_stage}" if self.zero_stage else " version 2" if self.distributed_type == "FSDP" else ""
         where = f"{self.processes} process{'es' if self.processes > 1 else ''} on {self.machines} " \
                 f"machine{'s' if self.machines > 1 else ''}"
         if self.global_batch is None:
@@ -159,6 +162,22 @@ def _check_deepspeed(config: dict, where: str, machines: int) -> tuple[int, dict
     return stage, ds_json, json_path
 
 
+def _check_fsdp(config: dict, where: str) -> None:
+    section = config.get("fsdp_config") or {}
+    if not isinstance(section, dict):
+        raise FicError("expected a mapping", path=where, field="fsdp_config")
+    version = section.get("fsdp_version", 1)  # accelerate's default is FSDP1
+    if version not in FSDP_VERSIONS:
+        raise FicError(f"expected FSDP version 2 (fully_shard, what FiC is tested under), got {version!r}",
+                       path=where, field="fsdp_config.fsdp_version")
+    state = section.get("fsdp_state_dict_type", "FULL_STATE_DICT")
+    if state not in FSDP_STATE_DICTS:
+        raise FicError(f"expected one of {', '.join(FSDP_STATE_DICTS)}, got {state!r}", path=where,
+                       field="fsdp_config.fsdp_state_dict_type")
+    if section.get("gradient_accumulation_steps") is not None:
+        raise FicError(OWNED_BY_RECIPE, path=where, field="fsdp_config.gradient_accumulation_steps")
+
+
 def check(config_file: str | Path, recipe: str | Path, *, script: str | Path | None = None,
           num_processes: int | None = None, num_machines: int | None = None, gpus_per_node: int = GPUS_PER_NODE,
           global_batch: int | None = None, overrides: Sequence[str] = ()) -> tuple[Launch, int | None]:
@@ -185,6 +204,8 @@ def check(config_file: str | Path, recipe: str | Path, *, script: str | Path | N
     _check_processes(kind, machines, processes, gpus_per_node, where,
                      " (from --num_processes)" if num_processes is not None else "")
     stage, ds_json, json_path = _check_deepspeed(config, where, machines) if kind == "DEEPSPEED" else (None, {}, "")
+    if kind == "FSDP":
+        _check_fsdp(config, where)
 
     micro, accum, recipe_source = _recipe_batch(recipe_path, overrides)
     launch = Launch(kind, machines, processes, stage, micro, accum)

@@ -7,8 +7,8 @@
 - a demo folder (`stages/`: `fic demo`): every training run and evaluation in it, and
   `demo_scores.png` from `stages/report.json`.
 
-`--format lic` writes an evaluation's conversations (each evaluation's of a demo folder) in Lost in
-Conversation's log format instead (`fic.evaluation.lic_logs`): `lic_logs/<task>/<conv_type>/...jsonl`,
+`--format lic` writes an evaluation's conversations (a demo folder's evaluations merged into one tree) in
+Lost in Conversation's log format instead (`fic.evaluation.lic_logs`): `lic_logs/<task>/<conv_type>/...jsonl`,
 which LiC's viewer and analyses read.
 
 Files are only read (a line a running job is writing is passed over); figures go to RUN_DIR,
@@ -41,7 +41,13 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
                         help="write the figures here instead of into RUN_DIR (a demo keeps its layout below it)")
     parser.add_argument("--format", default="figures", choices=("figures", "lic"),
                         help="figures (default): the run's report and figures; lic: an evaluation's conversations "
-                        f"as Lost in Conversation's logs, in {LOG_FOLDER}/<task>/<conv_type>/ (docs/outputs.md)")
+                        f"as Lost in Conversation's logs, in {LOG_FOLDER}/<task>/<conv_type>/ (docs/outputs.md); a "
+                        "demo folder's evaluations merged into one tree")
+    parser.add_argument("--dataset-fn", default=None, metavar="NAME",
+                        help="--format lic: the data file named in every record (LiC's viewer shows only records "
+                        "whose dataset_fn is its task's own file). Default: LiC's file of each record's task "
+                        "(e.g. sharded_instructions_600.json) when the evaluation read LiC's instances (lic: "
+                        "sources), else the sources' file names")
 
 
 def kind_of(folder: Path) -> str | None:
@@ -108,28 +114,27 @@ def report_evaluation(folder: Path, out: Path) -> list[Path]:
     return [report, *(out / name for name in ("scores_by_view.png", "answer_timing.png", "tokens_per_conversation.png"))]
 
 
-def export_lic(folder: Path, out: Path) -> list[Path]:
-    """An evaluation's conversations (each evaluation's of a demo folder) as LiC's logs."""
+def export_lic(folder: Path, out: Path, dataset_fn: str | None = None) -> list[Path]:
+    """An evaluation's conversations (every evaluation's of a demo folder, merged) as one tree of
+    LiC's logs, `out/lic_logs/`."""
     runs = [folder] if kind_of(folder) == "evaluation" else \
         sorted(p for p in folder.rglob("*") if p.is_dir() and kind_of(p) == "evaluation")
-    written = []
+    found = []
     for run in runs:
         records = _conversations(run / "conversations.jsonl")
         if not records:
             continue
         config = read_yaml(run / "config.yaml") if (run / "config.yaml").is_file() else {}
         metrics = _read_json(run / "metrics.json") if (run / "metrics.json").is_file() else None
-        settings = run_settings(config, metrics)
+        settings = run_settings(config, metrics, dataset_fn)
         if not settings["model"] and not all(r.get("model") for r in records):
             raise FicError("cannot tell which model played these conversations (no config.yaml, no model in the "
                            "records)", path=str(run))
-        target = out / run.relative_to(folder) / LOG_FOLDER
-        written += _drawn(run / "conversations.jsonl", "the conversations of a fic eval run",
-                          lambda records=records, settings=settings, target=target:
-                          write_lic_logs(records, settings, target))
-    if not written:
+        found.append((records, settings))
+    if not found:
         raise FicError("no finished conversation to export (no evaluation with conversations.jsonl)", path=str(folder))
-    return written
+    where = folder / "conversations.jsonl" if len(runs) == 1 else folder
+    return _drawn(where, "the conversations of a fic eval run", lambda: write_lic_logs(found, out / LOG_FOLDER))
 
 
 def report_demo(folder: Path, out: Path) -> list[Path]:
@@ -171,7 +176,9 @@ def run(args: argparse.Namespace) -> int:
         if kind == "training":
             raise FicError("--format lic exports an evaluation's conversations; this is a training run", path=str(folder),
                            field="RUN_DIR")
-        written = export_lic(folder, out)
+        written = export_lic(folder, out, args.dataset_fn)
+    elif args.dataset_fn is not None:
+        raise FicError("--dataset-fn names the data file in LiC's logs: it goes with --format lic", field="--dataset-fn")
     else:
         written = {"training": report_training, "evaluation": report_evaluation, "demo": report_demo}[kind](folder, out)
     for path in written:

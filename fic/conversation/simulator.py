@@ -58,6 +58,7 @@ from fic.core.chat import continue_ids, prompt_ids
 from fic.core.errors import FicError, cut_short_on_sigterm, one_line
 from fic.core.generation import Backend, Generation, SamplingParams
 from fic.core.instance import Instance
+from fic.core.ranks import Ranks
 from fic.core.seeding import derive_seed, reply_seed
 from fic.data.views import (
     SINGLE_TURN_VIEWS,
@@ -290,7 +291,8 @@ def play(conversations: Sequence[Conversation], assistant: Backend, user: Any, c
          params: SamplingParams, *, batch_size: int = 64, stop_at_correct: bool = True, seed: int = 0,
          max_turns: int | None = None, max_context: int | None = None,
          on_finish: Callable[[Conversation], None] | None = None,
-         on_step: Callable[[int, int], None] | None = None, judge: Any = None) -> list[Conversation]:
+         on_step: Callable[[int, int], None] | None = None, judge: Any = None,
+         ranks: Ranks | None = None) -> list[Conversation]:
     """Play every conversation to its end in lockstep; return them (also updated in place).
 
     `user` is a user simulator (`fic.conversation.users`), `classifier` a reply classifier
@@ -298,13 +300,22 @@ def play(conversations: Sequence[Conversation], assistant: Backend, user: Any, c
     `max_context` ends a conversation whose next prompt plus `params.max_new_tokens` would not
     fit the model. `on_step(step, active)` is called before each step. `judge` is the LLM judge
     handed to the tasks that score with one (summary; `Task.scored`).
+
+    `ranks` (`fic.core.ranks.Ranks`): the processes of a sharded model (ZeRO-3, FSDP), each playing
+    its own conversations. Every forward must run on every rank, so the ranks agree before each
+    turn whether any of them still has a conversation going, and on how many generation calls the
+    turn takes (the most any rank needs): a rank with fewer conversations, or none left, calls the
+    assistant with zero prompts (`generate([], params)`), and the backend runs its forwards in
+    lockstep with the others. Only the assistant is called in lockstep: a user simulator or
+    classifier on the sharded model itself is not supported.
     """
     if batch_size < 1:
         raise FicError(f"batch_size must be at least 1, got {batch_size}", field="batch_size")
+    ranks = ranks or Ranks()
     step = 0
     while True:
         active = [c for c in conversations if not c.done]
-        if not active:
+        if not ranks.any(bool(active)):
             return list(conversations)
         progress.note(turn=step + 1, conversations=len(active))  # for the heartbeat of the bar around
         if on_step is not None:
@@ -330,8 +341,8 @@ def play(conversations: Sequence[Conversation], assistant: Backend, user: Any, c
                 ready.append(conv)
         # 2. The assistant replies, in chunks of similar prompt length (less padding).
         ready.sort(key=lambda c: len(c.ids), reverse=True)
-        for start in range(0, len(ready), batch_size):
-            chunk = ready[start:start + batch_size]
+        for call in range(ranks.most(-(-len(ready) // batch_size))):
+            chunk = ready[call * batch_size:(call + 1) * batch_size]  # empty on a rank with fewer: it idles along
             seeds = tuple(reply_seed(seed, "assistant", conv) for conv in chunk)
             with cut_short_on_sigterm():  # a reply is kept only once its call returns: none is half-written
                 outputs = _generate(assistant, chunk, _with_seeds(params, seeds))

@@ -9,7 +9,8 @@ conversation and `check_template` checks on a probe:
 1. Prefix rule: rendering the first k messages gives a prefix of the ids of the whole
    conversation. Templates that rewrite earlier turns break it, e.g. Qwen3-style templates
    that drop `<think>` blocks from earlier assistant turns, or templates that insert the
-   date or a turn count into the system prompt.
+   date or a turn count into the system prompt (`fic.core.templates` trains the first kind
+   through a variant that keeps the rule).
 2. Generation-prompt rule: the ids of `messages[:i]` plus the generation prompt are a
    prefix of the ids of `messages[:i+1]` when message i is the assistant's, so what the
    model sees when it generates is what it is trained on.
@@ -49,6 +50,7 @@ PROBE_CONVERSATION = [
 ]
 
 
+_REASONING_CLOSE = "</think>"  # how PROBE_CONVERSATION's reasoning block ends
 _REPLY_PLACEHOLDER = "reply"  # see continue_ids
 
 
@@ -279,7 +281,16 @@ def check_template(tokenizer: Any) -> list[str]:
     """
     if not getattr(tokenizer, "chat_template", None):
         return ["the tokenizer has no chat template; FiC needs one to render conversations"]
-    for probe in (PROBE_CONVERSATION, PROBE_CONVERSATION[1:]):
+    try:
+        opening = _render(tokenizer, _template_messages(PROBE_CONVERSATION[:2]), True, None)[0]
+    except TemplateError as err:
+        return [str(err)]
+    # A generation prompt that closes the reasoning block (thinking off) means the model's replies
+    # never carry any: probing with one would test a conversation that cannot happen.
+    conversation = PROBE_CONVERSATION
+    if opening.rstrip().endswith(_REASONING_CLOSE):
+        conversation = [{**m, "content": m["content"].rpartition(_REASONING_CLOSE)[2].lstrip("\n")} for m in conversation]
+    for probe in (conversation, conversation[1:]):
         first = next(i for i, message in enumerate(probe) if message["role"] == "assistant")
         try:
             render_chat(tokenizer, probe)

@@ -31,6 +31,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import stat
 import sys
 import tempfile
@@ -424,6 +425,9 @@ LOCK_NAME = ".fic-lock"
 _held: dict[str, Any] = {}  # resolved folder -> the open lock file of this process
 
 
+NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS}  # what flock says where the filesystem has none
+
+
 def lock_folder(folder: str | os.PathLike, *, field: str | None = "out") -> bool:
     """Take this process's lock on an output folder (made if missing), or fail at once with a
     `FicError` naming the process that holds it. Return False when this process holds it already
@@ -447,13 +451,22 @@ def lock_folder(folder: str | os.PathLike, *, field: str | None = "out") -> bool
         handle.close()
         raise FicError(f"another FiC run is writing into this folder ({holder}); wait for it to end or choose "
                        "another output folder", path=str(folder), field=field) from None
-    except OSError:
+    except OSError as err:
         handle.close()
-        raise
+        if err.errno not in NO_LOCKS:
+            raise
+        # A shared filesystem mounted without locks (Lustre's noflock, some NFS set-ups): a multi-node
+        # run writes its out folder there; it goes on unlocked rather than not at all.
+        print(f"fic: warning: {folder} is on a filesystem without file locks ({os.strerror(err.errno)}); a "
+              "second run into this folder would not be stopped", file=sys.stderr, flush=True)
+        _held[key] = None
+        return True
     handle.seek(0)
     handle.truncate()
     command = " ".join(sys.argv)[:500]
-    handle.write(f"process {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}: {command}\n")
+    # The host too: on a filesystem several nodes share, the holder may be a process on another node.
+    handle.write(f"process {os.getpid()} on {socket.gethostname()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}: "
+                 f"{command}\n")
     handle.flush()
     _held[key] = handle
     return True

@@ -125,8 +125,9 @@ class BackendConfig:
                                "holding the API key; unset is fine for local servers.")
     timeout_s: float = setting(120.0, "openai only: seconds to wait on each socket operation of "
                                "one request.", min=0.001)
-    max_retries: int = setting(5, "openai only: retries after a connection error, timeout, 429 or "
-                               "5xx, with exponential backoff and jitter.", min=0)
+    max_retries: int = setting(5, "openai only: retries after a connection error, timeout, 408, 409, 429 or "
+                               "5xx (the openai SDK's: exponential backoff with jitter, a server's Retry-After "
+                               "honoured up to 2 minutes).", min=0)
     concurrency: int = setting(8, "openai only: requests in flight at once.", min=1)
     request_logprobs: bool = setting(False, "openai only: ask the server for token log-probs "
                                      "(vLLM and OpenAI offer them; some servers reject the field).")

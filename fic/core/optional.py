@@ -6,6 +6,7 @@ extra named for it (`pip install "fic[math]"`); pyproject.toml lists them.
 - `text`: sacrebleu (BLEU of translation and data2text)
 - `wandb`, `tensorboard`: the training logs of `logging.wandb` and `logging.tensorboard`
 - `gguf`: the reader of the bundled model's GGUF file (`fic prepare-model`, the main job)
+- `openai`: the SDK behind the OpenAI-compatible backend (`kind: openai`)
 
 `need` imports one where it is used; a missing one is a one-line error naming its extra.
 """
@@ -28,6 +29,7 @@ EXTRAS = {
     "wandb": ("wandb", "wandb"),
     "tensorboard": ("tensorboard", "tensorboard"),
     "gguf": ("gguf", "gguf"),
+    "openai": ("openai", "openai"),
 }
 
 

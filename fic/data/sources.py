@@ -66,7 +66,11 @@ class InstancesSection:
                                 "rule sharder.")
     task: str | list[str] = setting("math", "Task of the instances: one name, a list, or all (every task of a file "
                                     "that FiC knows).")
-    limit: int | None = setting(None, "At most this many instances per source and task (null: all).", min=1)
+    limit: int | None = setting(None, "At most this many instances per source and task (null: all), cut as the "
+                                "source gives them, before sharding: instances that are then left out (a sharder "
+                                "could not split them, a stage needs two or more shards, an evaluation instance "
+                                "dropped) are not replaced, so fewer may remain; the start line says how many and "
+                                "why.", min=1)
     seed: int = setting(0, "Seed of generated sources (reasoning-gym, actions-gen) and of rule-sharding phrasing. "
                         "Keep a training stage's away from its evaluation's.")
     fields: dict[str, str] = setting({}, "hf: sources: task key -> dataset column, e.g. {question: problem, "
@@ -454,17 +458,22 @@ class ShardedInstances:
 
 
 def load_sharded(data: InstancesSection, *, section: str = "data", several_shards: bool = False, shard_all: bool = True,
-                 sharder: Sharder | None = None, reshard: bool = False, progress: bool = False) -> ShardedInstances:
+                 sharder: Sharder | None = None, reshard: bool = False, progress: bool = False,
+                 scored: bool = True) -> ShardedInstances:
     """Every source of `data`, its instances sharded where they have no shards, and what was left
     out, by reason (errors name `section.field`).
 
     `several_shards` drops single-shard instances (stages that need several turns). `shard_all=False`
     keeps unsharded instances of tasks that have no rule sharder as they are (a full-view-only
     evaluation needs no shards). `sharder` replaces the rule sharder (`fic shard --sharder llm`);
-    `reshard` shards again instances that have shards already."""
+    `reshard` shards again instances that have shards already. `scored` (every stage but `fic shard`)
+    checks that the loaded tasks' scoring extras are installed, before anything is sharded or played."""
     shard = sharder or partial(shard_missing, seed=data.seed, progress=progress)
+    sources = load_sources(data, section=section)
+    if scored:
+        tasks.check_scoring({i.task for loaded in sources for i in loaded.instances}, field=f"{section}.task")
     reports = []
-    for loaded in load_sources(data, section=section):
+    for loaded in sources:
         to_shard = [i for i in loaded.instances
                     if (reshard or not i.is_sharded) and (shard_all or i.is_sharded or tasks.get(i.task).rule_sharder)]
         done, failed = shard([dataclasses.replace(i, shards=[]) for i in to_shard]) if to_shard else ([], [])

@@ -50,7 +50,7 @@ from fic.bundled.prepare import prepare_model
 from fic.core.config import load_config, set_in, set_where, setting
 from fic.core.errors import FicError
 from fic.core.files import check_writable, folder_lock, read_json, write_json, write_jsonl
-from fic.core.model import BUNDLED_MODEL_DIR, peak_memory_mb
+from fic.core.model import BUNDLED_MODEL_DIR, check_model_folder, peak_memory_mb
 from fic.corpus.build import SFTDataConfig, build_corpus
 from fic.data.sources import load_source
 from fic.data.splits import prompt_key
@@ -424,9 +424,26 @@ def run_stage_process(stage: str, recipes: str, overrides: list[str], progress: 
         raise FicError(f"stage {stage} failed: {message}", field="--from")
 
 
-def start_line(cfg: DemoConfig, stages: tuple[str, ...] = STAGES[:-1]) -> str:
+def check_start(cfg: DemoConfig, start_from: str | None) -> None:
+    """What the demo checks before any stage starts, in a real run and in --dry-run alike: `--from`
+    names a stage, the task's scoring extras are installed, the base model folder is there (the
+    bundled one is prepared by the data stage), and the output folder can be written."""
+    if start_from is not None and start_from not in STAGES:
+        raise FicError(f"unknown stage {start_from!r}; expected one of {', '.join(STAGES)}", field="--from")
+    tasks.check_scoring([cfg.data.task], field="data.task")
+    if Path(cfg.base_model) != BUNDLED_MODEL_DIR:
+        check_model_folder(cfg.base_model, field="base_model")
+    check_writable(cfg.out, folder=True, field="out")
+
+
+def redone(start_from: str | None) -> tuple[str, ...]:
+    """The stages `--from` runs again: it and every stage after it."""
+    return STAGES[STAGES.index(start_from):] if start_from is not None else ()
+
+
+def start_line(cfg: DemoConfig, stages: tuple[str, ...] = STAGES[:-1], start_from: str | None = None) -> str:
     """The demo's start line (`_start_line`), a smoke run's said first."""
-    line = _start_line(cfg, stages)
+    line = _start_line(cfg, stages, redone(start_from))
     if cfg.smoke:  # --quick's settings arrive as command-line overrides
         return line.replace("fic demo: ", "fic demo: SMOKE RUN (--quick: tiny splits, a few steps; wide intervals, "
                             "no measure of the method): ", 1).replace("set on the command line",
@@ -434,10 +451,11 @@ def start_line(cfg: DemoConfig, stages: tuple[str, ...] = STAGES[:-1]) -> str:
     return line
 
 
-def _start_line(cfg: DemoConfig, stages: tuple[str, ...]) -> str:
+def _start_line(cfg: DemoConfig, stages: tuple[str, ...], redo: tuple[str, ...] = ()) -> str:
     """What the demo will do, before any stage starts: the splits it generates (their sizes and
-    where they were set), the stages left and done, each training stage's size, where it writes."""
-    done = [stage for stage in stages if (paths(cfg)["stages"] / f"{stage}.json").is_file()]
+    where they were set), the stages left and done (`redo`: done, but to run again), each training
+    stage's size, where it writes."""
+    done = [stage for stage in stages if (paths(cfg)["stages"] / f"{stage}.json").is_file() and stage not in redo]
     left = [stage for stage in stages if stage not in done]
     by_where: dict[str, list[str]] = {}  # the split sizes, grouped by where they were set
     for split in SPLITS:
@@ -455,11 +473,17 @@ def _start_line(cfg: DemoConfig, stages: tuple[str, ...]) -> str:
             f"{paths(cfg)['report']}")
 
 
-def plan(cfg: DemoConfig, launch: tuple[str, list[str]] | None = None) -> str:
-    """The start line and the cost estimate of what is left (`fic demo --dry-run`); nothing runs."""
+def plan(cfg: DemoConfig, launch: tuple[str, list[str]] | None = None, start_from: str | None = None) -> str:
+    """The start line and the cost estimate of what is left (`fic demo --dry-run`, `--from` honoured);
+    nothing runs, and the checks of a real run's start are made (`check_start`)."""
+    check_start(cfg, start_from)
     shipped = load_demo(launch[0], []) if launch is not None else None
-    left = [stage for stage in STAGES[:-1] if not (paths(cfg)["stages"] / f"{stage}.json").is_file()]
-    return start_line(cfg) + ("\n[demo] " + costs.plan(cfg, shipped, left, stage_summaries(cfg))[0] if left else "")
+    redo = redone(start_from)
+    left = [stage for stage in STAGES[:-1]
+            if stage in redo or not (paths(cfg)["stages"] / f"{stage}.json").is_file()]
+    done = {stage: summary for stage, summary in stage_summaries(cfg).items() if stage not in redo}
+    return start_line(cfg, start_from=start_from) + ("\n[demo] " + costs.plan(cfg, shipped, left, done)[0]
+                                                     if left else "")
 
 
 def run_stages(cfg: DemoConfig, stages: tuple[str, ...], *, progress: bool, say: Callable[[str], None],
@@ -499,7 +523,7 @@ def run_demo(cfg: DemoConfig, *, start_from: str | None = None, progress: bool =
     With `launch` (the recipes folder and overrides) and `stage_processes`, each stage runs in a
     process of its own."""
 
-    check_writable(cfg.out, folder=True, field="out")
+    check_start(cfg, start_from)
     with folder_lock(cfg.out):  # a second demo into the same folder fails at once
         return _run_demo(cfg, start_from, progress, say, launch)
 
@@ -508,9 +532,7 @@ def _run_demo(cfg: DemoConfig, start_from: str | None, progress: bool, say: Call
               launch: tuple[str, list[str]] | None) -> dict:
     markers = paths(cfg)["stages"]
     if start_from is not None:
-        if start_from not in STAGES:
-            raise FicError(f"unknown stage {start_from!r}; expected one of {', '.join(STAGES)}", field="--from")
-        for stage in STAGES[STAGES.index(start_from):]:  # outputs too: an evaluation would resume, not redo
+        for stage in redone(start_from):  # outputs too: an evaluation would resume, not redo
             (markers / f"{stage}.json").unlink(missing_ok=True)
             for output in stage_outputs(cfg, stage):
                 if output.is_dir():

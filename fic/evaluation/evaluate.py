@@ -39,6 +39,7 @@ as `sharded_over_full`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import sys
@@ -49,7 +50,7 @@ from typing import Any
 import yaml
 
 from fic import tasks
-from fic.backends import make_backend
+from fic.backends import check_backend, make_backend
 from fic.conversation.classify import ClassifierSection, make_classifier
 from fic.conversation.simulator import answerable_by, make_conversations, play
 from fic.conversation.users import UserSimulatorSection, make_user
@@ -73,6 +74,7 @@ from fic.core.files import (
 from fic.core.generation import BackendConfig, SamplingParams
 from fic.core.instance import Instance
 from fic.core.progress import Progress
+from fic.core.ranks import Ranks
 from fic.data.sources import InstancesSection, ShardedInstances, describe_loaded, load_sharded
 from fic.data.views import VIEWS, check_views
 from fic.evaluation.metrics import summarize
@@ -194,16 +196,17 @@ def _instances_changed(saved: dict, now: dict) -> str | None:
     return "the instances are not those its conversations were played on: " + ", ".join(parts)
 
 
-def check_resume(out: Path, cfg: EvalConfig, instances: list[Instance]) -> None:
+def check_resume(out: Path, cfg: EvalConfig, instances: list[Instance], *, write: bool = True) -> None:
     """Save the fingerprint on a fresh folder; on an existing one, refuse an incompatible config
-    or instances whose content changed."""
+    or instances whose content changed. `write=False` (`--dry-run`) only refuses."""
     path = out / FINGERPRINT_NAME
     wanted = {**fingerprint(cfg), "instances": instance_digests(instances)}
     log = out / LOG_NAME
     if not log.exists() or log.stat().st_size == 0:
         # Nothing played yet (e.g. the last try failed on a mistyped model path): the folder is
         # not bound to that config.
-        write_json(path, wanted)
+        if write:
+            write_json(path, wanted)
         return
     if path.exists():
         try:
@@ -220,6 +223,8 @@ def check_resume(out: Path, cfg: EvalConfig, instances: list[Instance]) -> None:
         if saved != wanted:
             raise FicError(f"this folder holds conversations from a different config ({differences(saved, wanted)}); "
                            "resuming would mix them. Use another out= or delete the folder", field="out")
+        if saved_instances is None and not write:
+            return
         if saved_instances is None:  # a folder from before instance hashes: it resumes, as it did, and says so
             print(f"fic eval: {path} predates instance hashes: the data could not be checked against the "
                   "conversations already played; it is recorded now", file=sys.stderr, flush=True)
@@ -263,10 +268,40 @@ def load_data(cfg: EvalConfig) -> ShardedInstances:
 
 def plan(cfg: EvalConfig) -> str:
     """The start line of a run of `cfg` (`fic eval --dry-run`): the data read, the conversations
-    an output folder already holds counted; no model loads."""
-    log_path = Path(cfg.out) / LOG_NAME
+    an output folder already holds counted; no model loads, and what the run's start would refuse
+    is refused (the out folder, a folder of another config's conversations, a model folder that is
+    not there, a missing extra, the sandbox)."""
+    out = Path(cfg.out)
+    check_writable(out, folder=True, field="out")
+    loaded = load_data(cfg)
+    check_backends(cfg)
+    if out.is_dir():
+        check_resume(out, cfg, loaded.instances, write=False)
+    if any(tasks.get(name).runs_code for name in {i.task for i in loaded.instances}):
+        with sandbox.use_mode("" if cfg.sandbox == "default" else cfg.sandbox):
+            sandbox.check_mode()
+    log_path = out / LOG_NAME
     played = {(r["task_id"], r["view"], r["run"]) for r in read_log(log_path)} if log_path.is_file() else set()
-    return start_line(cfg, load_data(cfg), played)
+    return start_line(cfg, loaded, played)
+
+
+def backend_roles(cfg: EvalConfig) -> dict[str, tuple[BackendConfig, str]]:
+    """The backends a run of `cfg` builds, by role: (its config, its section's key)."""
+    roles = {"assistant": (cfg.model, "model")}
+    if cfg.user.kind == "llm":
+        roles["user"] = (cfg.user.backend, "user.backend")
+    if cfg.classifier.kind == "llm":
+        roles["classifier"] = (cfg.classifier.backend, "classifier.backend")
+    if cfg.judge.model:
+        roles["judge"] = (cfg.judge, "judge")
+    return roles
+
+
+def check_backends(cfg: EvalConfig, given: dict | None = None) -> None:
+    """Every backend the run will build (those not `given`), checked before anything loads."""
+    for role, (bcfg, field) in backend_roles(cfg).items():
+        if (given or {}).get(role) is None:
+            check_backend(bcfg, field)
 
 
 def start_line(cfg: EvalConfig, loaded: ShardedInstances, played: set | frozenset = frozenset()) -> str:
@@ -296,10 +331,9 @@ def _backend_cache(cfg: EvalConfig, given: dict) -> dict:
             loaded[key] = make_backend(bcfg)
         return loaded[key]
 
-    return {"assistant": get("assistant", cfg.model),
-            "user": get("user", cfg.user.backend) if cfg.user.kind == "llm" else None,
-            "classifier": get("classifier", cfg.classifier.backend) if cfg.classifier.kind == "llm" else None,
-            "judge": get("judge", cfg.judge) if cfg.judge.model or given.get("judge") is not None else None}
+    built = {role: get(role, bcfg) for role, (bcfg, _) in backend_roles(cfg).items()}
+    return {"assistant": built["assistant"], "user": built.get("user"), "classifier": built.get("classifier"),
+            "judge": built.get("judge", given.get("judge"))}
 
 
 def read_baseline(spec: str) -> dict:
@@ -367,42 +401,60 @@ def check_baseline(baseline: dict, cfg: EvalConfig, instances: list[Instance]) -
 # --------------------------------------------------------------------------- the run
 
 def evaluate(cfg: EvalConfig, *, assistant: Any = None, user_backend: Any = None, classifier_backend: Any = None,
-             judge_backend: Any = None, progress: bool = True) -> dict:
+             judge_backend: Any = None, progress: bool = True, ranks: Ranks | None = None) -> dict:
     """Run (or resume) an evaluation; return the metrics. Backends may be passed in (tests, the
-    trainer's live model); else they are built from the config."""
+    trainer's live model); else they are built from the config.
 
+    `ranks`: the processes of a training run whose model is sharded (ZeRO-3, FSDP). Each rank plays
+    its share of the conversations, all in lockstep (`fic.conversation.simulator.play`); the main
+    process alone writes the folder (its own conversations as they finish, the others' when the
+    ranks are done) and every rank returns the same metrics."""
+    ranks = ranks or Ranks()
     out = Path(cfg.out)
-    check_writable(out, folder=True, field="out")
-    # A run that fails before any conversation is saved leaves no new folder (lock, config) behind.
-    with removed_if_failed(out, [CONFIG_NAME, FINGERPRINT_NAME]), folder_lock(out), \
-            sandbox.use_mode("" if cfg.sandbox == "default" else cfg.sandbox):
-        # a second evaluation into `out` fails at once instead of playing everything twice
-        return _evaluate(cfg, out, assistant, user_backend, classifier_backend, judge_backend, progress)
+    with contextlib.ExitStack() as held:
+        def take_folder() -> None:
+            check_writable(out, folder=True, field="out")
+            # A run that fails before any conversation is saved leaves no new folder (lock, config) behind;
+            # a second evaluation into `out` fails at once instead of playing everything twice.
+            held.enter_context(removed_if_failed(out, [CONFIG_NAME, FINGERPRINT_NAME]))
+            held.enter_context(folder_lock(out))
+
+        ranks.from_main(take_folder)
+        held.enter_context(sandbox.use_mode("" if cfg.sandbox == "default" else cfg.sandbox))
+        return _evaluate(cfg, out, assistant, user_backend, classifier_backend, judge_backend, progress, ranks)
 
 
 def _evaluate(cfg: EvalConfig, out: Path, assistant: Any, user_backend: Any, classifier_backend: Any,
-              judge_backend: Any, progress: bool) -> dict:
+              judge_backend: Any, progress: bool, ranks: Ranks) -> dict:
     baseline = read_baseline(cfg.baseline) if cfg.baseline else None
     loaded = load_data(cfg)
+    check_backends(cfg, {"assistant": assistant, "user": user_backend, "classifier": classifier_backend,
+                         "judge": judge_backend})
     instances, skipped, origins = loaded.instances, loaded.dropped, loaded.origins
     if baseline is not None:
         check_baseline(baseline, cfg, instances)  # before any model loads
     runs_code = any(tasks.get(name).runs_code for name in {i.task for i in instances})
     sandboxed = {"mode": sandbox.check_mode(), "isolation": sandbox.describe_isolation(),
                  "warning": sandbox.weak_warning()} if runs_code else None
-    if sandboxed and sandboxed["warning"]:
-        print(f"fic eval: {sandboxed['warning']}", file=sys.stderr, flush=True)
-    out.mkdir(parents=True, exist_ok=True)
-    check_resume(out, cfg, instances)
-    write_text(out / CONFIG_NAME, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
-
     log_path = out / LOG_NAME
-    done = {(r["task_id"], r["view"], r["run"]): r for r in read_log(log_path)}
-    print(start_line(cfg, loaded, set(done)), flush=True)  # stdout: stderr is for the one-line error
+
+    def prepare_folder() -> dict:
+        if sandboxed and sandboxed["warning"]:
+            print(f"fic eval: {sandboxed['warning']}", file=sys.stderr, flush=True)
+        out.mkdir(parents=True, exist_ok=True)
+        check_resume(out, cfg, instances)
+        write_text(out / CONFIG_NAME, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+        played = {(r["task_id"], r["view"], r["run"]): r for r in read_log(log_path)}
+        print(start_line(cfg, loaded, set(played)), flush=True)  # stdout: stderr is for the one-line error
+        return played
+
+    done = ranks.from_main(prepare_folder)  # the same finished conversations on every rank
     conversations = make_conversations(instances, cfg.views, cfg.runs, view_seed=cfg.seed, skip=set(done),
                                        max_idle_turns=cfg.user.max_idle_turns, prompts=cfg.prompts)
+    everyone, conversations = conversations, ranks.share_of(conversations)
     total = len(instances) * len(cfg.views) * cfg.runs
-    if conversations:
+    others: list[dict] = []  # a rank other than the main's: its finished records, sent to the main at the end
+    if ranks.any(bool(conversations)):
         backends = _backend_cache(cfg, {"assistant": assistant, "user": user_backend,
                                         "classifier": classifier_backend, "judge": judge_backend})
         user = make_user(cfg.user.kind, backends["user"], temperature=cfg.user.temperature,
@@ -415,13 +467,16 @@ def _evaluate(cfg: EvalConfig, out: Path, assistant: Any, user_backend: Any, cla
         # advance together and most finish at the end, so finished ones said nothing until then.
         # A conversation that ends early counts its turns left as done: the time left is a bound.
         most = {id(c): c.most_turns(user_idles=cfg.user.kind == "llm") for c in conversations}
-        bar = Progress(sum(most.values()), "eval", "replies", enabled=progress)
+        bar = Progress(sum(most.values()), "eval", "replies", enabled=progress and ranks.main)
 
         def replies_done() -> int:
             return sum(most[id(c)] if c.done else len(c.turns) for c in conversations)
 
         def finished(conv) -> None:
             record = {**conv.to_record(), "model": cfg.model.model}  # every record names its model
+            if not ranks.main:
+                others.append(record)
+                return
             append_jsonl(log_path, record)  # fsync'd: an interruption after this keeps it
             done[conv.key] = record
             bar.update(0, conversations=f"{len(done)}/{total}")
@@ -433,16 +488,30 @@ def _evaluate(cfg: EvalConfig, out: Path, assistant: Any, user_backend: Any, cla
         try:
             play(conversations, backends["assistant"], user, classifier, params, batch_size=cfg.batch_size,
                  stop_at_correct=cfg.stop_at_correct, seed=cfg.seed, max_context=max_context,
-                 on_finish=finished, on_step=step, judge=backends["judge"])
+                 on_finish=finished, on_step=step, judge=backends["judge"], ranks=ranks)
             bar.update(replies_done() - bar.done)
         except FicError as err:  # e.g. the server went away for good: say that nothing finished is lost
-            saved = total - sum(1 for conv in conversations if not conv.done)
-            err.message += (f" ({saved} of {total} conversations are saved in {log_path}; "
-                            "run the same command again to resume)")
+            saved = total - sum(1 for conv in everyone if not conv.done)
+            # with none saved, a folder this run made is removed on the way out: name no folder then
+            err.message += (f" ({saved} of {total} conversations are saved in {log_path}; run the same command "
+                            "again to resume)" if saved else
+                            " (no conversation had finished, so none is kept; run the same command again to start "
+                            "over)")
             raise
         finally:
             bar.close()
 
+        for records in ranks.gather(others) or []:  # the main process logs the other ranks' conversations
+            for record in records:
+                append_jsonl(log_path, record)
+                done[(record["task_id"], record["view"], record["run"])] = record
+    return ranks.from_main(lambda: _summarize(cfg, out, instances, done, baseline, skipped, origins, sandboxed,
+                                              judge_backend))
+
+
+def _summarize(cfg: EvalConfig, out: Path, instances: list[Instance], done: dict, baseline: dict | None,
+               skipped: dict, origins: list, sandboxed: dict | None, judge_backend: Any) -> dict:
+    """The metrics of the finished conversations, written with the report."""
     planned = {(i.task_id, view, run) for i in instances for view in cfg.views for run in range(cfg.runs)}
     records = [r for key, r in done.items() if key in planned]
     by_id = {i.task_id: i for i in instances}

@@ -42,6 +42,12 @@ LIC_KEYS = ("conv_id", "conv_type", "task", "task_id", "dataset_fn", "assistant_
             "git_version", "trace", "is_correct", "score")
 LIC_EVENTS = ("shard_revealed", "system-verification", "answer-evaluation", "conversation-completed")
 LOG_FOLDER = "lic_logs"  # below the run folder (LiC's own is logs/: point its --log_folder here)
+# The data file of each of LiC's tasks (`tasks/<task>/task_<task>.py`: `get_dataset_file`). LiC's viewer
+# (`app_conv_viewer.py`) keeps only the records whose `dataset_fn` is this file's name, and then looks
+# each record's task_id up in that file: it shows conversations on LiC's own instances only.
+LIC_DATASET_FILES = {"math": "sharded_math.json", "translation": "sharded_translation.json",
+                     **dict.fromkeys(("code", "database", "actions", "data2text", "summary"),
+                                     "sharded_instructions_600.json")}
 # What FiC keeps of a turn beyond LiC's trace, under `fic.turns` (a single-turn view's shards: LiC logs none).
 TURN_EXTRAS = ("shard_ids", "prompt_tokens", "reply_tokens", "finish_reason", "seed", "user_note", "label_note", "score_note")
 RECORD_EXTRAS = ("run", "stop_reason", "num_turns", "num_shards", "first_answer_turn", "premature_answer",
@@ -72,8 +78,8 @@ def conv_id(model: str, record: dict) -> str:
 
 def to_lic(record: dict, run: dict) -> dict:
     """One FiC conversation record as LiC's. `run`: what the record does not say about its run:
-    `model`, `dataset_fn`, `temperature`, `user` (model or `verbatim`), `user_temperature`,
-    `classifier` (model or `rule`)."""
+    `model`, `dataset_fn` (a name, or None: LiC's own file of the record's task, `LIC_DATASET_FILES`),
+    `temperature`, `user` (model or `verbatim`), `user_temperature`, `classifier` (model or `rule`)."""
     model = record.get("model") or run["model"]
     single = record["view"] in SINGLE_TURN_VIEWS
     trace = [{"role": "system", "content": record.get("system") or "", "timestamp": _first_time(record)}]
@@ -97,7 +103,8 @@ def to_lic(record: dict, run: dict) -> dict:
     return {
         "conv_id": conv_id(model, record),
         "conv_type": conv_type(record["view"], run["temperature"], run["user_temperature"]),
-        "task": record["task"], "task_id": record["task_id"], "dataset_fn": run["dataset_fn"],
+        "task": record["task"], "task_id": record["task_id"],
+        "dataset_fn": run["dataset_fn"] or LIC_DATASET_FILES.get(record["task"], ""),
         "assistant_model": model, "system_model": "NA" if single else run["classifier"],
         "user_model": "NA" if single else run["user"], "git_version": f"fic {__version__}", "trace": trace,
         "is_correct": correct, "score": float(record["score"]),
@@ -152,29 +159,36 @@ def log_path(folder: Path, record: dict) -> Path:
     return folder / record["task"] / kind / f"{kind}_{record['task']}_{model}.jsonl"
 
 
-def run_settings(config: dict, metrics: dict | None) -> dict:
-    """What `to_lic` needs from an evaluation's `config.yaml` (and `metrics.json`)."""
+def run_settings(config: dict, metrics: dict | None, dataset_fn: str | None = None) -> dict:
+    """What `to_lic` needs from an evaluation's `config.yaml` (and `metrics.json`). `dataset_fn` names
+    the data file in every record; by default it is LiC's own file of each record's task when every
+    source is a LiC file (`lic:`: LiC's instances, which its viewer can show), else the sources' names."""
     user, classifier = config.get("user") or {}, config.get("classifier") or {}
     sources = (config.get("data") or {}).get("source") or (metrics or {}).get("settings", {}).get("source") or []
     sources = [sources] if isinstance(sources, str) else sources
     names = [spec.partition(":")[2].rsplit("/", 1)[-1] if spec.split(":")[0] in ("lic", "jsonl", "gsm8k") and
              ":" in spec else spec for spec in sources]
+    if dataset_fn is None and not (sources and all(spec.startswith("lic:") for spec in sources)):
+        dataset_fn = ",".join(names)
     llm = user.get("kind") == "llm"
     return {"model": (config.get("model") or {}).get("model") or (metrics or {}).get("settings", {}).get("model"),
-            "dataset_fn": ",".join(names), "temperature": float(config.get("temperature", 0.0)),
+            "dataset_fn": dataset_fn, "temperature": float(config.get("temperature", 0.0)),
             "user": (user.get("backend") or {}).get("model") if llm else "verbatim",
             "user_temperature": float(user.get("temperature", 1.0)) if llm else 1.0,
             "classifier": (classifier.get("backend") or {}).get("model") if classifier.get("kind") == "llm"
             else "rule"}
 
 
-def write_lic_logs(records: list[dict], run: dict, folder: Path) -> list[Path]:
-    """Every record as LiC's, in LiC's files below `folder` (each file written whole, atomically:
-    exporting again replaces, never appends twice); the files written."""
+def write_lic_logs(runs: list[tuple[list[dict], dict]], folder: Path) -> list[Path]:
+    """The records of every (records, run settings) pair as LiC's, in one tree of LiC's files below
+    `folder`: runs of one model, task and conv_type (a demo's test and test-unseen splits) share a
+    file, as LiC's own runs do. Each file is written whole, atomically: exporting again replaces,
+    never appends twice. Returns the files written."""
     files: dict[Path, list[dict]] = {}
-    for record in records:
-        lic = to_lic(record, run)
-        files.setdefault(log_path(folder, lic), []).append(lic)
+    for records, run in runs:
+        for record in records:
+            lic = to_lic(record, run)
+            files.setdefault(log_path(folder, lic), []).append(lic)
     for path, lines in files.items():
         write_jsonl(path, lines)
     return sorted(files)

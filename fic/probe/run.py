@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from fic import tasks
-from fic.backends import make_backend
+from fic.backends import check_backend, make_backend
 from fic.conversation.simulator import score_reply
 from fic.core.chat import prompt_ids, user_turn_ids
 from fic.core.config import config_to_dict, differences, resolved_yaml, set_in, setting
@@ -269,8 +269,16 @@ def start_line(cfg: ProbeConfig, loaded: ShardedInstances) -> str:
 
 
 def plan(cfg: ProbeConfig) -> str:
-    """The start line of a probe of `cfg` (`fic probe --dry-run`); no model loads."""
-    return start_line(cfg, load_unsharded(cfg.data))
+    """The start line of a probe of `cfg` (`fic probe --dry-run`); no model loads, and what the run's
+    start would refuse is refused (the out folder, a folder of another probe, a model folder that is
+    not there, a missing extra)."""
+    out = Path(cfg.out)
+    check_writable(out, folder=True, field="out")
+    check_backends(cfg)
+    loaded = load_unsharded(cfg.data)
+    if out.is_dir():
+        check_resume(out, cfg, write=False)
+    return start_line(cfg, loaded)
 
 
 def _replies_from_file(path: str, datasets: list[tuple[str, Instance]]) -> dict:
@@ -471,8 +479,9 @@ def resume_fingerprint(cfg: ProbeConfig) -> dict:
             "batch_size": cfg.batch_size}
 
 
-def check_resume(out: Path, cfg: ProbeConfig) -> None:
-    """Bind a fresh folder to this probe's settings; refuse to resume one that holds another's."""
+def check_resume(out: Path, cfg: ProbeConfig, *, write: bool = True) -> None:
+    """Bind a fresh folder to this probe's settings; refuse to resume one that holds another's
+    (`write=False`, `--dry-run`: only refuse)."""
     path, wanted = out / FINGERPRINT_NAME, resume_fingerprint(cfg)
     holds = any((out / name).exists() for name in (REPLIES_NAME, TURNS_NAME))
     if holds and path.is_file():
@@ -483,8 +492,17 @@ def check_resume(out: Path, cfg: ProbeConfig) -> None:
     elif holds:
         raise FicError(f"holds probe outputs without {FINGERPRINT_NAME}; cannot tell which settings made them. Use "
                        "another out= or delete the folder", path=str(out), field="out")
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(path, wanted)
+    if write:
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(path, wanted)
+
+
+def check_backends(cfg: ProbeConfig, model: Any = None, judge_backend: Any = None) -> None:
+    """The backends the probe will build (those not given), checked before anything loads."""
+    if model is None:
+        check_backend(cfg.model, "model")
+    if cfg.judge.kind == "llm" and judge_backend is None:
+        check_backend(cfg.judge.backend, "judge.backend")
 
 
 def _probe(cfg: ProbeConfig, out: Path, model: Any, judge_backend: Any, progress: bool) -> dict:
@@ -494,6 +512,7 @@ def _probe(cfg: ProbeConfig, out: Path, model: Any, judge_backend: Any, progress
     print(start_line(cfg, loaded), flush=True)  # stdout: stderr is for the one-line error
     datasets = _pairs(loaded)
     given = _replies_from_file(cfg.replies.path, datasets) if cfg.replies.path else None
+    check_backends(cfg, model, judge_backend)
     check_resume(out, cfg)
     kept = read_records(out / REPLIES_NAME) if (out / REPLIES_NAME).is_file() else None
     if kept is not None and [(r["dataset"], r["task_id"]) for r in kept] != [(d, i.task_id) for d, i in datasets]:

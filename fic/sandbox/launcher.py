@@ -3,8 +3,9 @@
 only: it runs with `-I -S`, outside FiC's environment.
 
 It makes itself a child subreaper (every orphan of the program, a `setsid` daemon included,
-becomes its child instead of init's), forks the program and, in the child before `exec`,
-applies the operating-system layers the config asks for:
+becomes its child instead of init's), gives the run an IPC namespace of its own where it has none
+yet (bubblewrap made one; in the rlimits mode `unshare` where permitted), forks the program and,
+in the child before `exec`, applies the operating-system layers the config asks for:
 
 1. its own process group; resource limits (address space, CPU seconds per process, file size,
    open files, no core files, and the number of processes: the kernel enforces it for any user
@@ -21,11 +22,16 @@ applies the operating-system layers the config asks for:
    memfd_create (memory no process's resident size shows), setpriority, ioprio_set; and kill,
    tkill, tgkill, rt_*sigqueueinfo, prlimit64, sched_set*, migrate_pages, move_pages and
    get_robust_list only on the program itself (0, its pid, its process group): never on the
-   supervisor, the evaluator or any other process of the machine, whatever the user id.
+   supervisor, the evaluator or any other process of the machine, whatever the user id; and,
+   where the run could get no IPC namespace of its own, SysV IPC (shmget, shmat, msgget, semget
+   and the rest): the process that asks is killed (SIGSYS), so that the refusal is never silent.
 
 Then it watches the program: the CPU time of the whole process tree (live processes from
-/proc, finished ones from wait4) against the CPU limit, the resident memory of the whole tree
-against the tree's memory limit, the wall clock against the wall limit. When the program ends,
+/proc, finished ones from wait4) against the CPU limit, the resident memory of the whole tree and
+the SysV IPC objects of the run's namespace (shared memory no process maps, message queues,
+semaphores: memory that belongs to no process) against the tree's memory limit, what the run
+added to its folder (bytes and a page for each file or folder; a tmpfs of its own in bubblewrap)
+against the folder's limit, the wall clock against the wall limit. The namespace, and whatever the run created in it, ends with the run. When the program ends,
 or a limit is reached, it kills every process still in its tree and counts those that were left
 running. The verdict goes to VERDICT_FD as one JSON object.
 """
@@ -36,6 +42,7 @@ import os
 import platform
 import resource
 import signal
+import stat
 import struct
 import sys
 import time
@@ -86,6 +93,17 @@ SYSCALLS = {
         238: (0, "self"), 239: (0, "self"), 100: (0, "self")}),
 }
 
+# SysV IPC, refused where the run has no IPC namespace of its own (neither architecture has the
+# ipc() multiplexer; a 32-bit process on x86-64 fails the architecture check and is killed).
+SYSV_IPC = {
+    "x86_64": {"shmget": 29, "shmat": 30, "shmctl": 31, "shmdt": 67, "semget": 64, "semop": 65, "semctl": 66,
+               "semtimedop": 220, "msgget": 68, "msgsnd": 69, "msgrcv": 70, "msgctl": 71},
+    "aarch64": {"msgget": 186, "msgctl": 187, "msgrcv": 188, "msgsnd": 189, "semget": 190, "semctl": 191,
+                "semtimedop": 192, "semop": 193, "shmget": 194, "shmctl": 195, "shmat": 196, "shmdt": 197},
+}
+CLONE_NEWIPC = 0x08000000
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
 # Landlock
 LL_CREATE_RULESET, LL_ADD_RULE, LL_RESTRICT_SELF = 444, 445, 446  # the same on x86-64 and arm64
 LL_VERSION, LL_PATH_BENEATH = 1, 1
@@ -120,21 +138,25 @@ def keep_only_read_search():
 
 # --------------------------------------------------------------------------- seccomp
 
-def seccomp_program(own):
+def seccomp_program(own, refuse_ipc=False):
     """The filter as bytes of `struct sock_filter`, or None on an architecture without a table.
     `own` is the program's pid (and process group): the only process besides 0 (the caller) that
     signals, prlimit64 and the scheduling calls may name. The rest of the tree is not expressible
-    here (a forked child's pid is not known yet), so a child may not signal its own children."""
+    here (a forked child's pid is not known yet), so a child may not signal its own children.
+    `refuse_ipc`: a SysV IPC call kills the process that makes it."""
     table = SYSCALLS.get(platform.machine())
     if table is None:
         return None
     arch, denied, clone, clone3, aimed = table
+    ipc = SYSV_IPC[platform.machine()] if refuse_ipc else {}
     code = []  # (opcode, k, true label or None, false label or None); labels resolved below
     code.append((LD_W_ABS, 4, None, None))
     code.append((JEQ_K, arch, None, "kill"))
     code.append((LD_W_ABS, 0, None, None))
     code.append((JGE_K, 0x40000000, "enosys", None))  # the x32 ABI on x86-64
     code.append((JEQ_K, clone3, "enosys", None))
+    for number in sorted(ipc.values()):
+        code.append((JEQ_K, number, "kill", None))
     for number in sorted(set(denied.values())):
         code.append((JEQ_K, number, "eperm", None))
     code.append((JEQ_K, clone, "clone", None))
@@ -225,6 +247,85 @@ def landlock(abi, read_paths, write_paths, file_paths):
     os.close(ruleset)
 
 
+# --------------------------------------------------------------------------- SysV IPC
+
+def ipc_namespace():
+    return os.readlink("/proc/self/ns/ipc")
+
+
+def own_ipc_namespace(evaluator, allowed):
+    """Whether the run has an IPC namespace of its own: bubblewrap made one (this process's is not
+    the evaluator's), or `unshare` makes one now (where `allowed` and permitted: CAP_SYS_ADMIN)."""
+    if ipc_namespace() != evaluator:
+        return True
+    return bool(allowed) and libc.unshare(ctypes.c_int(CLONE_NEWIPC)) == 0
+
+
+SEMAPHORE, MESSAGE = 64, 64  # kernel bytes of one semaphore and of one message's header, about
+
+
+def sysv_bytes():
+    """The memory the SysV IPC objects of this namespace hold, which no process's resident size
+    shows once detached: shared memory's resident and swapped bytes, queued messages, semaphores,
+    and a page for each object."""
+    total = 0
+    for name, size in (("shm", lambda r: r["rss"] + r["swap"]), ("msg", lambda r: r["cbytes"] + MESSAGE * r["qnum"]),
+                       ("sem", lambda r: SEMAPHORE * r["nsems"])):
+        try:
+            with open("/proc/sysvipc/" + name) as handle:
+                header = handle.readline().split()
+                for line in handle:
+                    row = dict(zip(header, line.split()))
+                    total += size({k: int(v) for k, v in row.items() if v.lstrip("-").isdigit()}) + PAGE
+        except (OSError, KeyError, ValueError):
+            continue
+    return total
+
+
+# --------------------------------------------------------------------------- the run's folder
+
+def folder_usage(config, live, stop):
+    """What the run's folder holds: bytes of its files plus a page for each file or folder (an
+    inode of a tmpfs is memory too), or None when the program made part of it unreadable. On a
+    file system of its own (bubblewrap's tmpfs) that file system's count, which includes files
+    removed but held open; on the machine's (the rlimits mode) a walk, stopped once past `stop`,
+    and the files the tree's processes hold open after removing them."""
+    folder = config["cwd"]
+    if config.get("folder_own_fs"):
+        fs = os.statvfs(folder)
+        return (fs.f_blocks - fs.f_bfree) * fs.f_frsize + (fs.f_files - fs.f_ffree) * PAGE
+    total, seen, todo = 0, set(), [folder]
+    try:
+        device = os.lstat(folder).st_dev
+        while todo and total <= stop:
+            with os.scandir(todo.pop()) as entries:
+                for entry in entries:
+                    info = entry.stat(follow_symlinks=False)
+                    seen.add(info.st_ino)
+                    total += info.st_blocks * 512 + PAGE
+                    if entry.is_dir(follow_symlinks=False):
+                        todo.append(entry.path)
+    except PermissionError:
+        return None
+    except OSError:
+        pass  # removed while walked
+    for pid in live:
+        try:
+            fds = os.listdir("/proc/%d/fd" % pid)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                info = os.stat("/proc/%d/fd/%s" % (pid, fd))
+            except OSError:
+                continue
+            if stat.S_ISREG(info.st_mode) and info.st_nlink == 0 and info.st_dev == device \
+                    and info.st_ino not in seen:
+                seen.add(info.st_ino)
+                total += info.st_blocks * 512
+    return total
+
+
 # --------------------------------------------------------------------------- the process tree
 
 CLOCK = os.sysconf("SC_CLK_TCK")
@@ -264,9 +365,6 @@ def descendants(root):
     return found
 
 
-PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
 def resident_of(pid):
     """Resident bytes of a live process (pages shared with its parent after a fork count in both:
     an upper bound)."""
@@ -304,9 +402,10 @@ class Tree:
                 self.status = status
 
     def measure(self):
-        """CPU seconds (finished processes included) and resident bytes of the whole tree now."""
+        """CPU seconds (finished processes included) and resident bytes of the whole tree now, and
+        its live processes."""
         live = descendants(os.getpid())
-        return self.reaped_cpu + sum(cpu_of(pid) for pid in live), sum(resident_of(pid) for pid in live)
+        return self.reaped_cpu + sum(cpu_of(pid) for pid in live), sum(resident_of(pid) for pid in live), live
 
     def kill(self):
         """SIGKILL every process of the tree until none is left; how many there were, the
@@ -350,7 +449,7 @@ def child(config, setup):
         if config["landlock_abi"]:
             landlock(config["landlock_abi"], config["read"], config["write"], config["files"])
         if config["seccomp"]:
-            load_seccomp(seccomp_program(os.getpid()))
+            load_seccomp(seccomp_program(os.getpid(), config["refuse_ipc"]))
         os.chdir(config["cwd"])
         os.execve(config["argv"][0], config["argv"], config["env"])
     except BaseException as err:
@@ -376,6 +475,11 @@ def main():
     layers["landlock"] = abi
     config["seccomp"] = bool(config.get("seccomp")) and platform.machine() in SYSCALLS
     layers["seccomp"] = config["seccomp"]
+    own_ipc = own_ipc_namespace(config["evaluator_ipc"], config.get("ipc_namespace"))
+    config["refuse_ipc"] = not own_ipc
+    layers["ipc"] = "namespace" if own_ipc else "refused" if config["seccomp"] else "shared"
+    layers["folder_mb"] = config["folder_bytes"] >> 20
+    given = folder_usage(config, [], float("inf")) or 0  # the files it was given: the bound is on what it adds
     setup_read, setup_write = os.pipe()  # close-on-exec: it closes, empty, when the exec succeeds
     pid = os.fork()
     if pid == 0:
@@ -389,29 +493,46 @@ def main():
             break
         problem += chunk
     os.close(setup_read)
-    tree, reason, peak = Tree(pid), None, 0
+    tree, reason, peak, peak_folder = Tree(pid), None, 0, 0
     while True:
         tree.reap()
         if tree.status is not None:
             break
-        cpu, resident = tree.measure()
-        peak = max(peak, resident)
+        cpu, held, live = tree.measure()
+        held += sysv_bytes() if own_ipc else 0
+        peak = max(peak, held)
+        grown = folder_usage(config, live, given + config["folder_bytes"])
+        peak_folder = None if grown is None or peak_folder is None else max(peak_folder, grown - given)
+        # Memory and the folder first: past one of those, a run starved of ticks on a loaded
+        # machine may be past its CPU time too, and the note should name what it filled.
+        if held > config["tree_memory"]:
+            reason = "memory"
+            break
+        if peak_folder is None or peak_folder > config["folder_bytes"]:
+            reason = "disk"
+            break
         if cpu > config["cpu_seconds"]:
             reason = "cpu"
-            break
-        if resident > config["tree_memory"]:
-            reason = "memory"
             break
         if time.monotonic() - started > config["wall_seconds"]:
             reason = "wall"
             break
         time.sleep(0.02)
+    if reason is None:  # what the folder and the namespace hold outlives the program until the run ends: a last look
+        held = sysv_bytes() if own_ipc else 0
+        peak = max(peak, held)
+        grown = folder_usage(config, [], given + config["folder_bytes"])
+        peak_folder = None if grown is None or peak_folder is None else max(peak_folder, grown - given)
+        reason = ("memory" if held > config["tree_memory"] else
+                  "disk" if peak_folder is None or peak_folder > config["folder_bytes"] else None)
     cpu = tree.measure()[0]
     left = tree.kill()
     cpu = max(cpu, tree.reaped_cpu)
     status = tree.status
     out = {"reason": reason, "cpu_seconds": round(cpu, 3), "wall_seconds": round(time.monotonic() - started, 3),
-           "left": left, "layers": layers, "peak_memory_mb": peak >> 20, "setup_error": problem.decode("utf-8", "replace") or None,
+           "left": left, "layers": layers, "peak_memory_mb": peak >> 20,
+           "peak_folder_mb": None if peak_folder is None else peak_folder >> 20,
+           "setup_error": problem.decode("utf-8", "replace") or None,
            "exit_code": os.WEXITSTATUS(status) if status is not None and os.WIFEXITED(status) else None,
            "signal": os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) else None}
     os.write(verdict, json.dumps(out).encode())

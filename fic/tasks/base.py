@@ -60,6 +60,9 @@ class Task:
     replies_are_answers: bool = False
     # Tasks whose scoring runs model-written code (code): a run checks the sandbox before it plays.
     runs_code: bool = False
+    # Optional modules (`fic.core.optional.EXTRAS`) scoring imports: a stage that scores checks them
+    # before any model loads (`fic.tasks.check_scoring`), not after the first turn was played.
+    scoring_needs: tuple[str, ...] = ()
 
     def validate_fields(self, fields: dict[str, Any], error: ErrorFactory) -> None:
         """Raise `error(message, field)` for a missing or malformed task key."""

@@ -27,6 +27,7 @@ import zlib
 from collections import Counter
 from dataclasses import replace
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from fic.core.errors import FicError
@@ -39,6 +40,7 @@ from fic.sandbox.sql import plain_pickle_loads
 from fic.tasks import lic_prompts
 from fic.tasks.answers import framed_as_template
 from fic.tasks.base import ErrorFactory, Task
+from fic.tasks.code_harness import TEST_FAILED
 from fic.tasks.sharding import ShardingError, split_sentences
 
 CODE_BLOCK = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
@@ -55,7 +57,6 @@ STAR_IMPORTS = ("string", "re", "datetime", "collections", "heapq", "bisect", "c
                 "itertools", "functools", "operator", "io", "sys", "json", "builtins", "typing")
 PREAMBLE = "".join(f"from {name} import *\n" for name in STAR_IMPORTS) + "".join(
     f"import {name}\n" for name in STAR_IMPORTS if name not in ("builtins", "typing")) + "sys.setrecursionlimit(50000)\n"
-TEST_FAILED = "fic-test: "  # the harness's stderr prefix for why a test failed
 
 GENERIC_ASKS = (
     "What should the function return?",
@@ -66,116 +67,13 @@ GENERIC_ASKS = (
     "Could you share the remaining requirements?",
 )
 
-HARNESS = r'''
-import io as _io, json as _json, signal as _signal, sys as _sys
-from decimal import Decimal as _Decimal
+# The program that runs the tests in the sandbox (see there), with the tests in a file beside it.
+HARNESS = Path(__file__).with_name("code_harness.py")
 
 
-class _FicTimeout(BaseException):  # not an Exception: `except Exception` in a solution does not swallow it
-    pass
-
-
-def _fic_alarm(signum, frame):
-    raise _FicTimeout()
-
-
-_signal.signal(_signal.SIGPROF, _fic_alarm)
-
-
-def _fic_fail(message):
-    _sys.stderr.write("\nfic-test: " + message + "\n")
-    _sys.stderr.flush()
-    raise SystemExit(1)
-
-
-def _fic_decode(raw):
-    if not raw:
-        return []
-    try:
-        return _json.loads(raw)
-    except ValueError:  # LiveCodeBench's private tests: base64 of zlib of a pickled JSON string
-        import base64, pickle, zlib
-        return _json.loads(pickle.loads(zlib.decompress(base64.b64decode(raw.encode("utf-8")))))
-
-
-def _fic_plain(value):
-    try:
-        return _json.loads(_json.dumps(value))
-    except (TypeError, ValueError):
-        return value
-
-
-def _fic_numbers(line):
-    try:
-        return [_Decimal(part) for part in line.split()]
-    except Exception:
-        return None
-
-
-def _fic_same_output(printed, expected):
-    """LiC's stdio rule: the same lines once stripped; a line that differs matches when both are
-    the same numbers (compared as decimals: "2.50" is "2.5", 10**17 is not 10**17 + 1)."""
-    got = [line.strip() for line in printed.strip().split("\n")]
-    want = [line.strip() for line in expected.strip().split("\n")]
-    if len(got) != len(want):
-        return False
-    for a, b in zip(got, want):
-        if a == b:
-            continue
-        x, y = _fic_numbers(a), _fic_numbers(b)
-        try:
-            if x is None or y is None or x != y:
-                return False
-        except Exception:  # a signalling NaN
-            return False
-    return True
-
-
-def _fic_test(number, run):
-    _signal.setitimer(_signal.ITIMER_PROF, TEST_SECONDS)
-    try:
-        return run()
-    except _FicTimeout:
-        _fic_fail("time limit: test %d used %g s of CPU time (LiC's limit per test)" % (number, TEST_SECONDS))
-    finally:
-        _signal.setitimer(_signal.ITIMER_PROF, 0)
-
-
-def _fic_run(source, func_name, cases, check):
-    if check is not None:
-        def run_check():
-            namespace = {"__name__": "solution"}
-            exec(compile(source + "\n\n" + check + "\n\ncheck(" + func_name + ")\n", "solution.py", "exec"),
-                 namespace)
-        _fic_test(1, run_check)
-        return
-    for number, case in enumerate(cases, start=1):
-        if case.get("testtype") == "stdin":
-            stdin, stdout = _sys.stdin, _sys.stdout
-            _sys.stdin, _sys.stdout = _io.StringIO(case["input"]), _io.StringIO()
-            try:
-                _fic_test(number, lambda: exec(compile(source, "solution.py", "exec"), {"__name__": "__main__"}))
-                printed = _sys.stdout.getvalue()
-            finally:
-                _sys.stdin, _sys.stdout = stdin, stdout
-            assert _fic_same_output(printed, case["output"]), \
-                "test %d: expected output %r, got %r" % (number, case["output"][:200], printed[:200])
-            continue
-
-        def call():
-            namespace = {"__name__": "solution"}
-            exec(compile(source, "solution.py", "exec"), namespace)
-            function = namespace.get(func_name)
-            if function is None and "Solution" in namespace:
-                function = getattr(namespace["Solution"](), func_name)
-            args = [_json.loads(line) for line in case["input"].split("\n") if line.strip()]
-            return _fic_plain(function(*args))
-        result = _fic_test(number, call)
-        expected = _json.loads(case["output"])
-        assert result == expected, "test %d: expected %r, got %r" % (number, expected, result)
-
-_fic_run(SOURCE, FUNC_NAME, _fic_decode(PUBLIC) + _fic_decode(PRIVATE), CHECK)
-'''
+@lru_cache(maxsize=1)
+def _harness() -> str:
+    return HARNESS.read_text(encoding="utf-8")
 
 
 def test_count(instance: Instance) -> int:
@@ -364,8 +262,9 @@ class CodeTask(Task):
     def extract_answer(self, text: str) -> str | None:
         return extract_code(text)
 
-    def program(self, code: str, instance: Instance) -> str:
-        """The sandbox program that runs `code` against the instance's tests."""
+    def program(self, code: str, instance: Instance) -> tuple[str, dict[str, str]]:
+        """The sandbox program that runs `code` against the instance's tests (the harness), and
+        the file it reads them from."""
         fields = instance.fields
         func_name = fields["metadata"]["func_name"]
         source = code
@@ -377,9 +276,9 @@ class CodeTask(Task):
             source += f"\n\n{func_name} = {names[-1]}\n"
         cases = fields.get("public_test_cases") or ""
         private = fields.get("private_test_cases") or ""
-        check = None if (cases or private) else fields.get("test")
-        return (f"SOURCE = {PREAMBLE + source!r}\nFUNC_NAME = {func_name!r}\nPUBLIC = {cases!r}\n"
-                f"PRIVATE = {private!r}\nCHECK = {check!r}\nTEST_SECONDS = {LIMITS.seconds!r}\n" + HARNESS)
+        tests = {"source": PREAMBLE + source, "func_name": func_name, "public": cases, "private": private,
+                 "check": None if (cases or private) else fields.get("test"), "seconds": LIMITS.seconds}
+        return _harness(), {"tests.json": json.dumps(tests)}
 
     def limits(self, instance: Instance) -> Limits:
         """LiC's global limit, (per-test limit + 1) x tests + 5, as CPU seconds of the whole run."""
@@ -389,7 +288,8 @@ class CodeTask(Task):
         code = extract_code(text)
         if code is None:
             return 0.0, "no Python function in the reply"
-        result = run_python(self.program(code, instance), self.limits(instance))
+        program, files = self.program(code, instance)
+        result = run_python(program, self.limits(instance), files=files)
         refused = (f"; the sandbox refused {len(result.refused)} thing(s): {result.refused[0]}"
                    if result.refused else "")
         left = f"; {result.left} process(es) it left running were killed" if result.left else ""

@@ -99,6 +99,7 @@ def reference_number(answer: str) -> str | None:
 
 class MathTask(Task):
     name = "math"
+    scoring_needs = ("math_verify",)  # a reply may give its answer in LaTeX, whatever the reference's form
     system_prompt = (
         "You are a helpful assistant. When you solve a math problem, reason step by step and "
         "end your reply with the final answer on its own line in the form \"#### <number>\"."

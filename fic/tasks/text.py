@@ -64,6 +64,7 @@ class _TextTask(Task):
 
 class Data2TextTask(_TextTask):
     name = "data2text"
+    scoring_needs = ("sacrebleu",)  # BLEU
     system_prompt = "You are a helpful assistant that describes tables in one short sentence."
     required_fields = ("table_highlighted_html", "fewshot_descriptions")
     INSTRUCTION = ("Write a one-sentence description (at most 30 words) of the highlighted cells of the table "
@@ -117,6 +118,7 @@ class Data2TextTask(_TextTask):
 
 class TranslationTask(_TextTask):
     name = "translation"
+    scoring_needs = ("sacrebleu",)  # BLEU
     system_prompt = "You are a helpful assistant that translates German into English."
     required_fields = ("document_de", "document_en")
     FIRST = ("I'm translating a German document into English while it is being transcribed, and I'll send it "

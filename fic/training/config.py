@@ -81,6 +81,12 @@ class TrainSection:
                                    "every new matrix shape, so unpadded widths make memory grow step after step: "
                                    "the bundled model's SFT grew 55 MB a step, and 8 with 64 at the same step time "
                                    "(docs/performance.md). The padding is masked and trains nothing.", min=0)
+    collective_timeout_s: float = setting(1800.0, "The watchdog of a multi-process run: a collective (all-reduce, "
+                                          "a ZeRO-3 weight gather) that waits longer than this for the other ranks "
+                                          "ends the run with one line naming the rank and the phase it was in, "
+                                          "instead of hanging (the process group's timeout). It bounds one wait, "
+                                          "not a phase: set it above the longest a rank may work alone (a "
+                                          "checkpoint write on a slow disk).", min=1.0)
 
 
 @dataclass

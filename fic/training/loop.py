@@ -21,6 +21,7 @@ so that each recipe owns what differs (its data, its loss terms, rollouts) and n
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import logging
@@ -29,11 +30,13 @@ import os
 import signal
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
+from fic.core import ranks
 from fic.core.config import (
     add_config_arguments,
     config_to_dict,
@@ -63,7 +66,7 @@ KILL_ENV = "FIC_DEBUG_KILL_AFTER_STEP"  # tests: SIGKILL this process after the 
 
 def make_accelerator(cfg: RunConfig) -> Any:
     from accelerate import Accelerator
-    from accelerate.utils import DistributedType
+    from accelerate.utils import DistributedType, InitProcessGroupKwargs
 
     # accelerate narrates every checkpoint at INFO and warns that tied embeddings are stored once
     # (expected; they are re-tied on load): keep the console to FiC's own lines.
@@ -71,9 +74,16 @@ def make_accelerator(cfg: RunConfig) -> Any:
     logging.getLogger("accelerate.accelerator").setLevel(logging.WARNING)
     logging.getLogger("accelerate.utils.other").setLevel(logging.ERROR)
     mixed, copy, said = training_precision(cfg)
+    cpu, group = process_group_options(cfg)
     accelerator = Accelerator(
-        gradient_accumulation_steps=cfg.train.grad_accum_steps, mixed_precision=mixed,
+        gradient_accumulation_steps=cfg.train.grad_accum_steps, mixed_precision=mixed, cpu=cpu,
+        kwargs_handlers=[InitProcessGroupKwargs(**group)],
         step_scheduler_with_optimizer=False)  # the schedule counts optimizer steps, not steps x processes
+    ranks.watch(cfg.train.collective_timeout_s)
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if accelerator.num_processes != launched:  # each rank would train alone and write the same folder
+        raise FicError(f"the launcher started {launched} processes but Accelerate sees {accelerator.num_processes} "
+                       f"({accelerator.distributed_type}); start them with accelerate launch or torchrun")
     check_accumulation(accelerator, cfg.train.grad_accum_steps)
     if copy and (accelerator.num_processes > 1 or accelerator.distributed_type != DistributedType.NO):
         raise FicError(f"train.mixed_precision={COPY} runs on one process (DDP and DeepSpeed keep gradient buckets "
@@ -83,6 +93,40 @@ def make_accelerator(cfg: RunConfig) -> Any:
         lock_folder(cfg.out)
     accelerator.print(said)
     return accelerator
+
+
+def process_group_options(cfg: RunConfig) -> tuple[bool, dict]:
+    """(cpu, process-group settings) for the Accelerator: the watchdog's bound on one collective
+    (`train.collective_timeout_s`), and on a machine without GPUs the gloo backend.
+
+    Accelerate picks a backend only for a device it finds: with ranks started by `accelerate launch`
+    or torchrun on a CPU, it leaves the backend unset, DeepSpeed starts gloo on its own, and every
+    rank then reports process 0 of 1 (each takes the out folder's lock; the second dies). Naming
+    gloo makes Accelerate count the real ranks under DeepSpeed. Accelerate takes FSDP only over a
+    GPU backend: on a CPU the gloo ranks are declared data-parallel first, and FSDP2 then shards
+    over them. Without either, `cpu=True` is Accelerate's multi-CPU mode (DDP over gloo), what
+    `accelerate launch --cpu` or `ACCELERATE_USE_CPU=true` under torchrun asks for."""
+    from accelerate import PartialState
+    from accelerate.utils import DistributedType
+
+    options: dict = {"timeout": timedelta(seconds=cfg.train.collective_timeout_s)}
+    several = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    accelerator = getattr(torch, "accelerator", None)
+    has_device = torch.cuda.is_available() or bool(accelerator is not None and accelerator.is_available())
+    if not several or has_device:
+        return False, options
+    if _flag("ACCELERATE_USE_DEEPSPEED"):
+        return False, {**options, "backend": "gloo"}
+    if _flag("ACCELERATE_USE_FSDP"):
+        state = PartialState(backend="gloo", **options)
+        if state.distributed_type == DistributedType.NO:
+            state.distributed_type = DistributedType.MULTI_GPU  # FSDP's precondition; the device stays the CPU
+        return False, {**options, "backend": "gloo"}
+    return True, options
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "false").lower() in ("1", "true", "yes")
 
 
 def computes_on_copy(cfg: RunConfig, accelerator: Any) -> bool:
@@ -109,6 +153,24 @@ def check_accumulation(accelerator: Any, wanted: int) -> None:
         raise FicError(f"the accelerate/DeepSpeed config sets gradient_accumulation_steps="
                        f"{accelerator.gradient_accumulation_steps}, the recipe train.grad_accum_steps={wanted}; "
                        "remove it from the launch config (the recipe sets it)", field="train.grad_accum_steps")
+
+
+@contextlib.contextmanager
+def root_gathered(loss_module: Any) -> Iterator[None]:
+    """FSDP2 gathers each unit's weights in that unit's own forward; the root unit's (the weights no
+    decoder layer holds: embeddings, final norm, LM head) are gathered by the root's forward, which
+    generation skips (it calls the inner model, step by step). They stay gathered for the block;
+    the decoder layers still gather and free theirs in every forward, on every rank."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(loss_module, FSDPModule):
+        yield
+        return
+    loss_module.unshard()
+    try:
+        yield
+    finally:
+        loss_module.reshard()
 
 
 def is_zero3(accelerator: Any) -> bool:
@@ -399,7 +461,9 @@ def recipe_main(config_class: type, train: Callable[[Any], Any], method: str, do
     the values of this run), `--dry-run` (the resolved config and `plan(cfg)`, the start line,
     without loading a model), and bad input or an operating-system refusal as one line with exit 2
     (`accelerate launch` runs the script directly, past the fic CLI's handler)."""
-    parser = argparse.ArgumentParser(prog=f"train_{method}.py", description=doc.split("\n\n")[0],
+    # `fic train METHOD` passes its arguments; `accelerate launch fic/train_METHOD.py` runs the script
+    parser = argparse.ArgumentParser(prog=f"train_{method}.py" if argv is None else f"fic train {method}",
+                                     description=doc.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="settings (key=value):\n" + describe(config_class))
     add_config_arguments(parser, example=f"recipes/smollm2-135m-instruct/{method}.yaml",
@@ -411,6 +475,7 @@ def recipe_main(config_class: type, train: Callable[[Any], Any], method: str, do
             return 0
         cfg = load_config(config_class, args.config, args.overrides)
         if args.dry_run:
+            resume_point(cfg, lambda line: None)  # as the run's start: refuses to start over an existing run
             print(resolved_yaml(cfg) + (plan(cfg) if plan is not None else ""))
             return 0
         # A run that fails before it has trained anything leaves no new output folder behind.

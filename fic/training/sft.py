@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 import torch
 
+from fic import tasks
 from fic.core.config import setting
 from fic.core.errors import FicError, cut_short_on_sigterm
 from fic.core.files import check_writable
@@ -108,6 +109,9 @@ def check_inputs(cfg: SFTConfig) -> None:
     check_model_folder(cfg.model.path)
     if not Path(cfg.data.path).is_file():
         raise FicError("SFT corpus not found (make one with `fic sft-data`)", path=cfg.data.path, field="data.path")
+    if cfg.dev.every:  # the dev curve scores; its data loads only at the first dev step, after the model
+        named = [cfg.dev.data.task] if isinstance(cfg.dev.data.task, str) else cfg.dev.data.task
+        tasks.check_scoring([name for name in named if name != "all"], field="dev.data.task")
 
 
 class SFTStep:

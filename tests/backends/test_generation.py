@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import socket
+import sys
 import time
 
 import pytest
@@ -436,7 +437,6 @@ def _echo(body, number):
 def _openai(server, **kwargs):
     from fic.backends.openai import OpenAIBackend
 
-    kwargs.setdefault("backoff_s", 0.01)
     return OpenAIBackend("test-model", server.url, kwargs.pop("api_key", None), **kwargs)
 
 
@@ -454,7 +454,7 @@ def test_openai_normal_reply_and_request_fields(serve):
     assert body["model"] == "test-model" and body["max_tokens"] == 33 and body["logprobs"] is True
     assert body["temperature"] == 0.5 and body["top_p"] == 0.9
     assert sorted(b["seed"] for b in server.bodies) == [7, 8]  # seed + index: repeats differ
-    assert server.headers[0]["Authorization"] == "Bearer sk-test"
+    assert {k.lower(): v for k, v in server.headers[0].items()}["authorization"] == "Bearer sk-test"
     assert backend.tokenizer is None
     with pytest.raises(FicError, match="local backend"):
         backend.generate([[1, 2, 3]], params)
@@ -506,7 +506,7 @@ def test_openai_connection_refused_is_reported(serve):
         port = sock.getsockname()[1]
     from fic.backends.openai import OpenAIBackend
 
-    backend = OpenAIBackend("m", f"http://127.0.0.1:{port}/v1", max_retries=1, backoff_s=0.01)
+    backend = OpenAIBackend("m", f"http://127.0.0.1:{port}/v1", max_retries=1)
     with pytest.raises(FicError, match="gave up after 2 attempt"):
         backend.chat([_conv("x")], GREEDY)
 
@@ -519,6 +519,65 @@ def test_openai_concurrency_limit_and_order(serve):
     assert [g.text for g in gens] == [f"echo: {i}" for i in range(8)]  # order kept
     assert server.max_in_flight == 4  # overlapping, but never more than the limit
     assert elapsed < 8 * 0.3  # really concurrent
+
+
+def test_openai_honours_retry_after(serve):
+    # 1.5 s asked: more than the SDK's own first backoff (at most 0.5 s), so the wait shows whose it was
+    server = serve(lambda body, n: (429, {"error": {"message": "slow down"}}, {"Retry-After": "1.5"}, 0)
+                   if n == 1 else _echo(body, n))
+    start = time.monotonic()
+    [gen] = _openai(server, max_retries=2).chat([_conv("x")], GREEDY)
+    assert gen.text == "echo: x" and len(server.bodies) == 2
+    assert time.monotonic() - start >= 1.5
+
+
+def _reasoning_model(body, n):
+    """An OpenAI reasoning model: max_tokens and any temperature but 1 are refused, as the API words it."""
+    if "max_tokens" in body:
+        return 400, {"error": {"message": "Unsupported parameter: 'max_tokens' is not supported with this model. "
+                               "Use 'max_completion_tokens' instead.", "type": "invalid_request_error",
+                               "param": "max_tokens", "code": "unsupported_parameter"}}, {}, 0
+    if body.get("temperature", 1) != 1:
+        # no `param` here: the refused field is read from the message, as some gateways send only that
+        return 400, {"error": {"message": f"Unsupported value: 'temperature' does not support {body['temperature']} "
+                               "with this model. Only the default (1) value is supported.",
+                               "type": "invalid_request_error", "code": "unsupported_value"}}, {}, 0
+    return _echo(body, n)
+
+
+def test_openai_adapts_to_a_reasoning_model_once(serve, caplog):
+    server = serve(_reasoning_model)
+    backend = _openai(server, concurrency=1)
+    params = SamplingParams(max_new_tokens=40, temperature=0.0, seed=3)
+    with caplog.at_level("WARNING"):
+        gens = backend.chat([_conv("a"), _conv("b"), _conv("c")], params)
+    assert [g.text for g in gens] == ["echo: a", "echo: b", "echo: c"]
+    # two refusals on the first conversation, none after: the backend remembers
+    assert len(server.bodies) == 2 + 3
+    for body in server.bodies[2:]:
+        assert body["max_completion_tokens"] == 40 and "max_tokens" not in body and "temperature" not in body
+        assert body["top_p"] == 1.0 and "seed" in body  # what the model accepts is still sent
+    said = [r.getMessage() for r in caplog.records if "refuses" in r.getMessage()]
+    assert len(said) == 2 and "max_tokens" in said[0] and "sent as max_completion_tokens" in said[0]
+    assert "temperature" in said[1] and "its own default" in said[1]
+    assert backend.chat([_conv("d")], params)[0].text == "echo: d" and len(server.bodies) == 6
+
+
+def test_openai_refusal_of_another_field_is_an_error_not_a_loop(serve):
+    server = serve(lambda body, n: (400, {"error": {"message": "Unsupported parameter: 'messages' is not supported",
+                                                    "param": "messages"}}, {}, 0))
+    with pytest.raises(FicError, match=r"HTTP 400: Unsupported parameter: 'messages'"):
+        _openai(server).chat([_conv("x")], GREEDY)
+    assert len(server.bodies) == 1
+
+
+def test_openai_extra_missing_is_one_clear_line(monkeypatch):
+    from fic.backends.openai import OpenAIBackend
+
+    monkeypatch.setitem(sys.modules, "openai", None)  # as if the package were not installed
+    with pytest.raises(FicError, match=r'the openai backend \(kind: openai\) needs the openai package: '
+                                       r'pip install "fic\[openai\]"'):
+        OpenAIBackend("m", "http://127.0.0.1:9/v1")
 
 
 # --------------------------------------------------------------------------- config and factory

@@ -28,50 +28,37 @@ TINY = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2, "n
         "head_dim": 16, "vocab_size": 49152}
 
 
-def header(path: Path) -> str:
-    lines = []
-    for line in path.read_text().splitlines():
-        if not line.startswith("#"):
-            break
-        lines.append(line.lstrip("# "))
-    return " ".join(lines)
-
-
 # --------------------------------------------------------------------------- the shape files
 
 @pytest.mark.parametrize("backbone", shapes.BACKBONES)
-def test_shape_file_matches_the_recipe_it_sizes(backbone):
-    """Parameters, layers, KV heads and head size of the shape are those the recipe's header works
-    its FLOPs and KV cache out from; the file names the page it was copied from."""
+def test_shape_file_names_its_source_and_builds_its_architecture(backbone):
+    """A shape file is the architecture fields of the model's config.json, naming the page they were
+    copied from; the random-weight config built from it has those layers and heads."""
     shape = random_models.load_shape(backbone)
     assert shape["backbone"] == backbone and shape["source"] == f"https://huggingface.co/{shape['hub_id']}/blob/main/config.json"
     config = random_models.make_config(shape)
-    text = header(REPO / "recipes" / backbone / "vasd.yaml")
-    n = float(re.search(r"N = ([\d.]+e\d+)", text).group(1))
-    assert random_models.parameter_count(config) == pytest.approx(n, rel=0.005)
-    layers, kv_heads, head_dim = map(int, re.search(r"\((\d+) layers x (\d+) KV heads x (\d+) x 2 x bf16", text).groups())
-    assert (config.num_hidden_layers, config.num_key_value_heads) == (layers, kv_heads)
-    assert getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads == head_dim
+    fields = shape["config"]
+    assert (config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads) == \
+        (fields["num_hidden_layers"], fields["num_attention_heads"], fields["num_key_value_heads"])
+    assert random_models.parameter_count(config) > 1e9
 
 
 @pytest.mark.parametrize("backbone", shapes.BACKBONES)
-def test_recipe_hours_are_the_headers(backbone):
-    """The sizing inputs give the hours each recipe's header states (headers round: 15%)."""
+def test_recipe_sizing_recomputes_at_a_measured_mfu(backbone):
+    """The recipes' sizing, recomputed at the MFU each phase measured: at the assumed MFU it gives
+    the recipe's own hours, a higher MFU fewer, and hours grow with the parameters. (The estimates
+    themselves are a table in docs/launching.md; no test reads them back from prose.)"""
     n = random_models.parameter_count(random_models.make_config(random_models.load_shape(backbone)))
-    sft = load_config(SFTConfig, REPO / "recipes" / backbone / "sft.yaml")
-    stated = float(re.search(r"that is \d+ s = ([\d.]+) h", header(REPO / "recipes" / backbone / "sft.yaml")).group(1))
-    assert shapes.recipe_phases("sft", sft, n)["student"]["hours"] == pytest.approx(stated, rel=0.15)
     vasd = load_config(VASDConfig, REPO / "recipes" / backbone / "vasd.yaml")
-    text = header(REPO / "recipes" / backbone / "vasd.yaml")
     phases = shapes.recipe_phases("vasd", vasd, n)
-    for name, phase in (("rollouts", "rollout"), ("teacher", "teacher"), ("student", "student")):
-        factor, hours = re.search(rf"{name}: (\d) \* N \* tokens.*? = ([\d.]+) h", text).groups()
-        assert phases[phase]["c"] == int(factor), name
-        assert phases[phase]["hours"] == pytest.approx(float(hours), rel=0.15), name
-    # At the assumed MFU the recomputed hours are the recipe's own.
+    assert {phases["rollout"]["c"], phases["teacher"]["c"]} == {2}  # forwards only
     assumed = {p: s["assumed_mfu"] for p, s in phases.items()}
     assert shapes.hours_at(phases, assumed) == pytest.approx(sum(s["hours"] for s in phases.values()))
-    assert shapes.hours_at(phases, {"student": 0.125}) > shapes.hours_at(phases, {})
+    assert shapes.hours_at(phases, {"student": 0.5}) < shapes.hours_at(phases, {})
+    assert shapes.hours_at(shapes.recipe_phases("vasd", vasd, 2 * n), {}) == pytest.approx(2 * shapes.hours_at(phases, {}))
+    sft = load_config(SFTConfig, REPO / "recipes" / backbone / "sft.yaml")
+    assert shapes.recipe_phases("sft", sft, n)["student"]["c"] == shapes.flops_coefficient(
+        sft.lora.enabled, sft.model.gradient_checkpointing)
 
 
 def test_gpu_peaks_by_name():

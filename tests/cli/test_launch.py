@@ -84,9 +84,21 @@ def test_zero_stage_read_from_a_deepspeed_json(tmp_path, capsys, monkeypatch):
 
 
 def test_unknown_distributed_type(tmp_path, capsys):
-    bad = write_config(tmp_path, distributed_type="FSDP")
+    bad = write_config(tmp_path, distributed_type="MEGATRON_LM")
     assert main(check("--config_file", bad, "--recipe", RECIPE)) == 2
-    assert "field 'distributed_type': expected one of NO, MULTI_GPU, DEEPSPEED" in one_error_line(capsys)
+    assert "field 'distributed_type': expected one of NO, MULTI_GPU, DEEPSPEED, FSDP" in one_error_line(capsys)
+
+
+def test_fsdp2_passes_and_fsdp1_or_an_unsaved_state_dict_is_refused(tmp_path, capsys):
+    assert main(check("--config_file", "launch/fsdp2.yaml", "--recipe", RECIPE, "--num_processes", "2")) == 0
+    assert "FSDP version 2, 2 processes on 1 machine" in capsys.readouterr().err
+    config = yaml.safe_load((REPO / "launch/fsdp2.yaml").read_text())
+    for key, value, expected in (("fsdp_version", 1, "expected FSDP version 2"),
+                                 ("fsdp_state_dict_type", "LOCAL_STATE_DICT", "expected one of SHARDED_STATE_DICT")):
+        bad = tmp_path / f"{key}.yaml"
+        bad.write_text(yaml.safe_dump({**config, "fsdp_config": {**config["fsdp_config"], key: value}}))
+        assert main(check("--config_file", str(bad), "--recipe", RECIPE)) == 2
+        assert f"field 'fsdp_config.{key}': {expected}" in one_error_line(capsys)
 
 
 def test_a_deep_launch_config_or_override_is_one_line(tmp_path, capsys):

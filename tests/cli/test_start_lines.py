@@ -49,8 +49,8 @@ def test_eval_dry_run_prints_the_config_and_start_line_and_plays_nothing(tmp_pat
     data = problems(tmp_path / "mine.jsonl", 20)
     out = tmp_path / "run"
     config, line = dry_run(capsys, "eval", "--config", f"{RECIPES}/eval.yaml", f"data.source=jsonl:{data}",
-                           "model.model=no/such/model", f"out={out}")
-    assert config["data"]["limit"] == 8 and config["model"]["model"] == "no/such/model"
+                           "model.model=no-such/model", f"out={out}")
+    assert config["data"]["limit"] == 8 and config["model"]["model"] == "no-such/model"  # a hub id: not looked up
     assert line.startswith("fic eval: 8 instances: 8 of 20 instances of jsonl:") and \
         f"(cut by data.limit 8, set in {RECIPES}/eval.yaml)" in line
     assert "views full, concat, sharded x 1 run(s): 24 conversations, 24 to play" in line
@@ -60,7 +60,7 @@ def test_eval_dry_run_prints_the_config_and_start_line_and_plays_nothing(tmp_pat
 def test_the_start_line_counts_what_a_folder_already_holds(tmp_path, capsys):
     data = problems(tmp_path / "mine.jsonl", 4)
     out = tmp_path / "run"
-    settings = ["eval", "model.model=unused", f"data.source=jsonl:{data}", "views=[full]", f"out={out}"]
+    settings = ["eval", "model.model=some-org/unused", f"data.source=jsonl:{data}", "views=[full]", f"out={out}"]
     cfg = load_config(EvalConfig, None, settings[1:])
     evaluate(cfg, assistant=FunctionBackend(lambda messages: "#### 7"), progress=False)
     capsys.readouterr()
@@ -84,7 +84,7 @@ def test_sft_data_dry_run_writes_no_corpus(tmp_path, capsys):
 
 def test_probe_dry_run_and_start_line(tmp_path, capsys, no_model_loads):
     config, line = dry_run(capsys, "probe", "--config", f"{RECIPES}/probe.yaml", "data.limit=3",
-                           "model.model=no/such/model", f"out={tmp_path / 'p'}")
+                           "model.model=no-such/model", f"out={tmp_path / 'p'}")
     assert config["samples"] == 4
     # 3 instances x 3 conditions x (1 greedy + 4 samples at temperature 1)
     assert "3 single-turn replies written by the model (greedy); 3 conditions" in line and "= 45 user turns" in line
@@ -135,10 +135,17 @@ def test_train_dry_runs_read_the_data_and_load_no_model(tmp_path, capsys, tiny_m
     assert line.startswith(f"fic train sft: 6 of 6 conversations of {corpus} (0 longer than data.max_seq_len 2048")
     assert "5 steps (train.max_steps, set on the command line) of 4 x 1 x 1 conversations" in line
     assert f"the model in {tmp_path / 'sft' / 'final'}" in line and not (tmp_path / "sft").exists()
-    assert "(checkpoints every 100 steps," in line
+    assert "(a checkpoint at the last step only," in line  # 5 steps, checkpoint.every 100
+    _, line = dry_run(capsys, "train", "sft", f"model.path={tiny_model_dir}", f"data.path={corpus}",
+                      "train.max_steps=5", "checkpoint.every=2", f"out={tmp_path / 'sft'}")
+    assert "(checkpoints every 2 steps," in line
     _, line = dry_run(capsys, "train", "sft", f"model.path={tiny_model_dir}", f"data.path={corpus}",
                       "checkpoint.every=0", f"out={tmp_path / 'sft'}")
-    assert "(a checkpoint at the last step only," in line and "every 0" not in line
+    assert "(no resumable checkpoint (checkpoint.every 0)," in line
+    _, line = dry_run(capsys, "train", "sft", f"model.path={tiny_model_dir}", f"data.path={corpus}",
+                      "train.max_steps=1", "checkpoint.every=50", f"out={tmp_path / 'sft'}")
+    assert " 1 step (train.max_steps, set on the command line)" in line  # not "1 steps"
+    assert "(a checkpoint at the last step only," in line and "every 50" not in line
 
     config, line = dry_run(capsys, "train", "vasd", f"model.path={tiny_model_dir}", "data.source=actions-gen:train",
                            "data.task=actions", "data.limit=10", "regularizer.kind=none", "train.max_steps=3",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import sys
 from pathlib import Path
 
 import pytest
@@ -64,3 +65,15 @@ def test_the_bench_help_and_package_name_every_benchmark():
     assert all(name in VERBS["bench"][1] for name in BENCHES), VERBS["bench"][1]
     modules = {p.stem for p in (PACKAGE / "bench").glob("*.py")} - {"__init__"}
     assert all(f"`{name}`" in fic.bench.__doc__ for name in modules), fic.bench.__doc__
+
+
+@pytest.mark.parametrize("method", ["sft", "vasd"])
+def test_train_help_names_the_command_the_user_typed(method, capsys, monkeypatch):
+    with pytest.raises(SystemExit):
+        main(["train", method, "--help"])
+    assert capsys.readouterr().out.startswith(f"usage: fic train {method} ")
+    # run as a script (`accelerate launch fic/train_METHOD.py --help`): the script's name
+    monkeypatch.setattr(sys, "argv", [f"fic/train_{method}.py", "--help"])
+    with pytest.raises(SystemExit):
+        importlib.import_module(f"fic.train_{method}").main()
+    assert capsys.readouterr().out.startswith(f"usage: train_{method}.py ")

@@ -219,3 +219,32 @@ def test_atomic_writes_replace_a_link_instead_of_writing_through_it(tmp_path, pr
     files.write_json(link, {"a": 1})
     assert not link.is_symlink() and files.read_json(link) == {"a": 1}
     assert precious.read_text() == "keep me\n"
+
+
+def test_a_filesystem_without_locks_is_written_unlocked_with_a_warning(tmp_path, monkeypatch, capsys):
+    """A multi-node run's out folder is on a shared filesystem; one mounted without locks (Lustre's
+    noflock) makes flock fail with ENOLCK or EOPNOTSUPP: the run goes on, saying it is unlocked."""
+    import errno
+    import fcntl
+
+    from fic.core import files
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    assert files.lock_folder(tmp_path / "run") is True
+    assert "without file locks" in capsys.readouterr().err
+    files.unlock_folder(tmp_path / "run")
+
+
+def test_the_lock_names_the_host_of_its_holder(tmp_path):
+    import socket
+
+    from fic.core import files
+
+    files.lock_folder(tmp_path)
+    try:
+        assert f"on {socket.gethostname()}," in (tmp_path / files.LOCK_NAME).read_text()
+    finally:
+        files.unlock_folder(tmp_path)

@@ -168,11 +168,75 @@ def test_lic_s_conv_type_names():
     assert view_of("shuffle-concat-t0.0") == "shuffle-concat" and view_of("recap") == "recap"
 
 
-def test_a_demo_folder_exports_each_evaluation(run, tmp_path):
+def test_a_demo_folder_exports_one_merged_tree(run, tmp_path):
     folder, _ = run
     demo = tmp_path / "demo"
     (demo / "stages").mkdir(parents=True)
     shutil.copytree(folder, demo / "eval-start" / "test")
+    shutil.copytree(folder, demo / "eval-start" / "test-unseen")
+    for path in (demo / "eval-start" / "test-unseen").glob("*.jsonl"):  # the other split: other instances
+        path.write_text(path.read_text().replace('"mine.jsonl:', '"unseen.jsonl:'))
     assert main(["report", "--format", "lic", str(demo), "--out", str(tmp_path / "exported")]) == 0
-    assert len(list((tmp_path / "exported" / "eval-start" / "test" / "lic_logs").rglob("*.jsonl"))) == 3
+    trees = sorted(p.relative_to(tmp_path / "exported") for p in (tmp_path / "exported").rglob("lic_logs"))
+    assert [str(p) for p in trees] == ["lic_logs"]  # one tree, not one per evaluation
+    files = lic_records(tmp_path / "exported" / "lic_logs")
+    assert len(files) == 3  # one model, one task, three conv_types: both splits' conversations in each file
+    for records in files.values():
+        assert {r["task_id"].split(":")[0] for r in records} == {"mine.jsonl", "unseen.jsonl"}
+        assert len({r["conv_id"] for r in records}) == len(records)
     assert main(["report", "--format", "lic", str(tmp_path / "nothing")]) == 2
+
+
+# --------------------------------------------------------------------------- LiC's viewer
+
+LIC_MATH = [{"task_id": f"sharded-GSM8K/{i}", "task": "math", "question": f"Ann has {i + 2} apples. Ben gives her "
+             f"{i + 3} more. How many apples does Ann have?", "answer": f"#### {2 * i + 5}",
+             "shards": [{"shard_id": 1, "shard": "How many apples does Ann have?"},
+                        {"shard_id": 2, "shard": f"Ann has {i + 2} apples."},
+                        {"shard_id": 3, "shard": f"Ben gives her {i + 3} more."}]} for i in range(2)]
+
+
+def viewer_models(log_folder, task: str, dataset_file: str) -> dict[str, list[dict]]:
+    """What LiC's viewer (`app_conv_viewer.py`'s main) lists for a task, by its rule: every .jsonl of
+    every conv_type folder of `<log_folder>/<task>/`, the records whose `dataset_fn` is the name of the
+    task's own data file (`get_dataset_file()`, folders removed), grouped by `assistant_model`.
+    An empty result is the viewer's empty model list ("An error occurred: None")."""
+    task_folder = log_folder / task
+    kept = []
+    for conv_type_folder in sorted(p for p in task_folder.iterdir() if p.is_dir()):
+        for file in sorted(f for f in conv_type_folder.iterdir() if f.name.endswith(".jsonl")):
+            for line in file.read_text().splitlines():
+                record = json.loads(line)
+                if record["dataset_fn"] == dataset_file.split("/")[-1]:
+                    kept.append(record)
+    grouped: dict[str, list[dict]] = {}
+    for record in kept:
+        grouped.setdefault(record["assistant_model"], []).append(record)
+    return grouped
+
+
+def test_lic_s_viewer_shows_the_export_of_lic_s_own_instances(tmp_path, capsys):
+    data = tmp_path / "lic_sample.json"  # LiC's instances, in LiC's format, under a name of the user's
+    data.write_text(json.dumps(LIC_MATH))
+    out = tmp_path / "run"
+    cfg = load_config(EvalConfig, None, [f"model.model={MODEL}", f"data.source=lic:{data}", "views=[full, sharded]",
+                                         f"out={out}"])
+    evaluate(cfg, assistant=FunctionBackend(assistant), progress=False)
+    assert main(["report", "--format", "lic", str(out)]) == 0
+    shown = viewer_models(out / "lic_logs", "math", "data/sharded_math.json")  # LiC's TaskMath.get_dataset_file
+    assert list(shown) == [MODEL] and len(shown[MODEL]) == 2 * 2
+    assert {r["task_id"] for r in shown[MODEL]} == {i["task_id"] for i in LIC_MATH}  # ids the viewer looks up
+
+    # a name given is written as given: the viewer's filter then keeps none of them
+    assert main(["report", "--format", "lic", str(out), "--dataset-fn", "mine.json"]) == 0
+    assert viewer_models(out / "lic_logs", "math", "data/sharded_math.json") == {}
+    assert {r["dataset_fn"] for rs in lic_records(out / "lic_logs").values() for r in rs} == {"mine.json"}
+    capsys.readouterr()
+    assert main(["report", str(out), "--dataset-fn", "x.json"]) == 2
+    assert "--dataset-fn" in capsys.readouterr().err
+
+
+def test_instances_that_are_not_lic_s_keep_their_file_name(run):
+    folder, _ = run
+    assert main(["report", "--format", "lic", str(folder)]) == 0
+    assert viewer_models(folder / "lic_logs", "math", "data/sharded_math.json") == {}  # the viewer cannot show them

@@ -1,5 +1,6 @@
 """Every recipe YAML loads with its config class, names only files that exist or that it says how to
-get, and the paper backbones' recipes carry a command, hardware and a time estimate that add up."""
+get, and the paper backbones' recipes say how to run them, on what hardware, and that their time is an
+estimate (its basis is docs/launching.md's table: no test re-derives prose arithmetic)."""
 
 import importlib
 import importlib.util
@@ -252,11 +253,12 @@ BACKBONE_RECIPES = [p for p in RECIPES if p.parent.name in BACKBONES]
 @pytest.mark.parametrize("path", BACKBONE_RECIPES, ids=rel)
 def test_backbone_recipe_header_says_how_where_and_how_long(path):
     """The opening comment runs this very file, names the hardware, fetches the model it uses from the
-    hub into the folder it reads, and its FLOPs and hours follow from the numbers it states."""
+    hub into the folder it reads, and gives an estimated time."""
     text = header(path)
     command = f"fic demo --recipes recipes/{path.parent.name}" if path.stem == "demo" else f"recipes/{rel(path)}"
     assert command in text, "the header's command does not run this recipe"
     assert re.search(r"Sized for: \d+ x A100 80GB", text), "no hardware line"
+    assert "Estimated time:" in text, "the header does not say roughly how long"
     models = [value for key, value in path_values(path) if key.endswith(("model", "model.path"))]
     assert models
     for model in models:
@@ -265,20 +267,6 @@ def test_backbone_recipe_header_says_how_where_and_how_long(path):
             continue
         assert re.search(rf"hf download [\w.-]+/[\w.-]+ --local-dir {re.escape(model)}(?!\S)", text), \
             f"the header does not say how to get {model} from the hub"
-    if path.stem == "vasd":
-        return  # three parts, not one: test_vasd_time_estimate_adds_up
-    if path.stem == "demo":  # many short stages: fixed costs (loading, merging, engine starts) dominate
-        assert "Configured, not run" in text and re.search(r"Expected time: ~[\d.]+ h", text)
-        return
-
-    factor, n, tokens, flops = re.search(r"(\d) \* N \* tokens.*? = \d \* ([\d.]+e\d+) \* ([\d.]+e\d+) = "
-                                         r"([\d.]+e\d+) FLOPs", text).groups()
-    assert int(factor) in ((2,) if path.stem in ("eval", "sft-data") else (4, 6))
-    assert float(flops) == pytest.approx(int(factor) * float(n) * float(tokens), rel=0.05)
-    mfu, gpus, hours = re.search(r"assumed (\d+)% MFU of (?:(\d+) x |one A100's )?312 TFLOP/s.*?"
-                                 r"that is (?:\d+ s = )?([\d.]+) h", text).groups()
-    seconds = float(flops) / (int(gpus or 1) * 312e12 * int(mfu) / 100)
-    assert float(hours) == pytest.approx(seconds / 3600, rel=0.15)
 
 
 @pytest.mark.parametrize("path", [p for p in RECIPES if p.stem in ("sft", "vasd")], ids=rel)
@@ -287,40 +275,6 @@ def test_launch_files_named_by_a_training_recipe_accept_it(path):
     assert named, f"{rel(path)} names no launch config"
     for config in named:
         launch_check.check(REPO / config, path)
-
-
-VASD_PART = re.compile(r"(rollouts|teacher|student): (\d) \* N \* tokens.*? = \d \* ([\d.]+e\d+) \* ([\d.]+e\d+) = "
-                       r"([\d.]+e\d+) FLOPs at an assumed (\d+)% MFU of (\d+) x 312 TFLOP/s.*? = ([\d.]+) h")
-
-
-@pytest.mark.parametrize("path", [p for p in BACKBONE_RECIPES if p.stem == "vasd"], ids=rel)
-def test_vasd_time_estimate_adds_up(path):
-    """A VASD step generates (2N per token), runs the teacher (2N) and trains the student (6N, or 4N for
-    LoRA without gradient checkpointing, which computes no weight gradients and no second forward): the
-    header states each part's FLOPs and hours, and they follow from its numbers and the recipe's batch."""
-    text, recipe = header(path), yaml.safe_load(path.read_text())
-    gpus = int(re.search(r"Sized for: (\d+) x A100", text).group(1))
-    steps, rollouts = map(int, re.search(r"(\d+) steps x (\d+) rollouts", text).groups())
-    train = recipe["train"]
-    assert steps == train["max_steps"]
-    assert rollouts == gpus * train["micro_batch_size"] * train["grad_accum_steps"], \
-        "the rollouts per step are not GPUs x micro_batch_size x grad_accum_steps"
-    parts = {m[0]: m[1:] for m in VASD_PART.findall(text)}
-    assert set(parts) == {"rollouts", "teacher", "student"}, f"found parts {sorted(parts)}"
-    lora, checkpointing = recipe["lora"]["enabled"], recipe["model"]["gradient_checkpointing"]
-    factors = {"rollouts": 2, "teacher": 2, "student": 4 if lora and not checkpointing else 6}
-    sft_n = re.search(r"\d \* N \* tokens.*? = \d \* ([\d.]+e\d+) \*", header(path.parent / "sft.yaml")).group(1)
-    total = 0.0
-    for name, (factor, n, tokens, flops, mfu, part_gpus, hours) in parts.items():
-        assert int(factor) == factors[name], f"{name}: {factor} * N, expected {factors[name]} * N"
-        assert float(n) == pytest.approx(float(sft_n), rel=0.01), f"{name}: N differs from sft.yaml's"
-        assert int(part_gpus) == gpus
-        assert float(flops) == pytest.approx(int(factor) * float(n) * float(tokens), rel=0.05), name
-        seconds = float(flops) / (gpus * 312e12 * int(mfu) / 100)
-        assert float(hours) == pytest.approx(seconds / 3600, rel=0.15), name
-        total += float(hours)
-    stated = float(re.search(r"In all ([\d.]+) h of compute", text).group(1))
-    assert stated == pytest.approx(total, rel=0.05)
 
 
 @pytest.mark.parametrize("path", [p for p in RECIPES if p.stem == "vasd"], ids=rel)

@@ -4,8 +4,9 @@ could write, scored by the real tasks under the sandbox mode in force (`FIC_SAND
 bubblewrap), each followed by the checks that nothing escaped:
 
 - no file appeared outside the sandbox's folder (each case writes, or tries to, a marker in SCRATCH);
-- no process was left (a process of a run's user id, one whose working folder is a run's folder,
-  or one whose command line holds the case's signature);
+- no process was left (a process of a user id one of this suite's runs was given, one working in
+  one of its run folders, or one whose command line holds the case's signature, a number unique
+  to this suite's run: another FiC suite on the machine is not counted);
 - the evaluator (this process) is alive: it reports every case, and the test checks it exited 0;
 - nothing reached a TCP listener of the evaluator;
 - no other process was touched: the evaluator's and a bystander's resource limits, nice value
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -28,6 +30,10 @@ from pathlib import Path
 
 EVALUATOR = os.getpid()
 GROUP = os.getpgid(0)
+# The sleeps of the cases that start processes, made unique to this suite's run by a suffix, so
+# that the processes of another suite running the same cases are never taken for this one's.
+SIGNATURES = ("61.0101", "61.0202", "61.0303", "61.0404", "61.0505")
+TAG = f"{random.SystemRandom().randrange(10**6):06d}"
 
 
 def block(body: str) -> str:
@@ -102,14 +108,18 @@ def cases(scratch: Path, port: int, bystander: int = 0) -> list[dict]:
          "import os, time\nfor _ in range(4):\n    if os.fork() == 0:\n        held = b'x' * (120 << 20)\n"
          "        time.sleep(61.0505)\n        os._exit(0)\ntime.sleep(1.5)"),
         ("100 MB on stdout", "import sys\nfor _ in range(100):\n    sys.stdout.write('x' * (1 << 20))"),
+        ("1,000 files of 1 MB in its folder (each under the file-size limit)",
+         "for i in range(1000):\n    open(f'f{i}', 'wb').write(b'x' * (1 << 20))"),
         ("os._exit(0) before the tests end", "import os\nos._exit(0)"),
     ]
     # A program that catches a refusal (or starts a daemon) and returns 1 passes, and its note says
     # what was refused (or killed); every other case scores 0.
     lenient = ("catches", "try/except", "daemon")
+    code = [(name, _tagged(body)) for name, body in code]
     found = [{"name": name, "task": "code", "reply": block(body), "may_score": (0.0, 1.0) if any(
               word in name for word in lenient) else (0.0,), "signature": _signature(body),
-              "note_starts": "memory limit: the process tree" if "the tree's memory" in name else ""}
+              "note_starts": "memory limit: the process tree" if "the tree's memory" in name
+              else "disk limit: the run's folder" if "in its folder" in name else ""}
              for name, body in code]
     sql = [
         ("printf('%.*c', 2e9) (12-17 s in-process)", "SELECT length(printf('%.*c', 2000000000, 'x'))"),
@@ -144,11 +154,14 @@ def cases(scratch: Path, port: int, bystander: int = 0) -> list[dict]:
     return found
 
 
+def _tagged(body: str) -> str:
+    for token in SIGNATURES:
+        body = body.replace(token, token + TAG)
+    return body
+
+
 def _signature(body: str) -> str | None:
-    for token in ("61.0101", "61.0202", "61.0303", "61.0404", "61.0505"):
-        if token in body:
-            return token
-    return None
+    return next((token + TAG for token in SIGNATURES if token + TAG in body), None)
 
 
 def instances(scratch: Path) -> dict:
@@ -168,33 +181,6 @@ def instances(scratch: Path) -> dict:
             "actions": load_source("actions-gen:test", "actions", limit=1)[0]}
 
 
-def stray_processes(signature: str | None) -> list[str]:
-    """Processes a run left behind: of a run's user id, working in one of this suite's run folders
-    (TMPDIR is the suite's own), or holding the case's signature on their command line."""
-    ours = os.path.realpath(os.environ["TMPDIR"])
-    from fic.sandbox.python import RUN_UIDS
-
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            status = Path(f"/proc/{entry}/status").read_text()
-            uid = int(next(line.split()[1] for line in status.splitlines() if line.startswith("Uid:")))
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            try:
-                cwd = os.readlink(f"/proc/{entry}/cwd")
-            except OSError:
-                cwd = ""
-        except (OSError, StopIteration, ValueError):
-            continue
-        if "Z" in status.split("State:")[1][:4]:
-            continue  # a zombie is dead already
-        if RUN_UIDS[0] <= uid < RUN_UIDS[1] or cwd.startswith(ours) or (signature and signature in cmdline):
-            found.append(f"{entry}: {cmdline[:80]}")
-    return found
-
-
 def touchable(pid: int) -> dict:
     """What a hostile program might change about a process: its limits, nice value, affinity."""
     limits = Path(f"/proc/{pid}/limits").read_text()
@@ -209,6 +195,11 @@ def main(out: Path, scratch: Path) -> None:
     from fic.sandbox import python as sandbox
     from fic.tasks import code as code_module
 
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sandbox"))
+    from sandboxed import record_run_uids, stray_processes
+
+    uids: set[int] = set()
+    sandbox._run_uid = record_run_uids(uids)  # this suite's runs: their processes are the ones to look for
     connections = []
     server = socket.create_server(("127.0.0.1", 0))
     server.settimeout(0.2)
@@ -239,7 +230,7 @@ def main(out: Path, scratch: Path) -> None:
             _, score, note = score_reply(tasks.get(case["task"]), case["reply"], items[case["task"]])
             seconds = time.monotonic() - started
             time.sleep(0.05)
-            stray = stray_processes(case["signature"])
+            stray = stray_processes(case["signature"], uids)
             files = sorted(set(os.listdir(scratch)) - before)
             touched = [name for name, pid in (("evaluator", EVALUATOR), ("bystander", bystander.pid))
                        if bystander.poll() is not None or touchable(pid) != untouched[name]]

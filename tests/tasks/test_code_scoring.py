@@ -13,6 +13,7 @@ from fic import tasks
 from fic.core.instance import Instance, Shard
 from fic.sandbox.python import Limits
 from fic.tasks import code as code_module
+from fic.tasks import code_harness
 
 
 def functional(func_name: str, cases: list[tuple[list, object]]) -> Instance:
@@ -56,7 +57,7 @@ def total(xs: List[int]) -> float:
     assert score == 1.0, note
 
 
-@pytest.mark.parametrize("printed,expected,passes", [
+STDIO_CASES = [
     ("2.50\n3.0\n", "2.5\n3", True),          # the same numbers, written otherwise
     ("1e2", "100", True),                     # as decimals
     ("0.1 0.2  0.30", "0.1 0.2 0.3", True),   # element by element, any spacing
@@ -65,11 +66,47 @@ def total(xs: List[int]) -> float:
     ("100000000000000001", "100000000000000000", False),  # decimals, not floats: no rounding
     ("  same text  \n", "same text", True),   # lines are stripped
     ("nan", "NaN", False),                    # NaN is no number equal to itself (same text would match)
-])
+]
+
+
+@pytest.mark.parametrize("printed,expected,passes", STDIO_CASES)
 def test_stdio_outputs_that_differ_only_as_numbers_match(task, printed, expected, passes):
     code = f"import sys\nsys.stdin.read()\nprint({printed!r}, end='')\ndef main():\n    pass\n"
     score, note = task.scored(reply(code), stdin([("1 2\n", expected)]))
     assert score == (1.0 if passes else 0.0), note
+
+
+@pytest.mark.parametrize("printed,expected,passes", STDIO_CASES)
+def test_the_harness_compares_outputs_as_lic_does(printed, expected, passes):
+    # The rule itself, in-process: the harness is a module (fic/tasks/code_harness.py) that the
+    # sandbox runs by path, and its functions are importable.
+    assert code_harness.same_output(printed, expected) is passes
+
+
+def test_the_harness_reads_lics_packed_private_tests():
+    import base64
+    import pickle
+    import zlib
+
+    cases = [{"input": "1", "output": "1", "testtype": "functional"}]
+    packed = base64.b64encode(zlib.compress(pickle.dumps(json.dumps(cases)))).decode()
+    assert code_harness.decode(packed) == cases and code_harness.decode(json.dumps(cases)) == cases
+    assert code_harness.decode("") == []
+
+
+def test_a_failed_test_ends_the_harness_with_one_line_naming_it(capsys):
+    import signal
+
+    previous = signal.getsignal(signal.SIGPROF)  # the harness sets its own: it owns its process in the sandbox
+    with pytest.raises(SystemExit) as stopped:
+        try:
+            code_harness.run_tests("def f(x):\n    while True:\n        pass\n", "f",
+                                   [{"input": "1", "output": "1", "testtype": "functional"}], None, 0.2)
+        finally:
+            signal.signal(signal.SIGPROF, previous)
+    assert stopped.value.code == 1
+    assert capsys.readouterr().err.strip() == (f"{code_harness.TEST_FAILED}time limit: test 1 used 0.2 s of CPU "
+                                               "time (LiC's limit per test)")
 
 
 @pytest.mark.slow  # burns CPU seconds up to the limits

@@ -1,0 +1,129 @@
+"""The sandbox owns its SysV IPC (issue 56, item 1): a reply with the guard bypassed created six
+256 MiB `shmget` segments and detached them, 1.5 GiB held under a 1 GiB tree bound while the run
+passed, and in the rlimits mode the segments (and 40 `msgget` queues) stayed after the run. Now
+every run has an IPC namespace of its own in both modes (bubblewrap's `--unshare-ipc`; `unshare`
+by the supervisor in the rlimits mode) whose objects count in the tree's memory bound and end with
+the run; where no namespace can be had, SysV IPC is refused by seccomp, and the reply's note says
+so. Each test runs with the guard left out (`guard=False`, ctypes allowed), as a program that
+switched it off would, and its id names the mode it ran in."""
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+from sandboxed import ISOLATIONS
+
+from fic.sandbox import python as sandbox
+from fic.sandbox.python import Limits, run_python
+
+BOUND = Limits(seconds=10.0, memory_mb=256, processes=8, output_mb=1)  # a tree of 256 MiB
+ROOMY = Limits(seconds=10.0, memory_mb=256, tree_memory_mb=1024, processes=8, output_mb=1)
+
+HEAD = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+IPC_CREAT = 0o1000
+
+def check(value, what):
+    if value == -1 or value is None:
+        raise OSError(ctypes.get_errno(), what + ": " + os.strerror(ctypes.get_errno()))
+    return value
+
+def segment(key, size):  # created, every page written, detached: held by no process
+    shmid = check(libc.shmget(key, size, IPC_CREAT | 0o600), "shmget")
+    address = check(libc.shmat(shmid, None, 0), "shmat")
+    ctypes.memset(address, 1, size)
+    check(libc.shmdt(ctypes.c_void_p(address)), "shmdt")
+
+def queue(key, messages):
+    qid = check(libc.msgget(key, IPC_CREAT | 0o600), "msgget")
+    message = ctypes.create_string_buffer(ctypes.sizeof(ctypes.c_long) + 1024)
+    ctypes.c_long.from_buffer(message).value = 1
+    for _ in range(messages):
+        check(libc.msgsnd(qid, message, 1024, 0), "msgsnd")
+
+print("namespace", os.readlink("/proc/self/ns/ipc"), flush=True)
+"""
+
+
+def keys_here() -> set[int]:
+    """The keys of every SysV object in this process's (the test's) IPC namespace."""
+    found = set()
+    for kind in ("shm", "msg", "sem"):
+        lines = Path(f"/proc/sysvipc/{kind}").read_text().splitlines()[1:]
+        found |= {int(line.split()[0]) for line in lines}
+    return found
+
+
+def members(namespace: str) -> list[int]:
+    """The processes of the machine in IPC namespace `namespace` (an ended namespace has none,
+    and with it went every object created in it)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.readlink(f"/proc/{entry}/ns/ipc") == namespace:
+                    found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def namespace_of(result) -> str:
+    return next(line.split()[1] for line in result.stdout.splitlines() if line.startswith("namespace "))
+
+
+@pytest.fixture
+def base() -> int:
+    return random.SystemRandom().randrange(0x10000000, 0x70000000) & ~0xFF  # keys no other test uses
+
+
+def test_bubblewrap_runs_in_a_new_ipc_namespace():
+    if not sandbox.bwrap_command():
+        pytest.skip(f"bubblewrap cannot run here: {sandbox.bwrap_problem()}")
+    assert "--unshare-ipc" in sandbox.bwrap_command()
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_shared_memory_no_process_holds_counts_in_the_tree_bound(isolation, base):
+    # Six detached segments of 64 MiB under a 256 MiB tree bound: no process's resident size
+    # shows them (each is 64 MiB while attached, under the 256 MiB a process may have).
+    program = HEAD + f"for i in range(6):\n    segment({base} + i, 64 << 20)\n    print('segment', i, flush=True)\n"
+    result = run_python(program, BOUND, isolation=isolation, guard=False)
+    assert result.layers["ipc"] == "namespace", result.layers
+    assert not result.passed and result.reason.startswith("memory limit: the process tree held more than 256 MiB")
+    assert "segment 5" not in result.stdout
+    assert not {base + i for i in range(6)} & keys_here() and not members(namespace_of(result))
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_nothing_a_run_created_in_sysv_ipc_remains_after_it(isolation, base):
+    program = HEAD + (f"for i in range(3):\n    segment({base} + i, 16 << 20)\n"
+                      f"for i in range(8):\n    queue({base} + 16 + i, 8)\n"
+                      f"check(libc.semget({base} + 32, 16, IPC_CREAT | 0o600), 'semget')\n"
+                      "print('created', flush=True)\n")
+    result = run_python(program, ROOMY, isolation=isolation, guard=False)
+    assert result.passed, result.reason
+    assert result.layers["ipc"] == "namespace", result.layers
+    assert "created" in result.stdout  # every call succeeded: they existed, in the run's own namespace
+    namespace = namespace_of(result)
+    assert namespace != os.readlink("/proc/self/ns/ipc")
+    assert not members(namespace)  # the namespace ended with the run, and its objects with it
+    ours = {base + i for i in range(3)} | {base + 16 + i for i in range(8)} | {base + 32}
+    assert not ours & keys_here()  # and none of them is in the test's namespace (the rlimits mode left them there)
+
+
+def test_where_no_namespace_can_be_had_sysv_ipc_is_refused_and_the_note_says_so(monkeypatch, base):
+    # The rlimits mode of a user who may not make an IPC namespace (no CAP_SYS_ADMIN): here the
+    # supervisor is told not to try, and seccomp refuses every SysV IPC call.
+    monkeypatch.setattr(sandbox, "_IPC_NAMESPACE", False)
+    for call in (f"segment({base}, 16 << 20)", f"queue({base} + 1, 1)",
+                 f"check(libc.semget({base} + 2, 1, IPC_CREAT | 0o600), 'semget')"):
+        result = run_python(HEAD + call + "\nprint('created')\n", ROOMY, isolation="rlimits", guard=False)
+        assert result.layers["ipc"] == "refused", result.layers
+        assert namespace_of(result) == os.readlink("/proc/self/ns/ipc")  # the evaluator's own
+        assert not result.passed and "created" not in result.stdout
+        assert result.reason.startswith("refused: SysV IPC (this run has no IPC namespace of its own"), result.reason
+    assert not {base, base + 1, base + 2} & keys_here()
