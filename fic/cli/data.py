@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
                             "config as `data: FILE` (docs/data.md). Instead of --source, --task, --fields, "
                             "--answer-from, --limit and --seed")
         parser.add_argument("--source", default=None,
-                            help="lic:PATH, gsm8k[:SPLIT|:PATH], reasoning-gym:NAME, actions-gen:SPLIT "
+                            help="lic:PATH, gsm8k[:SPLIT|:PATH], reasoning-gym:NAME, actions-gen:SPLIT[START:STOP] "
                             "(with --task actions), jsonl:PATH, or hf:REPO[@REVISION][:CONFIG][:SPLIT] / hf:PATH "
                             "(a dataset on the hub, a save_to_disk folder, a Parquet, CSV or JSON file)")
         parser.add_argument("--task", default=None, help="task of the instances (default: math)")

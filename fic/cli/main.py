@@ -27,6 +27,8 @@ VERBS: dict[str, tuple[str, str]] = {
     "masks": ("fic.cli.data", "print conversations rendered by a chat template with their loss masks"),
     "eval": ("fic.cli.eval", "play conversations in each view and report scores and the recovery rate"),
     "probe": ("fic.cli.probe", "interaction awareness: let the model write the user's next turn and judge it"),
+    "self-label": ("fic.cli.self_label", "replace instances' reference answers by a model's own filtered calls "
+                   "(label-free adaptation data; the originals dropped)"),
     "sft-data": ("fic.cli.sft_data", "build the multi-turn SFT warm-start corpus from sharded instances"),
     "train": ("fic.cli.train", "train with a recipe: `fic train sft --config recipes/<backbone>/sft.yaml`"),
     "demo": ("fic.cli.demo", "the main job: warm-up, FiC's SFT and VASD on one task, evaluated stage by stage, "

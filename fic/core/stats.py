@@ -3,6 +3,10 @@
 - `wilson_interval`: a 95% interval for a proportion (also with an effective, non-integer n).
 - `sign_test`: the exact two-sided sign test on paired differences (ties dropped); with 0/1
   outcomes per instance it is McNemar's exact test.
+- `paired_difference`: the mean difference of two runs' per-instance scores on the same
+  instances, in points, with a 95% t interval of the paired differences and the exact sign test
+  (a gate's full-minus-sharded gap, an arm against its comparator).
+- `mean_interval`: the 95% t interval of a mean (over seeds: the seed is the unit of replication) (the seed is the unit of replication).
 - `paired_bootstrap`: a percentile interval for any statistic of paired per-instance scores,
   resampling instances (the same draw for every run compared), as the recovery rate and
   retention need: both are ratios of means over the same instances.
@@ -43,6 +47,43 @@ def sign_test(differences: Iterable[float]) -> dict:
     m = wins + losses
     tail = sum(math.comb(m, i) for i in range(min(wins, losses) + 1)) / 2 ** m if m else 1.0
     return {"better": wins, "worse": losses, "tied": len(differences) - m, "p_value": min(1.0, 2 * tail)}
+
+
+# Student's t, 97.5% quantiles for 1-30 degrees of freedom; above 30, a Cornish-Fisher step from z.
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+        2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+        2.045, 2.042)
+
+
+def t975(df: int) -> float:
+    if df < 1:
+        raise ValueError("a t interval needs at least 2 values")
+    return T975[df - 1] if df <= len(T975) else Z95 + (Z95 ** 3 + Z95) / (4 * df)
+
+
+def mean_interval(values: Sequence[float]) -> dict:
+    """The mean of `values` and its 95% t interval (n >= 2)."""
+    values = [float(v) for v in values]
+    n = len(values)
+    mean = sum(values) / n if n else math.nan
+    if n < 2:
+        raise ValueError("a t interval needs at least 2 values")
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = t975(n - 1) * sd / math.sqrt(n)
+    return {"n": n, "mean": mean, "low": mean - half, "high": mean + half}
+
+
+def paired_difference(first: Sequence[float], second: Sequence[float]) -> dict:
+    """mean(first) - mean(second) in points (scores in [0, 1], the same instances in the same
+    order), its 95% t interval over the per-instance differences, and the exact sign test
+    (McNemar's for 0/1 scores): `better` counts instances where `first` scored higher."""
+    if len(first) != len(second) or not first:
+        raise ValueError("paired_difference needs two non-empty score lists over the same instances")
+    differences = [100.0 * (a - b) for a, b in zip(first, second)]
+    interval = mean_interval(differences)
+    return {"n": interval["n"], "first": 100.0 * sum(first) / len(first), "second": 100.0 * sum(second) / len(second),
+            "difference": interval["mean"], "low": interval["low"], "high": interval["high"],
+            **sign_test(differences)}
 
 
 def paired_bootstrap(columns: Sequence[Sequence[float]], statistic: Callable[..., float | None], *,

@@ -14,12 +14,18 @@ the splits are disjoint by construction whatever the seed or size. `test-unseen`
 templates (`UNSEEN`) that no other split lists, even as a distractor: it measures whether a
 model waits for every argument of a function it has never seen, rather than of these templates.
 
-Generation is deterministic in (split, seed, index); within a split no reference call repeats.
+Generation is deterministic in (split, seed, index); within a split no reference call repeats, and
+the first n instances of a split are the same whatever count is asked for (instance i depends
+only on those before it). So `SPLIT[START:STOP]` (`parse_split`, e.g. `test-unseen[256:768]`) names
+instances START to STOP-1 of the split, and slices that do not overlap share no reference call:
+a fixed test, dev and train set of one split, disjoint by construction.
 Draws are refused until every argument shard names its own parameter's value and no other's
 (a date holding a 3 and a 3-night stay would blur which shard carries what).
 """
 
 from __future__ import annotations
+
+import re
 
 from fic.core.errors import FicError
 from fic.core.instance import Instance
@@ -36,6 +42,32 @@ REQUEST_FRAMES = ("{Action} {clauses}.", "Please {action} {clauses}.", "Can you 
                   "I'd like to {action} {clauses}.", "I need to {action} {clauses}.")
 ATTEMPTS = 400  # draws per instance before a template counts as exhausted for this split
 TASK = ActionsTask()
+
+
+def parse_split(spec: str) -> tuple[str, int, int | None]:
+    """`SPLIT` or `SPLIT[START:STOP]` -> (split, start, stop); stop None: as many as asked for."""
+    match = re.fullmatch(r"([a-z-]+)(?:\[(\d*):(\d*)\])?", spec)
+    if match is None or match.group(1) not in SPLITS:
+        raise FicError(f"unknown split {spec!r}; expected one of {', '.join(SPLITS)}, optionally sliced as "
+                       "SPLIT[START:STOP] (e.g. test-unseen[256:768])", field="source")
+    split, start, stop = match.group(1), int(match.group(2) or 0), match.group(3)
+    if match.group(2) is None:
+        return split, 0, None
+    stop = int(stop) if stop else None
+    if stop is not None and stop <= start:
+        raise FicError(f"empty slice {spec!r}: STOP must be above START", field="source")
+    return split, start, stop
+
+
+def generate_slice(spec: str, limit: int | None, seed: int = 0) -> list[dict]:
+    """The instances `SPLIT[START:STOP]` names (at most `limit` of them; an open slice or a bare
+    split makes `limit`, 100 when it is None)."""
+    split, start, stop = parse_split(spec)
+    if stop is None:
+        stop = start + (limit or 100)
+    elif limit is not None:
+        stop = min(stop, start + limit)
+    return generate(split, stop, seed)[start:]
 
 
 def split_of(reference_call: str) -> str:

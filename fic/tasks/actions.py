@@ -124,6 +124,15 @@ def value_keys(value: Any) -> set:
     return set()
 
 
+def states(text: str, value: Any) -> bool:
+    """Whether `text` names `value` as `values_in` reads texts: every key of it (a number by
+    value, a string as a whole case-folded mention); a value with no key (a boolean) is never named."""
+    keys = value_keys(value)
+    numbers, folded = number_values(text), _fold(text)
+    return bool(keys) and all(key in numbers if not isinstance(key, str) else _mention(key).search(folded)
+                              for key in keys)
+
+
 def _strings(value: Any) -> set[str]:
     return {key for key in value_keys(value) if isinstance(key, str)}
 

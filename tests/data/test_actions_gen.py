@@ -83,3 +83,20 @@ def test_cli_shards_and_shows_generated_instances(tmp_path, capsys):
     assert "Functions:" in printed and records[0]["shards"][1]["shard"] in printed
     assert main(["shard", "--source", "actions-gen:dev", "--out", str(tmp_path / "x.jsonl")]) == 2
     assert "--task actions" in capsys.readouterr().err
+
+
+def test_sliced_splits_are_prefixes_of_one_sequence_and_disjoint():
+    whole = generate("test-unseen", 90, seed=0)
+    assert generate("test-unseen", 30, seed=0) == whole[:30]  # a longer run changes no earlier instance
+    test, dev, train = (load_source(f"actions-gen:test-unseen[{a}:{b}]", "actions")
+                        for a, b in ((0, 30), (30, 60), (60, 90)))
+    assert [i.task_id for i in test + dev + train] == [r["task_id"] for r in whole]
+    calls = [{ACTIONS.reference_answer(i) for i in part} for part in (test, dev, train)]
+    assert sum(map(len, calls)) == 90 and not calls[0] & calls[1] and not calls[1] & calls[2]
+    assert [i.task_id for i in load_source("actions-gen:test-unseen[30:60]", "actions", limit=5)] == \
+        [r["task_id"] for r in whole[30:35]]  # limit counts within the slice
+    assert len(load_source("actions-gen:dev[10:]", "actions", limit=4)) == 4  # an open slice makes limit
+    assert actions_gen.parse_split("test-unseen") == ("test-unseen", 0, None)
+    for bad in ("test-unseen[5:5]", "test-unseen[a:b]", "dev[3]", "nope[0:4]"):
+        with pytest.raises(FicError, match="unknown split|empty slice"):
+            actions_gen.parse_split(bad)

@@ -1,0 +1,291 @@
+"""Issue 55's protocol: label-free stage 2 on functions without gold, against self-training.
+
+    python protocol.py gate --out OUT                 # read the gate's five evaluations (gate.sh runs them)
+    python protocol.py prepare --run RUN --out OUT    # the arms' configs and commands (arms.sh), the rule frozen
+    python protocol.py mix --self A --seen B --out C  # C2's corpus: self-labels and seen-function rows, 1:1
+    python protocol.py steps --budget-s S --metrics M # SFT steps that fit S seconds at M's measured step time
+    python protocol.py decide --out OUT               # the rule applied to the arms' B-dev evaluations
+
+The decision rule (`RULE`) is written here, before any arm's row exists; `prepare` copies it with
+its hash into OUT/arms/rule.json, and `decide` refuses a rule that changed since.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import random
+import sys
+from pathlib import Path
+
+import yaml
+
+from fic.core.files import write_json, write_jsonl, write_text
+from fic.core.records import read_log, read_records
+from fic.core.stats import mean_interval, paired_difference
+from fic.evaluation.gap import gate, scores_by_id, view_gap
+
+HERE = Path(__file__).resolve().parent
+GATE_THRESHOLDS = {"bdev_own_gap": 8.0, "btrain_teacher_student_gap": 8.0}  # points
+# The gate's evaluations: name -> (folder under OUT, teacher log, student log)
+GATE_LOGS = {"bdev_own_gap": ("bdev", "bdev"), "btrain_teacher_student_gap": ("btrain-full", "btrain-sharded"),
+             "seen_teacher_student_gap": ("seen-full", "seen-sharded")}
+
+# Written 2026-12-05, before any arm trained (issue 55). Points are P (0-100) on B-dev, N = 512, float32.
+RULE = {
+    "pilot": "seed 0 of V and C2 first: continue to seeds 1 and 2 only if V beats S by >= 3 points on B-dev; "
+             "otherwise run H next and report which reading holds",
+    "win": ["V - C2 > 0 in every seed (sharded P on B-dev)",
+            "mean over seeds of V - C2 >= 3 points",
+            "McNemar exact p < 0.05 for V vs C2 in at least 2 of 3 seeds",
+            "V - S > 0 in every seed",
+            "P(full) of V on B-dev and on the seen-function dev set within 2 points of C2's and of S's",
+            "then one read of B-test: V - C2 > 0 (mean over seeds)"],
+    "convincing_negative": ["the gate passed", "H - S >= 5 points on B-dev",
+                            "V's held-out divergence fell by >= 30%",
+                            "the seed-level 95% upper bound of V - C2 < 3 points"],
+    "min_win": 3.0, "max_p": 0.05, "p_seeds": 2, "full_margin": 2.0, "h_min": 5.0,
+}
+
+
+def rule_hash(rule: dict = RULE) -> str:
+    return hashlib.sha256(json.dumps(rule, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------------- the gate
+
+def gate_report(out: Path) -> dict:
+    """Each gap the gate measures, from whichever evaluations have finished."""
+    gaps, progress = {}, {}
+    for name, (teacher, student) in GATE_LOGS.items():
+        logs = [read_log(out / folder / "conversations.jsonl") for folder in (teacher, student)]
+        expected = [_expected(out / folder) for folder in (teacher, student)]
+        done = [len(log) for log in logs]
+        progress[name] = f"{sum(done)} of {sum(expected) if teacher != student else expected[0]} conversations"
+        if teacher == student:
+            done, expected = done[:1], expected[:1]
+        if all(d and d == e for d, e in zip(done, expected)):
+            gaps[name] = view_gap(logs[0], logs[1], origin=str(out / teacher))
+    verdict = gate(gaps, GATE_THRESHOLDS) if all(name in gaps for name in GATE_THRESHOLDS) else None
+    return {"gaps": gaps, "progress": progress, "thresholds": GATE_THRESHOLDS, "verdict": verdict}
+
+
+def _expected(folder: Path) -> int:
+    """Conversations an evaluation folder will hold: its instances times its views."""
+    config = folder / "config.yaml"
+    if not config.exists():
+        return 0
+    cfg = yaml.safe_load(config.read_text())
+    (source,) = cfg["data"]["source"]
+    return len(read_records(source.removeprefix("jsonl:"))) * len(cfg["views"]) * cfg["runs"]
+
+
+def gate_markdown(report: dict) -> str:
+    lines = ["| gap | N | teacher view P | student view P | gap (95% CI) | better / worse | p | student premature | "
+             "student never answered |", "|---|---|---|---|---|---|---|---|---|"]
+    for name in GATE_LOGS:
+        gap = report["gaps"].get(name)
+        if gap is None:
+            lines.append(f"| {name} | not finished ({report['progress'][name]}) | | | | | | | |")
+            continue
+        lines.append(f"| {name} | {gap['n']} | {gap['first']:.1f} | {gap['second']:.1f} | {gap['difference']:+.1f} "
+                     f"({gap['low']:+.1f} to {gap['high']:+.1f}) | {gap['better']} / {gap['worse']} | "
+                     f"{gap['p_value']:.2g} | {gap['student_premature_rate']:.1f}% | "
+                     f"{gap['student_never_answered_rate']:.1f}% |")
+    verdict = report["verdict"]
+    lines.append("")
+    lines.append("gate: " + ("not decided yet" if verdict is None else
+                             ("PASSED" if verdict["passed"] else "FAILED") + " (" + ", ".join(
+                                 f"{k} {c['difference']:+.1f} vs {c['threshold']:.0f}"
+                                 for k, c in verdict["checks"].items()) + ")"))
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- the arms
+
+def fill(template: Path, **values: object) -> str:
+    text = template.read_text()
+    for key, value in values.items():
+        text = text.replace("{" + key + "}", str(value))
+    return text
+
+
+def prepare(run: Path, out: Path, seeds: list[int], v_steps: int, lrs: list[str]) -> Path:
+    """OUT/arms: the filled configs, rule.json and arms.sh (the commands, in order; nothing is run)."""
+    arms = out / "arms"
+    configs = arms / "configs"
+    configs.mkdir(parents=True, exist_ok=True)
+    write_json(arms / "rule.json", {"rule": RULE, "hash": rule_hash()})
+    evals = {"bdev": f"{out}/B/dev.jsonl", "btest": f"{out}/B/test.jsonl", "seen-dev": f"{run}/data/dev.jsonl"}
+    base = yaml.safe_load((HERE / "eval.yaml").read_text())
+    for name, data in evals.items():
+        cfg = {**base, "model": {**base["model"], "model": f"{run}/sft/final"}, "data": {**base["data"],
+               "source": f"jsonl:{data}"}, "out": f"{arms}/eval/{name}"}
+        write_text(configs / f"eval-{name}.yaml", yaml.safe_dump(cfg, sort_keys=False))
+    write_text(configs / "c2-data.yaml", fill(HERE / "configs" / "c2-data.yaml", run=run, out=out))
+    for seed in seeds:
+        write_text(configs / f"v-s{seed}.yaml", fill(HERE / "configs" / "v.yaml", run=run, out=out, seed=seed, steps=v_steps))
+    write_text(configs / "h-s0.yaml", fill(HERE / "configs" / "h.yaml", run=run, out=out, seed=0, steps=v_steps))
+    me = f"python {HERE / 'protocol.py'}"
+    # CPU seconds of the children a command ran (cutime + cstime of this shell), by label: equal compute.
+    timed = ('cpu() { awk -v hz="$(getconf CLK_TCK)" \'{print ($16 + $17) / hz}\' /proc/$$/stat; }\n'
+             f'timed() {{ local label=$1 t; shift; t=$(cpu); "$@"; echo "$label $(echo "$(cpu) - $t" | bc)" '
+             f'>> {arms}/times.tsv; }}')
+    sh = ["#!/usr/bin/env bash", "# Issue 55's arms, written by protocol.py prepare; run top to bottom (pilot first).",
+          f"# Rule {rule_hash()} frozen in {arms}/rule.json before any arm was read.", "set -euo pipefail", timed,
+          f"S={run}/sft/final", "",
+          "# 0. Blinding: B-train's answers replaced by S's own calls before any label-free arm reads them.",
+          f"timed label-blind fic self-label --model $S --source jsonl:{out}/B/train.jsonl --keep any-call "
+          f"--out {arms}/b-train.blind.jsonl",
+          f"timed label-self fic self-label --model $S --source jsonl:{out}/B/train.jsonl --keep agreeing "
+          f"--out {arms}/b-train.self.jsonl",
+          f"fic sft-data --config {configs}/c2-data.yaml",
+          f"{me} mix --self {arms}/c2.self.sft.jsonl --seen {run}/data/sft.sft.jsonl --out {arms}/c2.mix.sft.jsonl",
+          ""]
+    ev = f"fic eval --config {configs}/eval-bdev.yaml --quiet views=[full,sharded]"
+    seen = f"fic eval --config {configs}/eval-seen-dev.yaml --quiet views=[full]"
+    for seed in seeds:
+        sh += [f"# seed {seed}" + (" (the pilot: stop here unless V beats S by >= 3 on B-dev)" if seed == seeds[0] else ""),
+               f"timed v-s{seed} fic train vasd --config {configs}/v-s{seed}.yaml",
+               f"{ev} model.model={arms}/v-s{seed}/final out={arms}/eval/v-s{seed}",
+               f"{seen} model.model={arms}/v-s{seed}/final out={arms}/eval-seen/v-s{seed}",
+               f"V_S=$(awk '$1==\"v-s{seed}\" {{print $2}}' {arms}/times.tsv | tail -1)",
+               f"LABEL_S=$(awk '$1==\"label-self\" {{print $2}}' {arms}/times.tsv | tail -1)"]
+        for lr in lrs:
+            for name, corpus in (("c2", f"{arms}/c2.mix.sft.jsonl"), ("c1", f"{run}/data/sft.sft.jsonl")):
+                cfg = configs / f"{name}-lr{lr}-s{seed}.yaml"
+                write_text(cfg, fill(HERE / "configs" / "sft.yaml", run=run, out=out, seed=seed, lr=lr, corpus=corpus,
+                                     name=name, steps="5"))
+                budget = "$(echo \"$V_S - $LABEL_S\" | bc)" if name == "c2" else "$V_S"
+                sh += [f"fic train sft --config {cfg} out={arms}/calib-{name}-lr{lr}-s{seed}  # 5 steps: the step time",
+                       f"STEPS=$({me} steps --budget-s {budget} --metrics {arms}/calib-{name}-lr{lr}-s{seed}/metrics.jsonl)",
+                       f"timed {name}-lr{lr}-s{seed} fic train sft --config {cfg} train.max_steps=$STEPS",
+                       f"{ev} model.model={arms}/{name}-lr{lr}-s{seed}/final out={arms}/eval/{name}-lr{lr}-s{seed}",
+                       f"{seen} model.model={arms}/{name}-lr{lr}-s{seed}/final "
+                       f"out={arms}/eval-seen/{name}-lr{lr}-s{seed}"]
+        sh.append("")
+    sh += ["# H, one seed: the hinted teacher reads B-train's true gold (the positive control).",
+           f"timed h-s0 fic train vasd --config {configs}/h-s0.yaml",
+           f"{ev} model.model={arms}/h-s0/final out={arms}/eval/h-s0",
+           f"{ev} model.model=$S out={arms}/eval/s",
+           f"{seen} model.model=$S out={arms}/eval-seen/s",
+           f"{me} decide --out {out}"]
+    write_text(arms / "arms.sh", "\n".join(sh) + "\n")
+    (arms / "arms.sh").chmod(0o755)
+    return arms / "arms.sh"
+
+
+def mix(self_corpus: Path, seen_corpus: Path, out: Path, seed: int = 0) -> int:
+    """Every self-labelled conversation and as many seen-function ones (V's anchor share, 0.5), shuffled."""
+    own, seen = read_records(self_corpus), read_records(seen_corpus)
+    rng = random.Random(seed)
+    rows = own + rng.sample(seen, min(len(own), len(seen)))
+    rng.shuffle(rows)
+    return write_jsonl(out, rows)
+
+
+def sft_steps(budget_s: float, metrics: list[dict]) -> int:
+    """Steps that fit `budget_s` seconds at the median step time of a calibration run's metrics
+    (tokens / tokens_per_s; its first step, which warms up, left out)."""
+    times = sorted(m["tokens"] / m["tokens_per_s"] for m in metrics[1:] if m.get("tokens_per_s"))
+    if not times:
+        raise SystemExit("the calibration run logged no step time (tokens_per_s)")
+    return max(1, math.floor(budget_s / times[len(times) // 2]))
+
+
+# ---------------------------------------------------------------------------- the decision
+
+def decide(rows: dict, rule: dict = RULE) -> dict:
+    """The rule applied to per-seed paired figures. `rows[seed]` holds `v_c2` and `v_s`
+    (`paired_difference` of sharded scores on B-dev) and `full` ({"V", "C2", "S"}: P(full) on
+    B-dev) and `full_seen` (the same on the seen-function dev set)."""
+    seeds = sorted(rows)
+    v_c2 = [rows[s]["v_c2"]["difference"] for s in seeds]
+    checks = {
+        "V beats C2 in every seed": all(d > 0 for d in v_c2),
+        f"mean V - C2 >= {rule['min_win']}": sum(v_c2) / len(v_c2) >= rule["min_win"],
+        f"p < {rule['max_p']} in >= {rule['p_seeds']} seeds": sum(rows[s]["v_c2"]["p_value"] < rule["max_p"]
+                                                                  for s in seeds) >= rule["p_seeds"],
+        "V beats S in every seed": all(rows[s]["v_s"]["difference"] > 0 for s in seeds),
+        f"P(full) within {rule['full_margin']} of C2 and S on both sets": all(
+            rows[s][key]["V"] >= rows[s][key][other] - rule["full_margin"]
+            for s in seeds for key in ("full", "full_seen") for other in ("C2", "S")),
+    }
+    seed_level = mean_interval(v_c2) if len(v_c2) >= 2 else None
+    return {"seeds": seeds, "v_minus_c2_by_seed": v_c2, "seed_level": seed_level, "checks": checks,
+            "v_wins_on_dev": all(checks.values()), "rule_hash": rule_hash(rule)}
+
+
+def arm_rows(out: Path, seeds: list[int], lr: dict[str, str]) -> dict:
+    """Per-seed paired figures from the arms' evaluation logs (chosen rates `lr` for C1, C2)."""
+    def logs(name: str) -> tuple[list[dict], list[dict]]:
+        return tuple(read_log(out / "arms" / folder / name / "conversations.jsonl") for folder in ("eval", "eval-seen"))
+
+    s_log, s_seen = logs("s")
+    rows = {}
+    for seed in seeds:
+        v, v_seen = logs(f"v-s{seed}")
+        c2, c2_seen = logs(f"c2-lr{lr['c2']}-s{seed}")
+
+        def paired(a, b, view="sharded"):
+            first, second = scores_by_id(a, view), scores_by_id(b, view)
+            ids = sorted(first)
+            return paired_difference([first[i]["score"] for i in ids], [second[i]["score"] for i in ids])
+
+        def full_p(*named):
+            return {name: paired(log, log, "full")["first"] for name, log in named}
+
+        rows[seed] = {"v_c2": paired(v, c2), "v_s": paired(v, s_log),
+                      "full": full_p(("V", v), ("C2", c2), ("S", s_log)),
+                      "full_seen": full_p(("V", v_seen), ("C2", c2_seen), ("S", s_seen))}
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("gate")
+    p.add_argument("--out", type=Path, required=True)
+    p = sub.add_parser("prepare")
+    p.add_argument("--run", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--v-steps", type=int, default=32)
+    p.add_argument("--lrs", nargs="+", default=["3.0e-5", "1.0e-4", "2.0e-4"])
+    p = sub.add_parser("mix")
+    p.add_argument("--self", dest="own", type=Path, required=True)
+    p.add_argument("--seen", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p = sub.add_parser("steps")
+    p.add_argument("--budget-s", type=float, required=True)
+    p.add_argument("--metrics", type=Path, required=True)
+    p = sub.add_parser("decide")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--lr-c2", default="1.0e-4", help="C2's rate, chosen on B-dev")
+    args = parser.parse_args(argv)
+    if args.command == "gate":
+        report = gate_report(args.out)
+        write_json(args.out / "gate.json", report)
+        print(gate_markdown(report))
+    elif args.command == "prepare":
+        print(prepare(args.run, args.out, args.seeds, args.v_steps, args.lrs))
+    elif args.command == "mix":
+        print(f"{mix(args.own, args.seen, args.out)} conversations to {args.out}")
+    elif args.command == "steps":
+        print(sft_steps(args.budget_s, read_records(args.metrics)))
+    elif args.command == "decide":
+        frozen = json.loads((args.out / "arms" / "rule.json").read_text())
+        if frozen["hash"] != rule_hash():
+            print("the rule changed since prepare froze it; refusing to decide", file=sys.stderr)
+            return 2
+        result = decide(arm_rows(args.out, args.seeds, {"c2": args.lr_c2}))
+        write_json(args.out / "arms" / "decision.json", result)
+        print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
