@@ -357,7 +357,9 @@ def _run(command: list[str], log: Path, timeout: float, deadline: float | None) 
     if limit <= 5:
         return 124, 0.0, "no time left in --budget-s"
     log.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    # One thread a process, as torchrun sets it: the runs share the CPU (the one-process VASD run took 58 s
+    # with torch's default threads on 2 busy cores, 9 s with one).
+    env = {"OMP_NUM_THREADS": "1", **os.environ, "TOKENIZERS_PARALLELISM": "false"}
     began = time.monotonic()
     with open(log, "a", encoding="utf-8") as out:
         out.write(f"$ {shlex.join(command)}\n")
