@@ -145,7 +145,7 @@ def test_vasd_on_two_processes_equals_one_under_zero3_and_fsdp2(tmp_path, smollm
     common = ["bench", "zero", "--processes", "2", "--methods", "vasd", "--paths", "zero3,fsdp2", "--steps", "2",
               "--layers", "2", "--tokenizer", str(smollm2_dir), "--work", str(tmp_path), "--timeout", "300",
               "--collective-timeout", "60"]
-    command = plan(*common[3:], processes=2)["methods"]["vasd"]["paths"]["zero3"]["command"]
+    command = plan(*common[4:], processes=2)["methods"]["vasd"]["paths"]["zero3"]["command"]
     cut, shards = teacher_cut(command, smollm2_dir)
     assert max(shards[0]) != max(shards[1])  # one rank plays a turn more than the other
     assert main([*common, "--override", f"teacher.max_prompt_tokens={cut}", "--json"]) == 0, \
