@@ -3,7 +3,7 @@
     python protocol.py gate --out OUT                 # read the gate's five evaluations (gate.sh runs them)
     python protocol.py prepare --run RUN --out OUT    # the arms' configs and commands (arms.sh), the rule frozen
     python protocol.py mix --self A --seen B --out C  # C2's corpus: self-labels and seen-function rows, 1:1
-    python protocol.py steps --budget-s S --metrics M # SFT steps that fit S seconds at M's measured step time
+    python protocol.py steps --budget-s S --stage F   # SFT steps that take S CPU seconds at stage F's CPU s a step
     python protocol.py decide --out OUT               # the rule applied to the arms' B-dev evaluations
 
 The decision rule (`RULE`) is written here, before any arm's row exists; `prepare` copies it with
@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import random
 import sys
 from pathlib import Path
@@ -25,6 +24,7 @@ import yaml
 from fic.core.files import write_json, write_jsonl, write_text
 from fic.core.records import read_log, read_records
 from fic.core.stats import mean_interval, paired_difference
+from fic.demo.run import equal_compute_steps
 from fic.evaluation.gap import gate, scores_by_id, view_gap
 
 HERE = Path(__file__).resolve().parent
@@ -63,9 +63,9 @@ def gate_report(out: Path) -> dict:
         logs = [read_log(out / folder / "conversations.jsonl") for folder in (teacher, student)]
         expected = [_expected(out / folder) for folder in (teacher, student)]
         done = [len(log) for log in logs]
-        progress[name] = f"{sum(done)} of {sum(expected) if teacher != student else expected[0]} conversations"
-        if teacher == student:
+        if teacher == student:  # one evaluation holds both views
             done, expected = done[:1], expected[:1]
+        progress[name] = f"{sum(done)} of {sum(expected)} conversations"
         if all(d and d == e for d, e in zip(done, expected)):
             gaps[name] = view_gap(logs[0], logs[1], origin=str(out / teacher))
     verdict = gate(gaps, GATE_THRESHOLDS) if all(name in gaps for name in GATE_THRESHOLDS) else None
@@ -157,10 +157,10 @@ def prepare(run: Path, out: Path, seeds: list[int], v_steps: int, lrs: list[str]
             for name, corpus in (("c2", f"{arms}/c2.mix.sft.jsonl"), ("c1", f"{run}/data/sft.sft.jsonl")):
                 cfg = configs / f"{name}-lr{lr}-s{seed}.yaml"
                 write_text(cfg, fill(HERE / "configs" / "sft.yaml", run=run, out=out, seed=seed, lr=lr, corpus=corpus,
-                                     name=name, steps="5"))
+                                     name=name, steps=1))
                 budget = "$(echo \"$V_S - $LABEL_S\" | bc)" if name == "c2" else "$V_S"
-                sh += [f"fic train sft --config {cfg} out={arms}/calib-{name}-lr{lr}-s{seed}  # 5 steps: the step time",
-                       f"STEPS=$({me} steps --budget-s {budget} --metrics {arms}/calib-{name}-lr{lr}-s{seed}/metrics.jsonl)",
+                # V's CPU seconds at S's own stage-1 CPU seconds a step (the demo's control, the same rows' shape)
+                sh += [f"STEPS=$({me} steps --budget-s {budget} --stage {run}/stages/sft.json)",
                        f"timed {name}-lr{lr}-s{seed} fic train sft --config {cfg} train.max_steps=$STEPS",
                        f"{ev} model.model={arms}/{name}-lr{lr}-s{seed}/final out={arms}/eval/{name}-lr{lr}-s{seed}",
                        f"{seen} model.model={arms}/{name}-lr{lr}-s{seed}/final "
@@ -184,15 +184,6 @@ def mix(self_corpus: Path, seen_corpus: Path, out: Path, seed: int = 0) -> int:
     rows = own + rng.sample(seen, min(len(own), len(seen)))
     rng.shuffle(rows)
     return write_jsonl(out, rows)
-
-
-def sft_steps(budget_s: float, metrics: list[dict]) -> int:
-    """Steps that fit `budget_s` seconds at the median step time of a calibration run's metrics
-    (tokens / tokens_per_s; its first step, which warms up, left out)."""
-    times = sorted(m["tokens"] / m["tokens_per_s"] for m in metrics[1:] if m.get("tokens_per_s"))
-    if not times:
-        raise SystemExit("the calibration run logged no step time (tokens_per_s)")
-    return max(1, math.floor(budget_s / times[len(times) // 2]))
 
 
 # ---------------------------------------------------------------------------- the decision
@@ -260,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p = sub.add_parser("steps")
     p.add_argument("--budget-s", type=float, required=True)
-    p.add_argument("--metrics", type=Path, required=True)
+    p.add_argument("--stage", type=Path, required=True, help="an SFT stage's summary (a fic demo folder's stages/sft.json)")
     p = sub.add_parser("decide")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -275,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "mix":
         print(f"{mix(args.own, args.seen, args.out)} conversations to {args.out}")
     elif args.command == "steps":
-        print(sft_steps(args.budget_s, read_records(args.metrics)))
+        print(equal_compute_steps(args.budget_s, json.loads(args.stage.read_text())))
     elif args.command == "decide":
         frozen = json.loads((args.out / "arms" / "rule.json").read_text())
         if frozen["hash"] != rule_hash():
