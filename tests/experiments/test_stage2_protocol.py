@@ -39,14 +39,15 @@ def config_class(name: str) -> type:
 def commands(script: Path) -> list[tuple[type, str, list[str]]]:
     """Each `fic` command of a script that takes a config: (its class, --config, its overrides)."""
     found = []
-    for line in script.read_text().splitlines():
-        words = shlex.split(line.split("#")[0]) if not line.startswith("#") else []
+    for command in [part for line in script.read_text().splitlines() if not line.startswith("#")
+                    for part in line.split("#")[0].split("&&")]:
+        words = [w for w in shlex.split(command) if w not in {"(", ")", "&"}]
         if "fic" not in words:
             continue
         words = words[words.index("fic") + 1:]
         verb = next((v for v in VERBS if tuple(words[:len(v)]) == v), None)
         if verb is None:
-            assert words[0] == "self-label", f"a fic command this test does not check: {line}"
+            assert words[0] == "self-label", f"a fic command this test does not check: {command}"
             continue
         rest = words[len(verb):]
         config = rest[rest.index("--config") + 1]
@@ -65,10 +66,11 @@ def test_every_config_the_protocol_fills_loads_with_its_verbs_class(tmp_path):
         text = path.read_text()
         assert "{" + "run}" not in text and "{" + "out}" not in text and "{" + "seed}" not in text, path.name
         load_config(config_class(path.name), path)  # unknown keys are errors
-    checked = commands(script)
-    assert {cls for cls, _, _ in checked} == set(VERBS.values())
-    for cls, config, overrides in checked:
-        load_config(cls, config, overrides)
+    for written in (script, script.parent / "pilot.sh"):
+        checked = commands(written)
+        assert {cls for cls, _, _ in checked} == set(VERBS.values()), written.name
+        for cls, config, overrides in checked:
+            load_config(cls, config, overrides)
 
 
 def test_a_renamed_key_in_a_template_fails_the_load(tmp_path, monkeypatch):
@@ -122,3 +124,54 @@ def test_c2_and_c1_get_v_s_cpu_seconds_at_stage_1s_cpu_seconds_a_step(tmp_path, 
     stage.write_text(json.dumps({"cpu_seconds": 3100.0, "figures": {"steps": 200, "plateau": {"cpu_seconds": 100.0}}}))
     assert protocol.main(["steps", "--budget-s", "2250", "--stage", str(stage)]) == 0
     assert capsys.readouterr().out.strip() == "150"
+
+
+def evaluation(folder: Path, views: dict[str, list[int]], *, premature=(), never=()) -> None:
+    """An evaluation folder as `fic eval` leaves it: config.yaml (its instances file, views, runs) and
+    conversations.jsonl, each view's scores in the order of the instances."""
+    folder.mkdir(parents=True)
+    n = len(next(iter(views.values())))
+    (folder / "instances.jsonl").write_text("".join(json.dumps({"task_id": f"t{i}"}) + "\n" for i in range(n)))
+    (folder / "config.yaml").write_text(yaml.safe_dump({"data": {"source": [f"jsonl:{folder / 'instances.jsonl'}"]},
+                                                        "views": list(views), "runs": 1}))
+    (folder / "conversations.jsonl").write_text("".join(
+        json.dumps({"task_id": f"t{i}", "view": view, "run": 0, "score": float(s),
+                    "premature_answer": view == "sharded" and i in premature,
+                    "first_answer_turn": None if view == "sharded" and i in never else 1,
+                    "shards_at_first_answer": 2, "num_shards": 3}) + "\n"
+        for view, scores in views.items() for i, s in enumerate(scores)))
+
+
+def test_the_pilot_pairs_v_and_c2_with_s_and_applies_its_rule_to_v_minus_s(tmp_path, capsys):
+    """Ten B-dev instances. Sharded, S is right on the first 4, V on the first 5 (+10 points, 1-0), C2
+    on 4 (V better on 2, C2 on 1); the rule needs V - S >= 3: it holds. C2's seen-dev run is unfinished."""
+    arms = tmp_path / "arms"
+    full = [1] * 8 + [0] * 2
+    evaluation(arms / "eval" / "s", {"full": full, "sharded": [1] * 4 + [0] * 6}, premature={5, 6}, never={9})
+    evaluation(arms / "eval" / "v-s0", {"full": full, "sharded": [1] * 5 + [0] * 5}, premature={6})
+    evaluation(arms / "eval" / "c2-lr1.0e-4-s0", {"full": [1] * 7 + [0] * 3, "sharded": [0, 0, 1, 1, 1, 0, 0, 0, 0, 1]})
+    for name in ("s", "v-s0"):
+        evaluation(arms / "eval-seen" / name, {"full": [1, 1, 1, 0]})
+    assert protocol.main(["pilot", "--out", str(tmp_path)]) == 0
+    report = json.loads((arms / "pilot.json").read_text())
+    assert report["models"]["S"] == {"n": 10, "full": 80.0, "sharded": 40.0, "premature": 20.0, "never_answered": 10.0,
+                                     "seen_full": 75.0}
+    assert report["models"]["C2"]["seen_full"] is None and report["not_finished"] == ["C2 on the seen dev set"]
+    v_s, v_c2 = report["pairs"]["V - S"], report["pairs"]["V - C2"]
+    assert (v_s["difference"], v_s["better"], v_s["worse"]) == (10.0, 1, 0)
+    assert (v_c2["difference"], v_c2["better"], v_c2["worse"]) == (10.0, 2, 1)
+    assert report["verdict"].startswith("continue: V beats S by +10.0")
+    printed = capsys.readouterr().out
+    assert "| V - C2 | 10 | +10.0 (" in printed and "not finished: C2 on the seen dev set" in printed
+
+    (arms / "eval" / "v-s0" / "conversations.jsonl").write_text("")  # V not evaluated yet: no verdict
+    protocol.main(["pilot", "--out", str(tmp_path)])
+    assert json.loads((arms / "pilot.json").read_text())["verdict"] is None
+
+
+def test_the_pilot_stops_when_v_gains_less_than_three_points_on_s(tmp_path):
+    arms = tmp_path / "arms"
+    for name in ("s", "v-s0"):  # V equals S: 0 < 3
+        evaluation(arms / "eval" / name, {"full": [1] * 10, "sharded": [1] * 5 + [0] * 5})
+    protocol.main(["pilot", "--out", str(tmp_path)])
+    assert json.loads((arms / "pilot.json").read_text())["verdict"] == "stop: V - S = +0.0 < 3 points; H runs next"
