@@ -102,7 +102,7 @@ def test_v_is_the_demos_stage_2_without_the_gold_and_h_only_adds_it(tmp_path):
                                                                        if k != "seed"}
     assert v["train"]["seed"] == 1 and v["teacher"] == {**demo["teacher"], "view": "full"}
     assert v["data"]["source"] == [f"jsonl:{tmp_path / 'out'}/arms/b-train.blind.jsonl"]
-    assert h["teacher"]["view"] == "hinted" and h["data"]["source"] == [f"jsonl:{tmp_path / 'out'}/B/train.jsonl"]
+    assert h["teacher"]["view"] == "gold-hinted" and h["data"]["source"] == [f"jsonl:{tmp_path / 'out'}/B/train.jsonl"]
     differ = {k for k in v if v[k] != h[k]}
     assert differ == {"teacher", "data", "out", "train"} and h["train"]["seed"] == 0
 
