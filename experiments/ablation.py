@@ -624,14 +624,16 @@ def test_table(cfg: AblationConfig, runs: dict[str, dict[str, Path]], choice: st
                   "(P in %, greedy, LiC's rules; R and retention against the starting point's P(full), 95% paired "
                   "bootstrap; sign tests on the sharded scores)", "",
                   "| run | P(full) | P(concat) | P(sharded) | first-answer acc. | premature (unanswerable) | never answered | "
-                  "R [95% CI] | retention [95% CI] | vs SFT (wins-losses, p) | vs control (wins-losses, p) |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "R [95% CI] | own P(sharded)/P(full) [95% CI] | retention [95% CI] | vs SFT (wins-losses, p) | "
+                  "vs control (wins-losses, p) |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for key, row in rows.items():
             p = {view: "-" if row["P"].get(view) is None else f"{row['P'][view]:.1f}" for view in VIEWS_SHOWN}
             lines.append(f"| {names.get(key, key)} | {p['full']} | {p['concat']} | {p['sharded']} | "
                          f"{row['first_answer_accuracy']:.1f} | {premature_text(row)} | "
                          f"{percent_text(row['never_answered_rate'])} | {interval_text(row.get('recovery_rate'))} | "
-                         f"{interval_text(row.get('retention'))} | {paired_text(row, 'sft')} | "
+                         f"{interval_text(row.get('own_ratio'))} | {interval_text(row.get('retention'))} | "
+                         f"{paired_text(row, 'sft')} | "
                          f"{paired_text(row, 'control')} |")
         lines.append("")
     return {"choice": chosen, "sets": sets, "table": "\n".join(lines).rstrip()}
