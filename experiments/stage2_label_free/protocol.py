@@ -199,13 +199,14 @@ def prepare(run: Path, out: Path, seeds: list[int], v_steps: int, lrs: list[str]
     (arms / "arms.sh").chmod(0o755)
 
     seed, report = seeds[0], f"{me} pilot --out {out} --seed {seeds[0]} --lr-c2 {pilot_lr}"
-    pilot = [*head, f"# Issue 55's pilot: seed {seed} of V, then two lanes side by side: V's evaluations, and C2 "
-             f"(rate {pilot_lr}) with its own (the self-labels first, alone: their CPU seconds come off C2's). Continue to arms.sh only if V beats S by >= 3 points on B-dev.",
-             *blind, *c2_corpus, *s_bdev, *v_arm(seed), "",
+    pilot = [*head, f"# Issue 55's pilot: seed {seed} of V first (the pilot's rule reads V against S), then two "
+             f"lanes side by side: V's evaluations, and C2 (rate {pilot_lr}: its corpus, training and evaluations). "
+             "Continue to arms.sh only if V beats S by >= 3 points on B-dev.",
+             *blind, *s_bdev, *v_arm(seed), "",
              "( " + " && ".join([f"{ev} model.model={arms}/v-s{seed}/final out={arms}/eval/v-s{seed}", report,
                                  f"{seen} model.model={arms}/v-s{seed}/final out={arms}/eval-seen/v-s{seed}",
                                  f"{seen} model.model=$S out={arms}/eval-seen/s"]) + " ) &",
-             "LANE=$!", *sft_arm("c2", pilot_lr, seed), *evaluated(f"c2-lr{pilot_lr}-s{seed}"),
+             "LANE=$!", *c2_corpus, *sft_arm("c2", pilot_lr, seed), *evaluated(f"c2-lr{pilot_lr}-s{seed}"),
              "wait $LANE", report]
     write_text(arms / "pilot.sh", "\n".join(pilot) + "\n")
     (arms / "pilot.sh").chmod(0o755)
