@@ -133,11 +133,12 @@ def prepare(run: Path, out: Path, seeds: list[int], v_steps: int, lrs: list[str]
         write_text(configs / f"v-s{seed}.yaml", fill(HERE / "configs" / "v.yaml", run=run, out=out, seed=seed, steps=v_steps))
     write_text(configs / "h-s0.yaml", fill(HERE / "configs" / "h.yaml", run=run, out=out, seed=0, steps=v_steps))
     me = f"python {HERE / 'protocol.py'}"
-    # CPU seconds of the children a command ran (cutime + cstime of this shell: $BASHPID, right in a
-    # subshell too), by label; a resumed run adds a line, and a label's seconds are their sum.
-    helpers = ('cpu() { awk -v hz="$(getconf CLK_TCK)" \'{print ($16 + $17) / hz}\' /proc/$BASHPID/stat; }\n'
-               f'timed() {{ local label=$1 t; shift; t=$(cpu); "$@"; echo "$label $(echo "$(cpu) - $t" | bc)" '
-               f'>> {arms}/times.tsv; }}\n'
+    # CPU seconds of the children a command ran (cutime + cstime of the shell that waits for it: its
+    # $BASHPID, read outside the command substitution, whose own subshell has no children), by label;
+    # a resumed run adds a line, and a label's seconds are their sum.
+    helpers = ('cpu() { awk -v hz="$(getconf CLK_TCK)" \'{print ($16 + $17) / hz}\' "/proc/$1/stat"; }\n'
+               f'timed() {{ local label=$1 me=$BASHPID t; shift; t=$(cpu $me); "$@"; '
+               f'echo "$label $(echo "$(cpu $me) - $t" | bc)" >> {arms}/times.tsv; }}\n'
                f'spent() {{ awk -v l="$1" \'$1 == l {{s += $2}} END {{print s + 0}}\' {arms}/times.tsv; }}\n'
                '# once MADE CMD...: CMD unless MADE exists (a finished step of an earlier attempt)\n'
                'once() { local made=$1; shift; if [ -e "$made" ]; then echo "done before: $made"; else "$@"; fi; }\n'
@@ -149,7 +150,7 @@ def prepare(run: Path, out: Path, seeds: list[int], v_steps: int, lrs: list[str]
                '  timed "$label" "$@"\n'
                '}')
     head = ["#!/usr/bin/env bash", f"# Rule {rule_hash()} frozen in {arms}/rule.json before any arm was read.",
-            "set -euo pipefail", helpers, f"S={run}/sft/final", ""]
+            "set -euo pipefail", helpers, f"S={run}/sft/final", f"mkdir -p {arms}/eval {arms}/eval-seen", ""]
     blind = ["# Blinding: B-train's answers replaced by S's own calls before any label-free arm reads them.",
              f"once {arms}/b-train.blind.jsonl timed label-blind fic self-label --model $S --source "
              f"jsonl:{out}/B/train.jsonl --keep any-call --out {arms}/b-train.blind.jsonl"]

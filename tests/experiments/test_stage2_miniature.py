@@ -84,7 +84,7 @@ def test_the_protocol_runs_from_the_gate_to_the_pilots_report(tiny_model_dir, tm
         assert (arms / model / "final").is_dir()
     # C2 took V's CPU seconds (less the self-labelling, here none timed) at 100 CPU s a step
     spent = {label: float(s) for label, s in (line.split() for line in (arms / "times.tsv").read_text().splitlines())}
-    assert set(spent) == {"v-s0", "c2-lr1.0e-4-s0"}
+    assert set(spent) == {"v-s0", "c2-lr1.0e-4-s0"} and spent["v-s0"] > 0
     steps = [json.loads(line)["step"] for line in (arms / "c2-lr1.0e-4-s0" / "metrics.jsonl").read_text().splitlines()]
     assert steps[-1] == max(1, round(spent["v-s0"] / 100.0))
     report = json.loads((arms / "pilot.json").read_text())

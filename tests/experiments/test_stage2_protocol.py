@@ -175,3 +175,18 @@ def test_the_pilot_stops_when_v_gains_less_than_three_points_on_s(tmp_path):
         evaluation(arms / "eval" / name, {"full": [1] * 10, "sharded": [1] * 5 + [0] * 5})
     protocol.main(["pilot", "--out", str(tmp_path)])
     assert json.loads((arms / "pilot.json").read_text())["verdict"] == "stop: V - S = +0.0 < 3 points; H runs next"
+
+
+def test_the_scripts_time_a_commands_cpu_seconds_in_the_main_shell_and_in_a_lane(tmp_path):
+    """`timed` reads the waiting shell's children's CPU seconds: in the script and in a `( ... ) &` lane
+    (a command substitution's own subshell has no children: read there, every label would be 0)."""
+    import subprocess
+
+    script = prepared(tmp_path).parent / "pilot.sh"
+    helpers = script.read_text().split("\nS=")[0]
+    busy = "python -c 'import time; t = time.process_time(); exec(\"while time.process_time() - t < 0.3: pass\")'"
+    probe = tmp_path / "probe.sh"
+    probe.write_text(f"{helpers}\ntimed main {busy}\n( timed lane {busy} ) &\nwait $!\n")
+    subprocess.run(["bash", str(probe)], check=True, timeout=60)
+    spent = dict(line.split() for line in (tmp_path / "out" / "arms" / "times.tsv").read_text().splitlines())
+    assert set(spent) == {"main", "lane"} and all(float(s) >= 0.25 for s in spent.values()), spent
