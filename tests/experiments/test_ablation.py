@@ -46,10 +46,12 @@ def test_a_miniature_ablation_trains_every_variant_and_writes_its_table(tiny_mod
                                                        for k in ("better", "worse")]
         assert f"{name} {pooled['better']}-{pooled['worse']}, p = " in table
     assert "Against the control, seeds 0, 1 pooled (for the record; the rule reads each seed): " in table
+    assert "Against stage 1 (the `sft` row), seeds 0, 1 pooled" in table and set(figures["pooled_vs_sft"]) == {
+        "final", "per-turn", "control"}
     config = yaml.safe_load((out / "ablation" / "per-turn@1" / "train" / "vasd.yaml").read_text())
-    assert config["loss"]["turns"] == "all" and config["model"]["path"].endswith("sft/final")
+    assert config["terms"]["turns"]["replies"] == "all" and config["model"]["path"].endswith("sft/final")
     assert config["train"]["seed"] == 1 and config["data"]["seed"] == load_demo(str(RECIPES), []).vasd.data.seed + 1
-    assert yaml.safe_load((out / "ablation" / "final" / "train" / "vasd.yaml").read_text())["loss"]["turns"] == "final"
+    assert yaml.safe_load((out / "ablation" / "final" / "train" / "vasd.yaml").read_text())["terms"]["turns"]["replies"] == "final"
     dev = yaml.safe_load((out / "ablation" / "final" / "dev" / "eval.yaml").read_text())
     assert dev["model"]["dtype"] == "float32"
 
