@@ -134,7 +134,7 @@ def test_an_ablation_from_a_given_start_trains_and_scores_every_run_from_it(tmp_
         train=lambda kind, config, folder, progress: (
             read.append((kind, config.model.path)), {"seconds": 60.0, "cpu_seconds": 120.0})[1],
         evaluate_dev=lambda cfg, model, folder, progress: (read.append(("dev", str(model))), folder)[1])
-    cfg = ablation.load(str(RECIPES), None, [f"out={out}", f"ablation.start={start}",
+    cfg = ablation.load(str(RECIPES), None, [f"out={out}", f"ablation.start={start}", "ablation.seeds=[0]",
                                              "ablation.folder={out}/from-plateau", "ablation.variants={a: []}"])
     ablation.run_ablation(cfg, progress=False, say=lambda line: None)
     root = out / "from-plateau"
@@ -145,7 +145,7 @@ def test_an_ablation_from_a_given_start_trains_and_scores_every_run_from_it(tmp_
     assert not (out / "ablation").exists()
 
     other = ablation.load(str(RECIPES), None, [f"out={out}", "ablation.folder={out}/from-plateau",
-                                               "ablation.variants={a: []}"])
+                                               "ablation.seeds=[0]", "ablation.variants={a: []}"])
     with pytest.raises(FicError, match="holds an ablation from .*plateau, not .*sft/final") as refused:
         ablation.run_ablation(other, progress=False, say=lambda line: None)
     assert refused.value.field == "ablation.start" and len(read) == 5
@@ -157,7 +157,8 @@ def test_a_control_trained_before_is_kept_and_the_log_says_so_rather_than_a_new_
     out, start = ablation_from_a_given_start(
         tmp_path, monkeypatch, train=lambda kind, config, folder, progress: {"seconds": 60.0, "cpu_seconds": 120.0},
         evaluate_dev=lambda cfg, model, folder, progress: folder)
-    cfg = ablation.load(str(RECIPES), None, [f"out={out}", f"ablation.start={start}", "ablation.variants={a: []}"])
+    cfg = ablation.load(str(RECIPES), None, [f"out={out}", f"ablation.start={start}", "ablation.seeds=[0]",
+                                             "ablation.variants={a: []}"])
     said = []
     ablation.run_ablation(cfg, progress=False, say=said.append)
     assert "[ablation] control: 8 more SFT steps (the variants' mean 2.0 CPU minutes)" in said
