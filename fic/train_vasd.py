@@ -41,6 +41,7 @@ from pathlib import Path
 
 from accelerate.utils import set_seed
 
+from fic.core import progress
 from fic.core.config import config_to_dict, set_in, set_where
 from fic.core.files import append_jsonl, write_json
 from fic.core.model import load_template_checked_tokenizer, template_clause
@@ -102,7 +103,8 @@ def train(cfg: VASDConfig) -> dict:
     out = Path(cfg.out)
 
     def held_out_figures(step: int) -> dict:
-        return evaluate_now(cfg, held_out, vasd, out=out / "dev" / f"step-{step}")
+        with progress.phase("held-out", "dev tasks"):  # its turns are not the rollouts'
+            return evaluate_now(cfg, held_out, vasd, out=out / "dev" / f"step-{step}")
 
     if held_out and start == 0 and main:  # the point the held-out figures are compared with
         before = held_out_figures(0)
