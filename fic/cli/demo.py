@@ -22,8 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
                         "this run would use (demo.yaml and the overrides) and its help, and exit")
     parser.add_argument("--dry-run", action="store_true", help=DRY_RUN_HELP)
     parser.add_argument("--quiet", action="store_true", help="no progress bars or lines")
-    parser.add_argument("--quick", action="store_true", help="a smoke run of every stage in a few minutes on 2 CPU "
-                        "cores, into runs/demo-quick: tiny splits and a few steps (wide intervals; a look at what the "
+    parser.add_argument("--quick", action="store_true", help="a smoke run of every stage (about 15 minutes on 2 quiet CPU "
+                        "cores), into runs/demo-quick: tiny splits and a few steps (wide intervals; a look at what the "
                         "demo does and writes, not a measure). Overrides given beside it win")
     parser.add_argument("--ablate", action="store_true", help=argparse.SUPPRESS)  # moved: says where to
     parser.add_argument("--stage", default=None, choices=STAGES[:-1], help=argparse.SUPPRESS)  # one stage's process

@@ -141,7 +141,7 @@ class DemoConfig:
                           "method.")
 
 
-# `fic demo --quick`: the whole pipeline in a few minutes on 2 cores, into its own folder. Tiny
+# `fic demo --quick`: the whole pipeline in about 15 minutes on 2 quiet cores, into its own folder. Tiny
 # splits and a few steps of every stage: a look at what the demo does and writes, not a measure.
 QUICK = ("out=runs/demo-quick", "smoke=true", "label=SmolLM2-135M-Instruct + single-turn warm-up (smoke run)",
          "data.train=48", "data.dev=8", "data.test=16", "data.test_unseen=8", "bootstrap=200",
