@@ -47,7 +47,7 @@ from fic.core.config import DRY_RUN_HELP, config_to_dict, print_keys, resolved_y
 from fic.core.errors import FicError, exit_status
 from fic.core.files import folder_lock, make_folder, remove_folder, run_token, write_json, write_text
 from fic.core.records import read_json, read_log
-from fic.core.stats import sign_test
+from fic.core.stats import detectable_gain, sign_test, sign_test_power
 from fic.demo import costs
 from fic.demo.report import (
     interval_text,
@@ -93,7 +93,7 @@ class AblationSection:
        "refused.")
     control: bool = setting(True, "Also continue stage 1 for the variants' mean CPU time (the equal-compute "
                             "control, one per seed) and evaluate it.")
-    seeds: list[int] = setting([0], "Seeds: every variant and the control train once per seed (train.seed, and "
+    seeds: list[int] = setting([0, 1, 2], "Seeds: every variant and the control train once per seed (train.seed, and "
                                "the data order's seed plus it), each against the control of its own seed.")
     eval_dtype: str = setting("float32", "Weights dtype of the dev evaluations: float32, so that paired wins and "
                               "losses are not bf16 batch-shape noise (7 of 16 greedy conversations changed with the "
@@ -462,14 +462,15 @@ def choose(rows: dict[str, dict], seeds: list[int], variants: list[str], max_ful
             f"({winners[best]:.1f})"}
 
 
-def pooled_vs_control(rows: dict[str, dict], seeds: list[int], variants: list[str]) -> dict[str, dict]:
-    """Each variant's wins and losses against its seed's control, summed over the seeds, with one
-    exact sign test: for the record beside the rule, which reads each seed on its own. The seeds
-    replay the same instances, but if the variant has no effect, each seed's run and control are
-    two draws of the same training: an instance's signs are fair coins, uncorrelated across seeds."""
+def pooled_vs(rows: dict[str, dict], seeds: list[int], variants: list[str], other: str = "control") -> dict[str, dict]:
+    """Each variant's wins and losses against `other` (its seed's control, or stage 1), summed over
+    the seeds, with one exact sign test: for the record beside the rule, which reads each seed on
+    its own. The seeds replay the same instances, but if the variant has no effect, each seed's run
+    and its comparator are two draws of the same training: an instance's signs are fair coins,
+    uncorrelated across seeds."""
     pooled = {}
     for name in variants:
-        tests = [rows.get(run_name(name, s), {}).get("vs_control") for s in seeds]
+        tests = [rows.get(run_name(name, s), {}).get(f"vs_{other}") for s in seeds]
         if all(tests):
             better, worse = sum(t["better"] for t in tests), sum(t["worse"] for t in tests)
             pooled[name] = sign_test([1] * better + [-1] * worse) | {"tied": sum(t["tied"] for t in tests)}
@@ -516,12 +517,38 @@ def ablation_table(runs: dict[str, Path], seconds: dict[str, dict], seeds: list[
     if chosen is not None:
         lines += ["", f"Rule `{rule}` (fixed before the table was read): the choice is **{chosen['choice']}**: "
                       f"{chosen['why']}."]
-    pooled = pooled_vs_control(rows, seeds, variants or []) if len(seeds) > 1 else {}
-    if pooled:
-        lines += ["", f"Against the control, seeds {', '.join(map(str, seeds))} pooled (for the record; the rule "
-                      "reads each seed): " + "; ".join(f"{name} {t['better']}-{t['worse']}, p = {t['p_value']:.3g}"
-                                                       for name, t in pooled.items()) + "."]
-    return {"rows": rows, "choice": chosen, "pooled": pooled, "table": "\n".join(lines)}
+    pooled = pooled_vs(rows, seeds, variants or []) if len(seeds) > 1 else {}
+    pooled_sft = pooled_vs(rows, seeds, [*(variants or []), "control"], "sft") if len(seeds) > 1 else {}
+    for against, tests in (("the control", pooled), ("stage 1 (the `sft` row)", pooled_sft)):
+        if tests:
+            lines += ["", f"Against {against}, seeds {', '.join(map(str, seeds))} pooled (for the record; the rule "
+                          "reads each seed): " + "; ".join(f"{name} {t['better']}-{t['worse']}, p = {t['p_value']:.3g}"
+                                                           for name, t in tests.items()) + "."]
+    power = power_text(rows, n, len(seeds))
+    if power:
+        lines += ["", power]
+    return {"rows": rows, "choice": chosen, "pooled": pooled, "pooled_vs_sft": pooled_sft, "table": "\n".join(lines)}
+
+
+POWER_GAINS = (4.0, 6.0, 10.0)  # points: the gains the power sentence prices
+
+
+def power_text(rows: dict[str, dict], n: int, seeds: int) -> str | None:
+    """What this table can detect: the rule's chance (more wins than losses at p < 0.05 in every
+    seed) of finding true gains of POWER_GAINS points and the gain it finds 80% of the time, at
+    the share of instances on which a run and its comparator differ here (their mean)."""
+    tests = [row.get("vs_control") or row.get("vs_sft") for name, row in rows.items() if name != "sft"]
+    shares = [(t["better"] + t["worse"]) / n for t in tests if t and n]
+    if not shares or not any(shares):
+        return None
+    discordant = sum(shares) / len(shares)
+    found = " / ".join(f"{sign_test_power(n, discordant, g, seeds):.0%}" for g in POWER_GAINS)
+    smallest = detectable_gain(n, discordant, seeds)
+    eighty = (f"80% needs a true gain of about {smallest:g} points" if smallest is not None else
+              "no gain this discordance allows is found 80% of the time")
+    return (f"Power: with N = {n} and {seeds} seed(s), where {discordant:.0%} of instances differ between a run and "
+            f"its comparator (this table's mean), the rule finds a true gain of "
+            f"{' / '.join(f'{g:g}' for g in POWER_GAINS)} points {found} of the time; {eighty}.")
 
 
 def paired_text(row: dict, other: str) -> str:
@@ -597,14 +624,16 @@ def test_table(cfg: AblationConfig, runs: dict[str, dict[str, Path]], choice: st
                   "(P in %, greedy, LiC's rules; R and retention against the starting point's P(full), 95% paired "
                   "bootstrap; sign tests on the sharded scores)", "",
                   "| run | P(full) | P(concat) | P(sharded) | first-answer acc. | premature (unanswerable) | never answered | "
-                  "R [95% CI] | retention [95% CI] | vs SFT (wins-losses, p) | vs control (wins-losses, p) |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "R [95% CI] | own P(sharded)/P(full) [95% CI] | retention [95% CI] | vs SFT (wins-losses, p) | "
+                  "vs control (wins-losses, p) |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for key, row in rows.items():
             p = {view: "-" if row["P"].get(view) is None else f"{row['P'][view]:.1f}" for view in VIEWS_SHOWN}
             lines.append(f"| {names.get(key, key)} | {p['full']} | {p['concat']} | {p['sharded']} | "
                          f"{row['first_answer_accuracy']:.1f} | {premature_text(row)} | "
                          f"{percent_text(row['never_answered_rate'])} | {interval_text(row.get('recovery_rate'))} | "
-                         f"{interval_text(row.get('retention'))} | {paired_text(row, 'sft')} | "
+                         f"{interval_text(row.get('own_ratio'))} | {interval_text(row.get('retention'))} | "
+                         f"{paired_text(row, 'sft')} | "
                          f"{paired_text(row, 'control')} |")
         lines.append("")
     return {"choice": chosen, "sets": sets, "table": "\n".join(lines).rstrip()}

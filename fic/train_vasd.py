@@ -26,7 +26,7 @@ runs four phases, rollouts -> teacher -> student -> update:
    Final replies cut by the token cap are counted and left out (`loss.keep_truncated`).
 4. Update: clip, optimizer step, the EMA teacher, the rollout engine's refresh.
 
-Rollouts are seeded from (seed, step, rank), the data order is a function of the step, and
+Rollouts are seeded from (seed, step, conversation), the data order is a function of the step, and
 checkpoints hold weights, optimizer, RNG and the EMA teacher: losses after a kill and
 `resume=true` equal those of an uninterrupted run. Outputs as `fic/train_sft.py`, plus
 `samples.jsonl` (sample conversations every `logging.samples_every` steps) and `dev/step-N/`
@@ -45,6 +45,7 @@ from fic.core import progress
 from fic.core.config import config_to_dict, set_in, set_where
 from fic.core.files import append_jsonl, write_json
 from fic.core.model import load_template_checked_tokenizer, template_clause
+from fic.core.ranks import phase
 from fic.core.records import file_sha256
 from fic.data.sources import describe_loaded, load_sharded
 from fic.evaluation.live import evaluate_live
@@ -102,13 +103,15 @@ def train(cfg: VASDConfig) -> dict:
         "loss": f"{f['loss']:.4f}", "acc": f"{f['rollout_accuracy']:.2f}", "early": f"{f['premature_answer_rate']:.2f}"})
     out = Path(cfg.out)
 
-    def held_out_figures(step: int) -> dict:
-        with progress.phase("held-out", "dev tasks"):  # its turns are not the rollouts'
+    def held_out_figures(step: int) -> dict:  # on every rank, each its share of the held-out tasks
+        # its turns are not the rollouts'
+        with progress.phase("held-out", "dev tasks"), phase(f"the held-out evaluation at step {step}"):
             return evaluate_now(cfg, held_out, vasd, out=out / "dev" / f"step-{step}")
 
-    if held_out and start == 0 and main:  # the point the held-out figures are compared with
+    if held_out and start == 0:  # the point the held-out figures are compared with
         before = held_out_figures(0)
-        append_jsonl(out / "metrics.jsonl", {"step": 0, **before})
+        if main:
+            append_jsonl(out / "metrics.jsonl", {"step": 0, **before})
         say("before training: " + ", ".join(f"{k}={v:.4g}" for k, v in before.items() if v is not None))
 
     # The loop: one VASD step (rollouts, teacher, student, update), then samples, held-out
@@ -116,7 +119,7 @@ def train(cfg: VASDConfig) -> dict:
     last: dict = {}
     vasd.loss_model.train()
     for step in range(start + 1, steps + 1):
-        last, convs = vasd.step(step)
+        last, convs = vasd.step(step)  # each phase named for the watchdog
         tables = None
         if cfg.logging.samples_every and step % cfg.logging.samples_every == 0:
             rows = sample_rows(convs)
@@ -130,34 +133,38 @@ def train(cfg: VASDConfig) -> dict:
         log.step(step, last, tables)
         state = {"world_size": world, "data_sha256": data_sha, "config": config_to_dict(cfg), "wandb_id": run_id,
                  "loss": last["loss"]}
-        loop.maybe_checkpoint(accelerator, cfg, step, steps, state, vasd.save_extra)
+        with phase(f"the checkpoint at step {step}"):
+            loop.maybe_checkpoint(accelerator, cfg, step, steps, state, vasd.save_extra)
     log.close({"final_loss": last.get("loss"), "steps": steps})
 
     # Save: the final model with its card.
     result = {"steps": steps, "world_size": world, "final_loss": last.get("loss", (saved or {}).get("loss"))}
-    final = checkpoints.save_final(accelerator, vasd.loss_model, cfg, out, lambda kind: model_card(cfg, result, kind))
+    with phase("the final model"):
+        final = checkpoints.save_final(accelerator, vasd.loss_model, cfg, out,
+                                       lambda kind: model_card(cfg, result, kind))
     say(f"saved {final}" + (f" and {out / 'final-merged'}" if cfg.save_merged else ""))
     accelerator.end_training()
     return {"model_dir": final, "model": vasd.policy, "last": last, **result}
 
 
 def evaluate_now(cfg: VASDConfig, held_out: list, vasd: VASDStep, *, out: Path) -> dict:
-    """On the held-out dev tasks (main process): the divergence per answer token (`dev_divergence_per_token`)
-    and, for each of `dev.views`, a `fic eval` of the live model (`out/dev/step-N/`)."""
+    """On the held-out dev tasks: the divergence per answer token (`dev_divergence_per_token`) and,
+    for each of `dev.views`, a `fic eval` of the live model (`out/dev/step-N/`, written by the main
+    process). Every rank calls it and scores its share in lockstep with the others (a ZeRO-3 or
+    FSDP model gathers its weights in every forward); every rank returns the same figures."""
     accelerator = vasd.accelerator
-    if not accelerator.is_main_process:
-        return {}
     vasd.policy.eval()
-    with vasd.copy:
+    with vasd.copy, loop.root_gathered(vasd.loss_model):
         figures = {"dev_divergence_per_token": held_out_divergence(cfg, held_out, vasd.generator, vasd.tokenizer,
                                                                     vasd.parts, vasd.loss, device=accelerator.device,
                                                                     autocast=accelerator.autocast,
                                                                     share_prefixes=vasd.share_prefixes)}
     vasd.policy.train()
     if cfg.dev.views:
-        figures.update(evaluate_live(vasd.policy, vasd.tokenizer, cfg.dev.data, cfg.dev.views,
-                                     max_new_tokens=cfg.dev.max_new_tokens, batch_size=cfg.dev.batch_size,
-                                     out=out, prefix="dev_"))
+        with loop.root_gathered(vasd.loss_model):
+            figures.update(evaluate_live(vasd.policy, vasd.tokenizer, cfg.dev.data, cfg.dev.views,
+                                         max_new_tokens=cfg.dev.max_new_tokens, batch_size=cfg.dev.batch_size,
+                                         out=out, prefix="dev_"))
     return figures
 
 

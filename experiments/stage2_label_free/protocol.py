@@ -3,7 +3,8 @@
     python protocol.py gate --out OUT                 # read the gate's five evaluations (gate.sh runs them)
     python protocol.py prepare --run RUN --out OUT    # the arms' configs and commands (arms.sh), the rule frozen
     python protocol.py mix --self A --seen B --out C  # C2's corpus: self-labels and seen-function rows, 1:1
-    python protocol.py steps --budget-s S --metrics M # SFT steps that fit S seconds at M's measured step time
+    python protocol.py steps --budget-s S --stage F   # SFT steps that take S CPU seconds at stage F's CPU s a step
+    python protocol.py pilot --out OUT                # seed 0 of V and C2 against S and each other, the pilot's rule
     python protocol.py decide --out OUT               # the rule applied to the arms' B-dev evaluations
 
 The decision rule (`RULE`) is written here, before any arm's row exists; `prepare` copies it with
@@ -15,7 +16,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import random
 import sys
 from pathlib import Path
@@ -25,7 +25,9 @@ import yaml
 from fic.core.files import write_json, write_jsonl, write_text
 from fic.core.records import read_log, read_records
 from fic.core.stats import mean_interval, paired_difference
+from fic.demo.run import equal_compute_steps
 from fic.evaluation.gap import gate, scores_by_id, view_gap
+from fic.evaluation.metrics import timing_bin
 
 HERE = Path(__file__).resolve().parent
 GATE_THRESHOLDS = {"bdev_own_gap": 8.0, "btrain_teacher_student_gap": 8.0}  # points
@@ -63,9 +65,9 @@ def gate_report(out: Path) -> dict:
         logs = [read_log(out / folder / "conversations.jsonl") for folder in (teacher, student)]
         expected = [_expected(out / folder) for folder in (teacher, student)]
         done = [len(log) for log in logs]
-        progress[name] = f"{sum(done)} of {sum(expected) if teacher != student else expected[0]} conversations"
-        if teacher == student:
+        if teacher == student:  # one evaluation holds both views
             done, expected = done[:1], expected[:1]
+        progress[name] = f"{sum(done)} of {sum(expected)} conversations"
         if all(d and d == e for d, e in zip(done, expected)):
             gaps[name] = view_gap(logs[0], logs[1], origin=str(out / teacher))
     verdict = gate(gaps, GATE_THRESHOLDS) if all(name in gaps for name in GATE_THRESHOLDS) else None
@@ -112,8 +114,10 @@ def fill(template: Path, **values: object) -> str:
     return text
 
 
-def prepare(run: Path, out: Path, seeds: list[int], v_steps: int, lrs: list[str]) -> Path:
-    """OUT/arms: the filled configs, rule.json and arms.sh (the commands, in order; nothing is run)."""
+def prepare(run: Path, out: Path, seeds: list[int], v_steps: int, lrs: list[str], pilot_lr: str = "1.0e-4") -> Path:
+    """OUT/arms: the filled configs, rule.json, arms.sh (every arm, in order) and pilot.sh (seed 0 of V
+    and of C2 at `pilot_lr`, their evaluations in two lanes); nothing is run. Both scripts resume:
+    a finished step is passed over, a training run with a checkpoint continues from it."""
     arms = out / "arms"
     configs = arms / "configs"
     configs.mkdir(parents=True, exist_ok=True)
@@ -129,51 +133,84 @@ def prepare(run: Path, out: Path, seeds: list[int], v_steps: int, lrs: list[str]
         write_text(configs / f"v-s{seed}.yaml", fill(HERE / "configs" / "v.yaml", run=run, out=out, seed=seed, steps=v_steps))
     write_text(configs / "h-s0.yaml", fill(HERE / "configs" / "h.yaml", run=run, out=out, seed=0, steps=v_steps))
     me = f"python {HERE / 'protocol.py'}"
-    # CPU seconds of the children a command ran (cutime + cstime of this shell), by label: equal compute.
-    timed = ('cpu() { awk -v hz="$(getconf CLK_TCK)" \'{print ($16 + $17) / hz}\' /proc/$$/stat; }\n'
-             f'timed() {{ local label=$1 t; shift; t=$(cpu); "$@"; echo "$label $(echo "$(cpu) - $t" | bc)" '
-             f'>> {arms}/times.tsv; }}')
-    sh = ["#!/usr/bin/env bash", "# Issue 55's arms, written by protocol.py prepare; run top to bottom (pilot first).",
-          f"# Rule {rule_hash()} frozen in {arms}/rule.json before any arm was read.", "set -euo pipefail", timed,
-          f"S={run}/sft/final", "",
-          "# 0. Blinding: B-train's answers replaced by S's own calls before any label-free arm reads them.",
-          f"timed label-blind fic self-label --model $S --source jsonl:{out}/B/train.jsonl --keep any-call "
-          f"--out {arms}/b-train.blind.jsonl",
-          f"timed label-self fic self-label --model $S --source jsonl:{out}/B/train.jsonl --keep agreeing "
-          f"--out {arms}/b-train.self.jsonl",
-          f"fic sft-data --config {configs}/c2-data.yaml",
-          f"{me} mix --self {arms}/c2.self.sft.jsonl --seen {run}/data/sft.sft.jsonl --out {arms}/c2.mix.sft.jsonl",
-          ""]
+    # CPU seconds of the children a command ran (cutime + cstime of the shell that waits for it: its
+    # $BASHPID, read outside the command substitution, whose own subshell has no children), by label;
+    # a resumed run adds a line, and a label's seconds are their sum.
+    helpers = ('cpu() { awk -v hz="$(getconf CLK_TCK)" \'{print ($16 + $17) / hz}\' "/proc/$1/stat"; }\n'
+               f'timed() {{ local label=$1 me=$BASHPID t; shift; t=$(cpu $me); "$@"; '
+               f'echo "$label $(echo "$(cpu $me) - $t" | bc)" >> {arms}/times.tsv; }}\n'
+               f'spent() {{ awk -v l="$1" \'$1 == l {{s += $2}} END {{print s + 0}}\' {arms}/times.tsv; }}\n'
+               '# once MADE CMD...: CMD unless MADE exists (a finished step of an earlier attempt)\n'
+               'once() { local made=$1; shift; if [ -e "$made" ]; then echo "done before: $made"; else "$@"; fi; }\n'
+               '# train LABEL OUT CMD...: timed; passed over when OUT/final exists, resumed from a checkpoint\n'
+               'train() {\n'
+               '  local label=$1 out=$2; shift 2\n'
+               '  if [ -e "$out/final" ]; then echo "done before: $out"; return; fi\n'
+               '  if compgen -G "$out/checkpoints/step-*/complete" > /dev/null; then set -- "$@" resume=true; fi\n'
+               '  timed "$label" "$@"\n'
+               '}')
+    head = ["#!/usr/bin/env bash", f"# Rule {rule_hash()} frozen in {arms}/rule.json before any arm was read.",
+            "set -euo pipefail", helpers, f"S={run}/sft/final", f"mkdir -p {arms}/eval {arms}/eval-seen", ""]
+    blind = ["# Blinding: B-train's answers replaced by S's own calls before any label-free arm reads them.",
+             f"once {arms}/b-train.blind.jsonl timed label-blind fic self-label --model $S --source "
+             f"jsonl:{out}/B/train.jsonl --keep any-call --out {arms}/b-train.blind.jsonl"]
+    c2_corpus = ["# C2's corpus: S's filtered calls on B-train as deferral conversations, mixed 1:1 with the seen ones",
+                 f"once {arms}/b-train.self.jsonl timed label-self fic self-label --model $S --source "
+                 f"jsonl:{out}/B/train.jsonl --keep agreeing --out {arms}/b-train.self.jsonl",
+                 f"once {arms}/c2.self.sft.jsonl fic sft-data --config {configs}/c2-data.yaml",
+                 f"once {arms}/c2.mix.sft.jsonl {me} mix --self {arms}/c2.self.sft.jsonl --seen {run}/data/sft.sft.jsonl "
+                 f"--out {arms}/c2.mix.sft.jsonl"]
     ev = f"fic eval --config {configs}/eval-bdev.yaml --quiet views=[full,sharded]"
     seen = f"fic eval --config {configs}/eval-seen-dev.yaml --quiet views=[full]"
+    s_bdev = [f"once {arms}/eval/s cp -r {out}/bdev {arms}/eval/s  # S on B-dev is the gate's evaluation (same settings):",
+              f"{ev} model.model=$S out={arms}/eval/s  # resumed, its fingerprint checked: nothing left to play"]
+
+    def evaluated(name: str) -> list[str]:
+        return [f"{ev} model.model={arms}/{name}/final out={arms}/eval/{name}",
+                f"{seen} model.model={arms}/{name}/final out={arms}/eval-seen/{name}"]
+
+    def v_arm(seed: int) -> list[str]:
+        return [f"train v-s{seed} {arms}/v-s{seed} fic train vasd --config {configs}/v-s{seed}.yaml"]
+
+    def sft_arm(name: str, lr: str, seed: int) -> list[str]:
+        """C2 or C1 for V's CPU seconds (C2's less the self-labelling) at S's own stage-1 CPU seconds
+        a step (the demo's control rule; the same rows' shape)."""
+        corpus = f"{arms}/c2.mix.sft.jsonl" if name == "c2" else f"{run}/data/sft.sft.jsonl"
+        cfg = configs / f"{name}-lr{lr}-s{seed}.yaml"
+        write_text(cfg, fill(HERE / "configs" / "sft.yaml", run=run, out=out, seed=seed, lr=lr, corpus=corpus,
+                             name=name, steps=1))
+        budget = f'$(echo "$(spent v-s{seed}) - $(spent label-self)" | bc)' if name == "c2" else f"$(spent v-s{seed})"
+        return [f"STEPS=$({me} steps --budget-s {budget} --stage {run}/stages/sft.json)",
+                f"train {name}-lr{lr}-s{seed} {arms}/{name}-lr{lr}-s{seed} fic train sft --config {cfg} "
+                f"train.max_steps=$STEPS"]
+
+    sh = [*head, "# Issue 55's arms, written by protocol.py prepare; pilot.sh first (seed 0 of V and C2).",
+          *blind, *c2_corpus, *s_bdev, f"{seen} model.model=$S out={arms}/eval-seen/s", ""]
     for seed in seeds:
-        sh += [f"# seed {seed}" + (" (the pilot: stop here unless V beats S by >= 3 on B-dev)" if seed == seeds[0] else ""),
-               f"timed v-s{seed} fic train vasd --config {configs}/v-s{seed}.yaml",
-               f"{ev} model.model={arms}/v-s{seed}/final out={arms}/eval/v-s{seed}",
-               f"{seen} model.model={arms}/v-s{seed}/final out={arms}/eval-seen/v-s{seed}",
-               f"V_S=$(awk '$1==\"v-s{seed}\" {{print $2}}' {arms}/times.tsv | tail -1)",
-               f"LABEL_S=$(awk '$1==\"label-self\" {{print $2}}' {arms}/times.tsv | tail -1)"]
+        sh += [f"# seed {seed}", *v_arm(seed), *evaluated(f"v-s{seed}")]
         for lr in lrs:
-            for name, corpus in (("c2", f"{arms}/c2.mix.sft.jsonl"), ("c1", f"{run}/data/sft.sft.jsonl")):
-                cfg = configs / f"{name}-lr{lr}-s{seed}.yaml"
-                write_text(cfg, fill(HERE / "configs" / "sft.yaml", run=run, out=out, seed=seed, lr=lr, corpus=corpus,
-                                     name=name, steps="5"))
-                budget = "$(echo \"$V_S - $LABEL_S\" | bc)" if name == "c2" else "$V_S"
-                sh += [f"fic train sft --config {cfg} out={arms}/calib-{name}-lr{lr}-s{seed}  # 5 steps: the step time",
-                       f"STEPS=$({me} steps --budget-s {budget} --metrics {arms}/calib-{name}-lr{lr}-s{seed}/metrics.jsonl)",
-                       f"timed {name}-lr{lr}-s{seed} fic train sft --config {cfg} train.max_steps=$STEPS",
-                       f"{ev} model.model={arms}/{name}-lr{lr}-s{seed}/final out={arms}/eval/{name}-lr{lr}-s{seed}",
-                       f"{seen} model.model={arms}/{name}-lr{lr}-s{seed}/final "
-                       f"out={arms}/eval-seen/{name}-lr{lr}-s{seed}"]
+            for name in ("c2", "c1"):
+                sh += [*sft_arm(name, lr, seed), *evaluated(f"{name}-lr{lr}-s{seed}")]
         sh.append("")
     sh += ["# H, one seed: the hinted teacher reads B-train's true gold (the positive control).",
-           f"timed h-s0 fic train vasd --config {configs}/h-s0.yaml",
+           f"train h-s0 {arms}/h-s0 fic train vasd --config {configs}/h-s0.yaml",
            f"{ev} model.model={arms}/h-s0/final out={arms}/eval/h-s0",
-           f"{ev} model.model=$S out={arms}/eval/s",
-           f"{seen} model.model=$S out={arms}/eval-seen/s",
            f"{me} decide --out {out}"]
     write_text(arms / "arms.sh", "\n".join(sh) + "\n")
     (arms / "arms.sh").chmod(0o755)
+
+    seed, report = seeds[0], f"{me} pilot --out {out} --seed {seeds[0]} --lr-c2 {pilot_lr}"
+    pilot = [*head, f"# Issue 55's pilot: seed {seed} of V first (the pilot's rule reads V against S), then two "
+             f"lanes side by side: V's evaluations, and C2 (rate {pilot_lr}: its corpus, training and evaluations). "
+             "Continue to arms.sh only if V beats S by >= 3 points on B-dev.",
+             *blind, *s_bdev, *v_arm(seed), "",
+             "( " + " && ".join([f"{ev} model.model={arms}/v-s{seed}/final out={arms}/eval/v-s{seed}", report,
+                                 f"{seen} model.model={arms}/v-s{seed}/final out={arms}/eval-seen/v-s{seed}",
+                                 f"{seen} model.model=$S out={arms}/eval-seen/s"]) + " ) &",
+             "LANE=$!", *c2_corpus, *sft_arm("c2", pilot_lr, seed), *evaluated(f"c2-lr{pilot_lr}-s{seed}"),
+             "wait $LANE", report]
+    write_text(arms / "pilot.sh", "\n".join(pilot) + "\n")
+    (arms / "pilot.sh").chmod(0o755)
     return arms / "arms.sh"
 
 
@@ -186,13 +223,57 @@ def mix(self_corpus: Path, seen_corpus: Path, out: Path, seed: int = 0) -> int:
     return write_jsonl(out, rows)
 
 
-def sft_steps(budget_s: float, metrics: list[dict]) -> int:
-    """Steps that fit `budget_s` seconds at the median step time of a calibration run's metrics
-    (tokens / tokens_per_s; its first step, which warms up, left out)."""
-    times = sorted(m["tokens"] / m["tokens_per_s"] for m in metrics[1:] if m.get("tokens_per_s"))
-    if not times:
-        raise SystemExit("the calibration run logged no step time (tokens_per_s)")
-    return max(1, math.floor(budget_s / times[len(times) // 2]))
+# ---------------------------------------------------------------------------- the pilot
+
+def finished_log(folder: Path) -> list[dict] | None:
+    """An evaluation's conversations once every one is played, else None."""
+    log = read_log(folder / "conversations.jsonl")
+    return log if log and len(log) == _expected(folder) else None
+
+
+def pilot_report(out: Path, seed: int, lr: str) -> dict:
+    """Seed `seed` of V and of C2 (rate `lr`) against S and each other on B-dev, from whichever
+    evaluations have finished, and the pilot's rule: on to the other seeds only if V beats S by
+    RULE["min_win"] points (sharded P on B-dev); otherwise H next."""
+    names = {"S": "s", "V": f"v-s{seed}", "C2": f"c2-lr{lr}-s{seed}"}
+    bdev = {m: finished_log(out / "arms" / "eval" / f) for m, f in names.items()}
+    seen = {m: finished_log(out / "arms" / "eval-seen" / f) for m, f in names.items()}
+    models = {}
+    for model, log in bdev.items():
+        if log is None:
+            continue
+        full, sharded = scores_by_id(log, "full"), list(scores_by_id(log, "sharded").values())
+        models[model] = {"n": len(sharded), "full": 100.0 * sum(r["score"] for r in full.values()) / len(full),
+                         "sharded": 100.0 * sum(r["score"] for r in sharded) / len(sharded),
+                         "premature": 100.0 * sum(bool(r.get("premature_answer")) for r in sharded) / len(sharded),
+                         "never_answered": 100.0 * sum(timing_bin(r) == "never" for r in sharded) / len(sharded),
+                         "seen_full": (None if seen[model] is None else 100.0 * sum(
+                             r["score"] for r in scores_by_id(seen[model], "full").values()) / len(seen[model]))}
+    pairs = {f"{a} - {b}": view_gap(bdev[a], bdev[b], teacher_view="sharded", origin=str(out / "arms" / "eval"))
+             for a, b in (("V", "S"), ("C2", "S"), ("V", "C2")) if bdev[a] is not None and bdev[b] is not None}
+    v_s = pairs.get("V - S")
+    verdict = None if v_s is None else (
+        f"continue: V beats S by {v_s['difference']:+.1f} >= {RULE['min_win']:g} points" if v_s["difference"] >= RULE["min_win"]
+        else f"stop: V - S = {v_s['difference']:+.1f} < {RULE['min_win']:g} points; H runs next")
+    return {"seed": seed, "c2_lr": lr, "models": models, "pairs": pairs, "verdict": verdict,
+            "not_finished": sorted([f"{m} on B-dev" for m in names if bdev[m] is None]
+                                   + [f"{m} on the seen dev set" for m in names if seen[m] is None])}
+
+
+def pilot_markdown(report: dict) -> str:
+    lines = ["| model | N | P(full) | P(sharded) | premature | never answered | P(full), seen dev |", "|---|---|---|---|---|---|---|"]
+    for model, m in report["models"].items():
+        seen = "not finished" if m["seen_full"] is None else f"{m['seen_full']:.1f}"
+        lines.append(f"| {model} | {m['n']} | {m['full']:.1f} | {m['sharded']:.1f} | {m['premature']:.1f}% | "
+                     f"{m['never_answered']:.1f}% | {seen} |")
+    lines += ["", "| sharded P on B-dev | N | difference (95% CI) | better / worse | exact p |", "|---|---|---|---|---|"]
+    for name, g in report["pairs"].items():
+        lines.append(f"| {name} | {g['n']} | {g['difference']:+.1f} ({g['low']:+.1f} to {g['high']:+.1f}) | "
+                     f"{g['better']} / {g['worse']} | {g['p_value']:.2g} |")
+    lines += ["", "pilot: " + (report["verdict"] or "not decided yet (V on B-dev not finished)")]
+    if report["not_finished"]:
+        lines.append("not finished: " + ", ".join(report["not_finished"]))
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------- the decision
@@ -254,13 +335,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--v-steps", type=int, default=32)
     p.add_argument("--lrs", nargs="+", default=["3.0e-5", "1.0e-4", "2.0e-4"])
+    p.add_argument("--pilot-lr", default="1.0e-4", help="C2's rate in the pilot")
     p = sub.add_parser("mix")
     p.add_argument("--self", dest="own", type=Path, required=True)
     p.add_argument("--seen", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
     p = sub.add_parser("steps")
     p.add_argument("--budget-s", type=float, required=True)
-    p.add_argument("--metrics", type=Path, required=True)
+    p.add_argument("--stage", type=Path, required=True, help="an SFT stage's summary (a fic demo folder's stages/sft.json)")
+    p = sub.add_parser("pilot")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr-c2", default="1.0e-4", help="C2's rate in the pilot")
     p = sub.add_parser("decide")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -271,11 +357,15 @@ def main(argv: list[str] | None = None) -> int:
         write_json(args.out / "gate.json", report)
         print(gate_markdown(report))
     elif args.command == "prepare":
-        print(prepare(args.run, args.out, args.seeds, args.v_steps, args.lrs))
+        print(prepare(args.run, args.out, args.seeds, args.v_steps, args.lrs, args.pilot_lr))
     elif args.command == "mix":
         print(f"{mix(args.own, args.seen, args.out)} conversations to {args.out}")
     elif args.command == "steps":
-        print(sft_steps(args.budget_s, read_records(args.metrics)))
+        print(equal_compute_steps(args.budget_s, json.loads(args.stage.read_text())))
+    elif args.command == "pilot":
+        report = pilot_report(args.out, args.seed, args.lr_c2)
+        write_json(args.out / "arms" / "pilot.json", report)
+        print(pilot_markdown(report))
     elif args.command == "decide":
         frozen = json.loads((args.out / "arms" / "rule.json").read_text())
         if frozen["hash"] != rule_hash():

@@ -27,9 +27,9 @@ without DeepSpeed (the tests' CPU run). The launch files and recipes are read wh
 runs (a FiC checkout's `launch/` and `recipes/`, or `--recipes` and `--launch-dir`); the commands run
 there too, with the fic this process imports.
 
-`--processes N` (N > 1) is the multi-process mode, `fic.bench.processes`: SFT on N gloo processes on
-this CPU under DDP, ZeRO-2, ZeRO-3 and FSDP2, each against one process at N x the micro-batch, with a
-checkpoint and a resume.
+`--processes N` (N > 1) is the multi-process mode, `fic.bench.processes`: SFT and VASD (`--methods`)
+on N gloo processes on this CPU under DDP, ZeRO-2, ZeRO-3 and FSDP2, each against one process at N x
+the micro-batch, with a checkpoint and a resume.
 """
 
 from __future__ import annotations
@@ -82,9 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def make_plan(args: argparse.Namespace) -> dict:
     if args.stage is None:
         raise FicError("expected --stage 2 or 3 (or --processes N for the multi-process mode)", field="--stage")
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    if not methods or any(m not in ("sft", "vasd") for m in methods):
-        raise FicError(f"expected sft, vasd or sft,vasd, got {args.methods!r}", field="--methods")
+    methods = processes.methods_of(args)
     if args.steps < 2 or args.steps % 2:
         raise FicError(f"expected an even number of steps, at least 2, got {args.steps}", field="--steps")
     import torch
@@ -242,7 +240,9 @@ def run_method(info: dict, runner: Runner, tolerance: float) -> dict:
 
 
 def summary(figures: dict) -> dict[str, Any]:
-    """One line per method for the session's PASS/FAIL lines."""
+    """One line per method (per method and path with --processes) for the session's PASS/FAIL lines."""
+    if figures.get("processes", 1) > 1:
+        return processes.summary(figures)
     lines = {}
     for method, r in figures.get("methods", {}).items():
         if r.get("ok"):

@@ -17,8 +17,8 @@ BENCHES: dict[str, tuple[str, str]] = {
     "vasd": ("fic.bench.vasd", "a VASD step's phases, its overhead over bare passes, and the chunked divergence's "
              "memory"),
     "zero": ("fic.bench.zero", "SFT and VASD under DeepSpeed ZeRO-2/3 on one process: a checkpoint saved, resumed, "
-             "and the losses after the resume equal to the uninterrupted run's; --processes N: SFT on N CPU processes "
-             "under DDP, ZeRO-2, ZeRO-3 and FSDP2 equal to one process"),
+             "and the losses after the resume equal to the uninterrupted run's; --processes N: SFT and VASD on N CPU "
+             "processes under DDP, ZeRO-2, ZeRO-3 and FSDP2 equal to one process"),
     "decode": ("fic.bench.decode", "the hf decoding loop alone, old and new, against transformers' generate: ms "
                "and host waits a step, greedy and sampled"),
     "sigterm": ("fic.bench.sigterm", "how long fic eval and fic train sft take to end after a SIGTERM, under a "

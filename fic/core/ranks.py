@@ -77,6 +77,10 @@ class Ranks:
         """The largest `count` over the ranks."""
         return int(self._max(int(count)))
 
+    def total(self, value: float) -> float:
+        """The sum of `value` over the ranks (the same on every rank; float64)."""
+        return float(self._reduce(float(value), "sum"))
+
     def gather(self, obj: Any) -> list | None:
         """Every rank's `obj` on the main process (in rank order), None on the others."""
         if not self.lockstep:
@@ -125,6 +129,9 @@ class Ranks:
                 dist.barrier()
 
     def _max(self, value: int) -> int:
+        return int(self._reduce(value, "max"))
+
+    def _reduce(self, value: float, op: str) -> float:
         if not self.lockstep:
             return value
         import torch
@@ -133,10 +140,10 @@ class Ranks:
         device = "cpu"
         if "nccl" in str(dist.get_backend()):  # NCCL reduces only tensors on this rank's GPU
             device = f"cuda:{torch.cuda.current_device()}"
-        flag = torch.tensor([value], dtype=torch.long, device=device)
+        box = torch.tensor([value], dtype=torch.float64 if isinstance(value, float) else torch.long, device=device)
         with _translated():
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return int(flag.item())
+            dist.all_reduce(box, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+        return box.item()
 
 
 def watch(timeout_s: float) -> None:

@@ -6,7 +6,9 @@
 - `paired_difference`: the mean difference of two runs' per-instance scores on the same
   instances, in points, with a 95% t interval of the paired differences and the exact sign test
   (a gate's full-minus-sharded gap, an arm against its comparator).
-- `mean_interval`: the 95% t interval of a mean (over seeds: the seed is the unit of replication) (the seed is the unit of replication).
+- `mean_interval`: the 95% t interval of a mean (over seeds: the seed is the unit of replication).
+- `sign_test_power`, `detectable_gain`: what a paired comparison of N instances in k seeds can
+  detect, under the rule "more wins than losses at p < alpha in every seed".
 - `paired_bootstrap`: a percentile interval for any statistic of paired per-instance scores,
   resampling instances (the same draw for every run compared), as the recovery rate and
   retention need: both are ratios of means over the same instances.
@@ -47,6 +49,49 @@ def sign_test(differences: Iterable[float]) -> dict:
     m = wins + losses
     tail = sum(math.comb(m, i) for i in range(min(wins, losses) + 1)) / 2 ** m if m else 1.0
     return {"better": wins, "worse": losses, "tied": len(differences) - m, "p_value": min(1.0, 2 * tail)}
+
+
+def _log_binomial(n: int, k: int, p: float) -> float:
+    if p <= 0.0 or p >= 1.0:
+        return 0.0 if (k == 0 and p <= 0.0) or (k == n and p >= 1.0) else -math.inf
+    return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) + k * math.log(p) + (n - k) * math.log1p(-p)
+
+
+def sign_test_power(n: int, discordant: float, gain: float, seeds: int = 1, alpha: float = 0.05) -> float:
+    """The chance that the exact sign test shows a gain (more wins than losses, p < alpha) in every
+    one of `seeds` independent comparisons of `n` paired 0/1 instances, when a share `discordant` of
+    instances differ between the two runs and the true gain is `gain` points: wins are then
+    (discordant + gain / 100) / 2 of the instances, losses (discordant - gain / 100) / 2."""
+    q, g = float(discordant), gain / 100.0
+    if not 0.0 < q <= 1.0:
+        raise ValueError("discordant must be a share in (0, 1]")
+    win = min(1.0, (q + g) / (2 * q))
+    power = 0.0
+    for d in range(1, n + 1):
+        weight = math.exp(_log_binomial(n, d, q))
+        if weight < 1e-12:
+            continue
+        # the fewest wins of d that pass: more wins than losses and a two-sided exact p below alpha
+        tail, needed = 0.0, None
+        for w in range(d, d // 2, -1):
+            tail += math.comb(d, w) / 2 ** d
+            if 2 * tail >= alpha:
+                break
+            needed = w
+        if needed is not None:
+            power += weight * sum(math.exp(_log_binomial(d, w, win)) for w in range(needed, d + 1))
+    return power ** seeds
+
+
+def detectable_gain(n: int, discordant: float, seeds: int = 1, power: float = 0.8, alpha: float = 0.05) -> float | None:
+    """The smallest true gain (points, in steps of 0.5) that `sign_test_power` finds with at least
+    `power`; None when no gain the discordance allows reaches it."""
+    gain = 0.5
+    while gain <= 100.0 * discordant:
+        if sign_test_power(n, discordant, gain, seeds, alpha) >= power:
+            return gain
+        gain += 0.5
+    return None
 
 
 # Student's t, 97.5% quantiles for 1-30 degrees of freedom; above 30, a Cornish-Fisher step from z.

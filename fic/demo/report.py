@@ -32,6 +32,7 @@ STAGE_NAMES = {"start": "starting point", "sft": "FiC stage 1 (SFT)", "vasd": "F
 # The stages under the figure's bars: short, on two lines, so that four stages' labels never overlap.
 TICK_NAMES = {"start": "starting\npoint", "sft": "stage 1\n(SFT)", "vasd": "stage 1+2\n(SFT + VASD)",
               "control": "control\n(more SFT)"}
+GOLD_TEACHER = "FiC stage 1+2 (SFT + VASD; its teacher reads the gold answer)"  # teacher.view: gold-hinted
 COMPARISONS = (("vasd", "sft", "VASD vs SFT alone"), ("vasd", "control", "VASD vs the equal-compute SFT control"),
                ("control", "sft", "The control vs SFT (the plateau check: a gain here means stage 1 had not stopped "
                                   "improving)"))
@@ -81,14 +82,20 @@ def stage_figures(cfg: Any, run: Path, start: dict) -> dict | None:
            "tokens_per_sharded_conversation": (views.get("sharded") or {}).get("generated_tokens_per_conversation")}
     for name, view in (("recovery_rate", "sharded"), ("retention", "full")):
         mine = scores.get(view, {})
-        if not ids or any(i not in mine for i in ids):
-            out[name] = None
-            continue
-        columns = [[mine[i] for i in ids], [base[i] for i in ids]]
-        value = _ratio(sum(columns[0]) / len(ids), sum(columns[1]) / len(ids))
-        low, high = paired_bootstrap(columns, _ratio, resamples=cfg.bootstrap, seed=cfg.data.seed)
-        out[name] = {"value": value, "low": low, "high": high}
+        out[name] = None if not ids or any(i not in mine for i in ids) else _ratio_interval(cfg, mine, base, ids)
+    # the model's own multi-turn ratio, beside R (which divides by the starting point's P(full))
+    sharded, full = scores.get("sharded", {}), scores.get("full", {})
+    own = sorted(set(sharded) & set(full))
+    out["own_ratio"] = _ratio_interval(cfg, sharded, full, own) if own else None
     return out
+
+
+def _ratio_interval(cfg: Any, numerator: dict, denominator: dict, ids: list) -> dict:
+    """mean(numerator) / mean(denominator) over `ids`, with its 95% paired-bootstrap interval."""
+    columns = [[numerator[i] for i in ids], [denominator[i] for i in ids]]
+    value = _ratio(sum(columns[0]) / len(ids), sum(columns[1]) / len(ids))
+    low, high = paired_bootstrap(columns, _ratio, resamples=cfg.bootstrap, seed=cfg.data.seed)
+    return {"value": value, "low": low, "high": high}
 
 
 def _ratio(numerator: float, denominator: float) -> float | None:
@@ -100,7 +107,7 @@ def write_demo_report(cfg: Any, runs: dict[str, dict[str, Path]], stages: dict[s
 
     `runs[split][stage]` is the `fic eval` folder of a stage ("start", "sft", "vasd") on an
     evaluation set; `stages` what each finished stage recorded (its seconds and peak memory)."""
-    summary: dict[str, Any] = {"label": cfg.label, "sets": {}}
+    summary: dict[str, Any] = {"label": cfg.label, "sets": {}, "names": stage_names(cfg)}
     for split, by_stage in runs.items():
         start_run = by_stage["start"]
         start = {"scores": view_scores(start_run) if (start_run / "conversations.jsonl").is_file() else {}}
@@ -117,6 +124,13 @@ def write_demo_report(cfg: Any, runs: dict[str, dict[str, Path]], stages: dict[s
     write_text(report, render_markdown(cfg, summary, stages))
     plot_demo(summary, report.parent / PLOT)
     return {"table": table, "summary": _without_scores(summary)}
+
+
+def stage_names(cfg: Any) -> dict[str, str]:
+    """The table's stage names; a stage 2 whose teacher reads the gold answer says so (it is not
+    the paper's label-free VASD)."""
+    gold = getattr(getattr(getattr(cfg, "vasd", None), "teacher", None), "view", None) == "gold-hinted"
+    return {**STAGE_NAMES, **({"vasd": GOLD_TEACHER} if gold else {})}
 
 
 def _paired(rows: dict, stage: str, other: str) -> dict | None:
@@ -170,14 +184,16 @@ def render_table(summary: dict, split: str) -> str:
     n = next((r["instances"] for r in rows.values()), 0)
     lines = [f"{summary['label']}: {split} set, N = {n} instances (P in %, greedy, LiC's rules)",
              "| stage | P(full) | P(concat) | P(sharded) | first-answer accuracy | premature answers (unanswerable) | "
-             "final reply no answer | R [95% CI] | retention [95% CI] | tokens / sharded conv. |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "final reply no answer | R [95% CI] | own P(sharded)/P(full) [95% CI] | retention [95% CI] | "
+             "tokens / sharded conv. |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for stage, row in rows.items():
-        lines.append(f"| {STAGE_NAMES[stage]} | {_p(row['P'].get('full'))} | {_p(row['P'].get('concat'))} | "
+        lines.append(f"| {summary.get('names', STAGE_NAMES)[stage]} | {_p(row['P'].get('full'))} | {_p(row['P'].get('concat'))} | "
                      f"{_p(row['P'].get('sharded'))} | {_p(row.get('first_answer_accuracy'))} | "
                      f"{premature_text(row)} | "
                      f"{percent_text(row['final_not_answer_rate'])} | {interval_text(row.get('recovery_rate'))} | "
-                     f"{interval_text(row.get('retention'))} | {_p(row['tokens_per_sharded_conversation'])} |")
+                     f"{interval_text(row.get('own_ratio'))} | {interval_text(row.get('retention'))} | "
+                     f"{_p(row['tokens_per_sharded_conversation'])} |")
     tests = []
     for stage, other, name in COMPARISONS:
         paired = summary["sets"][split][f"{stage}_vs_{other}"]
@@ -198,8 +214,9 @@ def render_markdown(cfg: Any, summary: dict, stages: dict) -> str:
     parts = [f"# FiC demo: {cfg.label}", "",
              f"Task `{cfg.data.task}` from `{cfg.data.source}` (seed {cfg.data.seed}); the starting point is "
              f"**{cfg.label}** (`{cfg.base_model}` has never seen the task's format, so a short single-turn warm-up "
-             "comes first). R = P(stage; sharded) / P(starting point; full); retention = P(stage; full) / "
-             "P(starting point; full); intervals: 95% paired bootstrap over instances "
+             "comes first). R = P(stage; sharded) / P(starting point; full); beside it each model's own "
+             "P(sharded) / P(full) (a stage that also teaches the task lifts R above its own ratio); retention = "
+             "P(stage; full) / P(starting point; full); intervals: 95% paired bootstrap over instances "
              f"({cfg.bootstrap} resamples). Premature answers: an answer attempt before the last shard.", ""]
     if getattr(cfg, "smoke", False):
         parts += [f"**Smoke run** (`fic demo --quick`): {cfg.data.test} test instances, a few steps of every stage. "

@@ -330,10 +330,16 @@ def control_steps(cfg: DemoConfig, stage2_cpu_seconds: float | None = None) -> i
     if cfg.control_steps:
         return cfg.control_steps
     stages = stage_summaries(cfg)
-    sft = stages["sft"]
     spent = stages["vasd"]["cpu_seconds"] if stage2_cpu_seconds is None else stage2_cpu_seconds
-    training = sft["cpu_seconds"] - (sft["figures"].get("plateau") or {}).get("cpu_seconds", 0.0)  # not its dev scores
-    return max(1, round(spent / (training / max(sft["figures"]["steps"], 1))))
+    return equal_compute_steps(spent, stages["sft"])
+
+
+def equal_compute_steps(cpu_seconds: float, sft_stage: dict) -> int:
+    """SFT steps that take `cpu_seconds`, at the CPU seconds per step of an SFT stage's summary
+    (stages/sft.json: a whole stage's average, steady under a shared machine's load, where a few
+    timed steps are not)."""
+    training = sft_stage["cpu_seconds"] - (sft_stage["figures"].get("plateau") or {}).get("cpu_seconds", 0.0)  # not its dev scores
+    return max(1, round(cpu_seconds / (training / max(sft_stage["figures"]["steps"], 1))))
 
 
 def stage_control(cfg: DemoConfig, progress: bool) -> dict:

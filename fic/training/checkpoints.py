@@ -386,11 +386,17 @@ def checkpoint_sizes(cfg: Any) -> dict[str, int] | None:
     import torch
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     try:
         config = AutoConfig.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
         with init_empty_weights():
-            model = AutoModelForCausalLM.from_config(config, trust_remote_code=cfg.model.trust_remote_code)
+            # The class itself where transformers knows it: `from_config` builds under DeepSpeed's
+            # zero.Init once a ZeRO-3 launch is set up, which cannot partition meta tensors (every
+            # ZeRO-3 run failed at its start line).
+            known = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
+            model = known(config) if known is not None else \
+                AutoModelForCausalLM.from_config(config, trust_remote_code=cfg.model.trust_remote_code)
         model.tie_weights()  # on the meta device tied weights are two tensors until tied again
     except (OSError, ValueError, KeyError, ImportError):
         return None

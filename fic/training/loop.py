@@ -180,6 +180,14 @@ def is_zero3(accelerator: Any) -> bool:
             and accelerator.state.deepspeed_plugin.zero_stage == 3)
 
 
+def shards_weights(accelerator: Any) -> bool:
+    """Whether each rank holds only a part of the weights (DeepSpeed ZeRO-3, FSDP): every forward
+    gathers them with the other ranks, and a copy of the model would be a whole one per rank."""
+    from accelerate.utils import DistributedType
+
+    return is_zero3(accelerator) or accelerator.distributed_type == DistributedType.FSDP
+
+
 def resume_point(cfg: RunConfig, say: Callable[[str], None]) -> tuple[Path | None, dict | None]:
     """The checkpoint to resume from (with its trainer state), or (None, None) for a new run;
     refuses to start a new run over an existing one."""

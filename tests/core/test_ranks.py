@@ -15,6 +15,7 @@ def test_one_rank_alone_needs_no_process_group():
     ranks = Ranks.current()
     assert (ranks.rank, ranks.world, ranks.main, ranks.lockstep) == (0, 1, True, False)
     assert ranks.any(False) is False and ranks.most(3) == 3 and ranks.gather("x") == ["x"] and ranks.share(5) == 5
+    assert ranks.total(0.25) == 0.25
     assert ranks.share_of([1, 2, 3]) == [1, 2, 3]
 
 
@@ -24,6 +25,7 @@ def test_collectives_agree_on_three_ranks():
     assert ranks.world == 3
     print("any", ranks.any(ranks.rank == 2), ranks.any(False))
     print("most", ranks.most(10 * ranks.rank + 1))
+    print("total", ranks.total(0.5 + ranks.rank))
     print("share", ranks.share({"from": ranks.rank}))
     print("share_of", ranks.share_of(list(range(8))))
     print("gather", ranks.gather(("rank", ranks.rank)))
@@ -32,7 +34,7 @@ def test_collectives_agree_on_three_ranks():
     for r in results:
         assert r.returncode == 0, r.stderr
         lines = dict(line.split(" ", 1) for line in r.stdout.splitlines())
-        assert lines["any"] == "True False" and lines["most"] == "21" and lines["share"] == "{'from': 0}"
+        assert lines["any"] == "True False" and lines["most"] == "21" and lines["total"] == "4.5" and lines["share"] == "{'from': 0}"
         assert lines["share_of"] == str(list(range(8))[r.rank::3])
         assert lines["gather"] == ("[('rank', 0), ('rank', 1), ('rank', 2)]" if r.rank == 0 else "None")
 

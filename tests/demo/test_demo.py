@@ -33,7 +33,8 @@ def test_the_demo_runs_every_stage_to_its_table_and_reruns_from_a_stage(tiny_mod
     assert "[demo] estimate: no figures for these settings yet" in printed  # a tiny model: no reference figures
     assert "[control] running (about" in printed and "measured here (sft)" in printed
     assert "SmolLM2-135M-Instruct + single-turn warm-up: test set, N = 4 instances" in printed
-    for stage in ("starting point", "FiC stage 1 (SFT)", "FiC stage 1+2 (SFT + VASD)",
+    # the recipe's stage 2 reads the gold answer (teacher.view: gold-hinted): its row says so
+    for stage in ("starting point", "FiC stage 1 (SFT)", "FiC stage 1+2 (SFT + VASD; its teacher reads the gold answer)",
                   "control: more SFT for VASD's time"):
         assert f"| {stage} |" in printed
     assert "VASD vs SFT alone on the same 4 instances" in printed

@@ -11,6 +11,7 @@ def row(full, sharded):
             "sharded": [sharded - 5, sharded + 5]}, "first_answer_accuracy": 10.0, "premature_answer_rate": 0.8,
             "final_not_answer_rate": 0.1, "recovery_rate": {"value": 0.5, "low": 0.4, "high": 0.6},
             "retention": {"value": 1.0, "low": 0.9, "high": 1.1}, "tokens_per_sharded_conversation": 80.0,
+            "own_ratio": {"value": sharded / full, "low": sharded / full - 0.1, "high": sharded / full + 0.1},
             "instances": 256}
 
 
@@ -41,3 +42,20 @@ def test_the_figure_s_stage_names_do_not_overlap():
         boxes = [label.get_window_extent(renderer) for label in ax.get_xticklabels()]
         assert len(boxes) == 4
         assert not any(a.overlaps(b) for k, a in enumerate(boxes) for b in boxes[k + 1:]), ax.get_title()
+
+
+def test_each_stage_shows_its_own_ratio_beside_r_and_a_gold_reading_teacher_is_named():
+    from types import SimpleNamespace
+
+    from fic.demo.report import GOLD_TEACHER, stage_names
+
+    table = render_table(summary(), "test").split("\n")
+    header = [cell.strip() for cell in table[1].split("|")]
+    vasd = [cell.strip() for cell in next(line for line in table if line.startswith("| FiC stage 1+2")).split("|")]
+    assert header[header.index("R [95% CI]") + 1] == "own P(sharded)/P(full) [95% CI]"
+    assert vasd[header.index("own P(sharded)/P(full) [95% CI]")] == f"{55 / 79:.2f} [{55 / 79 - 0.1:.2f}, {55 / 79 + 0.1:.2f}]"
+    gold = SimpleNamespace(vasd=SimpleNamespace(teacher=SimpleNamespace(view="gold-hinted")))
+    assert stage_names(gold)["vasd"] == GOLD_TEACHER and "reads the gold" in GOLD_TEACHER
+    assert "gold" not in stage_names(SimpleNamespace(vasd=SimpleNamespace(teacher=SimpleNamespace(view="full"))))["vasd"]
+    table = render_table({**summary(), "names": stage_names(gold)}, "test")
+    assert f"| {GOLD_TEACHER} |" in table

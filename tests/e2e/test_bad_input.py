@@ -87,6 +87,9 @@ WALK = {
     "sft-data": {
         "out": ["data.source=jsonl:{missing}", "out={out}/x.jsonl"],
         "input": ["--config", "{bad}", "out={tmp}/o.jsonl"], "input_kind": "file"},
+    "self-label": {
+        "out": ["--model", "{missing}", "--source", "jsonl:{missing}", "--out", "{out}/x.jsonl"],
+        "input": ["--model", "{missing}", "--source", "jsonl:{bad}", "--out", "{tmp}/o.jsonl"], "input_kind": "file"},
     "demo": {
         "out": ["--recipes", str(REPO / "recipes/smollm2-135m-instruct"), "out={out}/run", "--quiet"],
         "input": ["--recipes", "{bad}", "--quiet"], "input_kind": "folder"},

@@ -61,3 +61,19 @@ def test_gate_passes_only_when_every_gap_reaches_its_threshold():
     assert not verdict["passed"] and verdict["checks"]["own"]["passed"]
     assert not verdict["checks"]["teacher_student"]["passed"]
     assert gate(gaps, {"own": 8, "teacher_student": 7.9})["passed"]
+
+
+def test_the_sign_tests_power_by_hand_and_the_smallest_gain_it_detects():
+    from fic.core.stats import detectable_gain, sign_test_power
+
+    # Six instances that all differ: only 6 wins of 6 pass (p = 2/64; 5 of 6 gives 14/64). A 50-point
+    # gain makes a win 3 in 4: power 0.75^6, and in each of two seeds its square.
+    assert sign_test_power(6, 1.0, 50.0) == pytest.approx(0.75 ** 6)
+    assert sign_test_power(6, 1.0, 50.0, seeds=2) == pytest.approx(0.75 ** 12)
+    # No gain: the test's own false-positive rate (one-sided half of alpha at most)
+    assert sign_test_power(256, 0.25, 0.0) <= 0.025
+    powers = [sign_test_power(256, 0.25, gain, seeds=2) for gain in (4, 6, 10)]
+    assert powers == sorted(powers) and sign_test_power(512, 0.25, 6, seeds=2) > powers[1]
+    smallest = detectable_gain(256, 0.25, seeds=2)
+    assert sign_test_power(256, 0.25, smallest, seeds=2) >= 0.8 > sign_test_power(256, 0.25, smallest - 0.5, seeds=2)
+    assert detectable_gain(6, 0.5, seeds=3) is None  # 6 instances, half of them differing: 80% is out of reach

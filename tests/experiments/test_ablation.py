@@ -46,10 +46,12 @@ def test_a_miniature_ablation_trains_every_variant_and_writes_its_table(tiny_mod
                                                        for k in ("better", "worse")]
         assert f"{name} {pooled['better']}-{pooled['worse']}, p = " in table
     assert "Against the control, seeds 0, 1 pooled (for the record; the rule reads each seed): " in table
+    assert "Against stage 1 (the `sft` row), seeds 0, 1 pooled" in table and set(figures["pooled_vs_sft"]) == {
+        "final", "per-turn", "control"}
     config = yaml.safe_load((out / "ablation" / "per-turn@1" / "train" / "vasd.yaml").read_text())
-    assert config["loss"]["turns"] == "all" and config["model"]["path"].endswith("sft/final")
+    assert config["terms"]["turns"]["replies"] == "all" and config["model"]["path"].endswith("sft/final")
     assert config["train"]["seed"] == 1 and config["data"]["seed"] == load_demo(str(RECIPES), []).vasd.data.seed + 1
-    assert yaml.safe_load((out / "ablation" / "final" / "train" / "vasd.yaml").read_text())["loss"]["turns"] == "final"
+    assert yaml.safe_load((out / "ablation" / "final" / "train" / "vasd.yaml").read_text())["terms"]["turns"]["replies"] == "final"
     dev = yaml.safe_load((out / "ablation" / "final" / "dev" / "eval.yaml").read_text())
     assert dev["model"]["dtype"] == "float32"
 
@@ -132,7 +134,7 @@ def test_an_ablation_from_a_given_start_trains_and_scores_every_run_from_it(tmp_
         train=lambda kind, config, folder, progress: (
             read.append((kind, config.model.path)), {"seconds": 60.0, "cpu_seconds": 120.0})[1],
         evaluate_dev=lambda cfg, model, folder, progress: (read.append(("dev", str(model))), folder)[1])
-    cfg = ablation.load(str(RECIPES), None, [f"out={out}", f"ablation.start={start}",
+    cfg = ablation.load(str(RECIPES), None, [f"out={out}", f"ablation.start={start}", "ablation.seeds=[0]",
                                              "ablation.folder={out}/from-plateau", "ablation.variants={a: []}"])
     ablation.run_ablation(cfg, progress=False, say=lambda line: None)
     root = out / "from-plateau"
@@ -143,7 +145,7 @@ def test_an_ablation_from_a_given_start_trains_and_scores_every_run_from_it(tmp_
     assert not (out / "ablation").exists()
 
     other = ablation.load(str(RECIPES), None, [f"out={out}", "ablation.folder={out}/from-plateau",
-                                               "ablation.variants={a: []}"])
+                                               "ablation.seeds=[0]", "ablation.variants={a: []}"])
     with pytest.raises(FicError, match="holds an ablation from .*plateau, not .*sft/final") as refused:
         ablation.run_ablation(other, progress=False, say=lambda line: None)
     assert refused.value.field == "ablation.start" and len(read) == 5
@@ -155,7 +157,8 @@ def test_a_control_trained_before_is_kept_and_the_log_says_so_rather_than_a_new_
     out, start = ablation_from_a_given_start(
         tmp_path, monkeypatch, train=lambda kind, config, folder, progress: {"seconds": 60.0, "cpu_seconds": 120.0},
         evaluate_dev=lambda cfg, model, folder, progress: folder)
-    cfg = ablation.load(str(RECIPES), None, [f"out={out}", f"ablation.start={start}", "ablation.variants={a: []}"])
+    cfg = ablation.load(str(RECIPES), None, [f"out={out}", f"ablation.start={start}", "ablation.seeds=[0]",
+                                             "ablation.variants={a: []}"])
     said = []
     ablation.run_ablation(cfg, progress=False, say=said.append)
     assert "[ablation] control: 8 more SFT steps (the variants' mean 2.0 CPU minutes)" in said

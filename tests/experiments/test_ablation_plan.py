@@ -97,9 +97,9 @@ def test_a_cpu_without_fast_bf16_is_not_priced_from_the_reference_machine(tmp_pa
 
 
 def test_variants_that_come_to_the_same_settings_are_refused_before_anything_runs(tmp_path, capsys):
-    # demo.yaml's vasd section already has the hinted teacher, so [] and [teacher.view=hinted] are one run
+    # demo.yaml's vasd section already has the hinted teacher, so [] and [teacher.view=gold-hinted] are one run
     code = ablation.main(["--recipes", str(RECIPES), "--dry-run", f"out={tmp_path / 'demo'}",
-                          "ablation.variants={plain: [], labels: [teacher.view=hinted]}"])
+                          "ablation.variants={plain: [], labels: [teacher.view=gold-hinted]}"])
     err = capsys.readouterr().err
     assert code == 2
     assert "field 'ablation.variants'" in err and "variants plain and labels come to the same vasd settings" in err
@@ -181,16 +181,35 @@ def test_the_ablations_rule_picks_a_variant_only_when_it_beats_the_control_in_ev
 
 
 def test_the_seeds_pooled_sum_each_seeds_wins_and_losses_into_one_exact_sign_test():
-    from ablation import pooled_vs_control
+    from ablation import pooled_vs
 
-    def row(better, worse, tied=0):
-        return {"vs_control": {"better": better, "worse": worse, "tied": tied, "p_value": 1.0}}
+    def row(better, worse, tied=0, against="control"):
+        return {f"vs_{against}": {"better": better, "worse": worse, "tied": tied, "p_value": 1.0}}
 
     rows = {"a": row(6, 2, 10), "a@1": row(3, 1, 5), "b": row(4, 4), "control": {}, "control@1": {}}
-    pooled = pooled_vs_control(rows, [0, 1], ["a", "b"])
+    pooled = pooled_vs(rows, [0, 1], ["a", "b"])
     assert set(pooled) == {"a"}  # b has no seed-1 run: nothing to pool
     assert pooled["a"]["better"] == 9 and pooled["a"]["worse"] == 3 and pooled["a"]["tied"] == 15
     assert pooled["a"]["p_value"] == pytest.approx(2 * sum(math.comb(12, i) for i in range(4)) / 2 ** 12)
+    # against stage 1 as well: the control's own runs too
+    rows = {"a": row(5, 1, against="sft"), "a@1": row(2, 2, against="sft"), "control": row(1, 4, against="sft"),
+            "control@1": row(0, 3, against="sft")}
+    against_sft = pooled_vs(rows, [0, 1], ["a", "control"], "sft")
+    assert [against_sft[k]["better"] for k in ("a", "control")] == [7, 1] and against_sft["control"]["worse"] == 7
+
+
+def test_the_power_sentence_is_computed_from_the_tables_n_seeds_and_discordance():
+    from ablation import POWER_GAINS, power_text
+
+    from fic.core.stats import detectable_gain, sign_test_power
+
+    # two runs against their controls: 50 and 70 of 200 instances differ, a mean share of 0.3
+    rows = {"sft": {}, "a": {"vs_control": {"better": 30, "worse": 20}}, "a@1": {"vs_control": {"better": 40, "worse": 30}}}
+    text = power_text(rows, 200, 2)
+    powers = " / ".join(f"{sign_test_power(200, 0.3, g, 2):.0%}" for g in POWER_GAINS)
+    assert text.startswith("Power: with N = 200 and 2 seed(s), where 30% of instances differ")
+    assert f"points {powers} of the time; 80% needs a true gain of about {detectable_gain(200, 0.3, 2):g} points" in text
+    assert power_text({"sft": {}}, 200, 2) is None  # nothing compared yet
 
 
 def test_the_ablations_settings_file_is_read_and_the_command_line_wins(tmp_path, capsys):

@@ -66,10 +66,13 @@ import os, sys
 _root = os.environ.get("FIC_REPOSITORY")
 if _root:
     _log = open(os.environ["FIC_REPOSITORY_READS"], "a", encoding="utf-8")
-    def _hook(event, args, _root=_root + os.sep, _log=_log):
+    # the packages the test's environment borrows from the developer's (a virtual environment the
+    # checkout may hold, e.g. .venv or CI's .venv-ci) are not the repository's files
+    _borrowed = tuple(p + os.sep for p in os.environ.get("FIC_BORROWED", "").split(os.pathsep) if p)
+    def _hook(event, args, _root=_root + os.sep, _log=_log, _borrowed=_borrowed):
         if event in ("open", "os.listdir", "os.scandir") and args and isinstance(args[0], (str, bytes, os.PathLike)):
             path = os.path.abspath(os.fsdecode(args[0]))
-            if (path + os.sep).startswith(_root):
+            if (path + os.sep).startswith(_root) and not (path + os.sep).startswith(_borrowed or ("\0",)):
                 _log.write(f"{event} {path} ({' '.join(sys.argv)[:200]})\\n")
                 _log.flush()
     sys.addaudithook(_hook)
@@ -133,6 +136,7 @@ def test_a_non_editable_install_works_outside_the_repository(tmp_path):
     elsewhere.mkdir()
     reads = tmp_path / "reads.txt"
     env = {**clean, "FIC_REPOSITORY": str(ROOT), "FIC_REPOSITORY_READS": str(reads),
+           "FIC_BORROWED": os.pathsep.join({sys.prefix, os.path.realpath(sys.prefix)}),
            "PATH": f"{venv / 'bin'}{os.pathsep}{clean.get('PATH', '')}"}
 
     def run(*argv: str) -> str:

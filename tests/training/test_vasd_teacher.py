@@ -15,6 +15,7 @@ from fic.conversation.classify import RuleClassifier
 from fic.conversation.simulator import make_conversations, play
 from fic.conversation.users import VerbatimUser
 from fic.core.config import load_config
+from fic.core.errors import FicError
 from fic.core.generation import SamplingParams
 from fic.training.vasd.batches import hidden_at
 from fic.training.vasd.config import VASDConfig
@@ -166,3 +167,26 @@ def test_the_teacher_and_reference_passes_run_the_same_forwards_with_and_without
     assert all(b["hidden"]["teacher"].shape[0] > 0 for b in with_rows)
     for batch in without:
         assert batch["hidden"]["teacher"].shape[:2] == (0, slots) and batch["hidden"]["reference"].shape[:2] == (0, 1)
+
+
+@pytest.mark.parametrize("settings, copies", [
+    (["lora.enabled=true", "teacher.mode=frozen", "terms.reference.weight=1"], False),
+    (["teacher.mode=live"], False),
+    (["teacher.mode=live", "terms.reference.weight=1"], True),
+    (["teacher.mode=frozen"], True),
+    (["lora.enabled=true", "teacher.mode=ema"], True),
+])
+def test_partitioned_weights_refuse_a_second_copy_of_the_model(settings, copies, monkeypatch):
+    """Under ZeRO-3 or FSDP a copy of the model (a frozen or moving-average teacher, the reference in
+    full fine-tuning) would be whole on every rank, and an EMA could not read the sharded weights:
+    refused with one line, before anything is built."""
+    from fic.training import loop
+    from fic.training.vasd.step import VASDStep
+    from fic.training.vasd.teacher import copies_model
+
+    cfg = load_config(VASDConfig, None, [*settings, "anchor.share=0", "train.max_steps=1"])
+    assert copies_model(cfg) == copies
+    monkeypatch.setattr(loop, "shards_weights", lambda accelerator: True)
+    if copies:
+        with pytest.raises(FicError, match="partitioned over the ranks .ZeRO-3, FSDP."):
+            VASDStep(cfg, None, None, None, [], [], 1)

@@ -26,7 +26,7 @@ MUST_MATCH = ("model.path", "model.dtype", "lora", "data", "exclude", "rollout",
               "train.micro_batch_size", "train.grad_accum_steps", "train.seed", "train.loss_chunk_tokens",
               "anchor.share", "anchor.targets", "anchor.path", "anchor.max_seq_len",
               *(key for plugin in PLUGINS for key in plugin.must_match))
-TEACHER_VIEWS = ("full", "concat", "both", "hinted")
+TEACHER_VIEWS = ("full", "concat", "both", "gold-hinted")
 
 
 @dataclass
@@ -59,8 +59,8 @@ class TeacherSection:
                         "weights under no-grad; ema: a moving average of the weights (accumulated in float32).",
                         choices=("frozen", "live", "ema"))
     view: str = setting("full", "The teacher's single-turn view: full (the original instruction), concat (the shards "
-                        "as one list), both (their next-token distributions averaged) or hinted (the full view "
-                        "followed by the reference answer: a teacher that knows what is right; pair it with "
+                        "as one list), both (their next-token distributions averaged) or gold-hinted (the full view "
+                        "followed by the reference answer: a teacher that reads the gold, so not label-free; pair it with "
                         "loss.max_log_ratio, since a privileged teacher pulls the student towards answering "
                         "at once).", choices=TEACHER_VIEWS)
     ema_rate: float = setting(0.99, "ema: weight of the old average at each step.", min=0.0, max=1.0)

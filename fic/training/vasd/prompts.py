@@ -1,6 +1,6 @@
 """What the single-turn teacher reads before the student's reply ids: the task's system prompt and
 one view of the whole request as one user turn (`teacher.view`), rendered by the chat template.
-`hinted` adds the reference answer after the full request (a teacher that knows what is right)."""
+`gold-hinted` adds the reference answer after the full request (a teacher that knows what is right)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from fic import tasks
 from fic.core.chat import prompt_ids
 from fic.data.views import system_message, user_turns
 
-HINT = "\n\n(For reference, the correct final answer is: {answer})"  # teacher.view: hinted
+HINT = "\n\n(For reference, the correct final answer is: {answer})"  # teacher.view: gold-hinted
 
 
 def teacher_views(cfg: Any) -> list[str]:
@@ -20,9 +20,9 @@ def teacher_views(cfg: Any) -> list[str]:
 
 
 def teacher_request(instance: Any, view: str) -> str:
-    """The teacher's one user turn for a single-turn view; `hinted` is the full view followed by
+    """The teacher's one user turn for a single-turn view; `gold-hinted` is the full view followed by
     the reference answer (`HINT`) and nothing else."""
-    if view == "hinted":
+    if view == "gold-hinted":
         return user_turns(instance, "full")[0] + HINT.format(answer=tasks.of(instance).reference_answer(instance))
     return user_turns(instance, view)[0]
 

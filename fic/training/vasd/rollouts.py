@@ -9,20 +9,23 @@ from typing import Any
 
 import torch
 
+from fic.backends.decoding import lockstep_wanted
 from fic.backends.hf import HFBackend, column_major_linears
 from fic.backends.vllm import colocated_engine, sync_weights
 from fic.conversation.classify import make_classifier
 from fic.conversation.simulator import make_conversations, play, unanswerable_answer_rate
 from fic.conversation.users import make_user
 from fic.core.generation import SamplingParams
+from fic.core.ranks import Ranks
 
 
-def play_greedy(cfg: Any, instances: list, generator: Any) -> list:
-    """`instances` played greedily by `generator`, sharded, every shard (the held-out rollouts)."""
+def play_greedy(cfg: Any, instances: list, generator: Any, ranks: Ranks | None = None) -> list:
+    """`instances` played greedily by `generator`, sharded, every shard (the held-out rollouts);
+    `ranks`: each rank plays its own, in lockstep (`fic.conversation.simulator.play`)."""
     convs = make_conversations(instances, ["sharded"], 1)
     play(convs, generator, make_user("verbatim"), make_classifier("rule"),
-         SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=0.0), batch_size=len(convs),
-         stop_at_correct=False, max_context=cfg.rollout.max_conversation_tokens)
+         SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=0.0), batch_size=max(len(convs), 1),
+         stop_at_correct=False, max_context=cfg.rollout.max_conversation_tokens, ranks=ranks)
     return convs
 
 
@@ -61,14 +64,16 @@ def make_rollout_backend(cfg: Any, policy: Any, tokenizer: Any,
     (`column_major_linears` on a CPU), refreshed from the masters after every optimizer step
     (`sync_rollout_backend`): the same numbers autocast would compute, without casting every
     weight again at every decoding step and through the slow small-batch product path (a 16-row
-    decoding product 5x faster in bf16 column-major than in float32, measured). Otherwise the
-    policy itself plays."""
+    decoding product 5x faster in bf16 column-major than in float32, measured). Otherwise, and
+    where the weights are partitioned over the ranks (ZeRO-3, FSDP: a copy would be whole on each),
+    the policy itself plays, in lockstep."""
     if cfg.rollout.backend == "vllm":
         return colocated_engine(policy, tokenizer, cfg.model.path, cfg.rollout.gpu_memory_utilization,
                                 cfg.rollout.max_conversation_tokens), None
     model = policy
     weights = next(policy.parameters())
-    if compute_dtype == torch.bfloat16 and weights.dtype == torch.float32 and not cfg.lora.enabled:
+    if (compute_dtype == torch.bfloat16 and weights.dtype == torch.float32 and not cfg.lora.enabled
+            and not lockstep_wanted(policy)):
         model = copy.deepcopy(policy).to(torch.bfloat16).eval().requires_grad_(False)
         if weights.device.type == "cpu":
             column_major_linears(model)

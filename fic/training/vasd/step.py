@@ -23,6 +23,7 @@ from fic.conversation.users import make_user
 from fic.core import progress
 from fic.core.errors import FicError, cut_short_on_sigterm
 from fic.core.generation import SamplingParams
+from fic.core.ranks import Ranks, phase
 from fic.core.seeding import derive_seed
 from fic.training import loop
 from fic.training.data import DataOrder, Example
@@ -31,7 +32,7 @@ from fic.training.vasd import terms as plugins
 from fic.training.vasd.config import VASDConfig
 from fic.training.vasd.loss import DistillLoss
 from fic.training.vasd.rollouts import make_rollout_backend, play_greedy, rollout_figures, sync_rollout_backend
-from fic.training.vasd.teacher import TeacherParts, teacher_parts, teacher_pass
+from fic.training.vasd.teacher import TeacherParts, copies_model, teacher_parts, teacher_pass
 from fic.training.vasd.terms import run_terms
 from fic.training.vasd.window import step_rows
 
@@ -57,10 +58,10 @@ class VASDStep:
 
     def __init__(self, cfg: VASDConfig, accelerator: Any, model: torch.nn.Module, tokenizer: Any,
                  instances: list, anchors: list[Example], steps: int):
-        if loop.is_zero3(accelerator) and (cfg.teacher.mode == "ema" or (not cfg.lora.enabled and
-                                                                          cfg.teacher.mode == "frozen")):
-            raise FicError("under ZeRO-3 the teacher must not be a second copy of the model: use LoRA (the frozen "
-                           "teacher is the adapter-free model) or teacher.mode=live", field="teacher.mode")
+        if loop.shards_weights(accelerator) and copies_model(cfg):
+            raise FicError("with the weights partitioned over the ranks (ZeRO-3, FSDP) the teacher and reference must "
+                           "not be a second copy of the model: use LoRA (the frozen teacher and the reference are the "
+                           "adapter-free model) or teacher.mode=live without terms.reference", field="teacher.mode")
         self.cfg, self.accelerator, self.tokenizer, self.instances, self.anchors = (
             cfg, accelerator, tokenizer, instances, anchors)
         self.parts = teacher_parts(cfg, model, torch.bfloat16 if loop.computes_on_copy(cfg, accelerator) else None)
@@ -110,10 +111,12 @@ class VASDStep:
         rollouts' figures, what was left out and why, seconds per phase) and the rollouts it played."""
         seconds: dict[str, float] = {}
 
-        def timed(name: str, what: str, phase: Callable, *args: Any) -> Any:
+        def timed(name: str, what: str, run: Callable, *args: Any) -> Any:
             began = time.perf_counter()
-            with progress.phase(name, what):  # the run's heartbeat names the phase, with its own progress
-                result = phase(*args)
+            # the run's heartbeat names the phase with its own progress; the watchdog names it if a
+            # collective waits too long
+            with progress.phase(name, what), phase(f"the {name} of step {step}"):
+                result = run(*args)
             seconds[f"{name}_s"] = time.perf_counter() - began
             return result
 
@@ -130,15 +133,19 @@ class VASDStep:
 
     def rollouts(self, step: int) -> list:
         """The current weights play this rank's rollout tasks of `step`, sharded, every shard,
-        sampled from a seed of (train.seed, step, rank); each task `self.group` times in a row
-        (runs of their own: each samples from its own seeds)."""
+        each reply sampled from a seed of (train.seed, step, its conversation and turn), whichever
+        rank plays it (N processes sample what one process at N x the micro-batch samples); each
+        task `self.group` times in a row (runs of their own: each samples from its own seeds). The ranks play in lockstep (`play`
+        with `ranks`): turns and replies end where they end on each rank, and a rank whose
+        conversations are over idles along while a sharded model's forwards still run."""
         cfg = self.cfg
         convs = make_conversations([self.instances[i] for i in self.order.micro_batch(step - 1)], ["sharded"],
                                    self.group)
-        with self.accelerator.autocast():  # the run's compute precision (bf16 where it is fast)
+        # the run's compute precision (bf16 where it is fast); FSDP2's root weights gathered for generation
+        with self.accelerator.autocast(), loop.root_gathered(self.loss_model):
             play(convs, self.generator, self.user, self.classifier, self.params, batch_size=len(convs),
-                 stop_at_correct=False, seed=derive_seed(cfg.train.seed, "rollout", step, self.accelerator.process_index),
-                 max_context=cfg.rollout.max_conversation_tokens)
+                 stop_at_correct=False, seed=derive_seed(cfg.train.seed, "rollout", step),
+                 max_context=cfg.rollout.max_conversation_tokens, ranks=Ranks.current())
         return convs
 
     def values(self, convs: list) -> tuple[dict[str, list[float]], dict]:
@@ -157,8 +164,8 @@ class VASDStep:
         micro_batches, left_out = step_rows(self.cfg, convs, chosen, self.tokenizer, self.terms, values=values,
                                             share_prefixes=self.share_prefixes)
         self.policy.eval()
-        try:
-            with self.copy:  # a live teacher reads the weights the student computes with
+        try:  # a live teacher reads the weights the student computes with; FSDP2: the decoder alone runs
+            with self.copy, loop.root_gathered(self.loss_model):
                 return teacher_pass(micro_batches, self.parts, self.terms, self.tokenizer.pad_token_id,
                                     device=self.accelerator.device, autocast=self.accelerator.autocast,
                                     multiple=self.cfg.train.pad_to_multiple), left_out
@@ -206,21 +213,28 @@ def shares_prefixes(model: torch.nn.Module) -> bool:
 
 
 def held_out_divergence(cfg: VASDConfig, instances: list, generator: Any, tokenizer: Any, parts: TeacherParts,
-                        loss: DistillLoss, *, device: Any, autocast: Any, share_prefixes: bool = False) -> float | None:
+                        loss: DistillLoss, *, device: Any, autocast: Any, share_prefixes: bool = False,
+                        ranks: Ranks | None = None) -> float | None:
     """The divergence term per answer token on held-out tasks, without a gradient: the live
     model plays them greedily (sharded, every shard) and the teacher reads their single-turn
     views, as in training. Lower means the student's final replies moved towards the teacher's.
-    None where the run takes no divergence (loss.weight: 0)."""
+    None where the run takes no divergence (loss.weight: 0).
+
+    Every rank of a multi-process run calls it (`ranks`, default: torch.distributed's): each plays
+    its share of `instances` in lockstep and runs as many windows of teacher and loss passes as
+    the rank with the most (a window with no rollout runs its stand-in rows), and the sums are
+    added over the ranks, so every rank returns the same figure."""
     if "distill" not in loss.weights:
         return None
-    convs = play_greedy(cfg, instances, generator)
+    ranks = ranks or Ranks.current()
+    convs = play_greedy(cfg, ranks.share_of(instances), generator, ranks)
     per_step = cfg.train.micro_batch_size * cfg.train.grad_accum_steps
     total, count = 0.0, 0.0
     was_training = loss.training
     loss.eval()
     try:
         with torch.no_grad():
-            for start in range(0, len(convs), per_step):
+            for start in range(0, ranks.most(len(convs)), per_step):
                 micro_batches, _ = step_rows(cfg, convs[start:start + per_step], [], tokenizer, loss.terms,
                                              share_prefixes=share_prefixes)
                 for batch in teacher_pass(micro_batches, parts, loss.terms, tokenizer.pad_token_id, device=device,
@@ -229,4 +243,5 @@ def held_out_divergence(cfg: VASDConfig, instances: list, generator: Any, tokeni
                     total += float(loss(**to_device(batch, device))["distill"])
     finally:
         loss.train(was_training)
+    total, count = ranks.total(total), ranks.total(count)
     return total / count if count else None

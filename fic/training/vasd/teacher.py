@@ -57,10 +57,9 @@ def teacher_parts(cfg: VASDConfig, model: Any, copy_dtype: torch.dtype | None = 
     dtype a frozen or moving-average copy is held in (the run's compute dtype on a bf16 compute
     copy: it is never trained, and the EMA keeps float32 masters of its own)."""
     lora = cfg.lora.enabled
-    # a term that reads the starting weights (the reference term); with EMA in full fine-tuning: refused at load
-    needs_reference = any(term.reads == "reference" for term in run_terms(cfg, anchors=False))
+    needs_reference = reads_reference(cfg)
     copy_model = None
-    if cfg.teacher.mode == "ema" or (not lora and (cfg.teacher.mode == "frozen" or needs_reference)):
+    if copies_model(cfg):
         copy_model = copy.deepcopy(model).eval()
         copy_model.requires_grad_(False)
         if copy_dtype is not None:
@@ -91,6 +90,18 @@ def teacher_parts(cfg: VASDConfig, model: Any, copy_dtype: torch.dtype | None = 
         parts.ref_net, parts.ref_context = frozen_net, frozen_context
         parts.ref_head = head_of(frozen_net, frozen_context)
     return parts
+
+
+def reads_reference(cfg: VASDConfig) -> bool:
+    """Whether a term reads the starting weights (the reference term; with EMA in full fine-tuning:
+    refused at load)."""
+    return any(term.reads == "reference" for term in run_terms(cfg, anchors=False))
+
+
+def copies_model(cfg: VASDConfig) -> bool:
+    """Whether the teacher or the reference is a copy of the model (see `teacher_parts`)."""
+    return cfg.teacher.mode == "ema" or (not cfg.lora.enabled and (cfg.teacher.mode == "frozen"
+                                                                  or reads_reference(cfg)))
 
 
 class EmaTeacher:

@@ -1,0 +1,192 @@
+"""Issue 55's protocol (experiments/stage2_label_free): every config it fills loads with its verb's
+config class, every `fic` command of arms.sh with its overrides, so a renamed key fails here and not
+two hours into a run; V's settings are the demo's stage 2 and C2's corpus is built like stage 1's."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+from stage2_label_free import protocol
+
+from fic.core.config import config_to_dict, load_config
+from fic.core.errors import FicError
+from fic.corpus.build import SFTDataConfig
+from fic.demo.run import load_demo
+from fic.evaluation.evaluate import EvalConfig
+from fic.training.sft import SFTConfig
+from fic.training.vasd.config import VASDConfig
+
+RECIPES = Path(__file__).resolve().parents[2] / "recipes" / "smollm2-135m-instruct"
+VERBS = {("train", "vasd"): VASDConfig, ("train", "sft"): SFTConfig, ("eval",): EvalConfig, ("sft-data",): SFTDataConfig}
+# the shell variables arms.sh sets at run time, with values of their kind
+SHELL = {"$STEPS": "7", "$S": "/run/sft/final"}
+
+
+def prepared(tmp_path: Path) -> Path:
+    return protocol.prepare(tmp_path / "run", tmp_path / "out", seeds=[0, 1], v_steps=32, lrs=["1.0e-4", "2.0e-4"])
+
+
+def config_class(name: str) -> type:
+    if name == "c2-data.yaml":
+        return SFTDataConfig
+    return {"v": VASDConfig, "h": VASDConfig, "c1": SFTConfig, "c2": SFTConfig, "eval": EvalConfig}[name.split("-")[0]]
+
+
+def commands(script: Path) -> list[tuple[type, str, list[str]]]:
+    """Each `fic` command of a script that takes a config: (its class, --config, its overrides)."""
+    found = []
+    for command in [part for line in script.read_text().splitlines() if not line.startswith("#")
+                    for part in line.split("#")[0].split("&&")]:
+        words = [w for w in shlex.split(command) if w not in {"(", ")", "&"}]
+        if "fic" not in words:
+            continue
+        words = words[words.index("fic") + 1:]
+        verb = next((v for v in VERBS if tuple(words[:len(v)]) == v), None)
+        if verb is None:
+            assert words[0] == "self-label", f"a fic command this test does not check: {command}"
+            continue
+        rest = words[len(verb):]
+        config = rest[rest.index("--config") + 1]
+        overrides = [w for w in rest if "=" in w and not w.startswith("--")]
+        for name, value in SHELL.items():
+            overrides = [w.replace(name, value) for w in overrides]
+        found.append((VERBS[verb], config, overrides))
+    return found
+
+
+def test_every_config_the_protocol_fills_loads_with_its_verbs_class(tmp_path):
+    script = prepared(tmp_path)
+    configs = sorted((script.parent / "configs").iterdir())
+    assert {config_class(c.name) for c in configs} == set(VERBS.values())
+    for path in configs:
+        text = path.read_text()
+        assert "{" + "run}" not in text and "{" + "out}" not in text and "{" + "seed}" not in text, path.name
+        load_config(config_class(path.name), path)  # unknown keys are errors
+    for written in (script, script.parent / "pilot.sh"):
+        checked = commands(written)
+        assert {cls for cls, _, _ in checked} == set(VERBS.values()), written.name
+        for cls, config, overrides in checked:
+            load_config(cls, config, overrides)
+
+
+def test_a_renamed_key_in_a_template_fails_the_load(tmp_path, monkeypatch):
+    """What the test above guards against: a key VASD no longer has (`loss.turns`, renamed
+    `terms.turns.replies`) in V's template."""
+    templates = tmp_path / "templates"
+    (templates / "configs").mkdir(parents=True)
+    for path in [*(protocol.HERE / "configs").iterdir(), protocol.HERE / "eval.yaml"]:
+        (templates / path.relative_to(protocol.HERE)).write_text(path.read_text())
+    v = templates / "configs" / "v.yaml"
+    v.write_text(v.read_text().replace("max_log_ratio: 2.0}", "max_log_ratio: 2.0, turns: final}"))
+    monkeypatch.setattr(protocol, "HERE", templates)
+    script = prepared(tmp_path)
+    with pytest.raises(FicError, match="turns"):
+        load_config(VASDConfig, script.parent / "configs" / "v-s0.yaml")
+
+
+def test_v_is_the_demos_stage_2_without_the_gold_and_h_only_adds_it(tmp_path):
+    """V keeps the settings the demo chose on dev (rollouts, loss, rate, anchors) and changes only what
+    the protocol is about: B-train's blinded prompts and the full-view teacher. H differs from V only
+    in its teacher reading the gold (and B-train's true answers)."""
+    script = prepared(tmp_path)
+    demo = config_to_dict(load_demo(str(RECIPES), [f"out={tmp_path / 'run'}"]).vasd)
+    v = config_to_dict(load_config(VASDConfig, script.parent / "configs" / "v-s1.yaml"))
+    h = config_to_dict(load_config(VASDConfig, script.parent / "configs" / "h-s0.yaml"))
+    for section in ("rollout", "loss", "optim", "terms", "anchor", "model"):
+        assert v[section] == demo[section], section
+    assert {k: v["train"][k] for k in v["train"] if k != "seed"} == {k: demo["train"][k] for k in demo["train"]
+                                                                       if k != "seed"}
+    assert v["train"]["seed"] == 1 and v["teacher"] == {**demo["teacher"], "view": "full"}
+    assert v["data"]["source"] == [f"jsonl:{tmp_path / 'out'}/arms/b-train.blind.jsonl"]
+    assert h["teacher"]["view"] == "gold-hinted" and h["data"]["source"] == [f"jsonl:{tmp_path / 'out'}/B/train.jsonl"]
+    differ = {k for k in v if v[k] != h[k]}
+    assert differ == {"teacher", "data", "out", "train"} and h["train"]["seed"] == 0
+
+
+def test_c2s_corpus_is_built_with_stage_1s_shares_from_the_self_labels(tmp_path):
+    script = prepared(tmp_path)
+    c2 = load_config(SFTDataConfig, script.parent / "configs" / "c2-data.yaml")
+    stage1 = load_demo(str(RECIPES), [f"out={tmp_path / 'run'}"]).sft_data
+    shares = ("single_turn_share", "recovery_share", "partial_share", "ask_share")
+    assert [getattr(c2, k) for k in shares] == [getattr(stage1, k) for k in shares]
+    assert c2.data.source == [f"jsonl:{tmp_path / 'out'}/arms/b-train.self.jsonl"]
+    excluded = yaml.safe_load((script.parent / "configs" / "c2-data.yaml").read_text())["exclude"]["sources"]
+    assert sorted(Path(p).name for p in excluded) == ["eval-bdev.yaml", "eval-btest.yaml"]
+
+
+def test_c2_and_c1_get_v_s_cpu_seconds_at_stage_1s_cpu_seconds_a_step(tmp_path, capsys):
+    """3,000 CPU s of training (its dev scores left out) over 200 steps: 15 a step; V's 2,250 buy 150."""
+    stage = tmp_path / "sft.json"
+    stage.write_text(json.dumps({"cpu_seconds": 3100.0, "figures": {"steps": 200, "plateau": {"cpu_seconds": 100.0}}}))
+    assert protocol.main(["steps", "--budget-s", "2250", "--stage", str(stage)]) == 0
+    assert capsys.readouterr().out.strip() == "150"
+
+
+def evaluation(folder: Path, views: dict[str, list[int]], *, premature=(), never=()) -> None:
+    """An evaluation folder as `fic eval` leaves it: config.yaml (its instances file, views, runs) and
+    conversations.jsonl, each view's scores in the order of the instances."""
+    folder.mkdir(parents=True)
+    n = len(next(iter(views.values())))
+    (folder / "instances.jsonl").write_text("".join(json.dumps({"task_id": f"t{i}"}) + "\n" for i in range(n)))
+    (folder / "config.yaml").write_text(yaml.safe_dump({"data": {"source": [f"jsonl:{folder / 'instances.jsonl'}"]},
+                                                        "views": list(views), "runs": 1}))
+    (folder / "conversations.jsonl").write_text("".join(
+        json.dumps({"task_id": f"t{i}", "view": view, "run": 0, "score": float(s),
+                    "premature_answer": view == "sharded" and i in premature,
+                    "first_answer_turn": None if view == "sharded" and i in never else 1,
+                    "shards_at_first_answer": 2, "num_shards": 3}) + "\n"
+        for view, scores in views.items() for i, s in enumerate(scores)))
+
+
+def test_the_pilot_pairs_v_and_c2_with_s_and_applies_its_rule_to_v_minus_s(tmp_path, capsys):
+    """Ten B-dev instances. Sharded, S is right on the first 4, V on the first 5 (+10 points, 1-0), C2
+    on 4 (V better on 2, C2 on 1); the rule needs V - S >= 3: it holds. C2's seen-dev run is unfinished."""
+    arms = tmp_path / "arms"
+    full = [1] * 8 + [0] * 2
+    evaluation(arms / "eval" / "s", {"full": full, "sharded": [1] * 4 + [0] * 6}, premature={5, 6}, never={9})
+    evaluation(arms / "eval" / "v-s0", {"full": full, "sharded": [1] * 5 + [0] * 5}, premature={6})
+    evaluation(arms / "eval" / "c2-lr1.0e-4-s0", {"full": [1] * 7 + [0] * 3, "sharded": [0, 0, 1, 1, 1, 0, 0, 0, 0, 1]})
+    for name in ("s", "v-s0"):
+        evaluation(arms / "eval-seen" / name, {"full": [1, 1, 1, 0]})
+    assert protocol.main(["pilot", "--out", str(tmp_path)]) == 0
+    report = json.loads((arms / "pilot.json").read_text())
+    assert report["models"]["S"] == {"n": 10, "full": 80.0, "sharded": 40.0, "premature": 20.0, "never_answered": 10.0,
+                                     "seen_full": 75.0}
+    assert report["models"]["C2"]["seen_full"] is None and report["not_finished"] == ["C2 on the seen dev set"]
+    v_s, v_c2 = report["pairs"]["V - S"], report["pairs"]["V - C2"]
+    assert (v_s["difference"], v_s["better"], v_s["worse"]) == (10.0, 1, 0)
+    assert (v_c2["difference"], v_c2["better"], v_c2["worse"]) == (10.0, 2, 1)
+    assert report["verdict"].startswith("continue: V beats S by +10.0")
+    printed = capsys.readouterr().out
+    assert "| V - C2 | 10 | +10.0 (" in printed and "not finished: C2 on the seen dev set" in printed
+
+    (arms / "eval" / "v-s0" / "conversations.jsonl").write_text("")  # V not evaluated yet: no verdict
+    protocol.main(["pilot", "--out", str(tmp_path)])
+    assert json.loads((arms / "pilot.json").read_text())["verdict"] is None
+
+
+def test_the_pilot_stops_when_v_gains_less_than_three_points_on_s(tmp_path):
+    arms = tmp_path / "arms"
+    for name in ("s", "v-s0"):  # V equals S: 0 < 3
+        evaluation(arms / "eval" / name, {"full": [1] * 10, "sharded": [1] * 5 + [0] * 5})
+    protocol.main(["pilot", "--out", str(tmp_path)])
+    assert json.loads((arms / "pilot.json").read_text())["verdict"] == "stop: V - S = +0.0 < 3 points; H runs next"
+
+
+def test_the_scripts_time_a_commands_cpu_seconds_in_the_main_shell_and_in_a_lane(tmp_path):
+    """`timed` reads the waiting shell's children's CPU seconds: in the script and in a `( ... ) &` lane
+    (a command substitution's own subshell has no children: read there, every label would be 0)."""
+    import subprocess
+
+    script = prepared(tmp_path).parent / "pilot.sh"
+    helpers = script.read_text().split("\nS=")[0]
+    busy = "python -c 'import time; t = time.process_time(); exec(\"while time.process_time() - t < 0.3: pass\")'"
+    probe = tmp_path / "probe.sh"
+    probe.write_text(f"{helpers}\ntimed main {busy}\n( timed lane {busy} ) &\nwait $!\n")
+    subprocess.run(["bash", str(probe)], check=True, timeout=60)
+    spent = dict(line.split() for line in (tmp_path / "out" / "arms" / "times.tsv").read_text().splitlines())
+    assert set(spent) == {"main", "lane"} and all(float(s) >= 0.25 for s in spent.values()), spent
