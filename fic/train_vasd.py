@@ -41,6 +41,7 @@ from pathlib import Path
 
 from accelerate.utils import set_seed
 
+from fic.core import progress
 from fic.core.config import config_to_dict, set_in, set_where
 from fic.core.files import append_jsonl, write_json
 from fic.core.model import load_template_checked_tokenizer, template_clause
@@ -103,7 +104,8 @@ def train(cfg: VASDConfig) -> dict:
     out = Path(cfg.out)
 
     def held_out_figures(step: int) -> dict:  # on every rank, each its share of the held-out tasks
-        with phase(f"the held-out evaluation at step {step}"):
+        # its turns are not the rollouts'
+        with progress.phase("held-out", "dev tasks"), phase(f"the held-out evaluation at step {step}"):
             return evaluate_now(cfg, held_out, vasd, out=out / "dev" / f"step-{step}")
 
     if held_out and start == 0:  # the point the held-out figures are compared with

@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
+from fic.core import progress
 from fic.core.errors import FicError
 from fic.training.data import IGNORE
 
@@ -359,7 +360,7 @@ def window_backward(accelerator: Any, loss_module: torch.nn.Module, batches: lis
     totals = dict(zip(names, accelerator.reduce(local, reduction="sum").tolist()))
     scale = accelerator.gradient_accumulation_steps * accelerator.num_processes
     sums = {name: torch.zeros((), dtype=torch.float64, device=device) for name in weights}
-    for index, batch in enumerate(batches):
+    for index, batch in enumerate(progress.counting(batches, "micro-batches")):  # for the heartbeat
         with accelerator.accumulate(loss_module):
             terms = loss_module(**to_device(batch, device))
             loss = sum(weights[name] * terms[name] / totals[name] for name in weights if totals.get(name, 0) > 0)

@@ -20,6 +20,7 @@ from fic.backends import make_backend
 from fic.conversation.classify import make_classifier
 from fic.conversation.simulator import make_conversations, play
 from fic.conversation.users import make_user
+from fic.core import progress
 from fic.core.errors import FicError, cut_short_on_sigterm
 from fic.core.generation import SamplingParams
 from fic.core.ranks import Ranks, phase
@@ -110,19 +111,21 @@ class VASDStep:
         rollouts' figures, what was left out and why, seconds per phase) and the rollouts it played."""
         seconds: dict[str, float] = {}
 
-        def timed(name: str, run: Callable, *args: Any) -> Any:
+        def timed(name: str, what: str, run: Callable, *args: Any) -> Any:
             began = time.perf_counter()
-            with phase(f"the {name} of step {step}"):  # what the watchdog names if a collective waits too long
+            # the run's heartbeat names the phase with its own progress; the watchdog names it if a
+            # collective waits too long
+            with progress.phase(name, what), phase(f"the {name} of step {step}"):
                 result = run(*args)
             seconds[f"{name}_s"] = time.perf_counter() - began
             return result
 
         with cut_short_on_sigterm():  # nothing of a step is kept until it is over
-            convs = timed("rollouts", self.rollouts, step)
+            convs = timed("rollouts", "", self.rollouts, step)
             values, value_figures = self.values(convs)
-            batches, left_out = timed("teacher", self.teacher, convs, step, values)
-            window = timed("student", self.student, batches)
-            figures = timed("update", self.update, convs)
+            batches, left_out = timed("teacher", "forward, no gradient", self.teacher, convs, step, values)
+            window = timed("student", "forward and backward", self.student, batches)
+            figures = timed("update", "optimizer step", self.update, convs)
         return {"loss": window["loss"], **{term.metric: window.get(term.name) for term in self.terms},
                 "answer_tokens": int(window.get("n_distill", 0)), **figures, **rollout_figures(convs), **value_figures,
                 **{f"left_out_{k}": v for k, v in left_out.items() if k != "empty_micro_batches"},

@@ -12,6 +12,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from fic.core import progress
 from fic.core.errors import FicError
 from fic.training.losses import decoder_and_head
 from fic.training.vasd.batches import batch_counts, collate_rows, hidden_at
@@ -156,7 +157,7 @@ def teacher_pass(micro_batches: Sequence[MicroBatch], parts: TeacherParts, terms
     token where it has no rollout rows, so every rank runs the same passes (ZeRO-3)."""
     names = [term.name for term in terms]
     batches = []
-    for micro in micro_batches:
+    for micro in progress.counting(micro_batches, "micro-batches"):  # for the run's heartbeat
         batch = collate_rows(micro.rows, pad_id, multiple, names)
         batch["hidden"] = {}
         for reader, reads in micro.reads.items():
