@@ -6,6 +6,10 @@ stage of the same kind in this output folder (the SFT stage prices the control, 
 evaluation the later ones), on this machine with these settings. A stage nothing has priced yet is
 said to be unpriced rather than guessed from another machine.
 
+A shared machine's load moves wall time more than any figure here (the smoke run took 15 minutes
+quiet and two hours under a load of 4-8 on 2 cores), so the plan's line says the load at start and
+how much slower that makes a stage than the same stage on a quiet machine.
+
 Before each stage the demo compares the measured peak with the memory this machine has free
 (`memory_budget_mb`, 0: MemAvailable) and refuses a stage that would not fit, naming the
 settings that lower it, rather than letting the kernel kill it halfway.
@@ -13,6 +17,7 @@ settings that lower it, rather than letting the kernel kill it halfway.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +55,26 @@ def units(cfg: Any, stage: str, control: float | None) -> float:
         return float(cfg.data.dev)
     views = 3 if stage == "eval-start" else 2  # full, concat, sharded on test at the start; full and sharded after
     return float(cfg.data.test * views + cfg.data.test_unseen * 2)
+
+
+def load_now() -> tuple[float, int]:
+    """This machine's 1-minute load average and the cores this process may use (load 0.0 where the
+    OS does not say)."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = 0.0
+    return load, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def load_note(load: float, cores: int) -> str:
+    """'' on a quiet machine; else what the load means for a stage: its threads, one a core, share
+    the cores with `load` other runnable ones."""
+    slower = (load + cores) / cores
+    if slower < 1.25:
+        return ""
+    return (f"this machine's load is {load:.1f} on {cores} cores: a stage runs about {slower:.1f}x slower than on "
+            "a quiet one")
 
 
 def unit_cost(stage: str, done: dict[str, dict]) -> dict | None:
@@ -129,16 +154,20 @@ def check_fits(cfg: Any, stage: str, cost: dict | None) -> None:
                    "memory_budget_mb to what this machine can give", field="memory_budget_mb")
 
 
-def plan(cfg: Any, stages: list[str], done: dict[str, dict],
-         control: float | None = None) -> tuple[str, dict[str, dict | None]]:
-    """A line with the estimated minutes and peak of `stages`, and each stage's estimate."""
+def plan(cfg: Any, stages: list[str], done: dict[str, dict], control: float | None = None,
+         load: tuple[float, int] | None = None) -> tuple[str, dict[str, dict | None]]:
+    """A line with the estimated minutes and peak of `stages` and the load now (`load`: the load
+    average and the cores, else this machine's), and each stage's estimate."""
     costs = {stage: estimate(cfg, stage, done, control) for stage in stages}
     known = {s: c for s, c in costs.items() if c is not None}
+    note = load_note(*(load or load_now()))
+    note = f"; {note}" if note else ""
     if not known:
-        return "estimate: no figures for these settings yet (they will come from the first stages)", costs
+        return f"estimate: no figures for these settings yet (they will come from the first stages){note}", costs
     minutes = sum(c["minutes"] for c in known.values())
     peak = max(c["peak_mb"] for c in known.values())
     sources = sorted({c["source"].split(" (")[0] for c in known.values()})
     unknown = [s for s, c in costs.items() if c is None]
     return (f"estimate: about {minutes:.0f} min for {len(known)} stage(s), peak {peak / 1024:.1f} GiB "
-            f"({' and '.join(sources)} figures)" + (f"; not priced yet: {', '.join(unknown)}" if unknown else "")), costs
+            f"({' and '.join(sources)} figures)" + (f"; not priced yet: {', '.join(unknown)}" if unknown else "")
+            + note), costs

@@ -14,13 +14,13 @@ RECIPES = Path(__file__).resolve().parents[2] / "recipes" / "smollm2-135m-instru
 
 def test_stages_are_priced_only_from_what_finished_here(tmp_path):
     cfg = load_demo(str(RECIPES), [f"out={tmp_path}", "data.dev=10", "sft.dev.every=20"])  # stage 1 with its dev curve
-    line, planned = costs.plan(cfg, list(STAGES[:-1]), {})
+    line, planned = costs.plan(cfg, list(STAGES[:-1]), {}, load=(0.3, 2))
     assert set(planned.values()) == {None}  # no machine's price list stands in for this one
     assert line == "estimate: no figures for these settings yet (they will come from the first stages)"
     # the warm-up's 10 steps in 130 s price every SFT-kind stage; stage 1's dev curve is not priced
     # until a stage has scored one: then 4 scores x 10 instances x 2 views took 40 s, 0.5 s each
     warmup = {"stage": "warmup", "seconds": 130.0, "units": 10, "peak_rss_mb": 4096}
-    line, planned = costs.plan(cfg, ["warmup", "sft", "vasd"], {"warmup": warmup})
+    line, planned = costs.plan(cfg, ["warmup", "sft", "vasd"], {"warmup": warmup}, load=(0.0, 2))
     assert planned["warmup"] == {"minutes": pytest.approx(13.0 * cfg.warmup.train.max_steps / 60), "peak_mb": 4096.0,
                                  "source": "measured here (warmup)"}
     assert planned["sft"] is None and planned["vasd"] is None
@@ -33,3 +33,19 @@ def test_stages_are_priced_only_from_what_finished_here(tmp_path):
     scores = cfg.sft.train.max_steps // dev.every + 1
     conversations = scores * min(dev.data.limit or 10, 10) * len(dev.views)
     assert sft["minutes"] * 60 == pytest.approx(13.0 * cfg.sft.train.max_steps + 0.5 * conversations)
+
+
+def test_the_plan_says_the_load_at_start_and_what_it_does_to_a_stage(tmp_path):
+    """A quiet machine's plan says nothing of load; a loaded one says the load and the slow-down, priced
+    stages or none (the smoke run took 15 min quiet and 2 h under a load of 4-8 on 2 cores)."""
+    cfg = load_demo(str(RECIPES), [f"out={tmp_path}"])
+    warmup = {"stage": "warmup", "seconds": 130.0, "units": 10, "peak_rss_mb": 4096}
+    quiet, _ = costs.plan(cfg, ["warmup"], {"warmup": warmup}, load=(0.4, 2))
+    assert "load" not in quiet
+    for done in ({}, {"warmup": warmup}):
+        loaded, planned = costs.plan(cfg, ["warmup"], done, load=(6.0, 2))
+        assert loaded.endswith("; this machine's load is 6.0 on 2 cores: a stage runs about 4.0x slower than on a "
+                               "quiet one")
+        assert planned == costs.plan(cfg, ["warmup"], done, load=(0.0, 2))[1]  # the figures themselves unscaled
+    load, cores = costs.load_now()
+    assert load >= 0.0 and cores >= 1
