@@ -298,12 +298,14 @@ def read_run(run: Path) -> dict:
 
 
 def weight_diff(a: Path, b: Path) -> float:
-    """The largest absolute difference between two Hugging Face folders' weights; inf when their
-    tensors differ in name or shape. A tensor only one folder holds counts when it is a tied copy
-    of another of its tensors (ZeRO-2 and FSDP2 write the LM head tied to the embeddings out twice)."""
+    """The largest absolute difference between two Hugging Face folders' weights (a LoRA run's: its
+    adapters'); inf when their tensors differ in name or shape. A tensor only one folder holds counts
+    when it is a tied copy of another of its tensors (ZeRO-2 and FSDP2 write the LM head tied to the
+    embeddings out twice)."""
     from safetensors.torch import load_file
 
-    left, right = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
+    name = "model.safetensors" if (a / "model.safetensors").is_file() else "adapter_model.safetensors"
+    left, right = load_file(str(a / name)), load_file(str(b / name))
     for one, other in ((left, right), (right, left)):
         for name in set(one) - set(other):
             if not any(k != name and one[k].shape == one[name].shape and bool((one[k] == one[name]).all())

@@ -78,7 +78,9 @@ def complete_checkpoints(out: Path) -> list[Path]:
 
 
 def lora_state_hooks(accelerator: Any, trainable: set[str]) -> None:
-    """With LoRA, checkpoints hold only the trainable (adapter) weights, not the frozen base."""
+    """With LoRA, checkpoints hold only the trainable (adapter) weights, not the frozen base.
+    `trainable`: their names in the unwrapped module, as Accelerate's saved state names them (under
+    DDP the wrapper's own names carry `module.`, and no adapter tensor matched)."""
 
     def save_hook(models: list, weights: list, output_dir: str) -> None:
         for i, state in enumerate(weights):
@@ -93,7 +95,7 @@ def lora_state_hooks(accelerator: Any, trainable: set[str]) -> None:
             if set(state) != trainable:
                 raise FicError(f"holds {len(state)} adapter tensors, the model has {len(trainable)} trainable ones",
                                path=input_dir)
-            model.load_state_dict(state, strict=False)
+            accelerator.unwrap_model(model).load_state_dict(state, strict=False)  # the names it was saved under
         models.clear()  # loaded here; accelerate would load them strictly
 
     accelerator.register_save_state_pre_hook(save_hook)

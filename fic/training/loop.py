@@ -265,7 +265,8 @@ def prepare(accelerator: Any, loss_module: torch.nn.Module, cfg: RunConfig, step
     loss_module, optimizer, scheduler = accelerator.prepare(loss_module, optimizer, scheduler)
     check_accumulation(accelerator, cfg.train.grad_accum_steps)
     if cfg.lora.enabled:
-        lora_state_hooks(accelerator, {n for n, p in loss_module.named_parameters() if p.requires_grad})
+        unwrapped = accelerator.unwrap_model(loss_module)
+        lora_state_hooks(accelerator, {n for n, p in unwrapped.named_parameters() if p.requires_grad})
     return loss_module, optimizer, scheduler
 
 

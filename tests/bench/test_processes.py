@@ -163,3 +163,20 @@ def test_vasd_on_two_processes_equals_one_under_zero3_and_fsdp2(tmp_path, smollm
         assert r["max_rel_loss_diff"] <= 1e-4 and r["max_weight_diff"] <= 1e-4 and r["max_dev_diff"] <= 1e-4
         assert r["dev_steps"] == [0, 1, 2] and r["dev_all_logged"]  # 5 held-out instances, 3 + 2 per rank
         assert r["resume_max_rel_loss_diff"] <= 1e-6 and r["resume_max_weight_diff"] <= 1e-6
+
+
+def test_weights_are_compared_by_name_in_full_models_and_in_adapters(tmp_path):
+    """A LoRA run's final folder holds its adapter alone: the adapters are what the ranks must agree on."""
+    import torch
+    from safetensors.torch import save_file
+
+    from fic.bench.processes import weight_diff
+
+    for folder, file, shift in (("a", "model.safetensors", 0.0), ("b", "model.safetensors", 0.25),
+                                ("c", "adapter_model.safetensors", 0.0), ("d", "adapter_model.safetensors", 0.5)):
+        (tmp_path / folder).mkdir()
+        save_file({"w": torch.zeros(2, 2) + shift, "lm_head": torch.ones(3)}, str(tmp_path / folder / file))
+    assert weight_diff(tmp_path / "a", tmp_path / "b") == 0.25
+    assert weight_diff(tmp_path / "c", tmp_path / "d") == 0.5
+    save_file({"other": torch.zeros(2, 2)}, str(tmp_path / "d" / "adapter_model.safetensors"))
+    assert weight_diff(tmp_path / "c", tmp_path / "d") == float("inf")

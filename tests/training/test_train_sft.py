@@ -278,6 +278,33 @@ def test_lora_resume_restores_adapter_optimizer_and_dropout_rng(tiny_model_dir, 
     assert ckpt.stat().st_size < (tiny_model_dir / "model.safetensors").stat().st_size / 10
 
 
+@pytest.mark.slow  # end to end: two processes, killed and resumed
+def test_lora_on_two_ranks_checkpoints_the_adapter_and_resumes_to_the_same_losses(tiny_model_dir, corpus, tmp_path):
+    """Under DDP the prepared module's parameters are named `module.*` while a checkpoint's state is
+    not: the adapter-only checkpoint held no tensor at all and the resume refused it."""
+    from safetensors.torch import load_file
+
+    common = ("train.max_steps=4", "checkpoint.every=2", "lora.enabled=true", "lora.r=4", "train.micro_batch_size=1",
+              "train.grad_accum_steps=1")
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}
+
+    def two_ranks(out: Path, *extra: str) -> None:
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                               str(ROOT / "fic" / "train_sft.py"), *settings(tiny_model_dir, corpus, out, *common),
+                               *extra], env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+    out = tmp_path / "two"
+    two_ranks(out)
+    state = load_file(str(out / "checkpoints" / "step-2" / "model.safetensors"))
+    assert state and all("lora_" in name for name in state)  # the adapter, and only the adapter
+    expected = losses(out)
+    shutil.rmtree(out / "checkpoints" / "step-4")  # killed after step 3
+    shutil.rmtree(out / "final")
+    two_ranks(out, "resume=true")
+    assert losses(out) == pytest.approx(expected, abs=1e-6)
+
+
 # --------------------------------------------------------------------------- saved models
 
 
