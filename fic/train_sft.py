@@ -40,7 +40,6 @@ from fic.core.ranks import phase
 from fic.core.records import file_sha256, read_json
 from fic.evaluation.live import evaluate_live
 from fic.training import checkpoints, loop
-from fic.training.checkpoints import model_card as card
 from fic.training.curves import read_metrics
 from fic.training.data import load_corpus
 from fic.training.losses import check_target_path
@@ -229,16 +228,16 @@ def data_card(cfg: SFTConfig, corpus: dict) -> dict:
 
 
 def model_card(cfg: SFTConfig, corpus: dict, result: dict, kind: str) -> str:
-
-    return card(cfg, title="FiC SFT warm start", tags=["fic", "sft", "multi-turn"], kind=kind,
-                summary="Fine-tuned with `fic train sft`: causal-LM loss on the assistant tokens of multi-turn "
-                        "conversations where the task arrives piece by piece (FiC stage 1)",
-                facts=[f"Data: `{cfg.data.path}` (sha256 `{corpus['sha256']}`): {corpus['used']} of "
-                       f"{corpus['records']} conversations used ({corpus['skipped_too_long']} longer than "
-                       f"{cfg.data.max_seq_len} tokens skipped), {corpus['target_tokens']} target tokens per epoch",
-                       f"Training: {result['steps']} optimizer steps, {result['world_size']} process(es), "
-                       f"{cfg.train.micro_batch_size} x {cfg.train.grad_accum_steps} conversations per process per "
-                       f"step; final loss {result['final_loss']:.4f}", *_plateau_fact(result.get("plateau"))])
+    return checkpoints.model_card(
+        cfg, title="FiC SFT warm start", tags=["fic", "sft", "multi-turn"], kind=kind,
+        summary="Fine-tuned with `fic train sft`: causal-LM loss on the assistant tokens of multi-turn "
+                "conversations where the task arrives piece by piece (FiC stage 1)",
+        facts=[f"Data: `{cfg.data.path}` (sha256 `{corpus['sha256']}`): {corpus['used']} of "
+               f"{corpus['records']} conversations used ({corpus['skipped_too_long']} longer than "
+               f"{cfg.data.max_seq_len} tokens skipped), {corpus['target_tokens']} target tokens per epoch",
+               f"Training: {result['steps']} optimizer steps, {result['world_size']} process(es), "
+               f"{cfg.train.micro_batch_size} x {cfg.train.grad_accum_steps} conversations per process per "
+               f"step; final loss {result['final_loss']:.4f}", *_plateau_fact(result.get("plateau"))])
 
 
 def _plateau_fact(plateau: dict | None) -> list[str]:

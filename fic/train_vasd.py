@@ -50,7 +50,6 @@ from fic.core.records import file_sha256
 from fic.data.sources import describe_loaded, load_sharded
 from fic.evaluation.live import evaluate_live
 from fic.training import checkpoints, loop
-from fic.training.checkpoints import model_card as card
 from fic.training.data import load_corpus
 from fic.training.losses import check_target_path
 from fic.training.vasd.config import MUST_MATCH, VASDConfig
@@ -170,19 +169,20 @@ def evaluate_now(cfg: VASDConfig, held_out: list, vasd: VASDStep, *, out: Path) 
 
 def model_card(cfg: VASDConfig, result: dict, kind: str) -> str:
     loss = f"{cfg.loss.divergence} ({cfg.loss.estimator}, T={cfg.loss.temperature})"
-    return card(cfg, title="FiC VASD", tags=["fic", "vasd", "self-distillation", "multi-turn"], kind=kind,
-                summary="Trained with `fic train vasd` (FiC stage 2, View-Asymmetric Self-Distillation): the model "
-                        "plays sharded conversations on-policy and is pulled, at its final reply's tokens, towards its "
-                        "own next-token distribution given the single-turn view",
-                facts=[f"Started from: `{cfg.model.path}` (the SFT warm-start checkpoint)",
-                       f"Rollout tasks: {', '.join(cfg.data.source)} (task {cfg.data.task}, seed {cfg.data.seed})",
-                       f"Teacher: {cfg.teacher.mode}, view {cfg.teacher.view}; loss {loss}; terms "
-                       + ", ".join(f"{term.name} x{term.weight:g}" for term in run_terms(cfg, anchors=cfg.anchor.share > 0))
-                       + (f"; anchor `{cfg.anchor.path}`" if cfg.anchor.share > 0 else ""),
-                       f"Training: {result['steps']} optimizer steps, {result['world_size']} process(es), "
-                       f"{cfg.train.micro_batch_size} x {cfg.train.grad_accum_steps} rollouts per process per step; "
-                       f"final loss {result['final_loss']:.4f}" if result["final_loss"] is not None else
-                       f"Training: {result['steps']} optimizer steps"])
+    return checkpoints.model_card(
+        cfg, title="FiC VASD", tags=["fic", "vasd", "self-distillation", "multi-turn"], kind=kind,
+        summary="Trained with `fic train vasd` (FiC stage 2, View-Asymmetric Self-Distillation): the model "
+                "plays sharded conversations on-policy and is pulled, at its final reply's tokens, towards its "
+                "own next-token distribution given the single-turn view",
+        facts=[f"Started from: `{cfg.model.path}` (the SFT warm-start checkpoint)",
+               f"Rollout tasks: {', '.join(cfg.data.source)} (task {cfg.data.task}, seed {cfg.data.seed})",
+               f"Teacher: {cfg.teacher.mode}, view {cfg.teacher.view}; loss {loss}; terms "
+               + ", ".join(f"{term.name} x{term.weight:g}" for term in run_terms(cfg, anchors=cfg.anchor.share > 0))
+               + (f"; anchor `{cfg.anchor.path}`" if cfg.anchor.share > 0 else ""),
+               f"Training: {result['steps']} optimizer steps, {result['world_size']} process(es), "
+               f"{cfg.train.micro_batch_size} x {cfg.train.grad_accum_steps} rollouts per process per step; "
+               f"final loss {result['final_loss']:.4f}" if result["final_loss"] is not None else
+               f"Training: {result['steps']} optimizer steps"])
 
 
 def start_line(cfg: VASDConfig, instances: list, held_out: list, overlap: dict, world: int) -> str:

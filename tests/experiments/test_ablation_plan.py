@@ -85,7 +85,9 @@ def test_a_cpu_without_fast_bf16_is_not_priced_from_the_reference_machine(tmp_pa
                                "bfloat16") and "min" not in estimate
     assert main(["demo", "--recipes", str(RECIPES), "--dry-run", f"out={tmp_path / 'd'}"]) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]  # the demo never prices from the reference list
-    assert line == "[demo] estimate: no figures for these settings yet (they will come from the first stages)"
+    # (what follows is the machine's load, when it has some)
+    assert line.startswith("[demo] estimate: no figures for these settings yet (they will come from the first stages)")
+    assert "min for" not in line
     # once stage 1 and a first arm have run here, their own figures price the rest
     out = tmp_path / "d"
     (out / "stages").mkdir(parents=True)
