@@ -238,17 +238,20 @@ def pilot_report(out: Path, seed: int, lr: str) -> dict:
     names = {"S": "s", "V": f"v-s{seed}", "C2": f"c2-lr{lr}-s{seed}"}
     bdev = {m: finished_log(out / "arms" / "eval" / f) for m, f in names.items()}
     seen = {m: finished_log(out / "arms" / "eval-seen" / f) for m, f in names.items()}
+    def p_full(log: list[dict]) -> float:
+        full = scores_by_id(log, "full").values()
+        return 100.0 * sum(r["score"] for r in full) / len(full)
+
     models = {}
     for model, log in bdev.items():
         if log is None:
             continue
-        full, sharded = scores_by_id(log, "full"), list(scores_by_id(log, "sharded").values())
-        models[model] = {"n": len(sharded), "full": 100.0 * sum(r["score"] for r in full.values()) / len(full),
+        sharded = list(scores_by_id(log, "sharded").values())
+        models[model] = {"n": len(sharded), "full": p_full(log),
                          "sharded": 100.0 * sum(r["score"] for r in sharded) / len(sharded),
                          "premature": 100.0 * sum(bool(r.get("premature_answer")) for r in sharded) / len(sharded),
                          "never_answered": 100.0 * sum(timing_bin(r) == "never" for r in sharded) / len(sharded),
-                         "seen_full": (None if seen[model] is None else 100.0 * sum(
-                             r["score"] for r in scores_by_id(seen[model], "full").values()) / len(seen[model]))}
+                         "seen_full": None if seen[model] is None else p_full(seen[model])}
     pairs = {f"{a} - {b}": view_gap(bdev[a], bdev[b], teacher_view="sharded", origin=str(out / "arms" / "eval"))
              for a, b in (("V", "S"), ("C2", "S"), ("V", "C2")) if bdev[a] is not None and bdev[b] is not None}
     v_s = pairs.get("V - S")
