@@ -154,9 +154,11 @@ def prepare(run: Path, out: Path, seeds: list[int], v_steps: int, lrs: list[str]
     blind = ["# Blinding: B-train's answers replaced by S's own calls before any label-free arm reads them.",
              f"once {arms}/b-train.blind.jsonl timed label-blind fic self-label --model $S --source "
              f"jsonl:{out}/B/train.jsonl --keep any-call --out {arms}/b-train.blind.jsonl"]
+    # Keep checked, not agreeing: S (trained to defer) asks a question in the concat view of every
+    # B-train prompt, so agreement kept 0 of 600 in the pilot (experiments/LOG.md, 2026-12-06).
     c2_corpus = ["# C2's corpus: S's filtered calls on B-train as deferral conversations, mixed 1:1 with the seen ones",
                  f"once {arms}/b-train.self.jsonl timed label-self fic self-label --model $S --source "
-                 f"jsonl:{out}/B/train.jsonl --keep agreeing --out {arms}/b-train.self.jsonl",
+                 f"jsonl:{out}/B/train.jsonl --keep checked --out {arms}/b-train.self.jsonl",
                  f"once {arms}/c2.self.sft.jsonl fic sft-data --config {configs}/c2-data.yaml",
                  f"once {arms}/c2.mix.sft.jsonl {me} mix --self {arms}/c2.self.sft.jsonl --seen {run}/data/sft.sft.jsonl "
                  f"--out {arms}/c2.mix.sft.jsonl"]

@@ -20,7 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
     parser.add_argument("--out", required=True, help="output JSONL file (LiC schema); its card beside it")
     parser.add_argument("--keep", default="agreeing", choices=KEEP,
                         help="agreeing: the filter (both views agree, listed function, required arguments, values "
-                        "stated in the request; self-training data); any-call: every readable call of a listed "
+                        "stated in the request; self-training data); checked: the same filter on the full view's call alone "
+                        "(for a model that asks rather than answers the concat view); any-call: every readable call of a listed "
                         "function, right or wrong, full view only (blinded prompts for VASD) (default agreeing)")
     parser.add_argument("--dtype", default="float32", help="weights dtype (default float32: replies that do not "
                         "depend on batch shapes)")

@@ -13,10 +13,13 @@ instance lists; no positional argument, no parameter the function does not have;
 parameter given; every value stated in the request (numbers by value, strings as whole words,
 case-folded). A value that cannot be checked against text (a boolean, a null) fails it.
 
-`keep="any-call"` keeps instead every instance whose full-view reply is a call of listed
-functions with only their parameters (an answer key the task can score against), right or
-wrong: blinded prompts for a stage that must not read gold but needs every prompt (VASD's
-rollouts), where "answer" is then only the model's own belief.
+`keep="checked"` applies the same filter to the full view's call alone: for a model that answers
+the concat view's bulleted request by asking a question (a stage-1 model trained to defer does, on
+every prompt of issue 55's B-train), agreement leaves nothing, and the card's counts say so
+("no call in the concat view's reply"). `keep="any-call"` keeps instead every instance whose
+full-view reply is a call of listed functions with only their parameters (an answer key the task
+can score against), right or wrong: blinded prompts for a stage that must not read gold but needs
+every prompt (VASD's rollouts), where "answer" is then only the model's own belief.
 """
 
 from __future__ import annotations
@@ -35,21 +38,25 @@ from fic.tasks.actions import states
 from fic.tasks.calls import Call, find_calls
 
 VIEWS = ("full", "concat")  # the two single-turn views whose calls must agree
-KEEP = ("agreeing", "any-call")
+KEEP = ("agreeing", "checked", "any-call")
 
 
 def check_self_label(instance: Instance, full_reply: str, concat_reply: str | None,
                      keep: str = "agreeing") -> tuple[list[Call] | None, str | None]:
     """The calls to train on, or None and why not. Reads the instance's tools and request only,
-    never its reference answer. `keep="any-call"` checks only that the calls are an answer key
-    (listed functions, their own parameters, named); `concat_reply` is then not read."""
+    never its reference answer. `concat_reply` is read only under `keep="agreeing"`; `"any-call"`
+    checks only that the calls are an answer key (listed functions, their own parameters, named)."""
     if keep not in KEEP:
         raise FicError(f"unknown keep {keep!r}; expected one of {', '.join(KEEP)}", field="keep")
     calls = find_calls(full_reply)
     if calls is None:
         return None, "no call in the full view's reply"
-    if keep == "agreeing" and find_calls(concat_reply or "") != calls:
-        return None, "full and concat views disagree"
+    if keep == "agreeing":
+        concat_calls = find_calls(concat_reply or "")
+        if concat_calls is None:
+            return None, "no call in the concat view's reply"
+        if concat_calls != calls:
+            return None, "full and concat views disagree"
     tools = {schema["name"]: schema for schema in instance.fields["function"]}
     request = tasks.of(instance).full_prompt(instance)
     for call in calls:
@@ -115,8 +122,9 @@ def write_self_labelled(out: str | Path, records: list[dict], dropped: Counter, 
                         keep: str = "agreeing") -> dict:
     """The records (atomically) and their card `<out stem>.card.json`."""
     out = Path(out)
-    kept_where = ("kept only where the concat view's call is the same and it passes the filter" if keep == "agreeing"
-                  else "kept wherever it is a call of listed functions, right or wrong (keep any-call)")
+    kept_where = {"agreeing": "kept only where the concat view's call is the same and it passes the filter",
+                  "checked": "kept only where it passes the filter (the concat view not asked: keep checked)",
+                  "any-call": "kept wherever it is a call of listed functions, right or wrong (keep any-call)"}[keep]
     card = {
         "source": source, "model": model, "keep": keep, "instances": len(records) + sum(dropped.values()),
         "kept": len(records), "dropped": dict(sorted(dropped.items())),

@@ -31,7 +31,7 @@ GOLD = '[water_garden(zone="flower bed", minutes=15, start_time="09:45")]'
 @pytest.mark.parametrize("full, concat, why", [
     ("I need the zone first.", GOLD, "no call in the full view's reply"),
     (GOLD, '[water_garden(zone="flower bed", minutes=20, start_time="09:45")]', "full and concat views disagree"),
-    (GOLD, "What is the zone?", "full and concat views disagree"),
+    (GOLD, "What is the zone?", "no call in the concat view's reply"),
     ('[set_timer(minutes=15)]', '[set_timer(minutes=15)]', "function not in the tool list"),
     ('[water_garden("flower bed", minutes=15, start_time="09:45")]',) * 2 + ("positional argument",),
     ('[water_garden(zone="flower bed", minutes=15, start_time="09:45", colour="red")]',) * 2
@@ -60,6 +60,20 @@ def test_the_filter_keeps_an_agreeing_well_formed_call_and_labels_it():
     assert record["reference_answer"] == [{"request_refund": {"order_id": ["OR39997"], "amount": [43.75],
                                                               "reason": [""]}}]
     assert ACTIONS.score(call, Instance.from_dict(record)) == 1.0
+
+
+def test_checked_applies_the_filter_to_the_full_views_call_alone():
+    instance = garden()
+    # A model that asks a question in the concat view: dropped under agreeing, kept under checked.
+    assert check_self_label(instance, GOLD, "Which zone?") == (None, "no call in the concat view's reply")
+    calls, why = check_self_label(instance, GOLD, "Which zone?", "checked")
+    assert why is None and [c.name for c in calls] == ["water_garden"]
+    for reply, why in (("Which zone?", "no call in the full view's reply"),
+                       ('[water_garden(zone="rose bed", minutes=15, start_time="09:45")]', "value not in the request"),
+                       ('[water_garden(zone="flower bed", minutes=15)]', "required argument missing")):
+        assert check_self_label(instance, reply, None, "checked") == (None, why)
+    (record,), dropped = label([instance], [GOLD], None, "checked")
+    assert record["reference_answer"] == instance.fields["reference_answer"] and not dropped
 
 
 def test_any_call_keeps_wrong_calls_of_listed_functions_and_reads_no_concat_reply():
@@ -123,6 +137,14 @@ def test_blinding_the_sentinel_gold_reaches_no_prompt_label_card_or_self_trainin
                  "--out", str(blinded)]) == 0
     assert len(prompts) == 12 and SENTINEL not in blinded.read_text()
     assert len(blinded.read_text().splitlines()) == 11  # all but the reply with no call
+    # Checked: the filter on the full view alone keeps instance 1 too, and asks no concat prompt.
+    checked = tmp_path / "b-train.checked.jsonl"
+    prompts.clear()
+    assert main(["self-label", "--model", "scripted", "--source", f"jsonl:{b_train}", "--keep", "checked",
+                 "--out", str(checked)]) == 0
+    assert len(prompts) == 12 and SENTINEL not in checked.read_text()
+    assert len(checked.read_text().splitlines()) == 11
+    assert "keep checked" in json.loads((tmp_path / "b-train.checked.card.json").read_text())["reference_answer"]
 
     # C2: the self-training corpus built from the self-labels holds only them.
     corpus = tmp_path / "c2.sft.jsonl"

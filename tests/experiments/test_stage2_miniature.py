@@ -61,7 +61,7 @@ def self_labels(arms: Path, b_train: Path, monkeypatch) -> None:
             answers[render_view(instance, view)["messages"][-1]["content"]] = tasks.of(instance).reference_answer(instance)
     monkeypatch.setattr("fic.cli.self_label.make_backend",
                         lambda cfg: FunctionBackend(lambda messages: answers[messages[-1]["content"]]))
-    for keep, name in (("any-call", "blind"), ("agreeing", "self")):
+    for keep, name in (("any-call", "blind"), ("checked", "self")):
         assert main(["self-label", "--model", "scripted", "--source", f"jsonl:{b_train}", "--keep", keep,
                      "--out", str(arms / f"b-train.{name}.jsonl")]) == 0
 
