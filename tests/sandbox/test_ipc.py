@@ -5,10 +5,13 @@ every run has an IPC namespace of its own in both modes (bubblewrap's `--unshare
 by the supervisor in the rlimits mode) whose objects count in the tree's memory bound and end with
 the run; where no namespace can be had, SysV IPC is refused by seccomp, and the reply's note says
 so. Each test runs with the guard left out (`guard=False`, ctypes allowed), as a program that
-switched it off would, and its id names the mode it ran in."""
+switched it off would, and its id names the mode it ran in; in the rlimits mode of an evaluator
+that may not make an IPC namespace (no CAP_SYS_ADMIN), the same programs are refused instead."""
 
 import os
 import random
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -71,6 +74,26 @@ def members(namespace: str) -> list[int]:
     return found
 
 
+def expected_ipc(isolation: str) -> str:
+    """What holds SysV IPC in `isolation` on this machine: bubblewrap always makes the run an IPC
+    namespace; the rlimits mode makes one where the evaluator may (CAP_SYS_ADMIN), else seccomp
+    refuses every SysV IPC call."""
+    return "namespace" if isolation == "bubblewrap" or sandbox._may_unshare_ipc() else "refused"
+
+
+def assert_refused(result) -> None:
+    assert result.layers["ipc"] == "refused", result.layers
+    assert not result.passed and result.reason.startswith("refused: SysV IPC (this run has no IPC namespace of its own"), \
+        result.reason
+
+
+def shmem() -> int:
+    """The machine's shared memory now, in bytes (/proc/meminfo's Shmem: SysV segments of every
+    IPC namespace, and tmpfs files)."""
+    line = next(line for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("Shmem:"))
+    return int(line.split()[1]) << 10
+
+
 def namespace_of(result) -> str:
     return next(line.split()[1] for line in result.stdout.splitlines() if line.startswith("namespace "))
 
@@ -92,6 +115,10 @@ def test_shared_memory_no_process_holds_counts_in_the_tree_bound(isolation, base
     # shows them (each is 64 MiB while attached, under the 256 MiB a process may have).
     program = HEAD + f"for i in range(6):\n    segment({base} + i, 64 << 20)\n    print('segment', i, flush=True)\n"
     result = run_python(program, BOUND, isolation=isolation, guard=False)
+    if expected_ipc(isolation) == "refused":
+        assert_refused(result)
+        assert "segment 0" not in result.stdout
+        return
     assert result.layers["ipc"] == "namespace", result.layers
     assert not result.passed and result.reason.startswith("memory limit: the process tree held more than 256 MiB")
     assert "segment 5" not in result.stdout
@@ -104,15 +131,45 @@ def test_nothing_a_run_created_in_sysv_ipc_remains_after_it(isolation, base):
                       f"for i in range(8):\n    queue({base} + 16 + i, 8)\n"
                       f"check(libc.semget({base} + 32, 16, IPC_CREAT | 0o600), 'semget')\n"
                       "print('created', flush=True)\n")
+    ours = {base + i for i in range(3)} | {base + 16 + i for i in range(8)} | {base + 32}
+    assert not ours & keys_here()
     result = run_python(program, ROOMY, isolation=isolation, guard=False)
+    assert not ours & keys_here()  # none of them is in the test's namespace (the rlimits mode left them there)
+    if expected_ipc(isolation) == "refused":
+        assert_refused(result)
+        return
     assert result.passed, result.reason
     assert result.layers["ipc"] == "namespace", result.layers
     assert "created" in result.stdout  # every call succeeded: they existed, in the run's own namespace
     namespace = namespace_of(result)
     assert namespace != os.readlink("/proc/self/ns/ipc")
     assert not members(namespace)  # the namespace ended with the run, and its objects with it
-    ours = {base + i for i in range(3)} | {base + 16 + i for i in range(8)} | {base + 32}
-    assert not ours & keys_here()  # and none of them is in the test's namespace (the rlimits mode left them there)
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_the_memory_of_a_runs_sysv_objects_is_given_back_when_it_ends(isolation, base):
+    # The objects are in a namespace the test cannot see, so the machine's shared memory says
+    # whether they are gone: three detached segments of 128 MiB are in it while the run lasts
+    # and leave it with the run (two runs of the rlimits mode used to leave 3 GiB behind).
+    if expected_ipc(isolation) != "namespace":
+        pytest.skip("this evaluator may not make an IPC namespace: SysV IPC is refused (the tests above)")
+    program = HEAD + f"for i in range(3):\n    segment({base} + i, 128 << 20)\n" + \
+        "import time\nprint('held', flush=True)\ntime.sleep(2)\n"
+    held, before, results = 300 << 20, shmem(), []
+    run = threading.Thread(target=lambda: results.append(run_python(program, ROOMY, isolation=isolation,
+                                                                     guard=False)))
+    run.start()
+    peak = before
+    while run.is_alive():
+        peak = max(peak, shmem())
+        time.sleep(0.05)
+    run.join()
+    assert results[0].passed and "held" in results[0].stdout, results[0].reason
+    assert peak >= before + held  # the segments were there, held by no process
+    deadline = time.monotonic() + 10  # an ended namespace frees its objects soon after (the kernel's work queue)
+    while shmem() > peak - held and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert shmem() <= peak - held, (before >> 20, peak >> 20, shmem() >> 20)
 
 
 def test_where_no_namespace_can_be_had_sysv_ipc_is_refused_and_the_note_says_so(monkeypatch, base):
@@ -122,8 +179,7 @@ def test_where_no_namespace_can_be_had_sysv_ipc_is_refused_and_the_note_says_so(
     for call in (f"segment({base}, 16 << 20)", f"queue({base} + 1, 1)",
                  f"check(libc.semget({base} + 2, 1, IPC_CREAT | 0o600), 'semget')"):
         result = run_python(HEAD + call + "\nprint('created')\n", ROOMY, isolation="rlimits", guard=False)
-        assert result.layers["ipc"] == "refused", result.layers
+        assert_refused(result)
         assert namespace_of(result) == os.readlink("/proc/self/ns/ipc")  # the evaluator's own
-        assert not result.passed and "created" not in result.stdout
-        assert result.reason.startswith("refused: SysV IPC (this run has no IPC namespace of its own"), result.reason
+        assert "created" not in result.stdout
     assert not {base, base + 1, base + 2} & keys_here()
