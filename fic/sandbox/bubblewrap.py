@@ -40,7 +40,11 @@ def _bwrap() -> tuple[list[str] | None, str | None]:
     prefix = os.path.realpath(sys.base_prefix)
     args = [binary, "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
             "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv",
-            "--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+            "--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+            # Read-only: else /tmp and /dev (with /dev/shm) are tmpfs that the program may fill
+            # when it keeps the user's id (a user namespace) and the kernel has no Landlock:
+            # memory outside the tree's bound and the folder's. The device nodes stay writable.
+            "--remount-ro", "/tmp", "--remount-ro", "/dev"]
     if os.geteuid() == 0:
         # Root's supervisor drops the program to the run's user id and must kill it afterwards;
         # the program itself keeps no capability (setresuid to another id clears them all).

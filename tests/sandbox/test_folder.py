@@ -2,11 +2,13 @@
 file-size limit) scored 1 with no note, and on a tmpfs `/tmp` that was memory outside the tree's
 bound. Now the supervisor stops a run whose folder grew past `Limits.folder_mb` (its files, and a
 page for each file or folder), with a note; in bubblewrap the folder is a tmpfs of its own, sized
-to match, so that files removed but held open count too."""
+to match, so that files removed but held open count too, and no other file system in it takes
+writes."""
 
 import pytest
 from sandboxed import ISOLATIONS
 
+from fic.sandbox import python as sandbox
 from fic.sandbox.python import Limits, run_python
 
 LIMITS = Limits(seconds=20.0, memory_mb=256, processes=8, output_mb=4, folder_mb=64)
@@ -37,3 +39,25 @@ def test_the_bound_is_on_what_the_run_adds_not_on_the_files_it_was_given(isolati
     assert result.passed, result.reason
     result = run_python(program.replace("range(10)", "range(30)"), LIMITS, isolation=isolation, files=given)
     assert not result.passed and result.reason.startswith(NOTE), result.reason
+
+
+def test_in_bubblewrap_no_tmpfs_but_the_folder_takes_writes_even_without_landlock(monkeypatch):
+    # /tmp and /dev (with /dev/shm) are tmpfs that an evaluator which is not root would leave
+    # writable to the program (it keeps the user's id): memory outside both bounds where the
+    # kernel has no Landlock. They are read-only, whatever the user id and Landlock.
+    if not sandbox.bwrap_command():
+        pytest.skip(f"bubblewrap cannot run here: {sandbox.bwrap_problem()}")
+    launch_config = sandbox._launch_config
+
+    def without_landlock(*args, **kwargs):
+        return {**launch_config(*args, **kwargs), "landlock": False}
+
+    monkeypatch.setattr(sandbox, "_launch_config", without_landlock)
+    program = ("import os\nfor place in ('/tmp/x', '/dev/shm/x', '/dev/x'):\n    try:\n"
+               "        open(place, 'wb').write(b'x')\n        print(place, 'written')\n"
+               "    except OSError as err:\n        print(place, os.strerror(err.errno))\n"
+               "open('/dev/null', 'wb').write(b'x')\nopen('x', 'wb').write(b'x')\nprint('folder written')\n")
+    result = run_python(program, LIMITS, isolation="bubblewrap", guard=False)
+    assert result.passed and result.layers["landlock"] == 0, (result.reason, result.layers)
+    assert result.stdout.splitlines() == ["/tmp/x Read-only file system", "/dev/shm/x Read-only file system",
+                                          "/dev/x Read-only file system", "folder written"], result.stdout
