@@ -12,7 +12,9 @@ in the child before `exec`, applies the operating-system layers the config asks 
    but root, which is why a root evaluator drops to a per-run user id);
 2. that user id (`setresuid`/`setresgid`, no supplementary groups), when the config gives one,
    keeping CAP_DAC_READ_SEARCH alone (ambient) where that id could not reach the interpreter;
-3. death with the supervisor (`PR_SET_PDEATHSIG`) and `PR_SET_NO_NEW_PRIVS`;
+3. death with the supervisor (`PR_SET_PDEATHSIG`) and `PR_SET_NO_NEW_PRIVS`; the supervisor in
+   turn kills the whole tree when the evaluator ends (its own death signal, in the rlimits mode;
+   bubblewrap's `--die-with-parent` ends the PID namespace);
 4. Landlock (Linux 5.13+), where the kernel has it: reading only the Python installation and the
    system's libraries, writing only the run's folder; with ABI 4+ no TCP bind or connect; with
    ABI 6+ no signals to processes outside the sandbox and no abstract unix sockets outside it;
@@ -428,6 +430,12 @@ class Tree:
         return left or 0
 
 
+def end_with_parent(*_):
+    """The evaluator ended (the rlimits mode's death signal): kill the whole tree, then go."""
+    Tree(None).kill()
+    os._exit(1)
+
+
 # --------------------------------------------------------------------------- main
 
 def child(config, setup):
@@ -465,9 +473,13 @@ def main():
     started = time.monotonic()
     prctl(PR_SET_CHILD_SUBREAPER, 1)
     if config.get("die_with_parent"):
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        # Not SIGKILL: the program's children do not die with it (a death signal is not
+        # inherited), and a `setsid` grandchild would outlive a killed evaluator, holding the run's
+        # IPC namespace and what it made there. The tree goes first, then the supervisor.
+        signal.signal(signal.SIGTERM, end_with_parent)
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
         if os.getppid() != config["parent"]:  # the evaluator died before the line above
-            os._exit(1)
+            end_with_parent()
     layers = {"uid": config.get("uid"), "nproc": config["rlimits"].get("RLIMIT_NPROC"),
               "tree_memory_mb": config["tree_memory"] >> 20}
     abi = landlock_abi() if config.get("landlock") else 0

@@ -94,8 +94,9 @@ def shmem() -> int:
     return int(line.split()[1]) << 10
 
 
-def namespace_of(result) -> str:
-    return next(line.split()[1] for line in result.stdout.splitlines() if line.startswith("namespace "))
+def namespace_in(stdout: str) -> str:
+    """The IPC namespace a run of HEAD printed it was in."""
+    return next(line.split()[1] for line in stdout.splitlines() if line.startswith("namespace "))
 
 
 @pytest.fixture
@@ -122,7 +123,7 @@ def test_shared_memory_no_process_holds_counts_in_the_tree_bound(isolation, base
     assert result.layers["ipc"] == "namespace", result.layers
     assert not result.passed and result.reason.startswith("memory limit: the process tree held more than 256 MiB")
     assert "segment 5" not in result.stdout
-    assert not {base + i for i in range(6)} & keys_here() and not members(namespace_of(result))
+    assert not {base + i for i in range(6)} & keys_here() and not members(namespace_in(result.stdout))
 
 
 @pytest.mark.parametrize("isolation", ISOLATIONS)
@@ -141,7 +142,7 @@ def test_nothing_a_run_created_in_sysv_ipc_remains_after_it(isolation, base):
     assert result.passed, result.reason
     assert result.layers["ipc"] == "namespace", result.layers
     assert "created" in result.stdout  # every call succeeded: they existed, in the run's own namespace
-    namespace = namespace_of(result)
+    namespace = namespace_in(result.stdout)
     assert namespace != os.readlink("/proc/self/ns/ipc")
     assert not members(namespace)  # the namespace ended with the run, and its objects with it
 
@@ -180,6 +181,6 @@ def test_where_no_namespace_can_be_had_sysv_ipc_is_refused_and_the_note_says_so(
                  f"check(libc.semget({base} + 2, 1, IPC_CREAT | 0o600), 'semget')"):
         result = run_python(HEAD + call + "\nprint('created')\n", ROOMY, isolation="rlimits", guard=False)
         assert_refused(result)
-        assert namespace_of(result) == os.readlink("/proc/self/ns/ipc")  # the evaluator's own
+        assert namespace_in(result.stdout) == os.readlink("/proc/self/ns/ipc")  # the evaluator's own
         assert "created" not in result.stdout
     assert not {base, base + 1, base + 2} & keys_here()
