@@ -1,6 +1,7 @@
-"""What the sandbox tests share: the modes this machine runs, the limits of their runs, and the
+"""What the sandbox tests share: the modes this machine runs, the limits of their runs, the
 check that a run left no process behind (also used by the hostile-output suite's evaluator,
-tests/tasks/hostile_cases.py)."""
+tests/tasks/hostile_cases.py), and what the SysV IPC tests need to make objects and find the
+run's IPC namespace."""
 
 from __future__ import annotations
 
@@ -18,6 +19,35 @@ FAST = Limits(seconds=1.5, memory_mb=256, processes=8, output_mb=1, wall_seconds
 # For runs meant to be refused or to hit another limit: time enough to start on a loaded machine.
 ROOMY = Limits(seconds=10.0, memory_mb=256, processes=8, output_mb=1)
 ROOT = os.geteuid() == 0
+
+# A program's first lines for the SysV IPC tests, which run it without the guard (ctypes allowed):
+# `segment` and `queue` make objects, and it prints the IPC namespace it runs in (`namespace_in`).
+HEAD = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+IPC_CREAT = 0o1000
+
+def check(value, what):
+    if value == -1 or value is None:
+        raise OSError(ctypes.get_errno(), what + ": " + os.strerror(ctypes.get_errno()))
+    return value
+
+def segment(key, size):  # created, every page written, detached: held by no process
+    shmid = check(libc.shmget(key, size, IPC_CREAT | 0o600), "shmget")
+    address = check(libc.shmat(shmid, None, 0), "shmat")
+    ctypes.memset(address, 1, size)
+    check(libc.shmdt(ctypes.c_void_p(address)), "shmdt")
+
+def queue(key, messages):
+    qid = check(libc.msgget(key, IPC_CREAT | 0o600), "msgget")
+    message = ctypes.create_string_buffer(ctypes.sizeof(ctypes.c_long) + 1024)
+    ctypes.c_long.from_buffer(message).value = 1
+    for _ in range(messages):
+        check(libc.msgsnd(qid, message, 1024, 0), "msgsnd")
+
+print("namespace", os.readlink("/proc/self/ns/ipc"), flush=True)
+"""
 
 
 def record_run_uids(uids: set[int]):
@@ -72,3 +102,29 @@ class Runs:
     def left_behind(self, signature: str | None = None) -> list[str]:
         time.sleep(0.3)
         return stray_processes(signature, self.uids, str(self.folder))
+
+
+def members(namespace: str) -> list[int]:
+    """The processes of the machine in IPC namespace `namespace` (an ended namespace has none,
+    and with it went every object created in it)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.readlink(f"/proc/{entry}/ns/ipc") == namespace:
+                    found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def expected_ipc(isolation: str) -> str:
+    """What holds SysV IPC in `isolation` on this machine: bubblewrap always makes the run an IPC
+    namespace; the rlimits mode makes one where the evaluator may (CAP_SYS_ADMIN), else seccomp
+    refuses every SysV IPC call."""
+    return "namespace" if isolation == "bubblewrap" or sandbox._may_unshare_ipc() else "refused"
+
+
+def namespace_in(stdout: str) -> str:
+    """The IPC namespace a run of HEAD printed it was in."""
+    return next(line.split()[1] for line in stdout.splitlines() if line.startswith("namespace "))

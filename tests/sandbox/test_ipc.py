@@ -15,40 +15,13 @@ import time
 from pathlib import Path
 
 import pytest
-from sandboxed import ISOLATIONS
+from sandboxed import HEAD, ISOLATIONS, expected_ipc, members, namespace_in
 
 from fic.sandbox import python as sandbox
 from fic.sandbox.python import Limits, run_python
 
 BOUND = Limits(seconds=10.0, memory_mb=256, processes=8, output_mb=1)  # a tree of 256 MiB
 ROOMY = Limits(seconds=10.0, memory_mb=256, tree_memory_mb=1024, processes=8, output_mb=1)
-
-HEAD = """
-import ctypes, os
-libc = ctypes.CDLL(None, use_errno=True)
-libc.shmat.restype = ctypes.c_void_p
-IPC_CREAT = 0o1000
-
-def check(value, what):
-    if value == -1 or value is None:
-        raise OSError(ctypes.get_errno(), what + ": " + os.strerror(ctypes.get_errno()))
-    return value
-
-def segment(key, size):  # created, every page written, detached: held by no process
-    shmid = check(libc.shmget(key, size, IPC_CREAT | 0o600), "shmget")
-    address = check(libc.shmat(shmid, None, 0), "shmat")
-    ctypes.memset(address, 1, size)
-    check(libc.shmdt(ctypes.c_void_p(address)), "shmdt")
-
-def queue(key, messages):
-    qid = check(libc.msgget(key, IPC_CREAT | 0o600), "msgget")
-    message = ctypes.create_string_buffer(ctypes.sizeof(ctypes.c_long) + 1024)
-    ctypes.c_long.from_buffer(message).value = 1
-    for _ in range(messages):
-        check(libc.msgsnd(qid, message, 1024, 0), "msgsnd")
-
-print("namespace", os.readlink("/proc/self/ns/ipc"), flush=True)
-"""
 
 
 def keys_here() -> set[int]:
@@ -58,27 +31,6 @@ def keys_here() -> set[int]:
         lines = Path(f"/proc/sysvipc/{kind}").read_text().splitlines()[1:]
         found |= {int(line.split()[0]) for line in lines}
     return found
-
-
-def members(namespace: str) -> list[int]:
-    """The processes of the machine in IPC namespace `namespace` (an ended namespace has none,
-    and with it went every object created in it)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.readlink(f"/proc/{entry}/ns/ipc") == namespace:
-                    found.append(int(entry))
-            except OSError:
-                continue
-    return found
-
-
-def expected_ipc(isolation: str) -> str:
-    """What holds SysV IPC in `isolation` on this machine: bubblewrap always makes the run an IPC
-    namespace; the rlimits mode makes one where the evaluator may (CAP_SYS_ADMIN), else seccomp
-    refuses every SysV IPC call."""
-    return "namespace" if isolation == "bubblewrap" or sandbox._may_unshare_ipc() else "refused"
 
 
 def assert_refused(result) -> None:
@@ -92,11 +44,6 @@ def shmem() -> int:
     IPC namespace, and tmpfs files)."""
     line = next(line for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("Shmem:"))
     return int(line.split()[1]) << 10
-
-
-def namespace_in(stdout: str) -> str:
-    """The IPC namespace a run of HEAD printed it was in."""
-    return next(line.split()[1] for line in stdout.splitlines() if line.startswith("namespace "))
 
 
 @pytest.fixture

@@ -16,8 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from sandboxed import ISOLATIONS, ROOT
-from test_ipc import HEAD, expected_ipc, members, namespace_in
+from sandboxed import HEAD, ISOLATIONS, ROOT, expected_ipc, members, namespace_in
 
 from fic.sandbox import python as sandbox
 from fic.sandbox.python import Limits, run_python
