@@ -10,8 +10,9 @@ checked first, each in seconds, and a file past a bound is one `FicError` naming
 - CSV and TSV: a bounded stream: no line or row longer than `MAX_RECORD_BYTES`, at most
   `MAX_COLUMNS` columns (said at the header, before the rest is read);
 - Parquet and Arrow: the schema (at most `MAX_COLUMNS` leaf columns, nested at most `MAX_NESTING`
-  deep) from the metadata, then the rows a batch at a time: no cell and no row larger than
-  `MAX_RECORD_BYTES`;
+  deep) and, for Parquet, the decompressed size (at most `MAX_FILE_BYTES`) from the metadata, then
+  the rows a batch of about one record's bound at a time: no cell and no row larger than
+  `MAX_RECORD_BYTES`, at most `MAX_FILE_BYTES` in all;
 - text (`.txt`): no line longer than `MAX_RECORD_BYTES`;
 - compressed (`.gz`, `.bz2`, `.xz` around any of those): decompressed through the same checks
   (at most `MAX_FILE_BYTES` decompressed); other archives (`.zip`, `.zst`, `.tar`...) and any
@@ -129,8 +130,7 @@ class _Bounded:
     def _count(self, data: bytes) -> bytes:
         self.given += len(data)
         if self.given > MAX_FILE_BYTES:
-            raise FicError(f"decompresses to more than the {MAX_FILE_BYTES >> 30} GiB FiC reads as one file; split it",
-                           path=str(self.file), field="source")
+            raise _past_file_bound(self.file)
         return data
 
     def read(self, size: int = -1) -> bytes:
@@ -223,22 +223,40 @@ def _check_table(file: Path, suffix: str) -> None:
         else:
             import pyarrow.parquet as pq
 
-            parquet = pq.ParquetFile(file)
+            # Text columns read as dictionaries: a dictionary-encoded Parquet column holds a repeated
+            # value once, and decoded, 20 rows of one 30 MB value are 600 MB of memory.
+            text = [f.name for f in pq.read_schema(file) if pa.types.is_string(f.type) or pa.types.is_binary(f.type)
+                    or pa.types.is_large_string(f.type) or pa.types.is_large_binary(f.type)]
+            parquet = pq.ParquetFile(file, read_dictionary=text)
             schema = parquet.schema_arrow
-            for group in range(parquet.metadata.num_row_groups):
-                size = parquet.metadata.row_group(group).total_byte_size
-                if size > MAX_FILE_BYTES:
-                    raise FicError(f"row group {group} is {size / (1 << 30):.1f} GiB, more than the "
-                                   f"{MAX_FILE_BYTES >> 30} GiB FiC reads in one piece", path=str(file), field="source")
-            batches = parquet.iter_batches(batch_size=BATCH_ROWS)
+            batches = parquet.iter_batches(batch_size=_parquet_batch_rows(parquet.metadata, file))
         _check_schema(schema, file)
-        first = 1
+        first, held = 1, 0
         for batch in batches:
-            _check_rows(batch, first, file)
+            held += _check_rows(batch, first, file)
+            if held > MAX_FILE_BYTES:  # metadata that understated it: the bound holds on what was read
+                raise _past_file_bound(file)
             first += batch.num_rows
     except (pa.ArrowException, OSError) as err:
         raise FicError(f"cannot be read as {'Arrow' if suffix == '.arrow' else 'Parquet'} ({one_line(err)[:200]})",
                        path=str(file), field="source") from None
+
+
+def _parquet_batch_rows(metadata: Any, file: Path) -> int:
+    """Rows of a Parquet file read at once by the check, from its metadata: a file that decompresses
+    past `MAX_FILE_BYTES` is refused before any page is read (a 10 KB file of compressed repeats
+    held 4.8 GB: minutes and 11 GB of memory), and a batch holds about one record's bound of
+    bytes, so that rows of 30 MB are not read a thousand at a time."""
+    groups = [metadata.row_group(g) for g in range(metadata.num_row_groups)]
+    if sum(group.total_byte_size for group in groups) > MAX_FILE_BYTES:
+        raise _past_file_bound(file)
+    widest = max((-(-group.total_byte_size // group.num_rows) for group in groups if group.num_rows), default=1)
+    return max(1, min(BATCH_ROWS, MAX_RECORD_BYTES // max(widest, 1)))
+
+
+def _past_file_bound(file: Path) -> FicError:
+    return FicError(f"decompresses to more than the {MAX_FILE_BYTES >> 30} GiB FiC reads as one file; split it",
+                    path=str(file), field="source")
 
 
 def _arrow_batches(file: Path) -> tuple[Any, Any]:
@@ -274,8 +292,9 @@ def _check_schema(schema: Any, file: Path) -> None:
         stack.extend((child, depth + 1) for child in children)
 
 
-def _check_rows(batch: Any, first: int, file: Path) -> None:
-    """No cell and no row of `batch` (rows `first`...) larger than `MAX_RECORD_BYTES`."""
+def _check_rows(batch: Any, first: int, file: Path) -> int:
+    """No cell and no row of `batch` (rows `first`...) larger than `MAX_RECORD_BYTES`; the bytes
+    its cells hold."""
     import numpy as np
 
     total = np.zeros(batch.num_rows, dtype=np.int64)
@@ -289,6 +308,7 @@ def _check_rows(batch: Any, first: int, file: Path) -> None:
     if total.size and total.max() > MAX_RECORD_BYTES:
         row = int(total.argmax())
         raise FicError(_too_large(f"row {first + row}", int(total[row])), path=str(file), field="source")
+    return int(total.sum())
 
 
 def _cell_bytes(array: Any) -> Any:
@@ -299,8 +319,12 @@ def _cell_bytes(array: Any) -> Any:
     import pyarrow.compute as pc
 
     kind, rows = array.type, len(array)
-    if pa.types.is_dictionary(kind):
-        return _cell_bytes(array.dictionary_decode())
+    if pa.types.is_dictionary(kind):  # each value counted at each row that names it, never decoded
+        values = _cell_bytes(array.dictionary)
+        if not len(values):
+            return np.zeros(rows, dtype=np.int64)
+        named = values[array.indices.fill_null(0).to_numpy(zero_copy_only=False)]
+        return np.where(array.is_valid().to_numpy(zero_copy_only=False), named, 0).astype(np.int64)
     if pa.types.is_map(kind):
         return _cell_bytes(array.cast(pa.list_(pa.struct([kind.key_field, kind.item_field]))))
     if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind) or \

@@ -190,6 +190,43 @@ def test_a_table_of_too_many_or_too_deeply_nested_columns_is_refused_from_its_sc
     assert err.value.path == str(deep)
 
 
+def test_a_parquet_file_that_decompresses_past_the_file_bound_is_refused(tmp_path, monkeypatch):
+    """A few KB of Parquet can hold gigabytes: repeats of one value, dictionary-encoded, are stored once
+    (a 10 KB file of 160 rows of 30 MB took minutes and 11 GB of memory). Plain-encoded, the metadata
+    says so before any row is read; dictionary-encoded, the rows read say so, without decoding them."""
+    monkeypatch.setattr(formats, "MAX_FILE_BYTES", 1 << 20)
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: pytest.fail("datasets was asked to read it"))
+    table = pa.table({"question": ["x" * 100_000] * 20, "answer": ["#### 1"] * 20})  # 2 MB decoded
+    plain = tmp_path / "plain.parquet"
+    pq.write_table(table, plain, use_dictionary=False)
+    real_rows = formats._check_rows
+    monkeypatch.setattr(formats, "_check_rows", lambda *a: pytest.fail("rows read: the metadata said enough"))
+    with pytest.raises(FicError, match="decompresses to more than the 0 GiB FiC reads as one file") as err:
+        load_source(f"hf:{plain}", "math")
+    assert err.value.path == str(plain)
+    monkeypatch.setattr(formats, "_check_rows", real_rows)
+    repeated = tmp_path / "repeated.parquet"
+    pq.write_table(table, repeated, compression="zstd")
+    assert pq.ParquetFile(repeated).metadata.row_group(0).total_byte_size < 1 << 20  # the metadata cannot tell
+    with pytest.raises(FicError, match="decompresses to more than the 0 GiB FiC reads as one file") as err:
+        load_source(f"hf:{repeated}", "math")
+    assert err.value.path == str(repeated)
+
+
+def test_a_repeated_parquet_value_is_checked_without_decoding_it(tmp_path):
+    """20 rows of one 5 MB value: each within every bound, so the file is read; the check holds the
+    value once (a dictionary), not 100 MB of decoded rows. In a process of its own: Arrow's pool
+    counts its peak since the process began."""
+    path = tmp_path / "repeated.parquet"
+    pq.write_table(pa.table({"question": ["x" * (5 << 20)] * 20, "answer": ["#### 1"] * 20}), path)
+    code = ("import pyarrow as pa\nfrom pathlib import Path\nfrom fic.data.formats import check_file\n"
+            f"check_file(Path({str(path)!r}), 'hf:x', named=True)\nprint(pa.default_memory_pool().max_memory())\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr[-500:]
+    assert int(done.stdout) < 40 << 20  # decoded, the batch alone is 100 MB
+
+
 def test_a_saved_datasets_folder_is_checked_too(tmp_path, monkeypatch):
     monkeypatch.setattr(formats, "MAX_RECORD_BYTES", 1000)
     folder = tmp_path / "saved"
