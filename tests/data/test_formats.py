@@ -227,6 +227,16 @@ def test_a_repeated_parquet_value_is_checked_without_decoding_it(tmp_path):
     assert int(done.stdout) < 40 << 20  # decoded, the batch alone is 100 MB
 
 
+def test_a_gsm8k_parquet_file_is_checked_like_an_hf_one(tmp_path, monkeypatch):
+    """`gsm8k:PATH` reads a Parquet file itself, without datasets: the same checks come first."""
+    monkeypatch.setattr(formats, "MAX_RECORD_BYTES", 1000)
+    path = tmp_path / "gsm8k.parquet"
+    pq.write_table(pa.table({"question": ["q", "x" * 2000], "answer": ["#### 1", "#### 2"]}), path)
+    with pytest.raises(FicError, match="row 2 column 'question' is 0.0 MiB, more than the 0 MiB") as err:
+        load_source(f"gsm8k:{path}", "math")
+    assert err.value.path == str(path)
+
+
 def test_a_saved_datasets_folder_is_checked_too(tmp_path, monkeypatch):
     monkeypatch.setattr(formats, "MAX_RECORD_BYTES", 1000)
     folder = tmp_path / "saved"
