@@ -12,7 +12,8 @@ checked first, each in seconds, and a file past a bound is one `FicError` naming
 - Parquet and Arrow: the schema (at most `MAX_COLUMNS` leaf columns, nested at most `MAX_NESTING`
   deep) and, for Parquet, the decompressed size (at most `MAX_FILE_BYTES`) from the metadata, then
   the rows a batch of about one record's bound at a time: no cell and no row larger than
-  `MAX_RECORD_BYTES`, at most `MAX_FILE_BYTES` in all;
+  `MAX_RECORD_BYTES`, at most `MAX_FILE_BYTES` in all; an Arrow file of compressed batches is
+  refused by name (decompressed whole as it is read, its size unknown before);
 - text (`.txt`): no line longer than `MAX_RECORD_BYTES`;
 - compressed (`.gz`, `.bz2`, `.xz` around any of those): decompressed through the same checks
   (at most `MAX_FILE_BYTES` decompressed); other archives (`.zip`, `.zst`, `.tar`...) and any
@@ -34,6 +35,7 @@ import lzma
 import os
 import signal
 import stat
+import struct
 import sys
 import zlib
 from pathlib import Path
@@ -265,6 +267,7 @@ def _arrow_batches(file: Path) -> tuple[Any, Any]:
     import pyarrow as pa
 
     source = pa.memory_map(str(file))
+    _refuse_compressed(source, file)
     try:
         reader = pa.ipc.open_stream(source)
         return iter(reader), reader.schema
@@ -272,6 +275,53 @@ def _arrow_batches(file: Path) -> tuple[Any, Any]:
         source.seek(0)
         reader = pa.ipc.open_file(source)
         return (reader.get_batch(i) for i in range(reader.num_record_batches)), reader.schema
+
+
+def _refuse_compressed(source: Any, file: Path) -> None:
+    """An Arrow file whose batches are compressed (LZ4 or ZSTD buffers) is refused before a batch
+    is read: reading one decompresses it whole, and a 4 KB file held 100 MB (no size is told
+    before). datasets writes its Arrow files uncompressed; memory-mapped, they cost no memory."""
+    import pyarrow as pa
+
+    source.seek(8 if source.read(6) == b"ARROW1" else 0)  # the file format: its stream follows the magic
+    try:
+        for message in pa.ipc.MessageReader.open_stream(source):
+            if _compressed(message.metadata.to_pybytes()):
+                raise FicError("an Arrow file of compressed batches (LZ4 or ZSTD), whose size FiC cannot bound "
+                               "before decompressing them; write it uncompressed (datasets' save_to_disk does)",
+                               path=str(file), field="source")
+    except (struct.error, IndexError):
+        raise FicError("cannot be read as Arrow (its message metadata is malformed)", path=str(file),
+                       field="source") from None
+    finally:
+        source.seek(0)
+
+
+def _compressed(buf: bytes) -> bool:
+    """Whether an Arrow IPC message (its flatbuffer metadata) is a record or dictionary batch with a
+    `compression` field: Message.header (field 2) of type RecordBatch (3) or DictionaryBatch (2,
+    its RecordBatch at field 1), then RecordBatch's field 3 (Arrow's format/Message.fbs)."""
+
+    def field(table: int, index: int) -> int:  # a field's offset in its table, 0 when absent
+        vtable = table - struct.unpack_from("<i", buf, table)[0]
+        if 4 + 2 * index + 2 > struct.unpack_from("<H", buf, vtable)[0]:
+            return 0
+        return struct.unpack_from("<H", buf, vtable + 4 + 2 * index)[0]
+
+    def child(table: int, index: int) -> int:
+        at = table + field(table, index)
+        return at + struct.unpack_from("<I", buf, at)[0]
+
+    root = struct.unpack_from("<I", buf, 0)[0]
+    kind = buf[root + field(root, 1)] if field(root, 1) else 0
+    if kind not in (2, 3) or not field(root, 2):
+        return False
+    batch = child(root, 2)
+    if kind == 2:
+        if not field(batch, 1):
+            return False
+        batch = child(batch, 1)
+    return bool(field(batch, 3))
 
 
 def _check_schema(schema: Any, file: Path) -> None:

@@ -237,6 +237,27 @@ def test_a_gsm8k_parquet_file_is_checked_like_an_hf_one(tmp_path, monkeypatch):
     assert err.value.path == str(path)
 
 
+@pytest.mark.parametrize("layout", ["stream", "file"])
+def test_an_arrow_file_of_compressed_batches_is_refused_before_a_batch_is_read(layout, tmp_path, monkeypatch):
+    """A 4 KB Arrow file of ZSTD batches held 100 MB, decompressed whole as a batch is read; nothing
+    tells its size before. Uncompressed, the same table is read (memory-mapped)."""
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: pytest.fail("datasets was asked to read it"))
+    table = pa.table({"question": pa.array(["x" * (5 << 20)] * 20).dictionary_encode(), "answer": ["#### 1"] * 20})
+    new = pa.ipc.new_stream if layout == "stream" else pa.ipc.new_file
+    for compression in ("zstd", "lz4", None):
+        path = tmp_path / f"{compression}.arrow"
+        with pa.OSFile(str(path), "wb") as sink, new(sink, table.schema, options=pa.ipc.IpcWriteOptions(
+                compression=compression)) as writer:
+            writer.write_table(table)
+        if compression is None:
+            formats.check_file(path, "hf:x", named=True)
+            continue
+        assert path.stat().st_size < 100_000
+        with pytest.raises(FicError, match=r"an Arrow file of compressed batches \(LZ4 or ZSTD\)") as err:
+            load_source(f"hf:{path}", "math")
+        assert err.value.path == str(path)
+
+
 def test_a_saved_datasets_folder_is_checked_too(tmp_path, monkeypatch):
     monkeypatch.setattr(formats, "MAX_RECORD_BYTES", 1000)
     folder = tmp_path / "saved"
