@@ -21,8 +21,9 @@ checked first, each in seconds, and a file past a bound is one `FicError` naming
   are refused by name, with the formats FiC reads; a data folder's `README.md` (the dataset card)
   and files without a suffix (`LICENSE`) are passed over, as `datasets` passes over them.
 
-`parse_in_child` then runs the parser itself in a forked process, so that a crash in it (a
-parser's bug on input the checks let through) is one line, not the end of the run.
+The Parquet and Arrow checks run pyarrow's readers (C++) in a forked process (`parse_in_child`),
+and so does the parser of `datasets` after the checks, so that a crash in either (a reader's bug
+on a hostile file) is one line, not the end of the run.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import bz2
 import contextlib
 import csv
 import gzip
+import json
 import lzma
 import os
 import signal
@@ -91,7 +93,8 @@ def check_file(file: Path, source: str, *, named: bool = False) -> None:
         if last in JSON_SUFFIXES:
             _check_json(read_data_bytes(file, "a JSON or JSONL file"), file)
         elif last in PARQUET_SUFFIXES or last == ".arrow":
-            _check_table(file, last)
+            if not parse_in_child(lambda: _check_table(file, last), str(file), source, parser="pyarrow's reader"):
+                _check_table(file, last)
         else:
             with open(file, "rb") as handle:
                 _check_format(handle, last, file)
@@ -398,47 +401,64 @@ def _cell_bytes(array: Any) -> Any:
 
 # --------------------------------------------------------------------------- a parser in a child
 
-def parse_in_child(parse: Callable[[], Any], what: str, source: str) -> None:
-    """Run `parse` (a `datasets` load that fills its cache) once in a forked process first: a crash
-    there (a parser killed by a signal, rc 139) is a `FicError` naming `what`, and this process
-    goes on only when the child survived (loading again then reads the child's cache). An error the
-    child raised is left for this process to raise, in its own words. Where fork is missing, nothing."""
+def parse_in_child(parse: Callable[[], Any], what: str, source: str, *, parser: str = "the parser of datasets") -> bool:
+    """Run `parse` (a `datasets` load that fills its cache, or a check that reads a file with
+    pyarrow) once in a forked process first: a crash there (a parser killed by a signal, rc 139) is
+    a `FicError` naming `what`, and this process goes on only when the child survived. A `FicError`
+    the child raised is raised here, as it was; True when the child finished `parse` (a check need
+    not run again; loading again reads the child's cache). False where fork is missing, or the
+    child raised another error: this process then runs `parse` itself and raises it in its own
+    words."""
     if not hasattr(os, "fork"):
-        return
+        return False
     sys.stdout.flush()
     sys.stderr.flush()
     # tokenizers warns in a forked child when its threads were used before; it never runs there
     quiet = "TOKENIZERS_PARALLELISM" not in os.environ
     if quiet:
         os.environ["TOKENIZERS_PARALLELISM"] = "true"  # its default: nothing changes but the warning
+    said, told = os.pipe()
     try:
         pid = os.fork()
     finally:
         if quiet:
             os.environ.pop("TOKENIZERS_PARALLELISM", None)
-    if pid == 0:  # the child: its exit status is all it says
+    if pid == 0:  # the child: its exit status, and a FicError's fields, are all it says
         code = 0
         try:
+            os.close(said)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, 1)
             os.dup2(devnull, 2)
             parse()
+        except FicError as err:
+            code = 3
+            fields = {"message": err.message[:4000], "path": err.path, "record": err.record, "field": err.field}
+            os.write(told, json.dumps(fields, default=str).encode()[:60_000])  # within a pipe's buffer
         except BaseException:  # the parent reports it, by parsing again itself
             code = 1
         finally:
             os._exit(code)
+    os.close(told)
     try:
         _, status = os.waitpid(pid, 0)
+        fields = os.read(said, 65_536)
     except BaseException:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
+        with contextlib.suppress(ProcessLookupError, ChildProcessError):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
         raise
+    finally:
+        os.close(said)
     if os.WIFSIGNALED(status):
         try:
             name = signal.Signals(os.WTERMSIG(status)).name
         except ValueError:
             name = f"signal {os.WTERMSIG(status)}"
-        raise FicError(f"the parser of datasets crashed reading {what} ({name}); the file is malformed or nested too "
-                       "deeply for it", path=source, field="source")
+        raise FicError(f"{parser} crashed reading {what} ({name}); the file is malformed or nested too deeply for "
+                       "it", path=source, field="source")
+    if os.WEXITSTATUS(status) == 3 and fields:
+        raise FicError(**json.loads(fields))
+    return os.WEXITSTATUS(status) == 0

@@ -25,6 +25,7 @@ pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
 REPO = Path(__file__).resolve().parents[2]
+_REAL_SCHEMA = formats._check_schema
 GOOD = [{"question": "Tom has 3 apples and buys 4. How many now?", "answer": "3+4=7\n#### 7"},
         {"question": "A box holds 6 eggs; 2 boxes, 1 broken. How many?", "answer": "12-1=11\n#### 11"}]
 DEEP = '{"question": "q", "answer": "#### 1", "x": ' + "[" * 100_000 + "]" * 100_000 + "}\n"
@@ -219,8 +220,8 @@ def test_a_repeated_parquet_value_is_checked_without_decoding_it(tmp_path):
     counts its peak since the process began."""
     path = tmp_path / "repeated.parquet"
     pq.write_table(pa.table({"question": ["x" * (5 << 20)] * 20, "answer": ["#### 1"] * 20}), path)
-    code = ("import pyarrow as pa\nfrom pathlib import Path\nfrom fic.data.formats import check_file\n"
-            f"check_file(Path({str(path)!r}), 'hf:x', named=True)\nprint(pa.default_memory_pool().max_memory())\n")
+    code = ("import pyarrow as pa\nfrom pathlib import Path\nfrom fic.data import formats\n"  # the check itself, unforked
+            f"formats._check_table(Path({str(path)!r}), '.parquet')\nprint(pa.default_memory_pool().max_memory())\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.returncode == 0, done.stderr[-500:]
@@ -269,17 +270,39 @@ def test_a_saved_datasets_folder_is_checked_too(tmp_path, monkeypatch):
 
 # --------------------------------------------------------------------------- a parser's crash
 
-def test_a_parser_that_crashes_is_one_line_not_the_end_of_the_process(tmp_path):
+@pytest.mark.parametrize("crashing", ["datasets", "pyarrow"])
+def test_a_parser_that_crashes_is_one_line_not_the_end_of_the_process(crashing, tmp_path):
     """A parser killed by a signal (here made to, on input the checks pass) ends only its forked
-    child: the run says so in one line and the process goes on."""
-    path = tmp_path / "math.jsonl"
-    path.write_text(_jsonl(GOOD))
-    code = ("import os, signal, datasets\nfrom fic.core.errors import FicError\nfrom fic.data.sources import load_source\n"
-            "datasets.load_dataset = lambda *a, **k: os.kill(os.getpid(), signal.SIGSEGV)\n"
+    child: the run says so in one line and the process goes on. datasets' parser, and pyarrow's
+    Parquet reader the checks themselves use."""
+    path = tmp_path / ("math.jsonl" if crashing == "datasets" else "math.parquet")
+    if crashing == "datasets":
+        path.write_text(_jsonl(GOOD))
+        crash, parser = "import datasets\ndatasets.load_dataset", "the parser of datasets"
+    else:
+        pq.write_table(pa.Table.from_pylist(GOOD), path)
+        crash, parser = "import pyarrow.parquet\npyarrow.parquet.ParquetFile", "pyarrow's reader"
+    code = ("import os, signal\nfrom fic.core.errors import FicError\nfrom fic.data.sources import load_source\n"
+            f"{crash} = lambda *a, **k: os.kill(os.getpid(), signal.SIGSEGV)\n"
             f"try:\n    load_source('hf:{path}', 'math')\nexcept FicError as err:\n    print(err)\nprint('alive')\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.returncode == 0, done.stderr[-500:]
     assert done.stdout.splitlines() == [
-        f"hf:{path}: field 'source': the parser of datasets crashed reading {path} (SIGSEGV); the file is malformed "
+        f"hf:{path}: field 'source': {parser} crashed reading {path} (SIGSEGV); the file is malformed "
         "or nested too deeply for it", "alive"]
+
+
+def test_a_refusal_in_the_checking_child_is_raised_as_it_was(tmp_path, monkeypatch):
+    """The Parquet check runs in a forked child; its FicError comes back whole (file, field, words),
+    and the check does not run a second time in this process."""
+    monkeypatch.setattr(formats, "MAX_COLUMNS", 2)
+    path = tmp_path / "wide.parquet"
+    pq.write_table(pa.table({"a": [1], "b": [2], "c": [3]}), path)
+    ran = []  # filled in the process that checks: the child's copy, never this one's
+    monkeypatch.setattr(formats, "_check_schema", lambda *a: (ran.append(1), _REAL_SCHEMA(*a)))
+    with pytest.raises(FicError) as err:
+        formats.check_file(path, "hf:x", named=True)
+    assert (err.value.path, err.value.field, err.value.message) == (
+        str(path), "source", "has more than 2 columns (leaf columns of nested ones counted), more than FiC reads")
+    assert ran == []  # it ran in the child alone
