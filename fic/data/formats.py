@@ -10,8 +10,10 @@ checked first, each in seconds, and a file past a bound is one `FicError` naming
 - CSV and TSV: a bounded stream: no line or row longer than `MAX_RECORD_BYTES`, at most
   `MAX_COLUMNS` columns (said at the header, before the rest is read);
 - Parquet and Arrow: the schema (at most `MAX_COLUMNS` leaf columns, nested at most `MAX_NESTING`
-  deep) from the metadata, then the rows a batch at a time: no cell and no row larger than
-  `MAX_RECORD_BYTES`;
+  deep) and, for Parquet, the decompressed size (at most `MAX_FILE_BYTES`) from the metadata, then
+  the rows a batch of about one record's bound at a time: no cell and no row larger than
+  `MAX_RECORD_BYTES`, at most `MAX_FILE_BYTES` in all; an Arrow file of compressed batches is
+  refused by name (decompressed whole as it is read, its size unknown before);
 - text (`.txt`): no line longer than `MAX_RECORD_BYTES`;
 - compressed (`.gz`, `.bz2`, `.xz` around any of those): decompressed through the same checks
   (at most `MAX_FILE_BYTES` decompressed); other archives (`.zip`, `.zst`, `.tar`...) and any
@@ -19,8 +21,9 @@ checked first, each in seconds, and a file past a bound is one `FicError` naming
   are refused by name, with the formats FiC reads; a data folder's `README.md` (the dataset card)
   and files without a suffix (`LICENSE`) are passed over, as `datasets` passes over them.
 
-`parse_in_child` then runs the parser itself in a forked process, so that a crash in it (a
-parser's bug on input the checks let through) is one line, not the end of the run.
+The Parquet and Arrow checks run pyarrow's readers (C++) in a forked process (`parse_in_child`),
+and so does the parser of `datasets` after the checks, so that a crash in either (a reader's bug
+on a hostile file) is one line, not the end of the run.
 """
 
 from __future__ import annotations
@@ -29,10 +32,12 @@ import bz2
 import contextlib
 import csv
 import gzip
+import json
 import lzma
 import os
 import signal
 import stat
+import struct
 import sys
 import zlib
 from pathlib import Path
@@ -88,7 +93,8 @@ def check_file(file: Path, source: str, *, named: bool = False) -> None:
         if last in JSON_SUFFIXES:
             _check_json(read_data_bytes(file, "a JSON or JSONL file"), file)
         elif last in PARQUET_SUFFIXES or last == ".arrow":
-            _check_table(file, last)
+            if not parse_in_child(lambda: _check_table(file, last), str(file), source, parser="pyarrow's reader"):
+                _check_table(file, last)
         else:
             with open(file, "rb") as handle:
                 _check_format(handle, last, file)
@@ -129,8 +135,7 @@ class _Bounded:
     def _count(self, data: bytes) -> bytes:
         self.given += len(data)
         if self.given > MAX_FILE_BYTES:
-            raise FicError(f"decompresses to more than the {MAX_FILE_BYTES >> 30} GiB FiC reads as one file; split it",
-                           path=str(self.file), field="source")
+            raise _past_file_bound(self.file)
         return data
 
     def read(self, size: int = -1) -> bytes:
@@ -223,22 +228,40 @@ def _check_table(file: Path, suffix: str) -> None:
         else:
             import pyarrow.parquet as pq
 
-            parquet = pq.ParquetFile(file)
+            # Text columns read as dictionaries: a dictionary-encoded Parquet column holds a repeated
+            # value once, and decoded, 20 rows of one 30 MB value are 600 MB of memory.
+            text = [f.name for f in pq.read_schema(file) if pa.types.is_string(f.type) or pa.types.is_binary(f.type)
+                    or pa.types.is_large_string(f.type) or pa.types.is_large_binary(f.type)]
+            parquet = pq.ParquetFile(file, read_dictionary=text)
             schema = parquet.schema_arrow
-            for group in range(parquet.metadata.num_row_groups):
-                size = parquet.metadata.row_group(group).total_byte_size
-                if size > MAX_FILE_BYTES:
-                    raise FicError(f"row group {group} is {size / (1 << 30):.1f} GiB, more than the "
-                                   f"{MAX_FILE_BYTES >> 30} GiB FiC reads in one piece", path=str(file), field="source")
-            batches = parquet.iter_batches(batch_size=BATCH_ROWS)
+            batches = parquet.iter_batches(batch_size=_parquet_batch_rows(parquet.metadata, file))
         _check_schema(schema, file)
-        first = 1
+        first, held = 1, 0
         for batch in batches:
-            _check_rows(batch, first, file)
+            held += _check_rows(batch, first, file)
+            if held > MAX_FILE_BYTES:  # metadata that understated it: the bound holds on what was read
+                raise _past_file_bound(file)
             first += batch.num_rows
     except (pa.ArrowException, OSError) as err:
         raise FicError(f"cannot be read as {'Arrow' if suffix == '.arrow' else 'Parquet'} ({one_line(err)[:200]})",
                        path=str(file), field="source") from None
+
+
+def _parquet_batch_rows(metadata: Any, file: Path) -> int:
+    """Rows of a Parquet file read at once by the check, from its metadata: a file that decompresses
+    past `MAX_FILE_BYTES` is refused before any page is read (a 10 KB file of compressed repeats
+    held 4.8 GB: minutes and 11 GB of memory), and a batch holds about one record's bound of
+    bytes, so that rows of 30 MB are not read a thousand at a time."""
+    groups = [metadata.row_group(g) for g in range(metadata.num_row_groups)]
+    if sum(group.total_byte_size for group in groups) > MAX_FILE_BYTES:
+        raise _past_file_bound(file)
+    widest = max((-(-group.total_byte_size // group.num_rows) for group in groups if group.num_rows), default=1)
+    return max(1, min(BATCH_ROWS, MAX_RECORD_BYTES // max(widest, 1)))
+
+
+def _past_file_bound(file: Path) -> FicError:
+    return FicError(f"decompresses to more than the {MAX_FILE_BYTES >> 30} GiB FiC reads as one file; split it",
+                    path=str(file), field="source")
 
 
 def _arrow_batches(file: Path) -> tuple[Any, Any]:
@@ -247,6 +270,7 @@ def _arrow_batches(file: Path) -> tuple[Any, Any]:
     import pyarrow as pa
 
     source = pa.memory_map(str(file))
+    _refuse_compressed(source, file)
     try:
         reader = pa.ipc.open_stream(source)
         return iter(reader), reader.schema
@@ -254,6 +278,53 @@ def _arrow_batches(file: Path) -> tuple[Any, Any]:
         source.seek(0)
         reader = pa.ipc.open_file(source)
         return (reader.get_batch(i) for i in range(reader.num_record_batches)), reader.schema
+
+
+def _refuse_compressed(source: Any, file: Path) -> None:
+    """An Arrow file whose batches are compressed (LZ4 or ZSTD buffers) is refused before a batch
+    is read: reading one decompresses it whole, and a 4 KB file held 100 MB (no size is told
+    before). datasets writes its Arrow files uncompressed; memory-mapped, they cost no memory."""
+    import pyarrow as pa
+
+    source.seek(8 if source.read(6) == b"ARROW1" else 0)  # the file format: its stream follows the magic
+    try:
+        for message in pa.ipc.MessageReader.open_stream(source):
+            if _compressed(message.metadata.to_pybytes()):
+                raise FicError("an Arrow file of compressed batches (LZ4 or ZSTD), whose size FiC cannot bound "
+                               "before decompressing them; write it uncompressed (datasets' save_to_disk does)",
+                               path=str(file), field="source")
+    except (struct.error, IndexError):
+        raise FicError("cannot be read as Arrow (its message metadata is malformed)", path=str(file),
+                       field="source") from None
+    finally:
+        source.seek(0)
+
+
+def _compressed(buf: bytes) -> bool:
+    """Whether an Arrow IPC message (its flatbuffer metadata) is a record or dictionary batch with a
+    `compression` field: Message.header (field 2) of type RecordBatch (3) or DictionaryBatch (2,
+    its RecordBatch at field 1), then RecordBatch's field 3 (Arrow's format/Message.fbs)."""
+
+    def field(table: int, index: int) -> int:  # a field's offset in its table, 0 when absent
+        vtable = table - struct.unpack_from("<i", buf, table)[0]
+        if 4 + 2 * index + 2 > struct.unpack_from("<H", buf, vtable)[0]:
+            return 0
+        return struct.unpack_from("<H", buf, vtable + 4 + 2 * index)[0]
+
+    def child(table: int, index: int) -> int:
+        at = table + field(table, index)
+        return at + struct.unpack_from("<I", buf, at)[0]
+
+    root = struct.unpack_from("<I", buf, 0)[0]
+    kind = buf[root + field(root, 1)] if field(root, 1) else 0
+    if kind not in (2, 3) or not field(root, 2):
+        return False
+    batch = child(root, 2)
+    if kind == 2:
+        if not field(batch, 1):
+            return False
+        batch = child(batch, 1)
+    return bool(field(batch, 3))
 
 
 def _check_schema(schema: Any, file: Path) -> None:
@@ -274,8 +345,9 @@ def _check_schema(schema: Any, file: Path) -> None:
         stack.extend((child, depth + 1) for child in children)
 
 
-def _check_rows(batch: Any, first: int, file: Path) -> None:
-    """No cell and no row of `batch` (rows `first`...) larger than `MAX_RECORD_BYTES`."""
+def _check_rows(batch: Any, first: int, file: Path) -> int:
+    """No cell and no row of `batch` (rows `first`...) larger than `MAX_RECORD_BYTES`; the bytes
+    its cells hold."""
     import numpy as np
 
     total = np.zeros(batch.num_rows, dtype=np.int64)
@@ -289,6 +361,7 @@ def _check_rows(batch: Any, first: int, file: Path) -> None:
     if total.size and total.max() > MAX_RECORD_BYTES:
         row = int(total.argmax())
         raise FicError(_too_large(f"row {first + row}", int(total[row])), path=str(file), field="source")
+    return int(total.sum())
 
 
 def _cell_bytes(array: Any) -> Any:
@@ -299,8 +372,12 @@ def _cell_bytes(array: Any) -> Any:
     import pyarrow.compute as pc
 
     kind, rows = array.type, len(array)
-    if pa.types.is_dictionary(kind):
-        return _cell_bytes(array.dictionary_decode())
+    if pa.types.is_dictionary(kind):  # each value counted at each row that names it, never decoded
+        values = _cell_bytes(array.dictionary)
+        if not len(values):
+            return np.zeros(rows, dtype=np.int64)
+        named = values[array.indices.fill_null(0).to_numpy(zero_copy_only=False)]
+        return np.where(array.is_valid().to_numpy(zero_copy_only=False), named, 0).astype(np.int64)
     if pa.types.is_map(kind):
         return _cell_bytes(array.cast(pa.list_(pa.struct([kind.key_field, kind.item_field]))))
     if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind) or \
@@ -324,47 +401,64 @@ def _cell_bytes(array: Any) -> Any:
 
 # --------------------------------------------------------------------------- a parser in a child
 
-def parse_in_child(parse: Callable[[], Any], what: str, source: str) -> None:
-    """Run `parse` (a `datasets` load that fills its cache) once in a forked process first: a crash
-    there (a parser killed by a signal, rc 139) is a `FicError` naming `what`, and this process
-    goes on only when the child survived (loading again then reads the child's cache). An error the
-    child raised is left for this process to raise, in its own words. Where fork is missing, nothing."""
+def parse_in_child(parse: Callable[[], Any], what: str, source: str, *, parser: str = "the parser of datasets") -> bool:
+    """Run `parse` (a `datasets` load that fills its cache, or a check that reads a file with
+    pyarrow) once in a forked process first: a crash there (a parser killed by a signal, rc 139) is
+    a `FicError` naming `what`, and this process goes on only when the child survived. A `FicError`
+    the child raised is raised here, as it was; True when the child finished `parse` (a check need
+    not run again; loading again reads the child's cache). False where fork is missing, or the
+    child raised another error: this process then runs `parse` itself and raises it in its own
+    words."""
     if not hasattr(os, "fork"):
-        return
+        return False
     sys.stdout.flush()
     sys.stderr.flush()
     # tokenizers warns in a forked child when its threads were used before; it never runs there
     quiet = "TOKENIZERS_PARALLELISM" not in os.environ
     if quiet:
         os.environ["TOKENIZERS_PARALLELISM"] = "true"  # its default: nothing changes but the warning
+    said, told = os.pipe()
     try:
         pid = os.fork()
     finally:
         if quiet:
             os.environ.pop("TOKENIZERS_PARALLELISM", None)
-    if pid == 0:  # the child: its exit status is all it says
+    if pid == 0:  # the child: its exit status, and a FicError's fields, are all it says
         code = 0
         try:
+            os.close(said)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, 1)
             os.dup2(devnull, 2)
             parse()
+        except FicError as err:
+            code = 3
+            fields = {"message": err.message[:4000], "path": err.path, "record": err.record, "field": err.field}
+            os.write(told, json.dumps(fields, default=str).encode()[:60_000])  # within a pipe's buffer
         except BaseException:  # the parent reports it, by parsing again itself
             code = 1
         finally:
             os._exit(code)
+    os.close(told)
     try:
         _, status = os.waitpid(pid, 0)
+        fields = os.read(said, 65_536)
     except BaseException:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
+        with contextlib.suppress(ProcessLookupError, ChildProcessError):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
         raise
+    finally:
+        os.close(said)
     if os.WIFSIGNALED(status):
         try:
             name = signal.Signals(os.WTERMSIG(status)).name
         except ValueError:
             name = f"signal {os.WTERMSIG(status)}"
-        raise FicError(f"the parser of datasets crashed reading {what} ({name}); the file is malformed or nested too "
-                       "deeply for it", path=source, field="source")
+        raise FicError(f"{parser} crashed reading {what} ({name}); the file is malformed or nested too deeply for "
+                       "it", path=source, field="source")
+    if os.WEXITSTATUS(status) == 3 and fields:
+        raise FicError(**json.loads(fields))
+    return os.WEXITSTATUS(status) == 0

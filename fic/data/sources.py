@@ -47,6 +47,7 @@ from fic.core.instance import Instance
 from fic.core.optional import need
 from fic.core.records import read_numbered_records, read_records
 from fic.data.actions_gen import generate_slice
+from fic.data.formats import check_file
 from fic.data.hub import ANSWER_FROM, load_hf
 from fic.tasks.code import human_eval_instances
 from fic.tasks.sharding import ShardingError
@@ -333,6 +334,7 @@ def _parquet_rows(path: Path) -> list[dict]:
 
     if not path.is_file():
         raise FicError("is a folder, expected a Parquet file" if path.is_dir() else "file not found", path=str(path))
+    check_file(path, f"gsm8k:{path}", named=True)  # cells, rows and columns bounded as an hf: source's are
     try:
         return pyarrow.parquet.read_table(path).to_pylist()
     except pyarrow.ArrowException as err:

@@ -25,6 +25,7 @@ pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
 REPO = Path(__file__).resolve().parents[2]
+_REAL_SCHEMA = formats._check_schema
 GOOD = [{"question": "Tom has 3 apples and buys 4. How many now?", "answer": "3+4=7\n#### 7"},
         {"question": "A box holds 6 eggs; 2 boxes, 1 broken. How many?", "answer": "12-1=11\n#### 11"}]
 DEEP = '{"question": "q", "answer": "#### 1", "x": ' + "[" * 100_000 + "]" * 100_000 + "}\n"
@@ -190,6 +191,74 @@ def test_a_table_of_too_many_or_too_deeply_nested_columns_is_refused_from_its_sc
     assert err.value.path == str(deep)
 
 
+def test_a_parquet_file_that_decompresses_past_the_file_bound_is_refused(tmp_path, monkeypatch):
+    """A few KB of Parquet can hold gigabytes: repeats of one value, dictionary-encoded, are stored once
+    (a 10 KB file of 160 rows of 30 MB took minutes and 11 GB of memory). Plain-encoded, the metadata
+    says so before any row is read; dictionary-encoded, the rows read say so, without decoding them."""
+    monkeypatch.setattr(formats, "MAX_FILE_BYTES", 1 << 20)
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: pytest.fail("datasets was asked to read it"))
+    table = pa.table({"question": ["x" * 100_000] * 20, "answer": ["#### 1"] * 20})  # 2 MB decoded
+    plain = tmp_path / "plain.parquet"
+    pq.write_table(table, plain, use_dictionary=False)
+    real_rows = formats._check_rows
+    monkeypatch.setattr(formats, "_check_rows", lambda *a: pytest.fail("rows read: the metadata said enough"))
+    with pytest.raises(FicError, match="decompresses to more than the 0 GiB FiC reads as one file") as err:
+        load_source(f"hf:{plain}", "math")
+    assert err.value.path == str(plain)
+    monkeypatch.setattr(formats, "_check_rows", real_rows)
+    repeated = tmp_path / "repeated.parquet"
+    pq.write_table(table, repeated, compression="zstd")
+    assert pq.ParquetFile(repeated).metadata.row_group(0).total_byte_size < 1 << 20  # the metadata cannot tell
+    with pytest.raises(FicError, match="decompresses to more than the 0 GiB FiC reads as one file") as err:
+        load_source(f"hf:{repeated}", "math")
+    assert err.value.path == str(repeated)
+
+
+def test_a_repeated_parquet_value_is_checked_without_decoding_it(tmp_path):
+    """20 rows of one 5 MB value: each within every bound, so the file is read; the check holds the
+    value once (a dictionary), not 100 MB of decoded rows. In a process of its own: Arrow's pool
+    counts its peak since the process began."""
+    path = tmp_path / "repeated.parquet"
+    pq.write_table(pa.table({"question": ["x" * (5 << 20)] * 20, "answer": ["#### 1"] * 20}), path)
+    code = ("import pyarrow as pa\nfrom pathlib import Path\nfrom fic.data import formats\n"  # the check itself, unforked
+            f"formats._check_table(Path({str(path)!r}), '.parquet')\nprint(pa.default_memory_pool().max_memory())\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr[-500:]
+    assert int(done.stdout) < 40 << 20  # decoded, the batch alone is 100 MB
+
+
+def test_a_gsm8k_parquet_file_is_checked_like_an_hf_one(tmp_path, monkeypatch):
+    """`gsm8k:PATH` reads a Parquet file itself, without datasets: the same checks come first."""
+    monkeypatch.setattr(formats, "MAX_RECORD_BYTES", 1000)
+    path = tmp_path / "gsm8k.parquet"
+    pq.write_table(pa.table({"question": ["q", "x" * 2000], "answer": ["#### 1", "#### 2"]}), path)
+    with pytest.raises(FicError, match="row 2 column 'question' is 0.0 MiB, more than the 0 MiB") as err:
+        load_source(f"gsm8k:{path}", "math")
+    assert err.value.path == str(path)
+
+
+@pytest.mark.parametrize("layout", ["stream", "file"])
+def test_an_arrow_file_of_compressed_batches_is_refused_before_a_batch_is_read(layout, tmp_path, monkeypatch):
+    """A 4 KB Arrow file of ZSTD batches held 100 MB, decompressed whole as a batch is read; nothing
+    tells its size before. Uncompressed, the same table is read (memory-mapped)."""
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: pytest.fail("datasets was asked to read it"))
+    table = pa.table({"question": pa.array(["x" * (5 << 20)] * 20).dictionary_encode(), "answer": ["#### 1"] * 20})
+    new = pa.ipc.new_stream if layout == "stream" else pa.ipc.new_file
+    for compression in ("zstd", "lz4", None):
+        path = tmp_path / f"{compression}.arrow"
+        with pa.OSFile(str(path), "wb") as sink, new(sink, table.schema, options=pa.ipc.IpcWriteOptions(
+                compression=compression)) as writer:
+            writer.write_table(table)
+        if compression is None:
+            formats.check_file(path, "hf:x", named=True)
+            continue
+        assert path.stat().st_size < 100_000
+        with pytest.raises(FicError, match=r"an Arrow file of compressed batches \(LZ4 or ZSTD\)") as err:
+            load_source(f"hf:{path}", "math")
+        assert err.value.path == str(path)
+
+
 def test_a_saved_datasets_folder_is_checked_too(tmp_path, monkeypatch):
     monkeypatch.setattr(formats, "MAX_RECORD_BYTES", 1000)
     folder = tmp_path / "saved"
@@ -201,17 +270,39 @@ def test_a_saved_datasets_folder_is_checked_too(tmp_path, monkeypatch):
 
 # --------------------------------------------------------------------------- a parser's crash
 
-def test_a_parser_that_crashes_is_one_line_not_the_end_of_the_process(tmp_path):
+@pytest.mark.parametrize("crashing", ["datasets", "pyarrow"])
+def test_a_parser_that_crashes_is_one_line_not_the_end_of_the_process(crashing, tmp_path):
     """A parser killed by a signal (here made to, on input the checks pass) ends only its forked
-    child: the run says so in one line and the process goes on."""
-    path = tmp_path / "math.jsonl"
-    path.write_text(_jsonl(GOOD))
-    code = ("import os, signal, datasets\nfrom fic.core.errors import FicError\nfrom fic.data.sources import load_source\n"
-            "datasets.load_dataset = lambda *a, **k: os.kill(os.getpid(), signal.SIGSEGV)\n"
+    child: the run says so in one line and the process goes on. datasets' parser, and pyarrow's
+    Parquet reader the checks themselves use."""
+    path = tmp_path / ("math.jsonl" if crashing == "datasets" else "math.parquet")
+    if crashing == "datasets":
+        path.write_text(_jsonl(GOOD))
+        crash, parser = "import datasets\ndatasets.load_dataset", "the parser of datasets"
+    else:
+        pq.write_table(pa.Table.from_pylist(GOOD), path)
+        crash, parser = "import pyarrow.parquet\npyarrow.parquet.ParquetFile", "pyarrow's reader"
+    code = ("import os, signal\nfrom fic.core.errors import FicError\nfrom fic.data.sources import load_source\n"
+            f"{crash} = lambda *a, **k: os.kill(os.getpid(), signal.SIGSEGV)\n"
             f"try:\n    load_source('hf:{path}', 'math')\nexcept FicError as err:\n    print(err)\nprint('alive')\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.returncode == 0, done.stderr[-500:]
     assert done.stdout.splitlines() == [
-        f"hf:{path}: field 'source': the parser of datasets crashed reading {path} (SIGSEGV); the file is malformed "
+        f"hf:{path}: field 'source': {parser} crashed reading {path} (SIGSEGV); the file is malformed "
         "or nested too deeply for it", "alive"]
+
+
+def test_a_refusal_in_the_checking_child_is_raised_as_it_was(tmp_path, monkeypatch):
+    """The Parquet check runs in a forked child; its FicError comes back whole (file, field, words),
+    and the check does not run a second time in this process."""
+    monkeypatch.setattr(formats, "MAX_COLUMNS", 2)
+    path = tmp_path / "wide.parquet"
+    pq.write_table(pa.table({"a": [1], "b": [2], "c": [3]}), path)
+    ran = []  # filled in the process that checks: the child's copy, never this one's
+    monkeypatch.setattr(formats, "_check_schema", lambda *a: (ran.append(1), _REAL_SCHEMA(*a)))
+    with pytest.raises(FicError) as err:
+        formats.check_file(path, "hf:x", named=True)
+    assert (err.value.path, err.value.field, err.value.message) == (
+        str(path), "source", "has more than 2 columns (leaf columns of nested ones counted), more than FiC reads")
+    assert ran == []  # it ran in the child alone

@@ -202,7 +202,7 @@ def test_gsm8k_row_without_an_answer_and_a_broken_parquet_file(tmp_path):
         load_source(f"gsm8k:{path}", "math")
     broken = tmp_path / "rows.parquet"
     broken.write_bytes(b"not parquet at all")
-    with pytest.raises(FicError, match=r"rows.parquet: not a readable Parquet file"):
+    with pytest.raises(FicError, match=r"rows.parquet: field 'source': cannot be read as Parquet \(Parquet magic bytes"):
         load_source(f"gsm8k:{broken}", "math")
 
 
