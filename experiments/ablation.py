@@ -45,7 +45,7 @@ import yaml
 
 from fic.core.config import DRY_RUN_HELP, config_to_dict, print_keys, resolved_yaml, setting, with_overrides
 from fic.core.errors import FicError, exit_status
-from fic.core.files import folder_lock, make_folder, remove_folder, run_token, write_json, write_text
+from fic.core.files import folder_lock, own_folder, remove_folder, run_token, write_json, write_text
 from fic.core.records import read_json, read_log
 from fic.core.stats import detectable_gain, sign_test, sign_test_power
 from fic.demo import costs
@@ -202,7 +202,7 @@ def train(kind: str, config: object, folder: Path, progress: bool) -> dict:
     token = run_token(folder.parent)
     if not done:
         remove_folder(folder, token)  # ours, killed before its first checkpoint: nothing to keep; others refused
-    make_folder(folder, token=token)
+    own_folder(folder, token)  # resumed: only a run of ours
     spent = _timed_run([sys.executable, "-m", "fic", "train", kind, "--config",
                         str(_config_file(config, folder / f"{kind}.yaml")), f"logging.progress={str(progress).lower()}",
                         f"resume={str(bool(done)).lower()}"], f"{kind} run in {folder}")

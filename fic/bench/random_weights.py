@@ -128,11 +128,15 @@ def build_random_model(shape: dict, out: str | os.PathLike, tokenizer_dir: str |
                        layers: int | None = None, sets: dict | None = None, device: str = "cpu",
                        dtype: str = "bfloat16", seed: int = 0) -> dict:
     """Write a Hugging Face folder of `shape`'s architecture with random weights and the tokenizer
-    of `tokenizer_dir`; return what `fic_random.json` records."""
+    of `tokenizer_dir`; return what `fic_random.json` records. An older folder at `out` is replaced
+    only when it is one of these (its `fic_random.json`) or empty: a folder of the user's is refused."""
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     from fic.core.model import resolve_dtype
 
+    if Path(out).is_dir() and any(Path(out).iterdir()) and not (Path(out) / RANDOM_MARKER).is_file():
+        raise FicError(f"is in the way: a folder without {RANDOM_MARKER}, so not a random-weight model FiC built; "
+                       "FiC replaces only its own: move it away or choose another --out", path=str(out), field="--out")
     tokenizer = load_tokenizer_files(tokenizer_dir)
     full_layers = int({**shape["config"], **(sets or {})}["num_hidden_layers"])
     config = make_config(shape, layers, sets, tokenizer)

@@ -18,13 +18,15 @@ FiC refuse, never empty the file it points to.
 
 No folder operation follows a link either: below an output folder a run writes into (one it
 locks, or names with `guard_out`), every folder FiC makes, writes into, rotates or deletes goes
-through `make_folder`, `remove_folder` and `publish_folder`, which `lstat` every part of the path
-below the output folder and refuse a symbolic link with the same line as a linked file (the
-output folder itself may be a link: where a run goes is the user's choice).
+through `make_folder`, `own_folder`, `remove_folder` and `publish_folder`, which `lstat` every part
+of the path below the output folder and refuse a symbolic link with the same line as a linked file
+(the output folder itself may be a link: where a run goes is the user's choice).
 
 FiC deletes only what FiC made: every folder it makes holds a marker (`.fic-run`, the token of
-the run that made it), and `remove_folder` deletes a folder only when its marker is the remover's
-token; anything else in the way (a user's folder, another run's) is a `FicError` naming it.
+the run that made it). `remove_folder` deletes a folder, `publish_folder` (given the token)
+replaces one, and `own_folder` takes an existing one to write into, only when its marker is the
+run's token or it is empty; anything else in the way (a user's folder, another run's) is a
+`FicError` naming it (`check_own`, which `--dry-run` asks too), and it is left as it was.
 """
 
 from __future__ import annotations
@@ -230,8 +232,11 @@ def _exchange(a: Path, b: Path) -> bool:
     return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE) == 0
 
 
-def publish_folder(tmp: str | os.PathLike, final: str | os.PathLike) -> None:
-    """Move the finished folder `tmp` onto `final`, replacing an older `final`.
+def publish_folder(tmp: str | os.PathLike, final: str | os.PathLike, token: str | None = None) -> None:
+    """Move the finished folder `tmp` onto `final`, replacing an older `final`; with `token`, only
+    an older `final` the run of `token` made (or an empty one): anything else there is refused
+    (`check_own`) and kept. Without it the caller vouches that `final` is its own (a trained model
+    folder, published without a marker, that only a resume of the same run replaces).
 
     A reader of `final` sees either the whole old folder or the whole new one, never none and
     never a mix: the two are swapped in one step (Linux renameat2 RENAME_EXCHANGE), then the
@@ -245,6 +250,8 @@ def publish_folder(tmp: str | os.PathLike, final: str | os.PathLike) -> None:
     check_no_link(final)
     if os.path.islink(final):
         raise FicError(LINK_REFUSED, path=str(final))
+    if token is not None:
+        check_own(final, token)
     if not final.exists():
         os.replace(tmp, final)
         return
@@ -343,26 +350,53 @@ def owned(folder: str | os.PathLike, token: str) -> bool:
     return not os.path.islink(folder) and folder_token(folder) == token
 
 
-def remove_folder(folder: str | os.PathLike, token: str) -> None:
-    """Delete `folder` (nothing when it is missing) if the run of `token` made it, or it is empty;
-    a link (at it or above it, below an output folder), or a folder FiC did not make or another
-    run made, is a `FicError` naming it, and nothing is deleted."""
+IN_THE_WAY = ("is in the way: FiC did not make this folder (it holds no marker of this run), so it neither "
+              "deletes nor writes anything in it; move it away or choose another output folder")
+
+
+def check_own(folder: str | os.PathLike, token: str | None) -> None:
+    """Refuse, changing nothing, what `remove_folder` and `own_folder` refuse at `folder`: a link
+    at it or above it (below an output folder), a file in its place, a folder that holds something
+    and no marker of the run of `token` (a user's folder, another run's; with no token, any that
+    holds something). Nothing there, or an empty folder, is fine."""
     folder = Path(folder)
     check_no_link(folder)
-    if not os.path.lexists(folder):
-        return
     if os.path.islink(folder):
         raise FicError(LINK_REFUSED, path=str(folder))
+    if not os.path.lexists(folder):
+        return
     if not folder.is_dir():
         raise FicError("is in the way: a file where FiC keeps a folder of its own; move it away or choose another "
                        "output folder", path=str(folder))
-    if not owned(folder, token):
-        with contextlib.suppress(OSError):
-            folder.rmdir()  # only while empty: nothing of anyone's is lost
-            return
-        raise FicError("is in the way: FiC did not make this folder (it holds no marker of this run), so it deletes "
-                       "nothing in it; move it away or choose another output folder", path=str(folder))
-    shutil.rmtree(folder)
+    if not (token is not None and owned(folder, token)) and any(os.scandir(folder)):
+        raise FicError(IN_THE_WAY, path=str(folder))
+
+
+def own_folder(folder: str | os.PathLike, token: str) -> None:
+    """Make `folder` a folder of the run of `token` to write into: made and marked when missing,
+    marked when empty, taken as it is when it holds that run's marker (a resume, the next stage);
+    anything else there is refused (`check_own`) and nothing is written in it."""
+    check_own(folder, token)
+    make_folder(folder, token=token)
+    if folder_token(folder) != token:  # an empty folder: made meanwhile, or left empty by someone
+        write_text(Path(folder) / RUN_MARKER, token + "\n")
+
+
+def remove_folder(folder: str | os.PathLike, token: str) -> None:
+    """Delete `folder` (nothing when it is missing) if the run of `token` made it, or it is empty;
+    a link (at it or above it, below an output folder), or a folder FiC did not make or another
+    run made, is a `FicError` naming it, and nothing is deleted (`check_own`)."""
+    folder = Path(folder)
+    check_own(folder, token)
+    if not os.path.lexists(folder):
+        return
+    if owned(folder, token):
+        shutil.rmtree(folder)
+        return
+    try:
+        folder.rmdir()  # empty when checked: only while still empty, so nothing of anyone's is lost
+    except OSError:
+        raise FicError(IN_THE_WAY, path=str(folder)) from None
 
 
 # --------------------------------------------------------------------------- output-folder locks

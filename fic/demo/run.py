@@ -32,9 +32,10 @@ model and output paths of each stage are wired by the demo (the YAML shows them)
 set to anything but where the demo writes it (`warmup.out=elsewhere`) is refused when the config
 loads (`--dry-run` included): `out=` moves the whole demo.
 
-The demo deletes only folders it made: each stage folder holds the demo's marker (`.fic-run`,
-`fic.core.files.remove_folder`), and a folder of the user's in the way (a `warmup/` holding notes)
-stops the demo with one line naming it; no stage folder is written through a link.
+The demo deletes, and writes into, only folders it made: each stage folder holds the demo's marker
+(`.fic-run`, `fic.core.files.own_folder`), and a folder of the user's in the way of a stage still to
+run (a `warmup/` holding notes) stops the demo before any stage runs (`--dry-run` too) with one line
+naming it; no stage folder is written through a link.
 """
 
 from __future__ import annotations
@@ -56,10 +57,12 @@ from fic.core.bounds import MAX_INSTANCES, MAX_MIB, MAX_RESAMPLES, MAX_STEPS
 from fic.core.config import load_config, set_in, set_where, setting
 from fic.core.errors import FicError
 from fic.core.files import (
+    check_own,
     check_writable,
     folder_lock,
+    folder_token,
     guard_out,
-    make_folder,
+    own_folder,
     remove_folder,
     run_token,
     write_json,
@@ -220,9 +223,9 @@ def model_of(cfg: DemoConfig, stage: str) -> Path:
 def stage_data(cfg: DemoConfig, progress: bool) -> dict:
     """The splits (and their overlap, which must be 0), the warm-up corpus and the SFT corpus."""
 
+    own_folder(paths(cfg)["data"], demo_token(cfg))
     if Path(cfg.base_model) == BUNDLED_MODEL_DIR and not (BUNDLED_MODEL_DIR / "config.json").is_file():
         prepare_model(BUNDLED_MODEL_DIR)
-    make_folder(paths(cfg)["data"], token=demo_token(cfg))
     sizes = {"train": cfg.data.train, "dev": cfg.data.dev, "test": cfg.data.test, "test-unseen": cfg.data.test_unseen}
     splits = {split: load_source(f"{cfg.data.source}:{split}", cfg.data.task, limit=n, seed=cfg.data.seed)
               for split, n in sizes.items()}
@@ -278,7 +281,7 @@ def _train(stage: str, cfg: Any, run: Callable[[Any], dict], token: str) -> dict
     cfg.resume = bool(complete_checkpoints(out)) and not (out / "final").exists()
     if not cfg.resume:
         remove_folder(out, token)  # a run of the demo's killed before its first checkpoint: nothing to keep
-    make_folder(out, token=token)
+    own_folder(out, token)  # resumed: only the demo's own run
     result = run(cfg)
     remove_folder(out / "checkpoints", run_token(out))  # the demo keeps only the final model
     _free_memory()
@@ -367,8 +370,9 @@ def evaluate_stage(cfg: DemoConfig, stage: str, model: Path, progress: bool) -> 
     """Evaluate one model on the test and test-unseen splits; R against the starting point."""
 
     figures, token = {}, demo_token(cfg)
+    own_folder(eval_dir(cfg, stage, "test").parent, token)  # the demo's, so that --from may delete it
     for split in EVAL_SETS:
-        make_folder(eval_dir(cfg, stage, split), token=token)  # the demo's, so that --from may delete it
+        own_folder(eval_dir(cfg, stage, split), token)
         run = dataclasses.replace(cfg.eval, model=dataclasses.replace(cfg.eval.model, model=str(model)),
                                   data=dataclasses.replace(cfg.eval.data, source=[f"jsonl:{split_file(cfg, split)}"],
                                                            task=cfg.data.task, limit=None),
@@ -448,6 +452,18 @@ def check_start(cfg: DemoConfig, start_from: str | None) -> None:
     if Path(cfg.base_model) != BUNDLED_MODEL_DIR:
         check_model_folder(cfg.base_model, field="base_model")
     check_writable(cfg.out, folder=True, field="out")
+    # A folder in a stage's place that the demo did not make stops it now, not after the stages before it.
+    guard_out(cfg.out)
+    for stage in stages_left(cfg, start_from):
+        if stage != "premise":  # its output is a file
+            for folder in stage_outputs(cfg, stage):
+                check_own(folder, folder_token(cfg.out))
+
+
+def stages_left(cfg: DemoConfig, start_from: str | None) -> list[str]:
+    """The stages a run will do: those not done yet, and those `--from` runs again."""
+    return [stage for stage in STAGES[:-1]
+            if stage in redone(start_from) or not (paths(cfg)["stages"] / f"{stage}.json").is_file()]
 
 
 def redone(start_from: str | None) -> tuple[str, ...]:
@@ -491,9 +507,7 @@ def plan(cfg: DemoConfig, start_from: str | None = None) -> str:
     """The start line and the cost estimate of what is left (`fic demo --dry-run`, `--from` honoured);
     nothing runs, and the checks of a real run's start are made (`check_start`)."""
     check_start(cfg, start_from)
-    redo = redone(start_from)
-    left = [stage for stage in STAGES[:-1]
-            if stage in redo or not (paths(cfg)["stages"] / f"{stage}.json").is_file()]
+    redo, left = redone(start_from), stages_left(cfg, start_from)
     done = {stage: summary for stage, summary in stage_summaries(cfg).items() if stage not in redo}
     return start_line(cfg, start_from=start_from) + ("\n[demo] " + costs.plan(cfg, left, done)[0] if left else "")
 

@@ -116,9 +116,9 @@ def save_checkpoint(accelerator: Any, out: Path, step: int, state: dict, *, keep
     final = checkpoint_dir(out) / f"step-{step}"
     tmp = checkpoint_dir(out) / f".step-{step}.tmp"
     guard_out(out)  # every rank: no folder below `out` is written through a link
+    token = run_token(out) if accelerator.is_main_process else None
     if accelerator.is_main_process:
-        token = run_token(out)
-        make_folder(checkpoint_dir(out), token=token)
+        make_folder(checkpoint_dir(out), token=token)  # checkpoints copied in, or of older FiC, may be there
         for stale in checkpoint_dir(out).glob(".step-*.tmp"):  # left by a run killed while writing
             if owned(stale, token):
                 remove_folder(stale, token)
@@ -128,7 +128,7 @@ def save_checkpoint(accelerator: Any, out: Path, step: int, state: dict, *, keep
     if lora and accelerator.distributed_type == DistributedType.DEEPSPEED:
         kwargs["exclude_frozen_parameters"] = True
     model_only = cfg is not None and cfg.checkpoint.save_only_model
-    with _removed_on_failure(accelerator, tmp, f"checkpoint step-{step}"), sigterm_note(
+    with _removed_on_failure(accelerator, tmp, f"checkpoint step-{step}", token), sigterm_note(
             f"while writing checkpoint step-{step}: its partial copy is removed at the next save; resume=true "
             "continues from the last complete checkpoint"):
         if not model_only:
@@ -142,7 +142,7 @@ def save_checkpoint(accelerator: Any, out: Path, step: int, state: dict, *, keep
                 extra(tmp)
             write_json(tmp / "trainer_state.json", {**state, "model_only": model_only})
             write_text(tmp / "complete", f"step {step}\n")
-            publish_folder(tmp, final)
+            publish_folder(tmp, final, token)  # a step-N of the user's in the way is refused, not replaced
     if accelerator.is_main_process:
         # A checkpoint this folder's runs did not make (one copied in, or written before FiC marked
         # its folders) is not this run's to delete: it is kept.
@@ -173,15 +173,17 @@ def disk_full(err: BaseException, folder: Path) -> bool:
 
 
 @contextlib.contextmanager
-def _removed_on_failure(accelerator: Any, tmp: Path, what: str) -> Iterator[None]:
-    """Remove the half-written `tmp` when writing it fails (it would keep a full disk full), and
-    say "no space left" in one line instead of torch's "unexpected pos"."""
+def _removed_on_failure(accelerator: Any, tmp: Path, what: str, token: str | None) -> Iterator[None]:
+    """Remove the half-written `tmp` (the main process's, made by the run of `token`) when writing
+    it fails (it would keep a full disk full), and say "no space left" in one line instead of
+    torch's "unexpected pos"."""
     try:
         yield
     except BaseException as err:
         full = isinstance(err, Exception) and disk_full(err, tmp.parent)
-        if accelerator.is_main_process and not os.path.islink(tmp):
-            shutil.rmtree(tmp, ignore_errors=True)
+        if accelerator.is_main_process:
+            with contextlib.suppress(FicError, OSError):  # the error that stopped the save is the one to say
+                remove_folder(tmp, token)
         if full:
             raise FicError(f"no space left on the device while writing {what}; the partial copy was removed. Free "
                            "some space and run again with resume=true", path=str(tmp.parent)) from None
@@ -312,9 +314,10 @@ def save_final(accelerator: Any, loss_model: Any, cfg: Any, out: Path, card: Cal
     check_finite_weights(accelerator, "at the end of training")
     final, tmp = out / "final", out / ".final.tmp"
     guard_out(out)
+    token = run_token(out) if accelerator.is_main_process else None
     if accelerator.is_main_process:
-        _fresh_temporary(out, tmp)
-    with _removed_on_failure(accelerator, tmp, "the final model"):
+        _fresh_temporary(tmp, token)
+    with _removed_on_failure(accelerator, tmp, "the final model", token):
         write_model_folder(accelerator, loss_model, cfg, tmp, card("LoRA adapter" if cfg.lora.enabled else "full model"))
         if accelerator.is_main_process:
             _publish_model(tmp, final)
@@ -327,8 +330,8 @@ def save_final(accelerator: Any, loss_model: Any, cfg: Any, out: Path, card: Cal
             base = load_model(cfg.model.path, dtype=cfg.model.weights_dtype, trust_remote_code=cfg.model.trust_remote_code)
             merged = PeftModel.from_pretrained(base, final).merge_and_unload()
             tmp = out / ".final-merged.tmp"
-            _fresh_temporary(out, tmp)
-            with _removed_on_failure(accelerator, tmp, "the merged model"):
+            _fresh_temporary(tmp, token)
+            with _removed_on_failure(accelerator, tmp, "the merged model", token):
                 merged.save_pretrained(tmp, safe_serialization=True)
                 copy_tokenizer(cfg.model.path, tmp)
                 write_text(tmp / "README.md", card("LoRA merged into the base model"))
@@ -341,18 +344,19 @@ def save_final(accelerator: Any, loss_model: Any, cfg: Any, out: Path, card: Cal
     return final
 
 
-def _fresh_temporary(out: Path, tmp: Path) -> None:
-    """An empty temporary folder `tmp` in `out`, marked as this run's; a stale one of an earlier
-    run into `out` (killed while writing) is deleted first."""
-    token = run_token(out)
+def _fresh_temporary(tmp: Path, token: str) -> None:
+    """An empty temporary folder `tmp`, marked as the run of `token`'s; a stale one of an earlier
+    run into the same folder (killed while writing) is deleted first."""
     remove_folder(tmp, token)
     make_folder(tmp, token=token)
 
 
 def _publish_model(tmp: Path, final: Path) -> None:
-    """Publish a model folder without FiC's marker: it is the user's to load, copy and upload."""
-    (tmp / RUN_MARKER).unlink(missing_ok=True)
+    """Publish a model folder without FiC's marker: it is the user's to load, copy and upload. The
+    marker goes once it is published: a failed publish leaves a temporary that is still the run's
+    to remove."""
     publish_folder(tmp, final)
+    (final / RUN_MARKER).unlink(missing_ok=True)
 
 
 def saving_clause(cfg: Any) -> str:

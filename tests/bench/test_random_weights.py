@@ -42,3 +42,14 @@ def test_the_tokenizer_folder_is_the_given_one_or_the_prepared_bundled_model(tmp
     assert missing.value.field == "--tokenizer"
     assert random_weights.tokenizer_dir(None, ("elsewhere", str(smollm2_dir))) == str(smollm2_dir)
     assert random_weights.main(["--out", str(tmp_path / "m"), "--tokenizer", str(tmp_path)]) == 2
+
+
+def test_a_users_folder_at_out_is_refused_not_replaced(tmp_path, capsys):
+    """FiC deletes only what it made: the build replaces an older random-weight folder, never a user's."""
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    assert random_weights.main(["--out", str(out), "--tokenizer", str(tmp_path / "no-tokenizer-here")]) == 2
+    err = capsys.readouterr().err
+    assert str(out) in err and "field '--out': is in the way" in err
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]

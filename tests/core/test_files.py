@@ -248,3 +248,39 @@ def test_the_lock_names_the_host_of_its_holder(tmp_path):
         assert f"on {socket.gethostname()}," in (tmp_path / files.LOCK_NAME).read_text()
     finally:
         files.unlock_folder(tmp_path)
+
+
+def test_own_folder_takes_only_a_folder_of_its_run(tmp_path):
+    """FiC writes into a folder only when it made it (its marker) or it is empty; a folder of the
+    user's, or another run's, is refused with one line naming it and gets nothing written in it."""
+    token = files.new_token()
+    made = tmp_path / "made" / "below"
+    files.own_folder(made, token)  # missing: made, and marked with the parent it made
+    assert files.folder_token(made) == token and files.folder_token(made.parent) == token
+    files.own_folder(made, token)  # its own: taken again (a resume)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    files.own_folder(empty, token)
+    assert files.folder_token(empty) == token
+    for theirs in (tmp_path / "users", tmp_path / "another-runs"):
+        theirs.mkdir()
+        (theirs / "notes.txt").write_text("mine")
+    files.write_text(tmp_path / "another-runs" / files.RUN_MARKER, files.new_token() + "\n")
+    for theirs in (tmp_path / "users", tmp_path / "another-runs"):
+        before = sorted(p.name for p in theirs.iterdir())
+        with pytest.raises(FicError, match="is in the way: FiC did not make this folder") as err:
+            files.own_folder(theirs, token)
+        assert err.value.path == str(theirs) and sorted(p.name for p in theirs.iterdir()) == before
+
+
+def test_publish_folder_with_a_token_replaces_only_its_runs_folder(tmp_path):
+    token = files.new_token()
+    theirs = _folder(tmp_path / "step-3", "theirs")
+    with pytest.raises(FicError, match="is in the way") as err:
+        files.publish_folder(_folder(tmp_path / ".step-3.tmp", "new"), theirs, token)
+    assert err.value.path == str(theirs) and (theirs / "weights.bin").read_text() == "theirs"
+    assert (tmp_path / ".step-3.tmp" / "weights.bin").read_text() == "new"  # the caller's to remove
+    ours = tmp_path / "step-4"
+    files.make_folder(ours, token=token)
+    files.publish_folder(_folder(tmp_path / ".step-4.tmp", "new"), ours, token)
+    assert (ours / "weights.bin").read_text() == "new"

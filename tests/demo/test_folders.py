@@ -103,3 +103,68 @@ def test_a_stage_out_the_demo_would_not_honour_is_refused_in_the_dry_run(key, tm
     # where the demo writes it anyway is no override to refuse: the shipped demo.yaml says so for every stage
     wired = str(run.wired_outs(run.load_demo(str(RECIPES), [f"out={tmp_path / 'demo'}"]))[key])
     assert main(["demo", "--recipes", str(RECIPES), f"out={tmp_path / 'demo'}", f"{key}={wired}", "--dry-run"]) == 0
+
+
+@pytest.mark.parametrize("folder", ["data", "warmup", "eval-start", "sft", "control", "eval-control"])
+def test_a_users_folder_in_a_stages_place_stops_the_dry_run_and_the_run_before_any_stage(folder, tmp_path, capsys):
+    """Refused before the stages ahead of it run (the data stage, hours of training), in --dry-run too."""
+    out = tmp_path / "demo"
+    (out / folder).mkdir(parents=True)
+    (out / folder / "notes.txt").write_text("mine")
+    for dry in (["--dry-run"], []):
+        assert main(["demo", "--recipes", str(RECIPES), f"out={out}", *dry]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and str(out / folder) in err and "is in the way" in err
+    assert sorted(p.name for p in out.iterdir()) == [folder]  # nothing made beside it, nothing in it
+    assert [p.name for p in (out / folder).iterdir()] == ["notes.txt"]
+
+
+def test_a_link_in_a_stages_place_stops_the_dry_run(demo, tmp_path, capsys):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    Path(demo.out).mkdir()
+    os.symlink(elsewhere, Path(demo.out) / "eval-sft")
+    assert main(["demo", "--recipes", str(RECIPES), f"out={demo.out}", "--dry-run"]) == 2
+    assert "eval-sft: is a symbolic link" in capsys.readouterr().err
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_the_data_stage_writes_nothing_into_a_users_data_folder(demo, monkeypatch):
+    monkeypatch.setattr(run, "prepare_model", never)
+    monkeypatch.setattr(run, "load_source", never)
+    data = Path(demo.out) / "data"
+    data.mkdir(parents=True)
+    (data / "train.jsonl").write_text("my own train split\n")
+    with pytest.raises(FicError, match="is in the way") as err:
+        run.stage_data(demo, progress=False)
+    assert err.value.path == str(data) and [p.name for p in data.iterdir()] == ["train.jsonl"]
+    assert (data / "train.jsonl").read_text() == "my own train split\n"
+
+
+def test_an_evaluation_writes_nothing_into_a_users_eval_folder(demo):
+    theirs = Path(demo.out) / "eval-start"
+    theirs.mkdir(parents=True)
+    (theirs / "notes.txt").write_text("mine")
+    with pytest.raises(FicError, match="is in the way") as err:
+        run.evaluate_stage(demo, "start", Path(demo.out) / "warmup" / "final", progress=False)
+    assert err.value.path == str(theirs) and [p.name for p in theirs.iterdir()] == ["notes.txt"]
+    # nor into a split folder of the user's below the demo's own eval folder
+    (theirs / "notes.txt").unlink()
+    files.own_folder(theirs, run.demo_token(demo))  # empty now: the demo takes it
+    split = theirs / "test"
+    split.mkdir()
+    (split / "conversations.jsonl").write_text("mine\n")
+    with pytest.raises(FicError, match="is in the way") as err:
+        run.evaluate_stage(demo, "start", Path(demo.out) / "warmup" / "final", progress=False)
+    assert err.value.path == str(split) and (split / "conversations.jsonl").read_text() == "mine\n"
+
+
+def test_a_trained_stage_resumes_only_its_own_killed_run(demo):
+    """A folder of the user's holding complete checkpoints in a stage's place is not resumed into."""
+    step = Path(demo.out) / "warmup" / "checkpoints" / "step-1"
+    step.mkdir(parents=True)
+    (step / "complete").write_text("theirs\n")
+    with pytest.raises(FicError, match="is in the way") as err:
+        run.stage_warmup(demo, progress=False)
+    assert err.value.path == str(Path(demo.out) / "warmup")
+    assert (step / "complete").read_text() == "theirs\n"

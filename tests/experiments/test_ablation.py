@@ -82,6 +82,7 @@ def test_the_ablation_resumes_a_killed_variant_from_its_checkpoint_and_restarts_
     monkeypatch.setattr(ablation, "config_to_dict", lambda c: {"train": {"max_steps": 4}})
 
     killed = tmp_path / "killed" / "train"
+    files.make_folder(killed, token=files.run_token(killed.parent))  # made by the killed call
     (killed / "checkpoints" / "step-3").mkdir(parents=True)
     (killed / "checkpoints" / "step-3" / "complete").write_text("")
     spent = ablation.train("vasd", config, killed, progress=False)
@@ -103,6 +104,11 @@ def test_the_ablation_resumes_a_killed_variant_from_its_checkpoint_and_restarts_
     with pytest.raises(FicError, match="is in the way: FiC did not make this folder") as err:
         ablation.train("vasd", config, users, progress=False)
     assert err.value.path == str(users) and (users / "notes.txt").read_text() == "mine"
+    (users / "checkpoints" / "step-3").mkdir(parents=True)  # nor resumed into when it holds checkpoints
+    (users / "checkpoints" / "step-3" / "complete").write_text("")
+    with pytest.raises(FicError, match="is in the way") as err:
+        ablation.train("vasd", config, users, progress=False)
+    assert err.value.path == str(users) and not (users / "trained.json").exists()
 
     assert ablation.train("vasd", config, killed, progress=False) == json.loads((killed / "trained.json").read_text())
     assert len(commands) == 2  # a finished variant is not trained again

@@ -100,3 +100,28 @@ def test_stale_partial_checkpoints_of_this_run_are_removed_by_the_next_save(tmp_
     checkpoints.save_checkpoint(Main(), tmp_path, 5, {"step": 5}, keep_last=2, lora=False)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [files.RUN_MARKER, "step-5"]
     assert time.monotonic() - started < 5
+
+
+def test_a_users_folder_where_a_checkpoint_goes_is_refused_not_replaced(tmp_path):
+    out = tmp_path / "run"
+    theirs = out / "checkpoints" / "step-2"
+    theirs.mkdir(parents=True)
+    (theirs / "notes.txt").write_text("mine")
+    checkpoints.save_checkpoint(Main(), out, 1, {"step": 1}, keep_last=3, lora=False)
+    with pytest.raises(FicError, match="is in the way: FiC did not make this folder") as err:
+        checkpoints.save_checkpoint(Main(), out, 2, {"step": 2}, keep_last=3, lora=False)
+    assert err.value.path == str(theirs) and _untouched(theirs) == ["notes.txt"]
+    # the refused save leaves no temporary behind
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-1", "step-2"]
+
+
+def test_a_failed_save_removes_its_own_temporary_only(tmp_path):
+    class Failing(Main):
+        def save_state(self, folder, **kwargs):
+            Path(folder, "model.safetensors").write_bytes(b"half")
+            raise OSError(5, "Input/output error")
+
+    out = tmp_path / "run"
+    with pytest.raises(OSError, match="Input/output error"):
+        checkpoints.save_checkpoint(Failing(), out, 1, {"step": 1}, keep_last=1, lora=False)
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [files.RUN_MARKER]
