@@ -132,3 +132,6 @@ def test_fic_train_sft_ends_within_the_bound_and_keeps_its_checkpoints(tiny_mode
     said = [line for line in err if "terminated" in line]  # beside it: the libraries' progress bars of saving
     assert len(said) == 1 and said[0] == err[-1] and said[0].startswith("fic train sft: terminated (SIGTERM)")
     assert (out / "checkpoints" / "step-2" / "complete").is_file()  # finished work is kept, to resume from
+    last = max(int(p.name.split("-")[1]) for p in (out / "checkpoints").glob("step-*") if (p / "complete").is_file())
+    assert said[0].endswith(f"the checkpoints saved before are kept in {out / 'checkpoints'}; resume=true continues "
+                            f"from step-{last}"), said
