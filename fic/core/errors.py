@@ -116,6 +116,8 @@ def _note_text(note: object) -> str | None:
 
 
 def _terminate(signum: int, frame: object) -> None:
+    if _handled.is_set():  # a second SIGTERM (a parent passing its own on) must not cut the cleanups short
+        return
     _at_signal[0] = _note_now()
     _handled.set()
     raise Terminated()
@@ -221,6 +223,28 @@ def on_abort(cleanup: Callable[[], object]) -> Iterator[None]:
         yield
     finally:
         _on_abort.remove(cleanup)
+
+
+def run_child(command: list[str]) -> int:
+    """Run a verb's child process (a stage of `fic demo`) to its exit status. A SIGTERM or Ctrl-C
+    to the verb is passed on, and the child ends on its own within the bound, its cleanups run and
+    its line said; `subprocess.run` killed it (SIGKILL) a quarter second after, even when the
+    signal had reached it too (a terminal's or a scheduler's, sent to the whole process group)."""
+    import subprocess
+
+    child = subprocess.Popen(command)
+    try:
+        return child.wait()
+    except KeyboardInterrupt as stop:
+        with contextlib.suppress(ProcessLookupError):
+            child.send_signal(signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout=SIGTERM_BOUND_S)  # this process's watchdog may end it first: the child ends alike
+        raise
+    finally:
+        if child.poll() is None:  # not even the bound ended it
+            child.kill()
+            child.wait()
 
 
 def exit_status(prog: str, run: Callable[[], object]) -> int:
