@@ -89,8 +89,8 @@ class Terminated(KeyboardInterrupt):
 # whole (an optimizer step, a conversation, a renamed file), so nothing half-written is left.
 SIGTERM_BOUND_S = 3.0  # the documented bound (docs/evaluation.md, "Shutdown")
 ABORT_GRACE_S = 2.5    # the run's own chance; the rest of the bound is the exit itself
-STEP_NOTE = "in the middle of a step: nothing of it was kept; resume=true continues from the last checkpoint"
-_notes: list = []          # what a SIGTERM now would lose (`sigterm_note`), innermost last
+STEP_NOTE = "in the middle of a step: nothing of it was kept"
+_notes: list = []          # what a SIGTERM now would lose and keep (`sigterm_note`), innermost last
 _at_signal: list = [None]  # the note when SIGTERM came (the block is gone by the time it is said)
 _prog = ["fic"]                      # the verb, for the watchdog's line
 _handled = threading.Event()         # the handler raised Terminated: the run is ending the usual way
@@ -99,23 +99,34 @@ _on_abort: list[Callable[[], object]] = []
 _watchdog: list[threading.Thread] = []
 
 
-def _note_now() -> object:
-    return next((note for note in reversed(_notes) if note is not None), None)
+def _note_now() -> Callable[[], str] | None:
+    """The notes of the blocks running now, innermost first (what the cut-short block lost, then
+    what the verb keeps), said when the line is written."""
+    notes = [note for note in reversed(_notes) if note is not None]
+    return (lambda: "; ".join(filter(None, map(_note_text, notes)))) if notes else None
+
+
+def _note_text(note: object) -> str | None:
+    if callable(note):
+        try:
+            return note()
+        except Exception:  # the line is said whatever the note's own trouble
+            return None
+    return note  # type: ignore[return-value]
 
 
 def _terminate(signum: int, frame: object) -> None:
+    if _handled.is_set():  # a second SIGTERM (a parent passing its own on) must not cut the cleanups short
+        return
     _at_signal[0] = _note_now()
     _handled.set()
     raise Terminated()
 
 
 def terminated_line(prog: str, note: object) -> str:
-    """The one line a SIGTERM ends a verb with: the verb, and what the cut-short block lost."""
-    if callable(note):
-        try:
-            note = note()
-        except Exception:  # the line is said whatever the note's own trouble
-            note = None
+    """The one line a SIGTERM ends a verb with: the verb, what the cut-short block lost and what
+    the verb keeps."""
+    note = _note_text(note)
     return f"{prog}: terminated (SIGTERM)" + (f"; {note}" if note else "")
 
 
@@ -186,8 +197,9 @@ def _exit_if_terminated() -> None:
 
 @contextlib.contextmanager
 def sigterm_note(note: str | Callable[[], str | None] | None) -> Iterator[None]:
-    """While the block runs, a SIGTERM's line says `note` (what it loses, how to go on; a callable
-    says it when the line is written); None keeps the enclosing block's note. Nests."""
+    """While the block runs, a SIGTERM's line says `note` (what it loses, what is kept, how to go on;
+    a callable says it when the line is written) before the enclosing blocks' notes; None adds
+    nothing. Nests."""
     _notes.append(note)
     try:
         yield
@@ -211,6 +223,28 @@ def on_abort(cleanup: Callable[[], object]) -> Iterator[None]:
         yield
     finally:
         _on_abort.remove(cleanup)
+
+
+def run_child(command: list[str]) -> int:
+    """Run a verb's child process (a stage of `fic demo`) to its exit status. A SIGTERM or Ctrl-C
+    to the verb is passed on, and the child ends on its own within the bound, its cleanups run and
+    its line said; `subprocess.run` killed it (SIGKILL) a quarter second after, even when the
+    signal had reached it too (a terminal's or a scheduler's, sent to the whole process group)."""
+    import subprocess
+
+    child = subprocess.Popen(command)
+    try:
+        return child.wait()
+    except KeyboardInterrupt as stop:
+        with contextlib.suppress(ProcessLookupError):
+            child.send_signal(signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout=SIGTERM_BOUND_S)  # this process's watchdog may end it first: the child ends alike
+        raise
+    finally:
+        if child.poll() is None:  # not even the bound ended it
+            child.kill()
+            child.wait()
 
 
 def exit_status(prog: str, run: Callable[[], object]) -> int:

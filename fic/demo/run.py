@@ -43,7 +43,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import resource
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -55,7 +54,7 @@ from fic.backends import make_backend
 from fic.bundled.prepare import prepare_model
 from fic.core.bounds import MAX_INSTANCES, MAX_MIB, MAX_RESAMPLES, MAX_STEPS
 from fic.core.config import load_config, set_in, set_where, setting
-from fic.core.errors import FicError
+from fic.core.errors import FicError, run_child
 from fic.core.files import (
     check_own,
     check_writable,
@@ -435,7 +434,7 @@ def run_stage_process(stage: str, recipes: str, overrides: list[str], progress: 
     errors.unlink(missing_ok=True)
     command = [sys.executable, "-m", "fic", "demo", "--recipes", recipes, *overrides, "--stage", stage,
                *([] if progress else ["--quiet"])]
-    code = subprocess.run(command).returncode
+    code = run_child(command)  # a SIGTERM reaches the stage, which ends itself with its cleanups
     if code != 0:
         message = errors.read_text(encoding="utf-8").strip() if errors.is_file() else \
             f"the stage's process ended with exit code {code}"

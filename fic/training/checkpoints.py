@@ -129,8 +129,7 @@ def save_checkpoint(accelerator: Any, out: Path, step: int, state: dict, *, keep
         kwargs["exclude_frozen_parameters"] = True
     model_only = cfg is not None and cfg.checkpoint.save_only_model
     with _removed_on_failure(accelerator, tmp, f"checkpoint step-{step}", token), sigterm_note(
-            f"while writing checkpoint step-{step}: its partial copy is removed at the next save; resume=true "
-            "continues from the last complete checkpoint"):
+            f"while writing checkpoint step-{step}: its partial copy is removed at the next save"):
         if not model_only:
             accelerator.save_state(str(tmp), safe_serialization=True, **kwargs)
         if cfg is not None and cfg.checkpoint.model_folder:  # every rank: ZeRO-3 gathers the weights

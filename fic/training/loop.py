@@ -45,12 +45,13 @@ from fic.core.config import (
     print_keys,
     resolved_yaml,
 )
-from fic.core.errors import FicError, exit_status
+from fic.core.errors import FicError, exit_status, sigterm_note
 from fic.core.files import append_jsonl, lock_folder, removed_if_failed, write_text
 from fic.core.model import load_model, peak_memory_mb
 from fic.core.plots import save_png
 from fic.core.progress import Progress
 from fic.training.checkpoints import (
+    checkpoint_dir,
     complete_checkpoints,
     find_resume,
     load_checkpoint,
@@ -488,7 +489,16 @@ def recipe_main(config_class: type, train: Callable[[Any], Any], method: str, do
             print(resolved_yaml(cfg) + (plan(cfg) if plan is not None else ""))
             return 0
         # A run that fails before it has trained anything leaves no new output folder behind.
-        with removed_if_failed(cfg.out, ["config.yaml", "data_overlap.json"]):
+        with removed_if_failed(cfg.out, ["config.yaml", "data_overlap.json"]), \
+                sigterm_note(lambda: _kept(Path(cfg.out))):
             return train(cfg)
 
     return exit_status(f"fic train {method}", run)
+
+
+def _kept(out: Path) -> str:
+    """What a SIGTERM leaves of a training run: its complete checkpoints, or none (and then no folder)."""
+    saved = complete_checkpoints(out)
+    if saved:
+        return f"the checkpoints saved before are kept in {checkpoint_dir(out)}; resume=true continues from {saved[-1].name}"
+    return "no checkpoint had been saved, so none is kept"

@@ -90,6 +90,34 @@ def test_fic_eval_in_a_generation_step_ends_within_the_bound(smollm2_dir, tmp_pa
     assert out.exists() == bool(finished)  # kept for a resume only when it holds a finished conversation
 
 
+def test_fic_eval_killed_after_finished_conversations_keeps_them_and_resumes(tiny_model_dir, tmp_path, loaded):
+    """A SIGTERM once some conversations are saved (the full view's, one turn each, while the sharded
+    view's four turns go on): the folder stays, the line says how to resume an evaluation, and the
+    same command then plays only the rest, the saved lines untouched."""
+    data = tmp_path / "lic.jsonl"
+    data.write_text("".join(json.dumps({**i, "shards": [{"shard_id": k + 1, "shard": f"Part {k + 1} of it."}
+                                                        for k in range(4)]}) + "\n" for i in INSTANCES))
+    out = tmp_path / "run"
+    log = out / "conversations.jsonl"
+    command = ["eval", "--quiet", f"model.model={tiny_model_dir}", f"data.source=lic:{data}", "views=[full,sharded]",
+               "max_new_tokens=32", f"out={out}"]
+    took, status, err = killed(command, ready=lambda: log.is_file() and log.stat().st_size > 0, cwd=tmp_path)
+    assert status == 143 and took < SIGTERM_BOUND_S + MARGIN_S, (took, err)
+    assert err[-1] == (f"fic eval: terminated (SIGTERM); the conversations finished before are kept in {log}; "
+                       "run the same command again to resume"), err
+    saved = log.read_text().splitlines()
+    assert 0 < len(saved) < 2 * len(INSTANCES) and not (out / "metrics.json").exists()
+
+    resumed = subprocess.run([sys.executable, "-m", "fic", *command], capture_output=True, text=True, cwd=tmp_path,
+                             env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"{len(saved)} already in the folder" in resumed.stdout
+    lines = log.read_text().splitlines()
+    assert lines[:len(saved)] == saved  # the finished conversations are kept as they were, not played again
+    keys = [(r["task_id"], r["view"], r["run"]) for r in map(json.loads, lines)]
+    assert len(keys) == len(set(keys)) == 2 * len(INSTANCES)
+
+
 def test_fic_train_sft_ends_within_the_bound_and_keeps_its_checkpoints(tiny_model_dir, tmp_path, loaded):
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"What is {i} + 1? " * 20},
@@ -104,3 +132,6 @@ def test_fic_train_sft_ends_within_the_bound_and_keeps_its_checkpoints(tiny_mode
     said = [line for line in err if "terminated" in line]  # beside it: the libraries' progress bars of saving
     assert len(said) == 1 and said[0] == err[-1] and said[0].startswith("fic train sft: terminated (SIGTERM)")
     assert (out / "checkpoints" / "step-2" / "complete").is_file()  # finished work is kept, to resume from
+    last = max(int(p.name.split("-")[1]) for p in (out / "checkpoints").glob("step-*") if (p / "complete").is_file())
+    assert said[0].endswith(f"the checkpoints saved before are kept in {out / 'checkpoints'}; resume=true continues "
+                            f"from step-{last}"), said
