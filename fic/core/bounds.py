@@ -1,5 +1,7 @@
 """The bounds of a setting: the ranges its name implies (seconds, tokens, seeds) and the upper
-bounds declared with `setting(..., max=MAX_*)`, checked as a config loads and shown by `--keys`."""
+bounds declared with `setting(..., max=MAX_*)`, checked as a config loads (`check_bounds`, the one
+place) and shown by `--keys`. A number with no upper bound says why with `setting(..., unbounded=
+"...")`: it sizes nothing (a rate, a weight, a temperature), so no value of it holds memory or time."""
 
 from __future__ import annotations
 
@@ -37,7 +39,16 @@ MAX_VOCAB = 1 << 20         # tokens of a vocabulary (the largest are about 256k
 
 def bounds_text(name: str, meta: dict) -> str:
     """A setting's range in words (`1 to 4,096`, `at least 0`, `0 to a week`), from its declared
-    `min`/`max` and the bounds its name implies; empty when it has none."""
+    `min`/`max` and the bounds its name implies, and, for a number declared `unbounded`, why it has
+    no upper bound; empty when it has none of these."""
+    text = _range_text(name, meta)
+    if meta.get("unbounded"):
+        why = f"no upper bound ({meta['unbounded']})"
+        return f"{text}, {why}" if text else why
+    return text
+
+
+def _range_text(name: str, meta: dict) -> str:
     low, high, above = meta.get("min"), meta.get("max"), False
     for suffix, floor, ceiling, excluded in PHYSICAL_BOUNDS:
         if name.endswith(suffix):
@@ -55,6 +66,21 @@ def bounds_text(name: str, meta: dict) -> str:
     if low is not None:
         return f"{'above' if above else 'at least'} {shown(low)}"
     return f"at most {shown(high)}" if high is not None else ""
+
+
+def has_upper_bound(name: str, meta: dict) -> bool:
+    """Whether a setting's values are held below a bound (declared, or implied by its name)."""
+    return meta.get("max") is not None or any(name.endswith(suffix) for suffix, *_ in PHYSICAL_BOUNDS)
+
+
+def check_bounds(value: Any, name: str, meta: dict, key: str, source: str) -> None:
+    """Every bound of the setting `name` (its `setting()` metadata `meta`) on its checked value: its
+    choices, declared range and the bounds its name implies, on each item of a list too."""
+    items = list(enumerate(value)) if isinstance(value, list) else [(None, value)]
+    for index, item in items:
+        where = key if index is None else f"{key}[{index}]"
+        check_range(item, meta, where, source)
+        check_physical(item, name, where, source)
 
 
 def check_physical(value: Any, name: str, key: str, source: str) -> None:

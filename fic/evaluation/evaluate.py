@@ -94,7 +94,7 @@ class EvalConfig:
                            "still differs under lic: docs/evaluation.md.", choices=PROMPT_STYLES)
     runs: int = setting(1, "N: conversations per instance and view (LiC uses 10 at temperature 1.0).", min=1,
                         max=MAX_REPEATS)
-    temperature: float = setting(0.0, "Assistant sampling temperature (0: greedy).", min=0.0)
+    temperature: float = setting(0.0, "Assistant sampling temperature (0: greedy).", min=0.0, unbounded="a sampling temperature: logits are divided by it")
     top_p: float = setting(1.0, "Assistant nucleus sampling threshold.", min=0.0, max=1.0)
     max_new_tokens: int = setting(384, "Most tokens of one assistant reply.", min=1)
     stop_at_correct: bool = setting(True, "Stop a conversation at its first correct answer (LiC); false plays "

@@ -125,7 +125,8 @@ class ProbeConfig:
                                "Empty: FiC's default text for the switch.")
     system_prompt: bool = setting(False, "Keep the task's system prompt in the probe's context (the paper shows "
                                   "only [question; reply]). Replies are always written with it.")
-    temperatures: list[float] = setting([0.0, 1.0], "Decoding temperatures of the user turns (0: greedy).")
+    temperatures: list[float] = setting([0.0, 1.0], "Decoding temperatures of the user turns (0: greedy).", min=0.0,
+                                         unbounded="sampling temperatures: logits are divided by them")
     samples: int = setting(4, "User turns drawn per instance, perturbation and temperature above 0 (greedy draws "
                            "one).", min=1, max=MAX_REPEATS)
     top_p: float = setting(1.0, "Nucleus sampling threshold of the user turns.", min=0.0, max=1.0)
