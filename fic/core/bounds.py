@@ -14,8 +14,9 @@ from fic.core.errors import FicError
 # seed of -1 or 2**32, nucleus sampling keeps no token at top_p 0). (suffix, low, high, low excluded)
 WEEK_S = 7 * 24 * 3600
 MAX_TOKENS = 1 << 24  # more tokens than any model's context
+MAX_SEED = 2**32 - 1
 PHYSICAL_BOUNDS = (("_s", 0, WEEK_S, False), ("tokens", 0, MAX_TOKENS, False), ("seq_len", 1, MAX_TOKENS, False),
-                   ("seed", 0, 2**32 - 1, False), ("top_p", 0, 1, True))
+                   ("seed", 0, MAX_SEED, False), ("top_p", 0, 1, True))
 
 
 # Upper bounds of the settings that size an allocation, a loop or a retry count, declared with
@@ -83,6 +84,15 @@ def check_bounds(value: Any, name: str, meta: dict, key: str, source: str) -> No
         check_physical(item, name, where, source)
 
 
+def check_flags(args: Any, bounds: dict[str, tuple[int, int]]) -> None:
+    """A verb's integer flags held to bounds as a setting's `min`/`max` are (`--retries`: (0,
+    MAX_RETRIES)): a value past them is one `FicError` naming the flag, before any model loads."""
+    for flag, (low, high) in bounds.items():
+        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        if value is not None:
+            check_range(value, {"min": low, "max": high}, flag, None)
+
+
 def check_physical(value: Any, name: str, key: str, source: str) -> None:
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return
@@ -94,7 +104,7 @@ def check_physical(value: Any, name: str, key: str, source: str) -> None:
             raise FicError(f"expected a value <= {high:,}{unit}, got {value!r}", path=source, field=key)
 
 
-def check_range(value: Any, meta: dict, key: str, source: str) -> None:
+def check_range(value: Any, meta: dict, key: str, source: str | None) -> None:
     choices, low, high = meta.get("choices"), meta.get("min"), meta.get("max")
     if choices is not None and value is not None and value not in choices:
         raise FicError(f"expected one of {', '.join(map(repr, choices))}, got {value!r}",

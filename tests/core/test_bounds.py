@@ -159,3 +159,20 @@ def test_a_bound_holds_in_a_section_file_and_in_python_too(tmp_path):
     data.write_text("source: [gsm8k]\nlimit: 100000000\n")
     with pytest.raises(FicError, match=r"bench.yaml.*field 'data.limit': expected a value <= 10000000"):
         load_config(EvalConfig, None, [f"data={data}"])
+
+
+@pytest.mark.parametrize("argv,flag,expected", [
+    (["shard", "--source", "gsm8k", "--retries", HUGE], "--retries", "<= 100"),
+    (["shard", "--source", "gsm8k", "--validate-runs", HUGE], "--validate-runs", "<= 1000"),
+    (["shard", "--source", "gsm8k", "--validate-max-new-tokens", HUGE], "--validate-max-new-tokens", "<= 16777216"),
+    (["shard", "--source", "gsm8k", "--limit", HUGE], "--limit", "<= 10000000"),
+    (["shard", "--source", "gsm8k", "--seed", HUGE], "--seed", "<= 4294967295"),
+    (["self-label", "--model", "m", "--source", "s", "--batch-size", HUGE], "--batch-size", "<= 4096"),
+    (["self-label", "--model", "m", "--source", "s", "--max-new-tokens", HUGE], "--max-new-tokens", "<= 16777216"),
+])
+def test_a_verbs_flag_that_sizes_a_loop_or_a_batch_is_bounded_as_a_setting_is(argv, flag, expected, tmp_path, capsys):
+    out = tmp_path / "out.jsonl"
+    assert main([*argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"fic {argv[0]}: error: field '{flag}': expected a value {expected}, got {HUGE}"
+    assert not out.exists()
