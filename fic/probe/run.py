@@ -43,6 +43,7 @@ For every instance of every data source:
 from __future__ import annotations
 
 import re
+import reprlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,7 +68,7 @@ from fic.core.files import (
 from fic.core.generation import BackendConfig, Generation, SamplingParams
 from fic.core.instance import Instance
 from fic.core.progress import Progress
-from fic.core.records import read_json, read_log, read_records
+from fic.core.records import read_json, read_numbered_log, read_records
 from fic.core.seeding import derive_seed, pick
 from fic.data.sources import InstancesSection, ShardedInstances, describe_loaded, load_unsharded
 from fic.data.views import system_message, user_turns
@@ -376,9 +377,7 @@ def generate_user_turns(cfg: ProbeConfig, model: Any, replies: list[dict], progr
             for chunk, start in enumerate(range(0, len(rows), cfg.batch_size)):
                 seed = None if temperature == 0 else derive_seed(cfg.seed, "probe", temperature, sample, chunk)
                 calls.append((temperature, seed, rows[start:start + cfg.batch_size]))
-    logged: dict[int, list[dict]] = {}
-    for record in read_log(log_path) if log_path is not None else []:
-        logged.setdefault(record["call"], []).append(record)
+    logged = saved_turns(log_path) if log_path is not None else {}
     records = []
     total = sum(len(rows) for _, _, rows in calls)
     bar = Progress(total, "probe: user turns", "turn", enabled=progress)
@@ -407,6 +406,33 @@ def generate_user_turns(cfg: ProbeConfig, model: Any, replies: list[dict], progr
     finally:
         bar.close()
     return records
+
+
+def _is(kind: type) -> Any:
+    return lambda value: isinstance(value, kind) and not isinstance(value, bool)
+
+
+# What a saved user turn must hold for a resume to keep it (and the later stages to read it).
+TURN_FIELDS = (("call", _is(int), "a call number"), ("dataset", _is(str), "a string"), ("task_id", _is(str), "a string"),
+               ("condition", _is(str), "a string"), ("temperature", _is((int, float)), "a number"),
+               ("sample", _is(int), "a sample number"), ("seed", lambda v: v is None or _is(int)(v), "an integer or null"),
+               ("reply_shown", _is(str), "a string"), ("user_turn", _is(str), "a string"))
+
+
+def saved_turns(log_path: Path) -> dict[int, list[dict]]:
+    """The user turns an interrupted probe made, by generation call, each checked before any is
+    kept or made again: a record of the wrong shape (a string call number, a turn that is no text)
+    is one line naming the file and its line, not a traceback once the rest has been generated."""
+    logged: dict[int, list[dict]] = {}
+    for line, record in read_numbered_log(log_path):
+        problem = f"expected a JSON object, got {type(record).__name__}" if not isinstance(record, dict) else next(
+            (f"field {key!r}: expected {expected}, got {reprlib.repr(record.get(key))}"
+             for key, ok, expected in TURN_FIELDS if not ok(record.get(key))), None)
+        if problem is not None:
+            raise FicError(f"line {line}: {problem}; this saved user turn cannot be resumed (delete the line to make "
+                           "it again, or use another out=)", path=str(log_path))
+        logged.setdefault(record["call"], []).append(record)
+    return logged
 
 
 def _same_text(a: str, b: str) -> bool:
@@ -519,9 +545,10 @@ def _probe(cfg: ProbeConfig, out: Path, model: Any, judge_backend: Any, progress
     if kept is not None and [(r["dataset"], r["task_id"]) for r in kept] != [(d, i.task_id) for d, i in datasets]:
         raise FicError(f"{REPLIES_NAME} holds replies to other instances (the data changed); use another out= or "
                        "delete the folder", path=str(out), field="data.source")
+    made = saved_turns(out / TURNS_NAME)  # checked before any model call
     if kept is not None:
         print(f"fic probe: resuming in {out}: {len(kept)} single-turn replies and "
-              f"{len(read_log(out / TURNS_NAME))} user turns made before are kept", flush=True)
+              f"{sum(map(len, made.values()))} user turns made before are kept", flush=True)
     model = model if model is not None else make_backend(cfg.model)
     if cfg.judge.kind == "llm":
         same = config_to_dict(cfg.judge.backend) == config_to_dict(cfg.model)
