@@ -310,7 +310,7 @@ CHATML = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}
     ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
      "did not render a conversation of 1 messages within 0.5 s (a loop that does not end?)"),
     ("{{ 'x' * 3000000000 }}", "took more than 1,024 MiB of memory to render a conversation of 1 messages"),
-    ("{{ 'x' * 70000000 }}", "rendered a conversation of 1 messages as 70,000,000 characters, more than the "
+    ("{{ messages[0]['role'][0] * 70000000 }}", "rendered a conversation of 1 messages as 70,000,000 characters, more than the "
                              "67,108,864 FiC reads"),
     (RECURSES + "{{ f(1) }}", "cannot render this conversation: maximum recursion depth"),
     ("{% for m in messages %}", "is not valid Jinja (line 1: "),
