@@ -43,7 +43,6 @@ For every instance of every data source:
 from __future__ import annotations
 
 import re
-import reprlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,7 +67,7 @@ from fic.core.files import (
 from fic.core.generation import BackendConfig, Generation, SamplingParams
 from fic.core.instance import Instance
 from fic.core.progress import Progress
-from fic.core.records import read_json, read_numbered_log, read_records
+from fic.core.records import checked_log, fields_problem, of_type, read_json, read_records
 from fic.core.seeding import derive_seed, pick
 from fic.data.sources import InstancesSection, ShardedInstances, describe_loaded, load_unsharded
 from fic.data.views import system_message, user_turns
@@ -408,29 +407,19 @@ def generate_user_turns(cfg: ProbeConfig, model: Any, replies: list[dict], progr
     return records
 
 
-def _is(kind: type) -> Any:
-    return lambda value: isinstance(value, kind) and not isinstance(value, bool)
-
-
 # What a saved user turn must hold for a resume to keep it (and the later stages to read it).
-TURN_FIELDS = (("call", _is(int), "a call number"), ("dataset", _is(str), "a string"), ("task_id", _is(str), "a string"),
-               ("condition", _is(str), "a string"), ("temperature", _is((int, float)), "a number"),
-               ("sample", _is(int), "a sample number"), ("seed", lambda v: v is None or _is(int)(v), "an integer or null"),
-               ("reply_shown", _is(str), "a string"), ("user_turn", _is(str), "a string"))
+TURN_FIELDS = (("call", of_type(int), "a call number"), ("dataset", of_type(str), "a string"),
+               ("task_id", of_type(str), "a string"), ("condition", of_type(str), "a string"),
+               ("temperature", of_type(int, float), "a number"), ("sample", of_type(int), "a sample number"),
+               ("seed", of_type(int, type(None)), "an integer or null"), ("reply_shown", of_type(str), "a string"),
+               ("user_turn", of_type(str), "a string"))
 
 
 def saved_turns(log_path: Path) -> dict[int, list[dict]]:
-    """The user turns an interrupted probe made, by generation call, each checked before any is
-    kept or made again: a record of the wrong shape (a string call number, a turn that is no text)
-    is one line naming the file and its line, not a traceback once the rest has been generated."""
+    """The user turns an interrupted probe made, by generation call, each checked (`checked_log`)
+    before any is kept or made again."""
     logged: dict[int, list[dict]] = {}
-    for line, record in read_numbered_log(log_path):
-        problem = f"expected a JSON object, got {type(record).__name__}" if not isinstance(record, dict) else next(
-            (f"field {key!r}: expected {expected}, got {reprlib.repr(record.get(key))}"
-             for key, ok, expected in TURN_FIELDS if not ok(record.get(key))), None)
-        if problem is not None:
-            raise FicError(f"line {line}: {problem}; this saved user turn cannot be resumed (delete the line to make "
-                           "it again, or use another out=)", path=str(log_path))
+    for record in checked_log(log_path, fields_problem(TURN_FIELDS), "saved user turn", "make it again"):
         logged.setdefault(record["call"], []).append(record)
     return logged
 
