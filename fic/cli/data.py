@@ -8,6 +8,7 @@ from collections import Counter
 from pathlib import Path
 
 from fic.backends import make_backend
+from fic.core.bounds import MAX_INSTANCES, MAX_REPEATS, MAX_RETRIES, MAX_SEED, MAX_TOKENS, check_flags
 from fic.core.chat import format_masks, record_error, render_chat
 from fic.core.config import config_to_dict, load_config
 from fic.core.errors import FicError
@@ -233,24 +234,17 @@ def describe_origin(origin: dict) -> str:
 
 
 def _check_shard_args(args: argparse.Namespace) -> None:
-    if args.limit is not None and args.limit < 1:
-        raise FicError(f"expected a positive number, got {args.limit}", field="--limit")
+    check_flags(args, {"--limit": (1, MAX_INSTANCES), "--retries": (0, MAX_RETRIES), "--validate-runs": (1, MAX_REPEATS),
+                       "--validate-max-new-tokens": (1, MAX_TOKENS), "--seed": (0, MAX_SEED)})
     if args.sharder == "llm" and not args.sharder_config:
         raise FicError("--sharder llm needs --sharder-config FILE (a backend YAML: kind, model, ...)",
                        field="--sharder-config")
     if args.sharder_config and args.sharder != "llm":
         raise FicError("--sharder-config is only used with --sharder llm", field="--sharder-config")
-    if args.retries < 0:
-        raise FicError(f"expected 0 or more, got {args.retries}", field="--retries")
-    if args.validate_runs < 1:
-        raise FicError(f"expected a positive number, got {args.validate_runs}", field="--validate-runs")
     if args.validate_temperature < 0:
         raise FicError(f"expected a value >= 0, got {args.validate_temperature}", field="--validate-temperature")
     if not 0 < args.validate_threshold <= 1:
         raise FicError(f"expected a value in (0, 1], got {args.validate_threshold}", field="--validate-threshold")
-    if args.validate_max_new_tokens < 1:
-        raise FicError(f"expected a positive number, got {args.validate_max_new_tokens}",
-                       field="--validate-max-new-tokens")
 
 
 def _backend_from_yaml(path: str, option: str):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from fic.backends import make_backend
+from fic.core.bounds import MAX_BATCH, MAX_SEED, MAX_TOKENS, check_flags
 from fic.core.files import check_writable
 from fic.core.generation import BackendConfig
 from fic.corpus.self_label import KEEP, VIEWS, card_path, label, replies, write_self_labelled
@@ -30,6 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_flags(args, {"--seed": (0, MAX_SEED), "--batch-size": (1, MAX_BATCH), "--max-new-tokens": (1, MAX_TOKENS)})
     check_writable(args.out)
     instances = load_source(args.source, "actions", seed=args.seed)
     backend = make_backend(BackendConfig(model=args.model, dtype=args.dtype, batch_size=args.batch_size))

@@ -45,7 +45,7 @@ class UserSimulatorSection:
     kind: str = setting("verbatim", "verbatim: reveal shards in order, word for word (no model); llm: a model "
                         "plays the user under the LiC rules.", choices=USER_KINDS)
     backend: BackendConfig = setting(BackendConfig(), "The user model (kind llm only).")
-    temperature: float = setting(1.0, "Sampling temperature of the user model.", min=0.0)
+    temperature: float = setting(1.0, "Sampling temperature of the user model.", min=0.0, unbounded="a sampling temperature: logits are divided by it")
     max_new_tokens: int = setting(256, "Most tokens of one user-model reply.", min=1)
     max_idle_turns: int = setting(3, "User turns per conversation that may reveal nothing (LiC's \"I don't "
                                   "know\" to a question no shard answers); after that many the next shard is "

@@ -1,5 +1,7 @@
 """The bounds of a setting: the ranges its name implies (seconds, tokens, seeds) and the upper
-bounds declared with `setting(..., max=MAX_*)`, checked as a config loads and shown by `--keys`."""
+bounds declared with `setting(..., max=MAX_*)`, checked as a config loads (`check_bounds`, the one
+place) and shown by `--keys`. A number with no upper bound says why with `setting(..., unbounded=
+"...")`: it sizes nothing (a rate, a weight, a temperature), so no value of it holds memory or time."""
 
 from __future__ import annotations
 
@@ -12,8 +14,9 @@ from fic.core.errors import FicError
 # seed of -1 or 2**32, nucleus sampling keeps no token at top_p 0). (suffix, low, high, low excluded)
 WEEK_S = 7 * 24 * 3600
 MAX_TOKENS = 1 << 24  # more tokens than any model's context
+MAX_SEED = 2**32 - 1
 PHYSICAL_BOUNDS = (("_s", 0, WEEK_S, False), ("tokens", 0, MAX_TOKENS, False), ("seq_len", 1, MAX_TOKENS, False),
-                   ("seed", 0, 2**32 - 1, False), ("top_p", 0, 1, True))
+                   ("seed", 0, MAX_SEED, False), ("top_p", 0, 1, True))
 
 
 # Upper bounds of the settings that size an allocation, a loop or a retry count, declared with
@@ -37,7 +40,16 @@ MAX_VOCAB = 1 << 20         # tokens of a vocabulary (the largest are about 256k
 
 def bounds_text(name: str, meta: dict) -> str:
     """A setting's range in words (`1 to 4,096`, `at least 0`, `0 to a week`), from its declared
-    `min`/`max` and the bounds its name implies; empty when it has none."""
+    `min`/`max` and the bounds its name implies, and, for a number declared `unbounded`, why it has
+    no upper bound; empty when it has none of these."""
+    text = _range_text(name, meta)
+    if meta.get("unbounded"):
+        why = f"no upper bound ({meta['unbounded']})"
+        return f"{text}, {why}" if text else why
+    return text
+
+
+def _range_text(name: str, meta: dict) -> str:
     low, high, above = meta.get("min"), meta.get("max"), False
     for suffix, floor, ceiling, excluded in PHYSICAL_BOUNDS:
         if name.endswith(suffix):
@@ -57,6 +69,30 @@ def bounds_text(name: str, meta: dict) -> str:
     return f"at most {shown(high)}" if high is not None else ""
 
 
+def has_upper_bound(name: str, meta: dict) -> bool:
+    """Whether a setting's values are held below a bound (declared, or implied by its name)."""
+    return meta.get("max") is not None or any(name.endswith(suffix) for suffix, *_ in PHYSICAL_BOUNDS)
+
+
+def check_bounds(value: Any, name: str, meta: dict, key: str, source: str) -> None:
+    """Every bound of the setting `name` (its `setting()` metadata `meta`) on its checked value: its
+    choices, declared range and the bounds its name implies, on each item of a list too."""
+    items = list(enumerate(value)) if isinstance(value, list) else [(None, value)]
+    for index, item in items:
+        where = key if index is None else f"{key}[{index}]"
+        check_range(item, meta, where, source)
+        check_physical(item, name, where, source)
+
+
+def check_flags(args: Any, bounds: dict[str, tuple[int, int]]) -> None:
+    """A verb's integer flags held to bounds as a setting's `min`/`max` are (`--retries`: (0,
+    MAX_RETRIES)): a value past them is one `FicError` naming the flag, before any model loads."""
+    for flag, (low, high) in bounds.items():
+        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        if value is not None:
+            check_range(value, {"min": low, "max": high}, flag, None)
+
+
 def check_physical(value: Any, name: str, key: str, source: str) -> None:
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return
@@ -68,7 +104,7 @@ def check_physical(value: Any, name: str, key: str, source: str) -> None:
             raise FicError(f"expected a value <= {high:,}{unit}, got {value!r}", path=source, field=key)
 
 
-def check_range(value: Any, meta: dict, key: str, source: str) -> None:
+def check_range(value: Any, meta: dict, key: str, source: str | None) -> None:
     choices, low, high = meta.get("choices"), meta.get("min"), meta.get("max")
     if choices is not None and value is not None and value not in choices:
         raise FicError(f"expected one of {', '.join(map(repr, choices))}, got {value!r}",

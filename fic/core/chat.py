@@ -22,8 +22,11 @@ BOS where the model wants it, and a second one would shift every position.
 
 A chat template is code from the model folder, so its rendering is bounded: at most
 `RENDER_SECONDS` a conversation (in the main thread, where a timer can interrupt it; one
-arithmetic operation on huge numbers is not interrupted) and at most `MAX_RENDER_CHARS` of
-output, checked before the tokenizer reads it. A template that loops, recurses without end,
+arithmetic operation on huge numbers is not interrupted), at most `MAX_RENDER_MEMORY` of memory
+taken while it renders (on Linux, the address space's limit raised that far above what the
+process holds, for the render only: a `'x' * 3000000000` or output built faster than the timer
+fires is refused as it allocates) and at most `MAX_RENDER_CHARS` of output, checked before the
+tokenizer reads it. A template that loops, recurses without end,
 overflows or does not parse is a `TemplateError` naming the model folder (and the record it was
 rendering, where there is one); one that cannot take a record's values names the record.
 """
@@ -31,6 +34,7 @@ rendering, where there is one); one that cannot take a record's values names the
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import signal
 import threading
@@ -65,6 +69,7 @@ _REASONING_CLOSE = "</think>"  # how PROBE_CONVERSATION's reasoning block ends
 _REPLY_PLACEHOLDER = "reply"  # see continue_ids
 RENDER_SECONDS = 10.0         # one conversation renders in milliseconds
 MAX_RENDER_CHARS = 64 << 20   # 2**24 tokens (the longest context a setting allows) at 4 characters a token
+MAX_RENDER_MEMORY = 1 << 30   # bytes a render may take: MAX_RENDER_CHARS as 4-byte characters, four times over
 
 
 class TemplateError(FicError):
@@ -135,22 +140,29 @@ def _token_ids(encoded: Any) -> list[int]:
     return [int(token) for token in encoded]
 
 
-def _render(tokenizer: Any, messages: list[dict], generation_prompt: bool,
-            tools: list[dict] | None) -> tuple[str, list[int]]:
-    """Template text and its ids for one conversation (already passed through `_template_messages`)."""
+def render_text(tokenizer: Any, messages: list[dict], generation_prompt: bool, tools: list[dict] | None = None) -> str:
+    """The chat template's text for one conversation (already passed through `_template_messages`),
+    rendered under the time, memory and output bounds of the module's note: a template at fault
+    whatever the conversation is a `TemplateError` with `broken` set, naming the model folder."""
     folder = getattr(tokenizer, "name_or_path", None) or None
     try:
-        with _time_bound(RENDER_SECONDS):
+        with _time_bound(RENDER_SECONDS), _memory_bound(MAX_RENDER_MEMORY):
             text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
                                                  add_generation_prompt=generation_prompt)
     except _RenderTimeout:
         raise _broken(f"the chat template did not render a conversation of {len(messages)} messages within "
                       f"{RENDER_SECONDS:g} s (a loop that does not end?)", folder) from None
-    except (ValueError, TypeError, OverflowError, RecursionError, MemoryError, jinja2.TemplateError) as err:
-        # OverflowError: a `range` past the sandbox's bound. Nesting without end, no memory or no
-        # parse is the template's own fault; a value it cannot handle (a number as content) may be the record's.
+    except MemoryError:
+        raise _broken(f"the chat template took more than {MAX_RENDER_MEMORY >> 20:,} MiB of memory to render a "
+                      f"conversation of {len(messages)} messages (a string built without end?)", folder) from None
+    except (ValueError, TypeError, OverflowError, RecursionError, jinja2.TemplateError) as err:
+        # OverflowError: a `range` past the sandbox's bound. Nesting without end or no parse is the
+        # template's own fault; a value it cannot handle (a number as content) may be the record's.
+        if isinstance(err, jinja2.TemplateSyntaxError):
+            raise _broken(f"the chat template is not valid Jinja (line {err.lineno}: {one_line(err.message or '')[:300]})",
+                          folder) from None
         message = f"the chat template cannot render this conversation: {one_line(err)[:300]}"
-        if isinstance(err, (RecursionError, MemoryError, jinja2.TemplateSyntaxError)):
+        if isinstance(err, RecursionError):
             raise _broken(message, folder) from None
         raise TemplateError(message, path=folder) from None
     if not isinstance(text, str) or len(text) > MAX_RENDER_CHARS:
@@ -158,6 +170,13 @@ def _render(tokenizer: Any, messages: list[dict], generation_prompt: bool,
             f"a {type(text).__name__}, not text;"
         raise _broken(f"the chat template rendered a conversation of {len(messages)} messages as {what} FiC "
                       "reads", folder)
+    return text
+
+
+def _render(tokenizer: Any, messages: list[dict], generation_prompt: bool,
+            tools: list[dict] | None) -> tuple[str, list[int]]:
+    """Template text and its ids for one conversation (already passed through `_template_messages`)."""
+    text = render_text(tokenizer, messages, generation_prompt, tools)
     return text, _token_ids(tokenizer(text, add_special_tokens=False))
 
 
@@ -168,6 +187,35 @@ def record_error(err: FicError, source: str, record: int) -> FicError:
     if isinstance(err, TemplateError) and err.broken:
         return _broken(f"{err.message} (rendering record {record} of {source})", err.path)
     return FicError(err.message, path=source, record=record, field=err.field or "messages")
+
+
+@contextlib.contextmanager
+def _memory_bound(extra: int) -> Iterator[None]:
+    """In the block, allocations past `extra` bytes more than the process's address space holds
+    raise MemoryError (RLIMIT_AS's soft limit, lowered for the block and given back after; never
+    above the hard limit, never looser than a limit already set). A bound for the whole process, so
+    it is held only for a render: milliseconds in which no other thread allocates much. Where
+    there is no such limit (not Linux), the block runs with the time and output bounds alone."""
+    try:
+        import resource
+
+        with open("/proc/self/statm", "rb") as handle:
+            held = int(handle.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    except (ImportError, OSError, ValueError):
+        yield
+        return
+    bound = held + extra
+    if hard != resource.RLIM_INFINITY:
+        bound = min(bound, hard)
+    if soft != resource.RLIM_INFINITY and soft <= bound:
+        yield  # a tighter limit is already set
+        return
+    resource.setrlimit(resource.RLIMIT_AS, (bound, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
 class _RenderTimeout(Exception):

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 import yaml
 
-from fic.core.bounds import bounds_text, check_physical, check_range
+from fic.core.bounds import bounds_text, check_bounds
 from fic.core.errors import FicError
 from fic.core.records import read_data_text
 
@@ -35,10 +35,16 @@ MAX_YAML_VALUES = 100_000   # values (scalars, mappings, lists) with every alias
 
 
 def setting(default: Any = _MISSING, help: str = "", *, choices: Sequence[Any] | None = None,
-            min: float | None = None, max: float | None = None, factory: Any = _MISSING) -> Any:
+            min: float | None = None, max: float | None = None, unbounded: str | None = None,
+            factory: Any = _MISSING) -> Any:
     """Declare a config field with its help text and optional allowed values or range. Fields
-    are also held to the physical bounds their name implies (`fic.core.bounds.PHYSICAL_BOUNDS`)."""
-    metadata = {"help": help, "choices": tuple(choices) if choices else None, "min": min, "max": max}
+    are also held to the physical bounds their name implies (`fic.core.bounds.PHYSICAL_BOUNDS`).
+    A number that sizes an allocation, a loop or a retry count declares its `max`; one that sizes
+    nothing says so in `unbounded` ("a learning rate"), shown by `--keys`, instead."""
+    if unbounded and max is not None:
+        raise ValueError("a setting is bounded (max) or declared unbounded, not both")
+    metadata = {"help": help, "choices": tuple(choices) if choices else None, "min": min, "max": max,
+                "unbounded": unbounded}
     if factory is not _MISSING:
         return dataclasses.field(default_factory=factory, metadata=metadata)
     if isinstance(default, (list, dict, set)):
@@ -252,8 +258,7 @@ def _build(cls: type, data: dict, source: str, prefix: str = "") -> Any:
             # not the section class's own: `data.limit=5` must not reset `data.source`.
             value = _merge(_declared(f.default_factory()), value)
         converted = _convert(value, hints[name], key, where)
-        check_range(converted, dict(fields[name].metadata), key, where)
-        check_physical(converted, name, key, where)
+        check_bounds(converted, name, dict(fields[name].metadata), key, where)
         kwargs[name] = converted
     for name, f in fields.items():
         if name not in kwargs and f.default is _MISSING and f.default_factory is _MISSING:

@@ -14,9 +14,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-import jinja2
 import torch
 
+from fic.core.chat import TemplateError, render_text
 from fic.core.errors import FicError, one_line
 from fic.core.templates import adopt_training_template, template_note, template_problems
 
@@ -200,12 +200,12 @@ def load_tokenizer(path: str | os.PathLike, trust_remote_code: bool = False, *, 
     if not getattr(tokenizer, "chat_template", None):
         raise FicError("the tokenizer has no chat template (tokenizer_config.json or chat_template.jinja); FiC "
                        "renders every conversation with it: use a chat/instruct model or add one", path=str(path))
-    try:  # a template that does not parse is the folder's problem: say so now, naming it
-        tokenizer.apply_chat_template([{"role": "user", "content": "Hello"}], tokenize=False, add_generation_prompt=True)
-    except jinja2.TemplateSyntaxError as err:
-        raise FicError(f"the chat template is not valid Jinja (line {err.lineno}: {err.message})", path=str(path)) from None
-    except (jinja2.TemplateError, ValueError, TypeError, OverflowError, RecursionError):
-        pass  # it may refuse this probe conversation (no system message): rendering a real one says why
+    try:  # a template that does not parse, loops or overflows is the folder's problem: say so now, naming it
+        render_text(tokenizer, [{"role": "user", "content": "Hello"}], True)
+    except TemplateError as err:
+        if err.broken:
+            raise FicError(err.message, path=str(path)) from None
+        # otherwise it may refuse this probe conversation (no system message): rendering a real one says why
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
             raise FicError("the tokenizer has neither a pad nor an eos token", path=str(path))

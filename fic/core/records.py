@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import reprlib
 import stat
 import sys
 from pathlib import Path
@@ -160,6 +161,36 @@ def read_log(path: str | os.PathLike) -> list[dict]:
     without it, so the unit is redone; a broken line elsewhere means the log is damaged.
     """
     return [record for _, record in read_numbered_log(path)]
+
+
+def of_type(*kinds: type) -> Any:
+    """A field's test for `checked_log`: a value of one of `kinds` (true or false is no number)."""
+    return lambda value: isinstance(value, kinds) and (bool in kinds or not isinstance(value, bool))
+
+
+def fields_problem(fields: Any) -> Any:
+    """A record's test for `checked_log` from `fields` ((key, test, expected), ...): what is wrong
+    with the first field that fails its test, in a few words, or None."""
+    def problem(record: Any) -> str | None:
+        if not isinstance(record, dict):
+            return f"expected a JSON object, got {type(record).__name__}"
+        return next((f"field {key!r}: expected {expected}, got {reprlib.repr(record.get(key))}"
+                     for key, ok, expected in fields if not ok(record.get(key))), None)
+    return problem
+
+
+def checked_log(path: str | os.PathLike, problem: Any, what: str, redo: str) -> list[dict]:
+    """`read_log` for a resume: each record checked by `problem` (a record -> what is wrong with
+    it, or None) before any is kept or redone, so a record of the wrong shape (a string number, a
+    text that is none) is one line naming the file and its line, not a traceback once the rest has run."""
+    records = []
+    for line, record in read_numbered_log(path):
+        found = problem(record)
+        if found is not None:
+            raise FicError(f"line {line}: {found}; this {what} cannot be resumed (delete the line to {redo}, or use "
+                           "another out=)", path=str(path))
+        records.append(record)
+    return records
 
 
 def read_numbered_log(path: str | os.PathLike) -> list[tuple[int, Any]]:

@@ -89,7 +89,7 @@ class UserRephrasingSection:
                         "llm: shards 2..N are rephrased by a model, falling back to the shard when the "
                         "rewrite changes a number or is malformed.", choices=("verbatim", "llm"))
     backend: BackendConfig = setting(BackendConfig(), "The model that rephrases (kind llm).")
-    temperature: float = setting(0.7, "Sampling temperature of the rephrasing model.", min=0.0)
+    temperature: float = setting(0.7, "Sampling temperature of the rephrasing model.", min=0.0, unbounded="a sampling temperature: logits are divided by it")
     max_new_tokens: int = setting(128, "Longest rephrased turn, in tokens.", min=1)
 
 
@@ -101,10 +101,10 @@ class EarlyRepliesSection:
                         "writes each reply, rejected (pool used instead) when it leaks a number or is too long.",
                         choices=("pool", "llm"))
     backend: BackendConfig = setting(BackendConfig(), "The model that writes replies (kind llm).")
-    temperature: float = setting(0.7, "Sampling temperature of the reply model.", min=0.0)
+    temperature: float = setting(0.7, "Sampling temperature of the reply model.", min=0.0, unbounded="a sampling temperature: logits are divided by it")
     max_new_tokens: int = setting(64, "Longest model-written reply, in tokens.", min=1)
     max_words: int = setting(40, "Model-written replies longer than this are rejected: deferrals stay brief.",
-                             min=1)
+                             min=1, unbounded="a rejection threshold: a reply's length is bounded by max_new_tokens")
 
 
 @dataclass

@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import reprlib
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,7 +63,7 @@ from fic.core.generation import BackendConfig, SamplingParams
 from fic.core.instance import Instance
 from fic.core.progress import Progress
 from fic.core.ranks import Ranks
-from fic.core.records import read_json, read_numbered_log
+from fic.core.records import checked_log, read_json
 from fic.data.sources import InstancesSection, ShardedInstances, describe_loaded, load_sharded
 from fic.data.views import VIEWS, check_views
 from fic.evaluation.metrics import record_problem, summarize
@@ -94,7 +95,7 @@ class EvalConfig:
                            "still differs under lic: docs/evaluation.md.", choices=PROMPT_STYLES)
     runs: int = setting(1, "N: conversations per instance and view (LiC uses 10 at temperature 1.0).", min=1,
                         max=MAX_REPEATS)
-    temperature: float = setting(0.0, "Assistant sampling temperature (0: greedy).", min=0.0)
+    temperature: float = setting(0.0, "Assistant sampling temperature (0: greedy).", min=0.0, unbounded="a sampling temperature: logits are divided by it")
     top_p: float = setting(1.0, "Assistant nucleus sampling threshold.", min=0.0, max=1.0)
     max_new_tokens: int = setting(384, "Most tokens of one assistant reply.", min=1)
     stop_at_correct: bool = setting(True, "Stop a conversation at its first correct answer (LiC); false plays "
@@ -257,19 +258,17 @@ def load_data(cfg: EvalConfig) -> ShardedInstances:
 
 
 def saved_conversations(log_path: Path) -> dict[tuple, dict]:
-    """The conversations a folder holds, by (task_id, view, run), each checked before any is
-    replayed or summed: a record of the wrong shape (a string score, a run that is no number) is
-    one line naming the file and its line, not a traceback after the rest has played."""
-    done = {}
-    for line, record in read_numbered_log(log_path):
-        problem = record_problem(record)
-        if problem is None and (isinstance(record.get("run"), bool) or not isinstance(record.get("run"), int)):
-            problem = f"field 'run': expected a run number, got {record.get('run')!r:.40}"
-        if problem is not None:
-            raise FicError(f"line {line}: {problem}; this saved conversation cannot be resumed (delete the line to "
-                           "play it again, or use another out=)", path=str(log_path))
-        done[(record["task_id"], record["view"], record["run"])] = record
-    return done
+    """The conversations a folder holds, by (task_id, view, run), each checked (`checked_log`)
+    before any is replayed or summed."""
+    def problem(record: Any) -> str | None:
+        if (found := record_problem(record)) is not None:
+            return found
+        if isinstance(record.get("run"), bool) or not isinstance(record.get("run"), int):
+            return f"field 'run': expected a run number, got {reprlib.repr(record.get('run'))}"
+        return None
+
+    return {(r["task_id"], r["view"], r["run"]): r
+            for r in checked_log(log_path, problem, "saved conversation", "play it again")}
 
 
 def replay_note(backends: list[Any]) -> str | None:

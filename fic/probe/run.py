@@ -67,7 +67,7 @@ from fic.core.files import (
 from fic.core.generation import BackendConfig, Generation, SamplingParams
 from fic.core.instance import Instance
 from fic.core.progress import Progress
-from fic.core.records import read_json, read_log, read_records
+from fic.core.records import checked_log, fields_problem, of_type, read_json, read_records
 from fic.core.seeding import derive_seed, pick
 from fic.data.sources import InstancesSection, ShardedInstances, describe_loaded, load_unsharded
 from fic.data.views import system_message, user_turns
@@ -125,7 +125,8 @@ class ProbeConfig:
                                "Empty: FiC's default text for the switch.")
     system_prompt: bool = setting(False, "Keep the task's system prompt in the probe's context (the paper shows "
                                   "only [question; reply]). Replies are always written with it.")
-    temperatures: list[float] = setting([0.0, 1.0], "Decoding temperatures of the user turns (0: greedy).")
+    temperatures: list[float] = setting([0.0, 1.0], "Decoding temperatures of the user turns (0: greedy).", min=0.0,
+                                         unbounded="sampling temperatures: logits are divided by them")
     samples: int = setting(4, "User turns drawn per instance, perturbation and temperature above 0 (greedy draws "
                            "one).", min=1, max=MAX_REPEATS)
     top_p: float = setting(1.0, "Nucleus sampling threshold of the user turns.", min=0.0, max=1.0)
@@ -375,9 +376,7 @@ def generate_user_turns(cfg: ProbeConfig, model: Any, replies: list[dict], progr
             for chunk, start in enumerate(range(0, len(rows), cfg.batch_size)):
                 seed = None if temperature == 0 else derive_seed(cfg.seed, "probe", temperature, sample, chunk)
                 calls.append((temperature, seed, rows[start:start + cfg.batch_size]))
-    logged: dict[int, list[dict]] = {}
-    for record in read_log(log_path) if log_path is not None else []:
-        logged.setdefault(record["call"], []).append(record)
+    logged = saved_turns(log_path) if log_path is not None else {}
     records = []
     total = sum(len(rows) for _, _, rows in calls)
     bar = Progress(total, "probe: user turns", "turn", enabled=progress)
@@ -406,6 +405,23 @@ def generate_user_turns(cfg: ProbeConfig, model: Any, replies: list[dict], progr
     finally:
         bar.close()
     return records
+
+
+# What a saved user turn must hold for a resume to keep it (and the later stages to read it).
+TURN_FIELDS = (("call", of_type(int), "a call number"), ("dataset", of_type(str), "a string"),
+               ("task_id", of_type(str), "a string"), ("condition", of_type(str), "a string"),
+               ("temperature", of_type(int, float), "a number"), ("sample", of_type(int), "a sample number"),
+               ("seed", of_type(int, type(None)), "an integer or null"), ("reply_shown", of_type(str), "a string"),
+               ("user_turn", of_type(str), "a string"))
+
+
+def saved_turns(log_path: Path) -> dict[int, list[dict]]:
+    """The user turns an interrupted probe made, by generation call, each checked (`checked_log`)
+    before any is kept or made again."""
+    logged: dict[int, list[dict]] = {}
+    for record in checked_log(log_path, fields_problem(TURN_FIELDS), "saved user turn", "make it again"):
+        logged.setdefault(record["call"], []).append(record)
+    return logged
 
 
 def _same_text(a: str, b: str) -> bool:
@@ -518,9 +534,10 @@ def _probe(cfg: ProbeConfig, out: Path, model: Any, judge_backend: Any, progress
     if kept is not None and [(r["dataset"], r["task_id"]) for r in kept] != [(d, i.task_id) for d, i in datasets]:
         raise FicError(f"{REPLIES_NAME} holds replies to other instances (the data changed); use another out= or "
                        "delete the folder", path=str(out), field="data.source")
+    made = saved_turns(out / TURNS_NAME)  # checked before any model call
     if kept is not None:
         print(f"fic probe: resuming in {out}: {len(kept)} single-turn replies and "
-              f"{len(read_log(out / TURNS_NAME))} user turns made before are kept", flush=True)
+              f"{sum(map(len, made.values()))} user turns made before are kept", flush=True)
     model = model if model is not None else make_backend(cfg.model)
     if cfg.judge.kind == "llm":
         same = config_to_dict(cfg.judge.backend) == config_to_dict(cfg.model)

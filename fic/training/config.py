@@ -47,7 +47,7 @@ class ModelSection:
 class LoraSection:
     enabled: bool = setting(False, "Train a LoRA adapter (PEFT) instead of all weights.")
     r: int = setting(16, "LoRA rank.", min=1, max=MAX_RANK)
-    alpha: int = setting(32, "LoRA alpha (the update is scaled by alpha / r).", min=1)
+    alpha: int = setting(32, "LoRA alpha (the update is scaled by alpha / r).", min=1, unbounded="LoRA's scale (alpha / r): it scales the update, not work")
     dropout: float = setting(0.05, "Dropout on the LoRA input.", min=0.0, max=1.0)
     target_modules: list[str] = setting(DEFAULT_LORA_TARGETS, "Module names that get adapters "
                                         "(default: attention and MLP projections of Llama/Qwen/Mistral-style models).")
@@ -55,14 +55,14 @@ class LoraSection:
 
 @dataclass
 class OptimSection:
-    lr: float = setting(2e-5, "Peak learning rate (AdamW).", min=0.0)
-    weight_decay: float = setting(0.0, "AdamW weight decay, on matrices only (not biases and norms).", min=0.0)
-    betas: list[float] = setting([0.9, 0.999], "AdamW betas.")
-    eps: float = setting(1e-8, "AdamW epsilon.", min=0.0)
+    lr: float = setting(2e-5, "Peak learning rate (AdamW).", min=0.0, unbounded="a learning rate")
+    weight_decay: float = setting(0.0, "AdamW weight decay, on matrices only (not biases and norms).", min=0.0, unbounded="a decay rate")
+    betas: list[float] = setting([0.9, 0.999], "AdamW betas.", min=0.0, max=1.0)
+    eps: float = setting(1e-8, "AdamW epsilon.", min=0.0, unbounded="AdamW's epsilon")
     warmup_steps: int = setting(0, "Optimizer steps of linear warm-up.", min=0, max=MAX_STEPS)
     schedule: str = setting("cosine", "Learning-rate decay after warm-up.", choices=("constant", "linear", "cosine"))
     min_lr_ratio: float = setting(0.0, "Final learning rate as a share of lr (linear and cosine).", min=0.0, max=1.0)
-    max_grad_norm: float = setting(1.0, "Clip the gradient norm to this (0: no clipping).", min=0.0)
+    max_grad_norm: float = setting(1.0, "Clip the gradient norm to this (0: no clipping).", min=0.0, unbounded="a clipping threshold")
 
 
 @dataclass

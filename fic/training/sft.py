@@ -53,7 +53,7 @@ class DevCurveSection(DevSection):
                           "(0-100) or <view>_premature_answer_rate (lower is better).")
     patience: int = setting(2, "Stop after this many dev scores in a row without a gain of min_delta over the best "
                             "so far.", min=1, max=MAX_REPEATS)
-    min_delta: float = setting(2.0, "The smallest gain that counts, in the metric's units (points of P).", min=0.0)
+    min_delta: float = setting(2.0, "The smallest gain that counts, in the metric's units (points of P).", min=0.0, unbounded="a threshold in the metric's units")
 
 
 @dataclass

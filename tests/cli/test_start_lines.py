@@ -101,7 +101,8 @@ def test_keys_with_a_config_show_the_values_this_run_uses(capsys):
     assert (f"data.limit (an integer or null, default None, 1 to 10,000,000; this run: 8, set in "
             f"{RECIPES}/eval.yaml)") in text
     assert "runs (an integer, default 1, 1 to 1,000; this run: 3, set on the command line)" in text
-    assert "temperature (a number, default 0.0, at least 0; this run: 0.0, set in" in text
+    assert ("temperature (a number, default 0.0, at least 0, no upper bound (a sampling temperature: logits are "
+            "divided by it); this run: 0.0, set in") in text
     assert main(["eval", "--keys"]) == 0  # without a config: the defaults alone
     assert "this run" not in capsys.readouterr().out
     # a section's defaults are those its config declares: sft-data reads 1000 instances, not all

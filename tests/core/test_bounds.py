@@ -5,13 +5,16 @@ the config loads (so `--dry-run` refuses it before any model loads) and shown by
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import types
 import typing
+from pathlib import Path
 
 import pytest
 
+import fic
 from fic.cli.main import main
-from fic.core.bounds import bounds_text
-from fic.core.config import load_config
+from fic.core.config import load_config, setting
 from fic.core.errors import FicError
 from fic.corpus.build import SFTDataConfig
 from fic.demo.run import DemoConfig
@@ -21,44 +24,83 @@ from fic.training.sft import SFTConfig
 from fic.training.vasd.config import VASDConfig
 
 VERBS = (EvalConfig, SFTConfig, VASDConfig, SFTDataConfig, ProbeConfig, DemoConfig)
-# Numbers that size nothing: rates, scales, thresholds (why each is unbounded above).
-SIZE_NOTHING = {
-    "temperature": "a sampling temperature (logits divided by it)",
-    "lr": "a learning rate", "weight_decay": "a decay rate", "eps": "AdamW's epsilon",
-    "max_grad_norm": "a clipping threshold", "min_delta": "a threshold in the metric's units",
-    "alpha": "LoRA's scale (alpha / r)", "max_words": "a length above which a reply is rejected",
-    "betas": "AdamW's betas", "temperatures": "sampling temperatures", "seeds": "seeds, each a whole run",
-    "weight": "a loss term's weight", "anchor_weight": "a loss term's weight",
-    "reference_weight": "a loss term's weight", "nonfinal_weight": "a token weight",
-    "decision_weight": "a token weight", "first_token_weight": "a token weight",
-    "max_log_ratio": "a clip in log-probability units", "logprob_check_tolerance": "a warning threshold",
-}
+HUGE = "1" + "0" * 30  # 10**30
 
 
-def numeric_settings() -> dict[str, dataclasses.Field]:
-    """Every int or float setting of every verb's config, once per class."""
-    found: dict[str, dataclasses.Field] = {}
+def config_classes() -> list[type]:
+    """Every config dataclass in the package: each class all of whose fields are `setting()`s, in
+    every module that declares one (found by reading the source, so a new module is swept too)."""
+    root = Path(fic.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if "setting(" not in path.read_text(encoding="utf-8") or path.name == "__main__.py":
+            continue
+        module = importlib.import_module(".".join(path.relative_to(root.parent).with_suffix("").parts))
+        for value in vars(module).values():
+            if isinstance(value, type) and dataclasses.is_dataclass(value) and value.__module__ == module.__name__ \
+                    and dataclasses.fields(value) and all("help" in f.metadata for f in dataclasses.fields(value)):
+                found.append(value)
+    return found
 
-    def walk(cls: type, prefix: str) -> None:
+
+def is_number(kind: object) -> bool:
+    """int or float, optional or a list of them (not bool, not a mapping)."""
+    if kind in (int, float):
+        return True
+    return typing.get_origin(kind) in (list, typing.Union, types.UnionType) and \
+        any(is_number(arg) for arg in typing.get_args(kind))
+
+
+def number_settings() -> list[tuple[type, str, dataclasses.Field, object]]:
+    """(the class a sweep loads, dotted key, field, type) for every number setting of every config
+    dataclass: reached from a verb's config where one holds it, else loaded from its own class."""
+    found, reached = [], set()
+
+    def walk(cls: type, root: type, prefix: str) -> None:
+        reached.add(cls)
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             kind = hints[f.name]
             if dataclasses.is_dataclass(kind):
-                walk(kind, f"{prefix}{f.name}.")
-            elif kind is not bool and any(t in str(kind) for t in ("int", "float")) and "str" not in str(kind):
-                found.setdefault(f"{cls.__module__}.{cls.__qualname__}.{f.name}", f)
+                walk(kind, root, f"{prefix}{f.name}.")
+            elif is_number(kind):
+                found.append((root, prefix + f.name, f, kind))
 
     for verb in VERBS:
-        walk(verb, "")
+        walk(verb, verb, "")
+    for cls in config_classes():
+        if cls not in reached:
+            walk(cls, cls, "")
     return found
 
 
-def test_every_setting_that_sizes_memory_time_or_retries_has_an_upper_bound():
-    unbounded = sorted(name for name, f in numeric_settings().items()
-                       if not (" to " in bounds_text(f.name, dict(f.metadata)) or
-                               bounds_text(f.name, dict(f.metadata)).startswith("at most")))
-    assert unbounded and all(name.rsplit(".", 1)[1] in SIZE_NOTHING for name in unbounded), \
-        [name for name in unbounded if name.rsplit(".", 1)[1] not in SIZE_NOTHING]
+def test_every_number_setting_refuses_ten_to_the_thirty_in_one_line_or_declares_why_it_has_no_upper_bound():
+    """No silent acceptance: 10**30 given to any number setting of any config dataclass is a
+    one-line error naming that key (its declared bound, or the bound its name implies), or the
+    setting declares `unbounded` (it sizes nothing) and the value is accepted deliberately."""
+    swept, accepted = set(), []
+    for root, key, f, kind in number_settings():
+        swept.add(key)
+        value = f"[{HUGE}]" if typing.get_origin(kind) is list else HUGE
+        try:
+            load_config(root, None, [f"{key}={value}"])
+            refused = None
+        except FicError as err:
+            refused = err if err.field in (key, f"{key}[0]") else None
+        if refused is not None:
+            assert "\n" not in str(refused) and "expected" in refused.message, (key, str(refused))
+            assert not f.metadata.get("unbounded"), f"{key}: declared unbounded, yet refused"
+        else:
+            assert f.metadata.get("unbounded"), f"{root.__name__} accepts {key}={HUGE} with no declared reason"
+            accepted.append(key)
+    assert {"lora.r", "train.grad_accum_steps", "runs", "model.max_retries", "conversations_per_instance",
+            "rollout.batch_size", "rollout.kv_reuse_mb", "train.pad_to_multiple"} <= swept
+    assert "optim.lr" in accepted and "lora.r" not in accepted
+
+
+def test_a_setting_is_bounded_or_declared_unbounded_not_both():
+    with pytest.raises(ValueError, match="not both"):
+        setting(1, "A number.", max=10, unbounded="sizes nothing")
 
 
 @pytest.mark.parametrize("verb,override,field,bound", [
@@ -102,7 +144,8 @@ def test_the_keys_listing_shows_each_settings_bounds(capsys):
     assert "lora.r (an integer, default 16, 1 to 4,096):" in text
     assert "checkpoint.every (an integer, default 100, 0 to 10,000,000):" in text
     assert "logging.print_every_s (a number, default 60.0, 1 to a week):" in text  # the bound its name implies
-    assert "optim.lr (a number, default 2e-05, at least 0):" in text
+    assert "optim.lr (a number, default 2e-05, at least 0, no upper bound (a learning rate)):" in text
+    assert "optim.betas (a list of a number, default [0.9, 0.999], 0 to 1):" in text
     assert main(["eval", "--keys"]) == 0
     text = capsys.readouterr().out
     assert "model.max_retries (an integer, default 5, 0 to 100):" in text and "runs (an integer, default 1, 1 to 1,000)" \
@@ -116,3 +159,20 @@ def test_a_bound_holds_in_a_section_file_and_in_python_too(tmp_path):
     data.write_text("source: [gsm8k]\nlimit: 100000000\n")
     with pytest.raises(FicError, match=r"bench.yaml.*field 'data.limit': expected a value <= 10000000"):
         load_config(EvalConfig, None, [f"data={data}"])
+
+
+@pytest.mark.parametrize("argv,flag,expected", [
+    (["shard", "--source", "gsm8k", "--retries", HUGE], "--retries", "<= 100"),
+    (["shard", "--source", "gsm8k", "--validate-runs", HUGE], "--validate-runs", "<= 1000"),
+    (["shard", "--source", "gsm8k", "--validate-max-new-tokens", HUGE], "--validate-max-new-tokens", "<= 16777216"),
+    (["shard", "--source", "gsm8k", "--limit", HUGE], "--limit", "<= 10000000"),
+    (["shard", "--source", "gsm8k", "--seed", HUGE], "--seed", "<= 4294967295"),
+    (["self-label", "--model", "m", "--source", "s", "--batch-size", HUGE], "--batch-size", "<= 4096"),
+    (["self-label", "--model", "m", "--source", "s", "--max-new-tokens", HUGE], "--max-new-tokens", "<= 16777216"),
+])
+def test_a_verbs_flag_that_sizes_a_loop_or_a_batch_is_bounded_as_a_setting_is(argv, flag, expected, tmp_path, capsys):
+    out = tmp_path / "out.jsonl"
+    assert main([*argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"fic {argv[0]}: error: field '{flag}': expected a value {expected}, got {HUGE}"
+    assert not out.exists()

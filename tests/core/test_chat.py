@@ -7,6 +7,9 @@ written here, installed on copies of the SmolLM2 tokenizer.
 from __future__ import annotations
 
 import copy
+import json
+import shutil
+from pathlib import Path
 from typing import ClassVar
 
 import pytest
@@ -289,19 +292,59 @@ def test_a_template_whose_output_is_over_the_bound_is_refused_before_the_tokeniz
     assert err.value.path == tokenizer.name_or_path
 
 
-def test_a_recursive_template_names_the_model_folder_and_the_record_it_was_rendering(tiny_model_dir, tmp_path,
-                                                                                         capsys):
-    import json
-    import shutil
-
-    from fic.cli.main import main
-
-    folder = tmp_path / "model"
-    shutil.copytree(tiny_model_dir, folder)
+def model_with_template(source: Path, folder: Path, template: str) -> Path:
+    """A copy of the model folder `source` whose chat template is `template`."""
+    shutil.copytree(source, folder)
     (folder / "chat_template.jinja").unlink(missing_ok=True)
     config = json.loads((folder / "tokenizer_config.json").read_text())
-    config["chat_template"] = "{% macro f(x) %}{{ f(x) }}{% endmacro %}{{ f(1) }}"
+    config["chat_template"] = template
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+RECURSES = "{% macro f(x) %}{{ f(x) }}{% endmacro %}"
+CHATML = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+
+
+@pytest.mark.parametrize("template,message", [
+    ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+     "did not render a conversation of 1 messages within 0.5 s (a loop that does not end?)"),
+    ("{{ 'x' * 3000000000 }}", "took more than 1,024 MiB of memory to render a conversation of 1 messages"),
+    ("{{ messages[0]['role'][0] * 70000000 }}", "rendered a conversation of 1 messages as 70,000,000 characters, more than the "
+                             "67,108,864 FiC reads"),
+    (RECURSES + "{{ f(1) }}", "cannot render this conversation: maximum recursion depth"),
+    ("{% for m in messages %}", "is not valid Jinja (line 1: "),
+], ids=["nested-loops", "3-GB-string", "output-past-the-bound", "recursive-macro", "no-parse"])
+def test_a_broken_template_is_one_line_naming_the_model_folder_before_any_record(template, message, tiny_model_dir,
+                                                                                  tmp_path, capsys, monkeypatch):
+    import resource
+    import time
+
+    from fic.cli.main import main
+    from fic.core import chat
+
+    if "range" in template:  # the loop's case, without waiting the full bound
+        monkeypatch.setattr(chat, "RENDER_SECONDS", 0.5)
+    folder = model_with_template(tiny_model_dir, tmp_path / "model", template)
+    data = tmp_path / "sft.jsonl"
+    data.write_text(json.dumps({"messages": CONVERSATION}) + "\n")
+    began = time.monotonic()
+    assert main(["masks", "--model", str(folder), "--data", str(data)]) == 2
+    assert time.monotonic() - began < 30  # each ran until killed, or crashed the tokenizer, before
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"fic masks: error: {folder}: the chat template {message}") and len(err.splitlines()) == 1
+    assert str(data) not in err  # the template is at fault, whatever the record
+    # the bounds are given back: the process may allocate and be interrupted as before
+    assert resource.getrlimit(resource.RLIMIT_AS)[0] == resource.RLIM_INFINITY and len("y" * (1 << 30)) == 1 << 30
+    assert chat.signal.getitimer(chat.signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def test_a_template_that_recurses_on_some_records_names_the_model_folder_and_the_record(tiny_model_dir, tmp_path,
+                                                                                         capsys):
+    from fic.cli.main import main
+
+    folder = model_with_template(tiny_model_dir, tmp_path / "model",
+                                 RECURSES + "{% if messages | length > 2 %}{{ f(1) }}{% endif %}" + CHATML)
     data = tmp_path / "sft.jsonl"
     data.write_text(json.dumps({"messages": CONVERSATION}) + "\n")
     assert main(["masks", "--model", str(folder), "--data", str(data)]) == 2

@@ -530,3 +530,25 @@ def test_single_turn_replies_see_the_instances_own_system_prompt():
     tool = instance.fields["function"][0]["name"]
     assert tool in seen[0] and tool in record["system"]
     assert record["score"] == 1.0
+
+
+def test_a_saved_user_turn_of_the_wrong_type_is_refused_at_resume_before_any_model_call(tmp_path, tiny_model_dir,
+                                                                                       monkeypatch):
+    """A hand-edited user_turns.jsonl (a string call number) was a traceback, or a silent remake."""
+    from fic.probe import run
+
+    cfg = tiny_probe_config(tmp_path, tiny_model_dir)
+    out = Path(cfg.out)
+    out.mkdir()
+    run.check_resume(out, cfg)
+    good = {"call": 0, "dataset": "d", "task_id": "ara", "condition": ORIGINAL, "temperature": 0.0, "sample": 0,
+            "seed": None, "reply_shown": "r", "user_turn": "u"}
+    (out / run.TURNS_NAME).write_text(json.dumps(good) + "\n" + json.dumps({**good, "call": "3"}) + "\n")
+    monkeypatch.setattr(run, "make_backend", lambda *a, **k: pytest.fail("a model was loaded"))
+    with pytest.raises(FicError) as err:
+        probe(cfg, progress=False)
+    assert str(err.value) == (f"{out / run.TURNS_NAME}: line 2: field 'call': expected a call number, got '3'; this "
+                              "saved user turn cannot be resumed (delete the line to make it again, or use another out=)")
+    (out / run.TURNS_NAME).write_text(json.dumps({**good, "user_turn": 7}) + "\n")
+    with pytest.raises(FicError, match="line 1: field 'user_turn': expected a string, got 7"):
+        probe(cfg, progress=False)

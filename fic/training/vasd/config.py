@@ -36,7 +36,7 @@ class RolloutSection:
     backend: str = setting("hf", "hf: this process's live model generates (CPU or GPU); vllm: a colocated vLLM "
                            "engine whose weights are synced after every optimizer step (GPU).", choices=("hf", "vllm"))
     temperature: float = setting(1.0, "Sampling temperature of every assistant reply. Greedy rollouts give too few "
-                                 "wrong final replies to learn from.", min=0.0)
+                                 "wrong final replies to learn from.", min=0.0, unbounded="a sampling temperature: logits are divided by it")
     top_p: float = setting(1.0, "Nucleus sampling threshold.", min=0.0, max=1.0)
     max_new_tokens: int = setting(256, "Most tokens of one reply; a final reply cut here is counted as truncated.",
                                   min=1)
@@ -50,7 +50,7 @@ class RolloutSection:
     gpu_memory_utilization: float = setting(0.3, "vllm: share of GPU memory for the engine; the trainer keeps the "
                                             "rest.", min=0.01, max=1.0)
     logprob_check_tolerance: float = setting(0.05, "vllm: warn when the engine's mean log-prob of a rollout differs "
-                                             "from the trainer's by more than this after a weight sync.", min=0.0)
+                                             "from the trainer's by more than this after a weight sync.", min=0.0, unbounded="a warning threshold")
 
 
 @dataclass
@@ -71,7 +71,7 @@ class TeacherSection:
 @dataclass
 class LossSection:
     weight: float = setting(1.0, "Weight of the divergence term (0: no teacher pass at all, e.g. a plug-in term "
-                            "alone: terms.corrections.weight).", min=0.0)
+                            "alone: terms.corrections.weight).", min=0.0, unbounded="a loss term's weight: it scales a number, not work")
     divergence: str = setting("forward_kl", "forward_kl: KL(teacher || student); reverse_kl: KL(student || teacher); "
                               "jsd: generalised Jensen-Shannon with loss.beta.", choices=DIVERGENCES)
     beta: float = setting(0.5, "jsd: weight of the teacher in the mixture (0.5: symmetric JSD).", min=0.0, max=1.0)
@@ -79,13 +79,13 @@ class LossSection:
                              "plus a tail bucket; sampled: the sampled token only (reverse_kl).", choices=ESTIMATORS)
     top_k: int = setting(64, "topk: tokens kept per position.", min=1, max=MAX_VOCAB)
     temperature: float = setting(1.0, "Applied to both sides' logits before the divergence (not rescaled by T^2).",
-                                 min=0.01)
+                                 min=0.01, unbounded="a sampling temperature: logits are divided by it")
     keep_truncated: bool = setting(False, "Distill final replies cut by rollout.max_new_tokens too (they are counted "
                                    "either way).")
     max_log_ratio: float = setting(0.0, "Trust region on the teacher (0: off): at each distilled token the target is "
                                    "the teacher's distribution with log p_teacher - log p_student clipped to "
                                    "[-c, c] and renormalised, so no token's pull exceeds a factor e^c over what the "
-                                   "student already gives it (a guard for the hinted teacher's drift).", min=0.0)
+                                   "student already gives it (a guard for the hinted teacher's drift).", min=0.0, unbounded="a clip in log-probability units")
 
     @classmethod
     def moved(cls, data: dict, unknown: list[str]) -> tuple[str, str] | None:  # plug-ins' keys once in this section
@@ -99,7 +99,7 @@ class AnchorSection:
                            "SFT-corpus conversations mixed into each batch, on the turns `targets` names. The "
                            "teacher has the whole request, so it always wants an answer at once; the anchor keeps "
                            "the deferrals SFT taught.", min=0.0, max=MAX_REPEATS)
-    weight: float = setting(1.0, "Weight of the anchor term next to the distillation term.", min=0.0)
+    weight: float = setting(1.0, "Weight of the anchor term next to the distillation term.", min=0.0, unbounded="a loss term's weight: it scales a number, not work")
     targets: str = setting("assistant", "Which SFT-corpus turns the anchor trains: assistant (every trained turn: "
                            "deferrals, asks and the final answers, so both decisions are kept) or non_final "
                            "(deferrals and asks only; on its own it can teach the model to defer even when the "
@@ -108,7 +108,7 @@ class AnchorSection:
     max_seq_len: int = setting(2048, "Anchor conversations longer than this many tokens are skipped.", min=8)
     first_tokens: int = setting(4, "The first this many tokens of each trained reply (the anchor's, and a plug-in's "
                                 "gold replies) weigh first_token_weight.", min=0)
-    first_token_weight: float = setting(4.0, "Weight of those first tokens (the defer-or-answer decision).", min=0.0)
+    first_token_weight: float = setting(4.0, "Weight of those first tokens (the defer-or-answer decision).", min=0.0, unbounded="a token weight")
 
 
 # One section per plug-in term, each its own file's settings.

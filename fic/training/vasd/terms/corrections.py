@@ -24,7 +24,7 @@ class CorrectionsSection:
                             "premature turn with the gold asks and deferrals and the gold answer at the end (the "
                             "student's own earlier ids kept, out of the loss); one whose final answer scored 0 gets "
                             "the gold answer in its own context. Cross-entropy on the gold replies, their first "
-                            "tokens weighted as the anchor's (anchor.first_tokens).", min=0.0)
+                            "tokens weighted as the anchor's (anchor.first_tokens).", min=0.0, unbounded="a loss term's weight: it scales a number, not work")
     ask_share: float = setting(0.5, "Share of gold early replies that ask for the next detail rather than defer.",
                                min=0.0, max=1.0)
 

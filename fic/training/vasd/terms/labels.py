@@ -24,7 +24,7 @@ class LabelsSection:
                             "(its own replies, premature answers included, in the context), cross-entropy on the "
                             "reply the corpus builder writes for that state (an ask for the next detail or a "
                             "deferral): imitation on the states the policy visits, as in DAgger. Its gold replies "
-                            "weigh their first tokens as the anchor's (anchor.first_tokens).", min=0.0)
+                            "weigh their first tokens as the anchor's (anchor.first_tokens).", min=0.0, unbounded="a loss term's weight: it scales a number, not work")
     select: str = setting("earliest", "Which earlier turns get a label. earliest: up to max_turns, its premature "
                           "answers first, then its earliest other turns; premature: every premature answer (up to "
                           "max_turns), or the last turn before the final one when nothing was premature; "

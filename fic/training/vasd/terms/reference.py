@@ -23,9 +23,9 @@ EMA_WITH_REFERENCE = ("in full fine-tuning teacher.mode=ema with a reference ter
 @dataclass
 class ReferenceSection:
     weight: float = setting(0.0, "Weight of the divergence to the starting model on the rollouts' earlier replies "
-                            "(0: off), next to the distillation term; loss.divergence and its settings.", min=0.0)
+                            "(0: off), next to the distillation term; loss.divergence and its settings.", min=0.0, unbounded="a loss term's weight: it scales a number, not work")
     first_tokens: int = setting(4, "The first this many tokens of each earlier reply weigh first_token_weight.", min=0)
-    first_token_weight: float = setting(4.0, "Weight of those first tokens (the defer-or-answer decision).", min=0.0)
+    first_token_weight: float = setting(4.0, "Weight of those first tokens (the defer-or-answer decision).", min=0.0, unbounded="a token weight")
 
 
 def reference_targets(cfg: Any, rollout: Rollout) -> tuple[list[int], list[float]]:

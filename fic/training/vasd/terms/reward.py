@@ -31,7 +31,7 @@ class RewardSection:
                             "advantage is that reward minus the mean of the group's other rollouts. Every reply "
                             "token of the rollout, the ask-or-answer ones included, is trained with cross-entropy "
                             "at rollout.temperature (the distribution it was sampled from) weighted by the "
-                            "advantage. Untuned; the discount of a premature call follows RLAAR (arXiv 2510.18731).", min=0.0)
+                            "advantage. Untuned; the discount of a premature call follows RLAAR (arXiv 2510.18731).", min=0.0, unbounded="a loss term's weight: it scales a number, not work")
     group_size: int = setting(4, "Rollouts of each task per step; it divides train.micro_batch_size x "
                               "train.grad_accum_steps, so a step plays that many over group_size tasks.", min=2,
                               max=MAX_BATCH)

@@ -28,13 +28,13 @@ class TurnsSection:
                            "user had revealed by turn k (per-turn view asymmetry: the teacher sees an incomplete "
                            "request as one, where asking is easier to get right).", choices=("final", "all"))
     nonfinal_weight: float = setting(1.0, "replies=all: weight of an earlier reply's tokens next to the final "
-                                     "reply's.", min=0.0)
+                                     "reply's.", min=0.0, unbounded="a token weight")
     nonfinal_tokens: int = setting(0, "replies=all: distill only the first this many tokens of each earlier reply, "
                                    "where it asks or answers (0: the whole reply); the final reply is distilled "
                                    "whole.", min=0)
     decision_tokens: int = setting(0, "The first this many tokens of each distilled reply weigh decision_weight: "
                                    "the ask-or-answer decision is made there.", min=0)
-    decision_weight: float = setting(1.0, "Weight of those first tokens.", min=0.0)
+    decision_weight: float = setting(1.0, "Weight of those first tokens.", min=0.0, unbounded="a token weight")
 
 
 def revealed_by_turn(conv: Any) -> list[list[int]]:
