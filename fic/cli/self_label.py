@@ -7,6 +7,7 @@ import argparse
 
 from fic.backends import make_backend
 from fic.core.bounds import MAX_BATCH, MAX_SEED, MAX_TOKENS, check_flags
+from fic.core.errors import FicError
 from fic.core.files import check_writable
 from fic.core.generation import BackendConfig
 from fic.corpus.self_label import KEEP, VIEWS, card_path, label, replies, write_self_labelled
@@ -38,6 +39,13 @@ def run(args: argparse.Namespace) -> int:
     full, concat = (replies(backend, instances, view, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
                     if view == "full" or args.keep == "agreeing" else None for view in VIEWS)
     records, dropped = label(instances, full, concat, args.keep)
+    if not records:  # an empty corpus only fails later, in `fic sft-data`, far from its cause
+        reasons = ", ".join(f"{n} {why}" for why, n in sorted(dropped.items()))
+        hint = ("; a model that asks a question in the concat view keeps nothing under agreeing: "
+                "--keep checked applies the filter to the full view's call alone"
+                if dropped["no call in the concat view's reply"] else "")
+        raise FicError(f"no instance of {len(instances)} kept (dropped: {reasons}){hint}; nothing written",
+                       path=args.out, field="--keep")
     card = write_self_labelled(args.out, records, dropped, model=args.model, source=args.source, keep=args.keep)
     reasons = ", ".join(f"{n} {why}" for why, n in card["dropped"].items()) or "none"
     print(f"wrote {card['kept']} of {card['instances']} instances to {args.out}, each answer the model's own call "

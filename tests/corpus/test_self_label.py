@@ -160,3 +160,27 @@ def test_blinding_the_sentinel_gold_reaches_no_prompt_label_card_or_self_trainin
         final = [m for m in conversation["messages"] if m["role"] == "assistant" and m["train"]][-1]
         if conversation["kind"] != "partial":  # a partial request ends in an ask, not a call
             assert ACTIONS.extract_answer(final["content"]) == labels[conversation["task_id"]]
+
+
+def test_a_run_that_keeps_nothing_is_an_error_that_names_why_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    """A model trained to defer asks a question in every concat view: under agreeing nothing is
+    kept, and the verb says so (and what to use instead) rather than leave an empty corpus for
+    `fic sft-data` to refuse later."""
+    b_train = tmp_path / "b-train.jsonl"
+    b_train.write_text("".join(json.dumps(r) + "\n" for r in generate("test-unseen", 3, seed=5)))
+    full_prompts = {render_view(Instance.from_dict(r), "full")["messages"][-1]["content"]: r
+                    for r in map(json.loads, b_train.read_text().splitlines())}
+
+    def model(messages):
+        record = full_prompts.get(messages[-1]["content"])
+        return ACTIONS.reference_answer(Instance.from_dict(record)) if record else "Thanks. What's the zone?"
+
+    monkeypatch.setattr("fic.cli.self_label.make_backend", lambda cfg: FunctionBackend(model))
+    out = tmp_path / "b-train.self.jsonl"
+    assert main(["self-label", "--model", "scripted", "--source", f"jsonl:{b_train}", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "no instance of 3 kept (dropped: 3 no call in the concat view's reply)" in err and "--keep checked" in err
+    assert "Traceback" not in err and not out.exists() and not (tmp_path / "b-train.self.card.json").exists()
+    assert main(["self-label", "--model", "scripted", "--source", f"jsonl:{b_train}", "--keep", "checked",
+                 "--out", str(out)]) == 0
+    assert len(out.read_text().splitlines()) == 3
