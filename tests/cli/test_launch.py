@@ -568,13 +568,24 @@ def test_gpu_session_dry_run_prints_every_phase(tmp_path):
     assert done.returncode == 0, done.stderr
     assert not (tmp_path / "out").exists() and not (tmp_path / "scratch").exists(), "a dry run wrote files"
     phases = session_commands(done.stdout)
-    assert list(phases) == ["env", "install", "smoke", "zero2", "zero3", "shape:llama-3.2-3b-instruct", "report"]
+    assert list(phases) == ["env", "install", "smoke", "zero2", "zero3", "decode", "shape:llama-3.2-3b-instruct",
+                            "report"]
     python = sys.executable
     assert phases["install"][0][:9] == [python, "-m", "pip", "install", "--no-index", "--no-deps", "--find-links",
                                         "carry/wheels", "--target"]
     assert "deepspeed" in phases["install"][0] and "msgpack" in phases["install"][0]
     assert phases["zero2"][0][:6] == [python, "-m", "fic", "bench", "zero", "--stage"]
     assert phases["report"] == [[python, "tools/gpu/report.py", str(tmp_path / "out")]]
+    # decode: the 3B shape's config unwrapped from its shape file, then the bench reads it as a config.json
+    unwrap, decode = phases["decode"]
+    assert decode[:5] == [python, "-m", "fic", "bench", "decode"] and decode[decode.index("--device") + 1] == "cuda"
+    config_json = tmp_path / "decode-config.json"
+    subprocess.run([*unwrap[:-1], str(config_json)], cwd=REPO, check=True, timeout=60)
+    fields = json.loads(config_json.read_text())
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    assert (config.hidden_size, config.num_hidden_layers) == (3072, 28)  # Llama-3.2-3B
     trainers = 0
     for phase, commands in phases.items():
         for argv in commands:

@@ -15,6 +15,9 @@
 #   zero2      fic bench zero --stage 2: SFT and VASD under ZeRO-2 on one process, checkpoint, resume,
 #              losses after the resume against the uninterrupted run's (OUT/zero2.json)
 #   zero3      the same under ZeRO-3, VASD with LoRA and the adapter-free teacher (OUT/zero3.json)
+#   decode     fic bench decode at the Llama-3.2-3B shape (random bf16 weights, 13 rows, 128 steps, the
+#              check_every sweep): ms and host waits a step against transformers' generate and the
+#              share of the bandwidth roofline, issue 54's GPU target (OUT/decode.json)
 #   shapes     python tools/gpu/shapes.py --backbone B for each of SHAPES: the backbone recipes' own shapes with
 #              random weights, a few SFT and VASD steps each; tokens/s, MFU, peak memory, recomputed
 #              hours (OUT/shape-B.json, logs in OUT/shapes/B)
@@ -25,7 +28,7 @@
 # Environment: OUT (runs/gpu-session; on the lent machine its $OUT), CARRY (runs/gpu-carry), SCRATCH
 # (model folders and runs, deleted as it goes: /dev/shm when it has 40 GB free, else /tmp), BUDGET_S
 # (seconds for everything, 560: the lent machine's command limit is 600), PYTHON (python), SHAPES (the five backbones, smallest first), PHASES
-# (env,install,smoke,zero2,zero3,shapes,report), ZERO_ARGS and SHAPE_ARGS (more arguments of fic bench zero and
+# (env,install,smoke,zero2,zero3,decode,shapes,report), ZERO_ARGS and SHAPE_ARGS (more arguments of fic bench zero and
 # tools/gpu/shapes.py, split on spaces: a rehearsal on a CPU passes tiny shapes here).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -39,7 +42,7 @@ CARRY=${CARRY:-runs/gpu-carry}
 BUDGET_S=${BUDGET_S:-560}
 DRY=${DRY_RUN:-0}
 SHAPES=${SHAPES:-llama-3.2-3b-instruct llama-3.1-8b-instruct qwen2.5-7b-instruct olmo-2-1124-7b-instruct phi-4}
-PHASES=${PHASES:-env,install,smoke,zero2,zero3,shapes,report}
+PHASES=${PHASES:-env,install,smoke,zero2,zero3,decode,shapes,report}
 read -r -a ZERO_EXTRA <<<"${ZERO_ARGS:-}"
 read -r -a SHAPE_EXTRA <<<"${SHAPE_ARGS:-}"
 TOKENIZER=$CARRY/tokenizer
@@ -51,6 +54,7 @@ TOKENIZER=$CARRY/tokenizer
 declare -A SHAPE_S=([llama-3.2-3b-instruct]=300 [llama-3.1-8b-instruct]=450 [qwen2.5-7b-instruct]=450
                     [olmo-2-1124-7b-instruct]=450 [phi-4]=520)
 REPORT_S=15
+DECODE_S=90  # a guess: a 3B folder of random weights built in memory, 6 timed ways, the sweep
 
 if [[ -z ${SCRATCH:-} ]]; then
   SCRATCH=/tmp/fic-gpu-session
@@ -235,6 +239,40 @@ PY
   fi
 done
 rm -rf "${SCRATCH:?}/zero2" "${SCRATCH:?}/zero3"
+
+# --------------------------------------------------------------------------- decode
+# Alone on the GPU (after the side-by-side phases): its figures are time a step.
+if phase_on decode; then
+  # the shape file holds the model's config.json under "config"
+  unwrap=("$PYTHON" -c 'import json, sys; json.dump(json.load(open(sys.argv[1]))["config"], open(sys.argv[2], "w"))'
+          tools/gpu/shapes/llama-3.2-3b-instruct.json "$SCRATCH/decode-config.json")
+  decode=("$PYTHON" -m fic bench decode --model-config "$SCRATCH/decode-config.json" --dtype bfloat16
+          --device cuda --rows 13 --steps 128 --stops 2048 --sweep 8,16,32 --json)
+  if [[ $DRY == 1 ]]; then
+    show decode -- "${unwrap[@]}"
+    show decode -- "${decode[@]}"
+  elif (( $(left) - REPORT_S < DECODE_S )); then
+    line decode SKIP 0 "time budget: $(left) s left of BUDGET_S=$BUDGET_S, ~$DECODE_S s needed"
+  else
+    began=$SECONDS
+    "${unwrap[@]}" && "${decode[@]}" >"$OUT/decode.json" 2>"$OUT/decode.log"
+    rc=$?
+    summary=$("$PYTHON" - "$OUT/decode.json" <<'PY' 2>&1 | tail -n 1
+import json, sys
+try:
+    f = json.load(open(sys.argv[1]))
+except ValueError:
+    sys.exit("no figures (see OUT/decode.log)")
+print(f"greedy {f['greedy_fast_ms_per_step']:.1f} ms a step ({f['greedy_fast_over_generate']:.2f}x generate), "
+      f"sampled {f['sampled_fast_ms_per_step']:.1f} ms ({f['sampled_fast_over_generate']:.2f}x); host waits a step "
+      f"{f['greedy_fast_syncs_per_step']:.3f} / {f['sampled_fast_syncs_per_step']:.3f}; roofline greedy "
+      f"{100 * f['roofline_greedy_fast']:.1f}% (legacy {100 * f['roofline_greedy_legacy']:.1f}%, target 25%)")
+PY
+    )
+    line decode "$( ((rc == 0)) && [[ $summary == greedy* ]] && echo PASS || echo FAIL)" $((SECONDS - began)) \
+        "$summary (OUT/decode.json)"
+  fi
+fi
 
 # --------------------------------------------------------------------------- shapes
 if phase_on shapes; then
