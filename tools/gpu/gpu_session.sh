@@ -15,8 +15,8 @@
 #   zero2      fic bench zero --stage 2: SFT and VASD under ZeRO-2 on one process, checkpoint, resume,
 #              losses after the resume against the uninterrupted run's (OUT/zero2.json)
 #   zero3      the same under ZeRO-3, VASD with LoRA and the adapter-free teacher (OUT/zero3.json)
-#   decode     fic bench decode at the Llama-3.2-3B shape (random bf16 weights, 13 rows, 128 steps, the
-#              check_every sweep): ms and host waits a step against transformers' generate and the
+#   decode     fic bench decode at the Llama-3.2-3B shape (random bf16 weights, 13 rows, 64 steps, 3 calls
+#              a way): ms and host waits a step against transformers' generate and the
 #              share of the bandwidth roofline, issue 54's GPU target (OUT/decode.json)
 #   shapes     python tools/gpu/shapes.py --backbone B for each of SHAPES: the backbone recipes' own shapes with
 #              random weights, a few SFT and VASD steps each; tokens/s, MFU, peak memory, recomputed
@@ -54,7 +54,9 @@ TOKENIZER=$CARRY/tokenizer
 declare -A SHAPE_S=([llama-3.2-3b-instruct]=300 [llama-3.1-8b-instruct]=450 [qwen2.5-7b-instruct]=450
                     [olmo-2-1124-7b-instruct]=450 [phi-4]=520)
 REPORT_S=15
-DECODE_S=90  # a guess: a 3B folder of random weights built in memory, 6 timed ways, the sweep
+# The 3B model's random weights built, then 3 ways x 2 modes x 3 calls of 64 steps: the old loop at the
+# 99 ms a step measured on 2026-12-04 (H200) is ~40 s of it; a guess above that.
+DECODE_S=180
 
 if [[ -z ${SCRATCH:-} ]]; then
   SCRATCH=/tmp/fic-gpu-session
@@ -247,7 +249,7 @@ if phase_on decode; then
   unwrap=("$PYTHON" -c 'import json, sys; json.dump(json.load(open(sys.argv[1]))["config"], open(sys.argv[2], "w"))'
           tools/gpu/shapes/llama-3.2-3b-instruct.json "$SCRATCH/decode-config.json")
   decode=("$PYTHON" -m fic bench decode --model-config "$SCRATCH/decode-config.json" --dtype bfloat16
-          --device cuda --rows 13 --steps 128 --stops 2048 --sweep 8,16,32 --json)
+          --device cuda --rows 13 --steps 64 --repeats 3 --json)
   if [[ $DRY == 1 ]]; then
     show decode -- "${unwrap[@]}"
     show decode -- "${decode[@]}"
