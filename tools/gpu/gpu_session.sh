@@ -263,7 +263,7 @@ if phase_on decode; then
 import json, sys
 try:
     f = json.load(open(sys.argv[1]))
-except ValueError:
+except (OSError, ValueError):
     sys.exit("no figures (see OUT/decode.log)")
 print(f"greedy {f['greedy_fast_ms_per_step']:.1f} ms a step ({f['greedy_fast_over_generate']:.2f}x generate), "
       f"sampled {f['sampled_fast_ms_per_step']:.1f} ms ({f['sampled_fast_over_generate']:.2f}x); host waits a step "
