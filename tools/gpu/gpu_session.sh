@@ -245,9 +245,7 @@ rm -rf "${SCRATCH:?}/zero2" "${SCRATCH:?}/zero3"
 # --------------------------------------------------------------------------- decode
 # Alone on the GPU (after the side-by-side phases): its figures are time a step.
 if phase_on decode; then
-  # the shape file holds the model's config.json under "config"
-  unwrap=("$PYTHON" -c 'import json, sys; json.dump(json.load(open(sys.argv[1]))["config"], open(sys.argv[2], "w"))'
-          tools/gpu/shapes/llama-3.2-3b-instruct.json "$SCRATCH/decode-config.json")
+  unwrap=("$PYTHON" tools/gpu/random_models.py config --backbone llama-3.2-3b-instruct "$SCRATCH/decode-config.json")
   decode=("$PYTHON" -m fic bench decode --model-config "$SCRATCH/decode-config.json" --dtype bfloat16
           --device cuda --rows 13 --steps 64 --repeats 3 --json)
   if [[ $DRY == 1 ]]; then
@@ -257,7 +255,7 @@ if phase_on decode; then
     line decode SKIP 0 "time budget: $(left) s left of BUDGET_S=$BUDGET_S, ~$DECODE_S s needed"
   else
     began=$SECONDS
-    "${unwrap[@]}" && "${decode[@]}" >"$OUT/decode.json" 2>"$OUT/decode.log"
+    "${unwrap[@]}" >/dev/null 2>"$OUT/decode.log" && "${decode[@]}" >"$OUT/decode.json" 2>>"$OUT/decode.log"
     rc=$?
     summary=$("$PYTHON" - "$OUT/decode.json" <<'PY' 2>&1 | tail -n 1
 import json, sys

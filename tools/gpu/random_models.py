@@ -4,6 +4,7 @@
         [--tokenizer DIR] [--device cuda] [--set hidden_size=64 ...]
     python tools/gpu/random_models.py view SRC DST --layers N     # the same weights, fewer layers
     python tools/gpu/random_models.py tokenizer SRC DST           # copy a model folder's tokenizer files
+    python tools/gpu/random_models.py config --backbone B OUT     # the shape's config.json alone (fic bench decode --model-config)
 
 A shape file holds the architecture fields of the backbone's `config.json` and the page they were
 copied from; `build` makes a folder of that architecture with random weights and SmolLM2's
@@ -25,6 +26,7 @@ import torch
 
 from fic.bench.random_weights import RANDOM_MARKER, add_build_arguments, build_from_arguments, copy_tokenizer
 from fic.core.errors import FicError, exit_status
+from fic.core.files import write_json
 
 SHAPES_DIR = Path(__file__).resolve().parent / "shapes"
 
@@ -108,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     tok = sub.add_parser("tokenizer", help="copy a model folder's tokenizer files")
     tok.add_argument("src")
     tok.add_argument("dst")
+    config = sub.add_parser("config", help="write a backbone's config.json (its shape file's config)")
+    config.add_argument("--backbone", required=True, help="a name in tools/gpu/shapes/ or a shape file")
+    config.add_argument("out")
     args = parser.parse_args(argv)
 
     def run() -> None:
@@ -115,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(build_from_arguments(load_shape(args.backbone), args)))
         elif args.command == "view":
             print(json.dumps(layer_view(args.src, args.dst, args.layers)))
+        elif args.command == "config":
+            write_json(args.out, load_shape(args.backbone)["config"])
+            print(args.out)
         else:
             print(" ".join(copy_tokenizer(args.src, args.dst)))
 
