@@ -3,7 +3,7 @@
     python protocol.py gate --out OUT                 # read the gate's five evaluations (gate.sh runs them)
     python protocol.py prepare --run RUN --out OUT    # the arms' configs and commands (arms.sh), the rule frozen
     python protocol.py mix --self A --seen B --out C  # C2's corpus: self-labels and seen-function rows, 1:1
-    python protocol.py steps --budget-s S --stage F   # SFT steps that take S CPU seconds at stage F's CPU s a step
+    python protocol.py steps --budget-s S --calibration A B  # SFT steps that take S CPU seconds (A, B: CPU s of 2 and 22 steps)
     python protocol.py pilot --out OUT                # seed 0 of V and C2 against S and each other, the pilot's rule
     python protocol.py decide --out OUT               # the rule applied to the arms' B-dev evaluations
 
@@ -25,11 +25,15 @@ import yaml
 from fic.core.files import write_json, write_jsonl, write_text
 from fic.core.records import read_log, read_records
 from fic.core.stats import mean_interval, paired_difference
-from fic.demo.run import equal_compute_steps
 from fic.evaluation.gap import gate, scores_by_id, view_gap
 from fic.evaluation.metrics import timing_bin
 
 HERE = Path(__file__).resolve().parent
+# An SFT arm's CPU seconds a step: two short runs of its own config, alone on the machine before the
+# lanes split, their difference (start-up cancels). Not S's stage-1 average: the rebuilt S trained
+# beside other jobs at 26.7 CPU s a step, the old one at 15.0, and a loaded rate buys the control too
+# few steps (experiments/LOG.md, 2026-12-06, fifth session).
+CALIBRATION_STEPS = (2, 22)
 GATE_THRESHOLDS = {"bdev_own_gap": 8.0, "btrain_teacher_student_gap": 8.0}  # points
 # The gate's evaluations: name -> (folder under OUT, teacher log, student log)
 GATE_LOGS = {"bdev_own_gap": ("bdev", "bdev"), "btrain_teacher_student_gap": ("btrain-full", "btrain-sharded"),
@@ -133,6 +137,7 @@ def prepare(run: Path, out: Path, seeds: list[int], v_steps: int, lrs: list[str]
         write_text(configs / f"v-s{seed}.yaml", fill(HERE / "configs" / "v.yaml", run=run, out=out, seed=seed, steps=v_steps))
     write_text(configs / "h-s0.yaml", fill(HERE / "configs" / "h.yaml", run=run, out=out, seed=0, steps=v_steps))
     me = f"python {HERE / 'protocol.py'}"
+    short, long = CALIBRATION_STEPS
     # CPU seconds of the children a command ran (cutime + cstime of the shell that waits for it: its
     # $BASHPID, read outside the command substitution, whose own subshell has no children), by label;
     # a resumed run adds a line, and a label's seconds are their sum.
@@ -148,6 +153,15 @@ def prepare(run: Path, out: Path, seeds: list[int], v_steps: int, lrs: list[str]
                '  if [ -e "$out/final" ]; then echo "done before: $out"; return; fi\n'
                '  if compgen -G "$out/checkpoints/step-*/complete" > /dev/null; then set -- "$@" resume=true; fi\n'
                '  timed "$label" "$@"\n'
+               '}\n'
+               f'# calibrate NAME CONFIG: {short} and {long} steps of an SFT arm\'s config into scratch folders, timed '
+               'as cal-NAME-STEPS (once: a label in times.tsv is a finished run)\n'
+               'calibrate() {\n'
+               f'  local name=$1 cfg=$2 n; for n in {short} {long}; do\n'
+               f'    grep -q "^cal-$name-$n " {arms}/times.tsv 2>/dev/null && continue\n'
+               f'    rm -rf {arms}/calibrate/$name-$n\n'
+               f'    timed cal-$name-$n fic train sft --config "$cfg" train.max_steps=$n out={arms}/calibrate/$name-$n\n'
+               '  done\n'
                '}')
     head = ["#!/usr/bin/env bash", f"# Rule {rule_hash()} frozen in {arms}/rule.json before any arm was read.",
             "set -euo pipefail", helpers, f"S={run}/sft/final", f"mkdir -p {arms}/eval {arms}/eval-seen", ""]
@@ -174,17 +188,24 @@ def prepare(run: Path, out: Path, seeds: list[int], v_steps: int, lrs: list[str]
     def v_arm(seed: int) -> list[str]:
         return [f"train v-s{seed} {arms}/v-s{seed} fic train vasd --config {configs}/v-s{seed}.yaml"]
 
-    def sft_arm(name: str, lr: str, seed: int) -> list[str]:
-        """C2 or C1 for V's CPU seconds (C2's less the self-labelling) at S's own stage-1 CPU seconds
-        a step (the demo's control rule; the same rows' shape)."""
+    def sft_config(name: str, lr: str, seed: int) -> Path:
         corpus = f"{arms}/c2.mix.sft.jsonl" if name == "c2" else f"{run}/data/sft.sft.jsonl"
         cfg = configs / f"{name}-lr{lr}-s{seed}.yaml"
         write_text(cfg, fill(HERE / "configs" / "sft.yaml", run=run, out=out, seed=seed, lr=lr, corpus=corpus,
                              name=name, steps=1))
+        return cfg
+
+    def calibrated(name: str, lr: str, seed: int) -> list[str]:
+        return [f"calibrate {name} {sft_config(name, lr, seed)}"]
+
+    def sft_arm(name: str, lr: str, seed: int) -> list[str]:
+        """C2 or C1 for V's CPU seconds (C2's less the self-labelling) at the arm's own calibrated CPU
+        seconds a step (`calibrated` ran first, alone)."""
         budget = f'$(echo "$(spent v-s{seed}) - $(spent label-self)" | bc)' if name == "c2" else f"$(spent v-s{seed})"
-        return [f"STEPS=$({me} steps --budget-s {budget} --stage {run}/stages/sft.json)",
-                f"train {name}-lr{lr}-s{seed} {arms}/{name}-lr{lr}-s{seed} fic train sft --config {cfg} "
-                f"train.max_steps=$STEPS"]
+        return [f"STEPS=$({me} steps --budget-s {budget} --calibration $(spent cal-{name}-{short}) "
+                f"$(spent cal-{name}-{long}))",
+                f"train {name}-lr{lr}-s{seed} {arms}/{name}-lr{lr}-s{seed} fic train sft "
+                f"--config {sft_config(name, lr, seed)} train.max_steps=$STEPS"]
 
     sh = [*head, "# Issue 55's arms, written by protocol.py prepare; pilot.sh first (seed 0 of V and C2).",
           *blind, *c2_corpus, *s_bdev, f"{seen} model.model=$S out={arms}/eval-seen/s", ""]
@@ -192,7 +213,7 @@ def prepare(run: Path, out: Path, seeds: list[int], v_steps: int, lrs: list[str]
         sh += [f"# seed {seed}", *v_arm(seed), *evaluated(f"v-s{seed}")]
         for lr in lrs:
             for name in ("c2", "c1"):
-                sh += [*sft_arm(name, lr, seed), *evaluated(f"{name}-lr{lr}-s{seed}")]
+                sh += [*calibrated(name, lr, seed), *sft_arm(name, lr, seed), *evaluated(f"{name}-lr{lr}-s{seed}")]
         sh.append("")
     sh += ["# H, one seed: the hinted teacher reads B-train's true gold (the positive control).",
            f"train h-s0 {arms}/h-s0 fic train vasd --config {configs}/h-s0.yaml",
@@ -202,18 +223,29 @@ def prepare(run: Path, out: Path, seeds: list[int], v_steps: int, lrs: list[str]
     (arms / "arms.sh").chmod(0o755)
 
     seed, report = seeds[0], f"{me} pilot --out {out} --seed {seeds[0]} --lr-c2 {pilot_lr}"
-    pilot = [*head, f"# Issue 55's pilot: seed {seed} of V first (the pilot's rule reads V against S), then two "
-             f"lanes side by side: V's evaluations, and C2 (rate {pilot_lr}: its corpus, training and evaluations). "
+    pilot = [*head, f"# Issue 55's pilot: seed {seed} of V first (the pilot's rule reads V against S), C2's corpus "
+             "and step calibration, all alone (their CPU seconds set C2's steps), then two lanes side by side: "
+             f"V's evaluations, and C2 (rate {pilot_lr}: its training and evaluations). "
              "Continue to arms.sh only if V beats S by >= 3 points on B-dev.",
-             *blind, *s_bdev, *v_arm(seed), "",
+             *blind, *s_bdev, *v_arm(seed), *c2_corpus, *calibrated("c2", pilot_lr, seed), "",
              "( " + " && ".join([f"{ev} model.model={arms}/v-s{seed}/final out={arms}/eval/v-s{seed}", report,
                                  f"{seen} model.model={arms}/v-s{seed}/final out={arms}/eval-seen/v-s{seed}",
                                  f"{seen} model.model=$S out={arms}/eval-seen/s"]) + " ) &",
-             "LANE=$!", *c2_corpus, *sft_arm("c2", pilot_lr, seed), *evaluated(f"c2-lr{pilot_lr}-s{seed}"),
+             "LANE=$!", *sft_arm("c2", pilot_lr, seed), *evaluated(f"c2-lr{pilot_lr}-s{seed}"),
              "wait $LANE", report]
     write_text(arms / "pilot.sh", "\n".join(pilot) + "\n")
     (arms / "pilot.sh").chmod(0o755)
     return arms / "arms.sh"
+
+
+def calibrated_steps(budget_s: float, short_s: float, long_s: float, steps: tuple[int, int] = CALIBRATION_STEPS) -> int:
+    """SFT steps that take `budget_s` CPU seconds, at the CPU seconds a step of two runs of `steps`
+    steps that took `short_s` and `long_s` (their difference: the steps alone, start-up cancelled)."""
+    per_step = (long_s - short_s) / (steps[1] - steps[0])
+    if per_step <= 0:
+        raise ValueError(f"calibration: {steps[1]} steps took {long_s} CPU s, no more than {steps[0]} steps' "
+                         f"{short_s}: rerun it on a quiet machine")
+    return max(1, round(budget_s / per_step))
 
 
 def mix(self_corpus: Path, seen_corpus: Path, out: Path, seed: int = 0) -> int:
@@ -347,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p = sub.add_parser("steps")
     p.add_argument("--budget-s", type=float, required=True)
-    p.add_argument("--stage", type=Path, required=True, help="an SFT stage's summary (a fic demo folder's stages/sft.json)")
+    p.add_argument("--calibration", type=float, nargs=2, required=True, metavar=("SHORT_S", "LONG_S"),
+                   help=f"CPU seconds of the arm's config run for {CALIBRATION_STEPS[0]} and {CALIBRATION_STEPS[1]} steps")
     p = sub.add_parser("pilot")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--seed", type=int, default=0)
@@ -366,7 +399,11 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "mix":
         print(f"{mix(args.own, args.seen, args.out)} conversations to {args.out}")
     elif args.command == "steps":
-        print(equal_compute_steps(args.budget_s, json.loads(args.stage.read_text())))
+        try:
+            print(calibrated_steps(args.budget_s, *args.calibration))
+        except ValueError as error:
+            print(error, file=sys.stderr)
+            return 2
     elif args.command == "pilot":
         report = pilot_report(args.out, args.seed, args.lr_c2)
         write_json(args.out / "arms" / "pilot.json", report)

@@ -39,7 +39,7 @@ def script(path: Path, **env: str) -> str:
 
 def starting_run(run: Path, model: Path) -> None:
     """What the protocol reads of a `fic demo` folder stopped after stage 1: S, the seen-function
-    prompts and corpus, the dev set, and the SFT stage's summary (its CPU seconds a step)."""
+    prompts and corpus, and the dev set."""
     shutil.copytree(model, run / "sft" / "final")
     for name, split in (("train", "train[0:3]"), ("dev", "dev[0:2]")):
         assert main(["shard", "--source", f"actions-gen:{split}", "--task", "actions", "--seed", "0",
@@ -47,9 +47,6 @@ def starting_run(run: Path, model: Path) -> None:
     corpus = run / "data" / "sft.sft.jsonl"
     assert main(["sft-data", f"data.source=[jsonl:{run / 'data' / 'train.jsonl'}]", "data.task=actions",
                  f"out={corpus}"]) == 0
-    (run / "stages").mkdir()
-    (run / "stages" / "sft.json").write_text(json.dumps({"stage": "sft", "cpu_seconds": 1000.0,
-                                                         "figures": {"steps": 10}}))
 
 
 def self_labels(arms: Path, b_train: Path, monkeypatch) -> None:
@@ -77,16 +74,20 @@ def test_the_protocol_runs_from_the_gate_to_the_pilots_report(tiny_model_dir, tm
 
     pilot = protocol.prepare(run, out, seeds=[0], v_steps=1, lrs=["1.0e-4"]).parent / "pilot.sh"
     self_labels(out / "arms", out / "B" / "train.jsonl", monkeypatch)
+    # C2's step calibration as if run (a tiny model's 20 steps are shorter than start-up's noise):
+    # 1 CPU s a step; `calibrate` finds both labels and runs nothing (it is tested in test_stage2_protocol)
+    (out / "arms" / "times.tsv").write_text("cal-c2-2 2.0\ncal-c2-22 22.0\n")
     printed = script(pilot)
     assert f"done before: {out}/arms/b-train.blind.jsonl" in printed
     arms = out / "arms"
     for model in ("v-s0", "c2-lr1.0e-4-s0"):
         assert (arms / model / "final").is_dir()
-    # C2 took V's CPU seconds (less the self-labelling, here none timed) at 100 CPU s a step
+    # C2 took V's CPU seconds (less the self-labelling, here none timed) at its calibrated 1 CPU s a step
     spent = {label: float(s) for label, s in (line.split() for line in (arms / "times.tsv").read_text().splitlines())}
-    assert set(spent) == {"v-s0", "c2-lr1.0e-4-s0"} and spent["v-s0"] > 0
+    assert set(spent) == {"cal-c2-2", "cal-c2-22", "v-s0", "c2-lr1.0e-4-s0"} and spent["v-s0"] > 0
+    assert not (arms / "calibrate").exists()
     steps = [json.loads(line)["step"] for line in (arms / "c2-lr1.0e-4-s0" / "metrics.jsonl").read_text().splitlines()]
-    assert steps[-1] == max(1, round(spent["v-s0"] / 100.0))
+    assert steps[-1] == max(1, round(spent["v-s0"] / 1.0))
     report = json.loads((arms / "pilot.json").read_text())
     assert set(report["models"]) == {"S", "V", "C2"} and report["not_finished"] == []
     assert set(report["pairs"]) == {"V - S", "C2 - S", "V - C2"} and report["pairs"]["V - S"]["n"] == 2
@@ -96,4 +97,4 @@ def test_the_protocol_runs_from_the_gate_to_the_pilots_report(tiny_model_dir, tm
 
     again = script(pilot)  # everything finished: passed over, nothing trained twice
     assert f"done before: {arms}/v-s0" in again and f"done before: {arms}/c2-lr1.0e-4-s0" in again
-    assert (arms / "times.tsv").read_text().count("\n") == 2
+    assert (arms / "times.tsv").read_text().count("\n") == 4

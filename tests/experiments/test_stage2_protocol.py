@@ -39,7 +39,8 @@ def config_class(name: str) -> type:
 def commands(script: Path) -> list[tuple[type, str, list[str]]]:
     """Each `fic` command of a script that takes a config: (its class, --config, its overrides)."""
     found = []
-    for command in [part for line in script.read_text().splitlines() if not line.startswith("#")
+    body = script.read_text().split("\nS=", 1)[1]  # the helpers' own commands are tested by themselves
+    for command in [part for line in body.splitlines() if not line.startswith("#")
                     for part in line.split("#")[0].split("&&")]:
         words = [w for w in shlex.split(command) if w not in {"(", ")", "&"}]
         if "fic" not in words:
@@ -118,12 +119,42 @@ def test_c2s_corpus_is_built_with_stage_1s_shares_from_the_self_labels(tmp_path)
     assert sorted(Path(p).name for p in excluded) == ["eval-bdev.yaml", "eval-btest.yaml"]
 
 
-def test_c2_and_c1_get_v_s_cpu_seconds_at_stage_1s_cpu_seconds_a_step(tmp_path, capsys):
-    """3,000 CPU s of training (its dev scores left out) over 200 steps: 15 a step; V's 2,250 buy 150."""
-    stage = tmp_path / "sft.json"
-    stage.write_text(json.dumps({"cpu_seconds": 3100.0, "figures": {"steps": 200, "plateau": {"cpu_seconds": 100.0}}}))
-    assert protocol.main(["steps", "--budget-s", "2250", "--stage", str(stage)]) == 0
+def test_c2_and_c1_get_v_s_cpu_seconds_at_their_calibrated_cpu_seconds_a_step(capsys):
+    """2 steps took 40 CPU s, 22 steps 340 (start-up 10): 15 a step; V's 2,250 buy 150. A calibration
+    whose longer run took no more is refused (exit 2), not turned into a step count."""
+    assert protocol.main(["steps", "--budget-s", "2250", "--calibration", "40", "340"]) == 0
     assert capsys.readouterr().out.strip() == "150"
+    assert protocol.main(["steps", "--budget-s", "2250", "--calibration", "40", "39"]) == 2
+    assert "rerun it on a quiet machine" in capsys.readouterr().err
+
+
+def test_calibrate_times_each_run_once_into_a_fresh_scratch_folder(tmp_path):
+    """The scripts' `calibrate` runs an arm's config for 2 and 22 steps, each timed under its own
+    label, into a scratch folder it empties first (a killed run's leftovers); a label already in
+    times.tsv is a finished run and is not run again. `fic` is a stand-in that records its arguments."""
+    import subprocess
+
+    script = prepared(tmp_path).parent / "arms.sh"
+    assert "calibrate c2 " in script.read_text() and "calibrate c1 " in script.read_text()
+    helpers = script.read_text().split("\nS=")[0]
+    arms = tmp_path / "out" / "arms"
+    (arms / "calibrate" / "c2-22").mkdir(parents=True)
+    (arms / "calibrate" / "c2-22" / "leftover").write_text("")
+    calls = tmp_path / "calls"
+    probe = tmp_path / "probe.sh"
+    config = arms / "configs" / "c2-lr1.0e-4-s0.yaml"
+    leftover = arms / "calibrate" / "c2-22" / "leftover"
+    probe.write_text(f'{helpers}\nfic() {{ echo "$*" >> {calls}; if [ -e {leftover} ]; then echo leftover >> {calls}; fi; }}\n'
+                     f'calibrate c2 {config}\ncalibrate c2 {config}\n')
+    subprocess.run(["bash", str(probe)], check=True, timeout=60)
+    lines = calls.read_text().splitlines()
+    # the 22-step run's folder is emptied just before that run, and the second call runs nothing
+    assert lines == [f"train sft --config {config} train.max_steps=2 out={arms}/calibrate/c2-2", "leftover",
+                     f"train sft --config {config} train.max_steps=22 out={arms}/calibrate/c2-22"]
+    for line in lines[::2]:  # the overrides load with the arm's config
+        load_config(SFTConfig, config, line.split()[4:])
+    labels = [line.split()[0] for line in (arms / "times.tsv").read_text().splitlines()]
+    assert labels == ["cal-c2-2", "cal-c2-22"]
 
 
 def evaluation(folder: Path, views: dict[str, list[int]], *, premature=(), never=()) -> None:
