@@ -29,10 +29,11 @@ from fic.evaluation.gap import gate, scores_by_id, view_gap
 from fic.evaluation.metrics import timing_bin
 
 HERE = Path(__file__).resolve().parent
-# An SFT arm's CPU seconds a step: two short runs of its own config, alone on the machine before the
-# lanes split, their difference (start-up cancels). Not S's stage-1 average: the rebuilt S trained
-# beside other jobs at 26.7 CPU s a step, the old one at 15.0, and a loaded rate buys the control too
-# few steps (experiments/LOG.md, 2026-12-06, fifth session).
+# An SFT arm's CPU seconds a step: two short runs of its own config, alone on the machine like V's
+# run, their difference (start-up cancels). Not S's stage-1 average: CPU seconds a step move with the
+# load a run shares the machine with (stage 1 took 15.0 for the old S, 26.7 for the rebuilt one; C2's
+# config alone 29.6), so a rate from another load than V's buys the control the wrong number of steps
+# (experiments/LOG.md, 2026-12-06, fifth session).
 CALIBRATION_STEPS = (2, 22)
 GATE_THRESHOLDS = {"bdev_own_gap": 8.0, "btrain_teacher_student_gap": 8.0}  # points
 # The gate's evaluations: name -> (folder under OUT, teacher log, student log)
@@ -120,8 +121,8 @@ def fill(template: Path, **values: object) -> str:
 
 def prepare(run: Path, out: Path, seeds: list[int], v_steps: int, lrs: list[str], pilot_lr: str = "1.0e-4") -> Path:
     """OUT/arms: the filled configs, rule.json, arms.sh (every arm, in order) and pilot.sh (seed 0 of V
-    and of C2 at `pilot_lr`, their evaluations in two lanes); nothing is run. Both scripts resume:
-    a finished step is passed over, a training run with a checkpoint continues from it."""
+    and of C2 at `pilot_lr`, and their evaluations); nothing is run. Both scripts run one command at a
+    time and resume: a finished step is passed over, a training run with a checkpoint continues from it."""
     arms = out / "arms"
     configs = arms / "configs"
     configs.mkdir(parents=True, exist_ok=True)
@@ -223,16 +224,16 @@ def prepare(run: Path, out: Path, seeds: list[int], v_steps: int, lrs: list[str]
     (arms / "arms.sh").chmod(0o755)
 
     seed, report = seeds[0], f"{me} pilot --out {out} --seed {seeds[0]} --lr-c2 {pilot_lr}"
+    # One command at a time: two torch processes on 2 cores ran 5 times slower together than in turn
+    # (each one's threads wait on the other's), so lanes side by side bought nothing.
     pilot = [*head, f"# Issue 55's pilot: seed {seed} of V first (the pilot's rule reads V against S), C2's corpus "
-             "and step calibration, all alone (their CPU seconds set C2's steps), then two lanes side by side: "
-             f"V's evaluations, and C2 (rate {pilot_lr}: its training and evaluations). "
-             "Continue to arms.sh only if V beats S by >= 3 points on B-dev.",
+             f"and step calibration (their CPU seconds set C2's steps), V's evaluations, then C2 (rate {pilot_lr}) "
+             "and its own. Continue to arms.sh only if V beats S by >= 3 points on B-dev.",
              *blind, *s_bdev, *v_arm(seed), *c2_corpus, *calibrated("c2", pilot_lr, seed), "",
-             "( " + " && ".join([f"{ev} model.model={arms}/v-s{seed}/final out={arms}/eval/v-s{seed}", report,
-                                 f"{seen} model.model={arms}/v-s{seed}/final out={arms}/eval-seen/v-s{seed}",
-                                 f"{seen} model.model=$S out={arms}/eval-seen/s"]) + " ) &",
-             "LANE=$!", *sft_arm("c2", pilot_lr, seed), *evaluated(f"c2-lr{pilot_lr}-s{seed}"),
-             "wait $LANE", report]
+             f"{ev} model.model={arms}/v-s{seed}/final out={arms}/eval/v-s{seed}", report,
+             f"{seen} model.model={arms}/v-s{seed}/final out={arms}/eval-seen/v-s{seed}",
+             f"{seen} model.model=$S out={arms}/eval-seen/s",
+             *sft_arm("c2", pilot_lr, seed), *evaluated(f"c2-lr{pilot_lr}-s{seed}"), report]
     write_text(arms / "pilot.sh", "\n".join(pilot) + "\n")
     (arms / "pilot.sh").chmod(0o755)
     return arms / "arms.sh"
