@@ -189,24 +189,19 @@ def prepare(run: Path, out: Path, seeds: list[int], v_steps: int, lrs: list[str]
     def v_arm(seed: int) -> list[str]:
         return [f"train v-s{seed} {arms}/v-s{seed} fic train vasd --config {configs}/v-s{seed}.yaml"]
 
-    def sft_config(name: str, lr: str, seed: int) -> Path:
+    def sft_arm(name: str, lr: str, seed: int) -> list[str]:
+        """C2 or C1 for V's CPU seconds (C2's less the self-labelling) at the arm's own CPU seconds a
+        step, calibrated first (once per corpus: a later arm finds the labels)."""
         corpus = f"{arms}/c2.mix.sft.jsonl" if name == "c2" else f"{run}/data/sft.sft.jsonl"
         cfg = configs / f"{name}-lr{lr}-s{seed}.yaml"
         write_text(cfg, fill(HERE / "configs" / "sft.yaml", run=run, out=out, seed=seed, lr=lr, corpus=corpus,
                              name=name, steps=1))
-        return cfg
-
-    def calibrated(name: str, lr: str, seed: int) -> list[str]:
-        return [f"calibrate {name} {sft_config(name, lr, seed)}"]
-
-    def sft_arm(name: str, lr: str, seed: int) -> list[str]:
-        """C2 or C1 for V's CPU seconds (C2's less the self-labelling) at the arm's own calibrated CPU
-        seconds a step (`calibrated` ran first, alone)."""
         budget = f'$(echo "$(spent v-s{seed}) - $(spent label-self)" | bc)' if name == "c2" else f"$(spent v-s{seed})"
-        return [f"STEPS=$({me} steps --budget-s {budget} --calibration $(spent cal-{name}-{short}) "
+        return [f"calibrate {name} {cfg}",
+                f"STEPS=$({me} steps --budget-s {budget} --calibration $(spent cal-{name}-{short}) "
                 f"$(spent cal-{name}-{long}))",
-                f"train {name}-lr{lr}-s{seed} {arms}/{name}-lr{lr}-s{seed} fic train sft "
-                f"--config {sft_config(name, lr, seed)} train.max_steps=$STEPS"]
+                f"train {name}-lr{lr}-s{seed} {arms}/{name}-lr{lr}-s{seed} fic train sft --config {cfg} "
+                f"train.max_steps=$STEPS"]
 
     sh = [*head, "# Issue 55's arms, written by protocol.py prepare; pilot.sh first (seed 0 of V and C2).",
           *blind, *c2_corpus, *s_bdev, f"{seen} model.model=$S out={arms}/eval-seen/s", ""]
@@ -214,7 +209,7 @@ def prepare(run: Path, out: Path, seeds: list[int], v_steps: int, lrs: list[str]
         sh += [f"# seed {seed}", *v_arm(seed), *evaluated(f"v-s{seed}")]
         for lr in lrs:
             for name in ("c2", "c1"):
-                sh += [*calibrated(name, lr, seed), *sft_arm(name, lr, seed), *evaluated(f"{name}-lr{lr}-s{seed}")]
+                sh += [*sft_arm(name, lr, seed), *evaluated(f"{name}-lr{lr}-s{seed}")]
         sh.append("")
     sh += ["# H, one seed: the hinted teacher reads B-train's true gold (the positive control).",
            f"train h-s0 {arms}/h-s0 fic train vasd --config {configs}/h-s0.yaml",
@@ -226,10 +221,10 @@ def prepare(run: Path, out: Path, seeds: list[int], v_steps: int, lrs: list[str]
     seed, report = seeds[0], f"{me} pilot --out {out} --seed {seeds[0]} --lr-c2 {pilot_lr}"
     # One command at a time: two torch processes on 2 cores ran 5 times slower together than in turn
     # (each one's threads wait on the other's), so lanes side by side bought nothing.
-    pilot = [*head, f"# Issue 55's pilot: seed {seed} of V first (the pilot's rule reads V against S), C2's corpus "
-             f"and step calibration (their CPU seconds set C2's steps), V's evaluations, then C2 (rate {pilot_lr}) "
-             "and its own. Continue to arms.sh only if V beats S by >= 3 points on B-dev.",
-             *blind, *s_bdev, *v_arm(seed), *c2_corpus, *calibrated("c2", pilot_lr, seed), "",
+    pilot = [*head, f"# Issue 55's pilot: seed {seed} of V first (the pilot's rule reads V against S), C2's corpus, "
+             f"V's evaluations, then C2 (rate {pilot_lr}: its step calibration, training and evaluations). "
+             "Continue to arms.sh only if V beats S by >= 3 points on B-dev.",
+             *blind, *s_bdev, *v_arm(seed), *c2_corpus, "",
              f"{ev} model.model={arms}/v-s{seed}/final out={arms}/eval/v-s{seed}", report,
              f"{seen} model.model={arms}/v-s{seed}/final out={arms}/eval-seen/v-s{seed}",
              f"{seen} model.model=$S out={arms}/eval-seen/s",
