@@ -3,7 +3,8 @@
     python protocol.py gate --out OUT                 # read the gate's five evaluations (gate.sh runs them)
     python protocol.py prepare --run RUN --out OUT    # the arms' configs and commands (arms.sh), the rule frozen
     python protocol.py mix --self A --seen B --out C  # C2's corpus: self-labels and seen-function rows, 1:1
-    python protocol.py steps --budget-s S --calibration A B  # SFT steps that take S CPU seconds (A, B: CPU s of 2 and 22 steps)
+    python protocol.py steps --budget-s S --calibration A B  # SFT steps that take S CPU seconds (A, B: CPU s of 2 and 22 steps;
+                                                             # --less-held-out V: less V's held-out measuring)
     python protocol.py pilot --out OUT                # seed 0 of V and C2 against S and each other, the pilot's rule
     python protocol.py decide --out OUT               # the rule applied to the arms' B-dev evaluations
 
@@ -190,16 +191,16 @@ def prepare(run: Path, out: Path, seeds: list[int], v_steps: int, lrs: list[str]
         return [f"train v-s{seed} {arms}/v-s{seed} fic train vasd --config {configs}/v-s{seed}.yaml"]
 
     def sft_arm(name: str, lr: str, seed: int) -> list[str]:
-        """C2 or C1 for V's CPU seconds (C2's less the self-labelling) at the arm's own CPU seconds a
-        step, calibrated first (once per corpus: a later arm finds the labels)."""
+        """C2 or C1 for V's CPU seconds (less V's held-out measuring; C2's also less the self-labelling)
+        at the arm's own CPU seconds a step, calibrated first (once per corpus: a later arm finds the labels)."""
         corpus = f"{arms}/c2.mix.sft.jsonl" if name == "c2" else f"{run}/data/sft.sft.jsonl"
         cfg = configs / f"{name}-lr{lr}-s{seed}.yaml"
         write_text(cfg, fill(HERE / "configs" / "sft.yaml", run=run, out=out, seed=seed, lr=lr, corpus=corpus,
                              name=name, steps=1))
         budget = f'$(echo "$(spent v-s{seed}) - $(spent label-self)" | bc)' if name == "c2" else f"$(spent v-s{seed})"
         return [f"calibrate {name} {cfg}",
-                f"STEPS=$({me} steps --budget-s {budget} --calibration $(spent cal-{name}-{short}) "
-                f"$(spent cal-{name}-{long}))",
+                f"STEPS=$({me} steps --budget-s {budget} --less-held-out {arms}/v-s{seed} "
+                f"--calibration $(spent cal-{name}-{short}) $(spent cal-{name}-{long}))",
                 f"train {name}-lr{lr}-s{seed} {arms}/{name}-lr{lr}-s{seed} fic train sft --config {cfg} "
                 f"train.max_steps=$STEPS"]
 
@@ -242,6 +243,16 @@ def calibrated_steps(budget_s: float, short_s: float, long_s: float, steps: tupl
         raise ValueError(f"calibration: {steps[1]} steps took {long_s} CPU s, no more than {steps[0]} steps' "
                          f"{short_s}: rerun it on a quiet machine")
     return max(1, round(budget_s / per_step))
+
+
+def held_out(run: Path) -> dict:
+    """A VASD run's held-out figures from its metrics.jsonl: the divergence per answer token by step
+    (the first is before training), its fall (1 - last / first), and the CPU seconds the measuring
+    took (every line: a resumed run's repeated steps cost twice, as its timed CPU seconds do)."""
+    rows = [r for r in read_records(run / "metrics.jsonl") if "dev_divergence_per_token" in r]
+    curve = [[r["step"], r["dev_divergence_per_token"]] for r in rows]
+    fall = 1.0 - curve[-1][1] / curve[0][1] if len(curve) >= 2 and curve[0][1] else None
+    return {"curve": curve, "fall": fall, "cpu_s": sum(r.get("dev_cpu_s", 0.0) for r in rows)}
 
 
 def mix(self_corpus: Path, seen_corpus: Path, out: Path, seed: int = 0) -> int:
@@ -288,7 +299,10 @@ def pilot_report(out: Path, seed: int, lr: str) -> dict:
     verdict = None if v_s is None else (
         f"continue: V beats S by {v_s['difference']:+.1f} >= {RULE['min_win']:g} points" if v_s["difference"] >= RULE["min_win"]
         else f"stop: V - S = {v_s['difference']:+.1f} < {RULE['min_win']:g} points; H runs next")
+    v_run = out / "arms" / names["V"]
+    divergence = held_out(v_run) if (v_run / "metrics.jsonl").exists() else None
     return {"seed": seed, "c2_lr": lr, "models": models, "pairs": pairs, "verdict": verdict,
+            "v_held_out_divergence": divergence,
             "not_finished": sorted([f"{m} on B-dev" for m in names if bdev[m] is None]
                                    + [f"{m} on the seen dev set" for m in names if seen[m] is None])}
 
@@ -303,6 +317,11 @@ def pilot_markdown(report: dict) -> str:
     for name, g in report["pairs"].items():
         lines.append(f"| {name} | {g['n']} | {g['difference']:+.1f} ({g['low']:+.1f} to {g['high']:+.1f}) | "
                      f"{g['better']} / {g['worse']} | {g['p_value']:.2g} |")
+    divergence = report.get("v_held_out_divergence")
+    if divergence and divergence["fall"] is not None:
+        lines += ["", "V's held-out divergence per answer token: "
+                  + ", ".join(f"step {step} {value:.4f}" for step, value in divergence["curve"])
+                  + f" (fell {100 * divergence['fall']:.0f}%; its measuring took {divergence['cpu_s']:.0f} CPU s)"]
     lines += ["", "pilot: " + (report["verdict"] or "not decided yet (V on B-dev not finished)")]
     if report["not_finished"]:
         lines.append("not finished: " + ", ".join(report["not_finished"]))
@@ -377,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-s", type=float, required=True)
     p.add_argument("--calibration", type=float, nargs=2, required=True, metavar=("SHORT_S", "LONG_S"),
                    help=f"CPU seconds of the arm's config run for {CALIBRATION_STEPS[0]} and {CALIBRATION_STEPS[1]} steps")
+    p.add_argument("--less-held-out", type=Path, metavar="VASD_RUN",
+                   help="leave out the CPU seconds this VASD run spent on its held-out figures (dev_cpu_s)")
     p = sub.add_parser("pilot")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--seed", type=int, default=0)
@@ -396,7 +417,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{mix(args.own, args.seen, args.out)} conversations to {args.out}")
     elif args.command == "steps":
         try:
-            print(calibrated_steps(args.budget_s, *args.calibration))
+            measured = held_out(args.less_held_out)["cpu_s"] if args.less_held_out else 0.0
+            print(calibrated_steps(args.budget_s - measured, *args.calibration))
         except ValueError as error:
             print(error, file=sys.stderr)
             return 2

@@ -82,13 +82,17 @@ def test_the_protocol_runs_from_the_gate_to_the_pilots_report(tiny_model_dir, tm
     arms = out / "arms"
     for model in ("v-s0", "c2-lr1.0e-4-s0"):
         assert (arms / model / "final").is_dir()
-    # C2 took V's CPU seconds (less the self-labelling, here none timed) at its calibrated 1 CPU s a step
+    # C2 took V's CPU seconds (less the self-labelling, here none timed, and less V's held-out measuring,
+    # before training and after its one step) at its calibrated 1 CPU s a step
     spent = {label: float(s) for label, s in (line.split() for line in (arms / "times.tsv").read_text().splitlines())}
     assert set(spent) == {"cal-c2-2", "cal-c2-22", "v-s0", "c2-lr1.0e-4-s0"} and spent["v-s0"] > 0
     assert not (arms / "calibrate").exists()
     steps = [json.loads(line)["step"] for line in (arms / "c2-lr1.0e-4-s0" / "metrics.jsonl").read_text().splitlines()]
-    assert steps[-1] == max(1, round(spent["v-s0"] / 1.0))
+    held_out = protocol.held_out(arms / "v-s0")
+    assert [step for step, _ in held_out["curve"]] == [0, 1] and 0 < held_out["cpu_s"] < spent["v-s0"]
+    assert steps[-1] == max(1, round((spent["v-s0"] - held_out["cpu_s"]) / 1.0))
     report = json.loads((arms / "pilot.json").read_text())
+    assert report["v_held_out_divergence"]["curve"] == held_out["curve"]
     assert set(report["models"]) == {"S", "V", "C2"} and report["not_finished"] == []
     assert set(report["pairs"]) == {"V - S", "C2 - S", "V - C2"} and report["pairs"]["V - S"]["n"] == 2
     assert report["verdict"].startswith(("continue: ", "stop: "))

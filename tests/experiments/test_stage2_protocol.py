@@ -106,6 +106,9 @@ def test_v_is_the_demos_stage_2_without_the_gold_and_h_only_adds_it(tmp_path):
     assert h["teacher"]["view"] == "gold-hinted" and h["data"]["source"] == [f"jsonl:{tmp_path / 'out'}/B/train.jsonl"]
     differ = {k for k in v if v[k] != h[k]}
     assert differ == {"teacher", "data", "out", "train"} and h["train"]["seed"] == 0
+    # the held-out divergence on the 64 unseen-function tasks after B-train ([768:1368]), no view played
+    assert v["dev"]["every"] == 8 and v["dev"]["views"] == [] and v["dev"]["data"]["limit"] == 64
+    assert v["dev"]["data"]["source"] == ["actions-gen:test-unseen[1368:1432]"] and v["dev"]["data"]["seed"] == 0
 
 
 def test_c2s_corpus_is_built_with_stage_1s_shares_from_the_self_labels(tmp_path):
@@ -126,6 +129,24 @@ def test_c2_and_c1_get_v_s_cpu_seconds_at_their_calibrated_cpu_seconds_a_step(ca
     assert capsys.readouterr().out.strip() == "150"
     assert protocol.main(["steps", "--budget-s", "2250", "--calibration", "40", "39"]) == 2
     assert "rerun it on a quiet machine" in capsys.readouterr().err
+
+
+def test_v_s_held_out_measuring_is_left_out_of_the_controls_budget(tmp_path, capsys):
+    """V's metrics.jsonl logs what each held-out measuring cost (dev_cpu_s, at step 0 and every
+    dev.every steps, twice for a step a resume repeated): those CPU seconds are not training, so the
+    controls' budget leaves all of them out. The divergence's fall is read from first to last."""
+    v = tmp_path / "v-s0"
+    v.mkdir()
+    rows = [{"step": 0, "dev_divergence_per_token": 0.5, "dev_cpu_s": 100.0}, {"step": 1, "loss": 0.3},
+            {"step": 8, "loss": 0.2, "dev_divergence_per_token": 0.4, "dev_cpu_s": 110.0},
+            {"step": 8, "loss": 0.2, "dev_divergence_per_token": 0.4, "dev_cpu_s": 115.0},  # resumed
+            {"step": 16, "loss": 0.1, "dev_divergence_per_token": 0.3, "dev_cpu_s": 125.0}]
+    (v / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    figures = protocol.held_out(v)
+    assert figures["cpu_s"] == 450.0 and figures["fall"] == pytest.approx(0.4)
+    assert figures["curve"] == [[0, 0.5], [8, 0.4], [8, 0.4], [16, 0.3]]
+    assert protocol.main(["steps", "--budget-s", "2700", "--less-held-out", str(v), "--calibration", "40", "340"]) == 0
+    assert capsys.readouterr().out.strip() == "150"  # (2,700 - 450) / 15
 
 
 def test_calibrate_times_each_run_once_into_a_fresh_scratch_folder(tmp_path):
