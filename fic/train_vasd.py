@@ -104,12 +104,12 @@ def train(cfg: VASDConfig) -> dict:
     out = Path(cfg.out)
 
     def held_out_figures(step: int) -> dict:  # on every rank, each its share of the held-out tasks
-        # its turns are not the rollouts'. Its cost is logged apart (dev_s; dev_cpu_s, this process's
+        # its turns are not the rollouts'. Its cost is logged apart (held_out_s; held_out_cpu_s, this process's
         # CPU seconds) so that a control given this run's compute can leave the measuring out.
         began, began_cpu = time.perf_counter(), time.process_time()
         with progress.phase("held-out", "dev tasks"), phase(f"the held-out evaluation at step {step}"):
             figures = evaluate_now(cfg, held_out, vasd, out=out / "dev" / f"step-{step}")
-        return {**figures, "dev_s": time.perf_counter() - began, "dev_cpu_s": time.process_time() - began_cpu}
+        return {**figures, "held_out_s": time.perf_counter() - began, "held_out_cpu_s": time.process_time() - began_cpu}
 
     if held_out and start == 0:  # the point the held-out figures are compared with
         before = held_out_figures(0)

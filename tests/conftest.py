@@ -40,6 +40,12 @@ if sandbox.bwrap_command() is None and not os.environ.get(sandbox.POLICY_VARIABL
 # the hostile-output tests for what is not held fail there, as they should.
 if not os.environ.get(sandbox.UNHELD_VARIABLE):
     os.environ[sandbox.UNHELD_VARIABLE] = ",".join(sandbox.unheld(sandbox.mode()))
+# Under pytest-xdist each worker, and each process its tests start, computes on one thread: two
+# workers' torch thread pools on 2 cores wait on each other (two torch processes side by side ran 5
+# times slower than in turn: experiments/LOG.md, 2026-12-06). A thread count the user set is kept.
+if os.environ.get("PYTEST_XDIST_WORKER") and "OMP_NUM_THREADS" not in os.environ:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

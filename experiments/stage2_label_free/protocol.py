@@ -252,7 +252,7 @@ def held_out(run: Path) -> dict:
     rows = [r for r in read_records(run / "metrics.jsonl") if "dev_divergence_per_token" in r]
     curve = [[r["step"], r["dev_divergence_per_token"]] for r in rows]
     fall = 1.0 - curve[-1][1] / curve[0][1] if len(curve) >= 2 and curve[0][1] else None
-    return {"curve": curve, "fall": fall, "cpu_s": sum(r.get("dev_cpu_s", 0.0) for r in rows)}
+    return {"curve": curve, "fall": fall, "cpu_s": sum(r.get("held_out_cpu_s", 0.0) for r in rows)}
 
 
 def mix(self_corpus: Path, seen_corpus: Path, out: Path, seed: int = 0) -> int:
@@ -397,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calibration", type=float, nargs=2, required=True, metavar=("SHORT_S", "LONG_S"),
                    help=f"CPU seconds of the arm's config run for {CALIBRATION_STEPS[0]} and {CALIBRATION_STEPS[1]} steps")
     p.add_argument("--less-held-out", type=Path, metavar="VASD_RUN",
-                   help="leave out the CPU seconds this VASD run spent on its held-out figures (dev_cpu_s)")
+                   help="leave out the CPU seconds this VASD run spent on its held-out figures (held_out_cpu_s)")
     p = sub.add_parser("pilot")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--seed", type=int, default=0)

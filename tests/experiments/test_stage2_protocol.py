@@ -132,15 +132,15 @@ def test_c2_and_c1_get_v_s_cpu_seconds_at_their_calibrated_cpu_seconds_a_step(ca
 
 
 def test_v_s_held_out_measuring_is_left_out_of_the_controls_budget(tmp_path, capsys):
-    """V's metrics.jsonl logs what each held-out measuring cost (dev_cpu_s, at step 0 and every
+    """V's metrics.jsonl logs what each held-out measuring cost (held_out_cpu_s, at step 0 and every
     dev.every steps, twice for a step a resume repeated): those CPU seconds are not training, so the
     controls' budget leaves all of them out. The divergence's fall is read from first to last."""
     v = tmp_path / "v-s0"
     v.mkdir()
-    rows = [{"step": 0, "dev_divergence_per_token": 0.5, "dev_cpu_s": 100.0}, {"step": 1, "loss": 0.3},
-            {"step": 8, "loss": 0.2, "dev_divergence_per_token": 0.4, "dev_cpu_s": 110.0},
-            {"step": 8, "loss": 0.2, "dev_divergence_per_token": 0.4, "dev_cpu_s": 115.0},  # resumed
-            {"step": 16, "loss": 0.1, "dev_divergence_per_token": 0.3, "dev_cpu_s": 125.0}]
+    rows = [{"step": 0, "dev_divergence_per_token": 0.5, "held_out_cpu_s": 100.0}, {"step": 1, "loss": 0.3},
+            {"step": 8, "loss": 0.2, "dev_divergence_per_token": 0.4, "held_out_cpu_s": 110.0},
+            {"step": 8, "loss": 0.2, "dev_divergence_per_token": 0.4, "held_out_cpu_s": 115.0},  # resumed
+            {"step": 16, "loss": 0.1, "dev_divergence_per_token": 0.3, "held_out_cpu_s": 125.0}]
     (v / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     figures = protocol.held_out(v)
     assert figures["cpu_s"] == 450.0 and figures["fall"] == pytest.approx(0.4)
