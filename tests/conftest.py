@@ -48,6 +48,21 @@ if os.environ.get("PYTEST_XDIST_WORKER") and "OMP_NUM_THREADS" not in os.environ
     torch.set_num_threads(1)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # pytest-xdist hands out files in the order the hook below leaves them, not by their test count
+    # (its default): a file of one long test (the miniature ablation, about 4 minutes) sorted last
+    # kept one worker busy alone at the end.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files that hold slow tests first, each file's tests in their own order: the two workers
+    start on the long files and finish together on the short ones."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)
+
+
 @pytest.fixture(scope="session")
 def smollm2_dir(request: pytest.FixtureRequest) -> Path:
     """The bundled SmolLM2-135M-Instruct, converted by `prepare_model` (once per cache folder)."""
