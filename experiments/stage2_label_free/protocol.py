@@ -23,11 +23,13 @@ from pathlib import Path
 
 import yaml
 
+from fic.core.errors import FicError
 from fic.core.files import write_json, write_jsonl, write_text
 from fic.core.records import read_log, read_records
 from fic.core.stats import mean_interval, paired_difference
 from fic.evaluation.gap import gate, scores_by_id, view_gap
 from fic.evaluation.metrics import timing_bin
+from fic.training.curves import read_metrics
 
 HERE = Path(__file__).resolve().parent
 # An SFT arm's CPU seconds a step: two short runs of its own config, alone on the machine like V's
@@ -249,7 +251,7 @@ def held_out(run: Path) -> dict:
     """A VASD run's held-out figures from its metrics.jsonl: the divergence per answer token by step
     (the first is before training), its fall (1 - last / first), and the CPU seconds the measuring
     took (every line: a resumed run's repeated steps cost twice, as its timed CPU seconds do)."""
-    rows = [r for r in read_records(run / "metrics.jsonl") if "dev_divergence_per_token" in r]
+    rows = [r for r in read_metrics(run / "metrics.jsonl") if "dev_divergence_per_token" in r]
     curve = [[r["step"], r["dev_divergence_per_token"]] for r in rows]
     fall = 1.0 - curve[-1][1] / curve[0][1] if len(curve) >= 2 and curve[0][1] else None
     return {"curve": curve, "fall": fall, "cpu_s": sum(r.get("held_out_cpu_s", 0.0) for r in rows)}
@@ -419,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             measured = held_out(args.less_held_out)["cpu_s"] if args.less_held_out else 0.0
             print(calibrated_steps(args.budget_s - measured, *args.calibration))
-        except ValueError as error:
+        except (ValueError, FicError) as error:  # a calibration that measured nothing; V's log unreadable
             print(error, file=sys.stderr)
             return 2
     elif args.command == "pilot":

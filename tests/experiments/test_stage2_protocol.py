@@ -147,6 +147,9 @@ def test_v_s_held_out_measuring_is_left_out_of_the_controls_budget(tmp_path, cap
     assert figures["curve"] == [[0, 0.5], [8, 0.4], [8, 0.4], [16, 0.3]]
     assert protocol.main(["steps", "--budget-s", "2700", "--less-held-out", str(v), "--calibration", "40", "340"]) == 0
     assert capsys.readouterr().out.strip() == "150"  # (2,700 - 450) / 15
+    missing = tmp_path / "v-s1"  # V not trained yet: one line naming its log, exit 2
+    assert protocol.main(["steps", "--budget-s", "2700", "--less-held-out", str(missing), "--calibration", "40", "340"]) == 2
+    assert str(missing / "metrics.jsonl") in capsys.readouterr().err
 
 
 def test_calibrate_times_each_run_once_into_a_fresh_scratch_folder(tmp_path):
