@@ -6,6 +6,7 @@
     python protocol.py steps --budget-s S --calibration A B  # SFT steps that take S CPU seconds (A, B: CPU s of 2 and 22 steps;
                                                              # --less-held-out V: less V's held-out measuring)
     python protocol.py pilot --out OUT                # seed 0 of V and C2 against S and each other, the pilot's rule
+    python protocol.py choose --out OUT --arm c2      # a control's rate: the best of its seed-0 runs on B-dev
     python protocol.py decide --out OUT               # the rule applied to the arms' B-dev evaluations
 
 The decision rule (`RULE`) is written here, before any arm's row exists; `prepare` copies it with
@@ -58,6 +59,11 @@ RULE = {
                             "the seed-level 95% upper bound of V - C2 < 3 points"],
     "min_win": 3.0, "max_p": 0.05, "p_seeds": 2, "full_margin": 2.0, "h_min": 5.0,
 }
+# Numbers the rule's text above states and its keys do not hold (a new key would change the frozen hash).
+DIVERGENCE_FALL = 0.30  # "V's held-out divergence fell by >= 30%"
+NEGATIVE_BOUND = 3.0  # "the seed-level 95% upper bound of V - C2 < 3 points"
+# The controls' learning rates; each control's is chosen on B-dev at the first seed (`choose`).
+RATES = ["3.0e-5", "1.0e-4", "2.0e-4"]
 
 
 def rule_hash(rule: dict = RULE) -> str:
@@ -122,7 +128,8 @@ def fill(template: Path, **values: object) -> str:
     return text
 
 
-def prepare(run: Path, out: Path, seeds: list[int], v_steps: int, lrs: list[str], pilot_lr: str = "1.0e-4") -> Path:
+def prepare(run: Path, out: Path, seeds: list[int], v_steps: int, lrs: list[str] = RATES,
+            pilot_lr: str = "1.0e-4") -> Path:
     """OUT/arms: the filled configs, rule.json, arms.sh (every arm, in order) and pilot.sh (seed 0 of V
     and of C2 at `pilot_lr`, and their evaluations); nothing is run. Both scripts run one command at a
     time and resume: a finished step is passed over, a training run with a checkpoint continues from it."""
@@ -192,32 +199,47 @@ def prepare(run: Path, out: Path, seeds: list[int], v_steps: int, lrs: list[str]
     def v_arm(seed: int) -> list[str]:
         return [f"train v-s{seed} {arms}/v-s{seed} fic train vasd --config {configs}/v-s{seed}.yaml"]
 
+    corpora = {"c2": f"{arms}/c2.mix.sft.jsonl", "c1": f"{run}/data/sft.sft.jsonl"}
+    for name, arm_seeds in (("c2", seeds), ("c1", seeds[:1])):  # C1: one seed (issue 55)
+        for seed in arm_seeds:
+            for lr in sorted({*lrs, pilot_lr}):
+                write_text(configs / f"{name}-lr{lr}-s{seed}.yaml",
+                           fill(HERE / "configs" / "sft.yaml", run=run, out=out, seed=seed, lr=lr,
+                                corpus=corpora[name], name=name, steps=1))
+
     def sft_arm(name: str, lr: str, seed: int) -> list[str]:
-        """C2 or C1 for V's CPU seconds (less V's held-out measuring; C2's also less the self-labelling)
-        at the arm's own CPU seconds a step, calibrated first (once per corpus: a later arm finds the labels)."""
-        corpus = f"{arms}/c2.mix.sft.jsonl" if name == "c2" else f"{run}/data/sft.sft.jsonl"
-        cfg = configs / f"{name}-lr{lr}-s{seed}.yaml"
-        write_text(cfg, fill(HERE / "configs" / "sft.yaml", run=run, out=out, seed=seed, lr=lr, corpus=corpus,
-                             name=name, steps=1))
+        """C2 or C1 at rate `lr` (a literal or the shell variable `choose` set) for V's CPU seconds
+        (less V's held-out measuring; C2's also less the self-labelling) at the arm's own CPU seconds
+        a step, calibrated first (once per corpus: a later arm finds the labels), then evaluated."""
+        cfg, arm = configs / f"{name}-lr{lr}-s{seed}.yaml", f"{name}-lr{lr}-s{seed}"
         budget = f'$(echo "$(spent v-s{seed}) - $(spent label-self)" | bc)' if name == "c2" else f"$(spent v-s{seed})"
         return [f"calibrate {name} {cfg}",
                 f"STEPS=$({me} steps --budget-s {budget} --less-held-out {arms}/v-s{seed} "
                 f"--calibration $(spent cal-{name}-{short}) $(spent cal-{name}-{long}))",
-                f"train {name}-lr{lr}-s{seed} {arms}/{name}-lr{lr}-s{seed} fic train sft --config {cfg} "
-                f"train.max_steps=$STEPS"]
+                f"train {arm} {arms}/{arm} fic train sft --config {cfg} train.max_steps=$STEPS", *evaluated(arm)]
 
+    rates = " ".join(lrs)
+    first, later = seeds[0], seeds[1:]
     sh = [*head, "# Issue 55's arms, written by protocol.py prepare; pilot.sh first (seed 0 of V and C2).",
-          *blind, *c2_corpus, *s_bdev, f"{seen} model.model=$S out={arms}/eval-seen/s", ""]
+          *blind, *c2_corpus, *s_bdev, f"{seen} model.model=$S out={arms}/eval-seen/s", "",
+          "# V in every seed first: its settings are the demo's stage 2, nothing here is chosen for it."]
     for seed in seeds:
-        sh += [f"# seed {seed}", *v_arm(seed), *evaluated(f"v-s{seed}")]
-        for lr in lrs:
-            for name in ("c2", "c1"):
-                sh += [*sft_arm(name, lr, seed), *evaluated(f"{name}-lr{lr}-s{seed}")]
-        sh.append("")
-    sh += ["# H, one seed: the hinted teacher reads B-train's true gold (the positive control).",
+        sh += [*v_arm(seed), *evaluated(f"v-s{seed}")]
+    sh += ["", f"# C2 at every rate in seed {first}; the rate with the best sharded P on B-dev (a tie: the first "
+           "listed) runs the other seeds. Chosen on the data V is compared on: the control's advantage; "
+           "B-test, read once, is free of it."]
+    for lr in lrs:
+        sh += sft_arm("c2", lr, first)
+    sh.append(f"C2_RATE=$({me} choose --out {out} --arm c2 --seed {first} --lrs {rates})")
+    for seed in later:
+        sh += sft_arm("c2", "$C2_RATE", seed)
+    sh += ["", "# C1, one seed, its rate chosen the same way (decide reads the choice again)."]
+    for lr in lrs:
+        sh += sft_arm("c1", lr, first)
+    sh += ["", "# H, one seed: the hinted teacher reads B-train's true gold (the positive control).",
            f"train h-s0 {arms}/h-s0 fic train vasd --config {configs}/h-s0.yaml",
            f"{ev} model.model={arms}/h-s0/final out={arms}/eval/h-s0",
-           f"{me} decide --out {out}"]
+           f"{me} decide --out {out} --seeds {' '.join(map(str, seeds))} --lrs {rates}"]
     write_text(arms / "arms.sh", "\n".join(sh) + "\n")
     (arms / "arms.sh").chmod(0o755)
 
@@ -231,7 +253,7 @@ def prepare(run: Path, out: Path, seeds: list[int], v_steps: int, lrs: list[str]
              f"{ev} model.model={arms}/v-s{seed}/final out={arms}/eval/v-s{seed}", report,
              f"{seen} model.model={arms}/v-s{seed}/final out={arms}/eval-seen/v-s{seed}",
              f"{seen} model.model=$S out={arms}/eval-seen/s",
-             *sft_arm("c2", pilot_lr, seed), *evaluated(f"c2-lr{pilot_lr}-s{seed}"), report]
+             *sft_arm("c2", pilot_lr, seed), report]
     write_text(arms / "pilot.sh", "\n".join(pilot) + "\n")
     (arms / "pilot.sh").chmod(0o755)
     return arms / "arms.sh"
@@ -332,6 +354,21 @@ def pilot_markdown(report: dict) -> str:
 
 # ---------------------------------------------------------------------------- the decision
 
+def choose_rate(out: Path, name: str, seed: int, lrs: list[str]) -> str:
+    """The rate of `lrs` whose `name` arm at `seed` has the best sharded P on B-dev (a tie: the first
+    listed). Every rate's evaluation must have finished: a choice among some of them is not made."""
+    scores = {}
+    for lr in lrs:
+        folder = out / "arms" / "eval" / f"{name}-lr{lr}-s{seed}"
+        log = finished_log(folder)
+        if log is None:
+            raise FicError(f"{name} at rate {lr}, seed {seed}: its B-dev evaluation has not finished, so no rate "
+                           "is chosen yet", path=str(folder))
+        sharded = scores_by_id(log, "sharded", origin=str(folder)).values()
+        scores[lr] = sum(r["score"] for r in sharded) / len(sharded)
+    return max(lrs, key=scores.__getitem__)
+
+
 def decide(rows: dict, rule: dict = RULE) -> dict:
     """The rule applied to per-seed paired figures. `rows[seed]` holds `v_c2` and `v_s`
     (`paired_difference` of sharded scores on B-dev) and `full` ({"V", "C2", "S"}: P(full) on
@@ -341,8 +378,10 @@ def decide(rows: dict, rule: dict = RULE) -> dict:
     checks = {
         "V beats C2 in every seed": all(d > 0 for d in v_c2),
         f"mean V - C2 >= {rule['min_win']}": sum(v_c2) / len(v_c2) >= rule["min_win"],
-        f"p < {rule['max_p']} in >= {rule['p_seeds']} seeds": sum(rows[s]["v_c2"]["p_value"] < rule["max_p"]
-                                                                  for s in seeds) >= rule["p_seeds"],
+        # a seed counts when V is the better one there: a significant loss is no evidence of a win
+        f"p < {rule['max_p']} in >= {rule['p_seeds']} seeds": sum(
+            rows[s]["v_c2"]["difference"] > 0 and rows[s]["v_c2"]["p_value"] < rule["max_p"]
+            for s in seeds) >= rule["p_seeds"],
         "V beats S in every seed": all(rows[s]["v_s"]["difference"] > 0 for s in seeds),
         f"P(full) within {rule['full_margin']} of C2 and S on both sets": all(
             rows[s][key]["V"] >= rows[s][key][other] - rule["full_margin"]
@@ -353,29 +392,71 @@ def decide(rows: dict, rule: dict = RULE) -> dict:
             "v_wins_on_dev": all(checks.values()), "rule_hash": rule_hash(rule)}
 
 
+def negative(gate_passed: bool, h_s: float | None, falls: list[float | None], seed_level: dict | None,
+             rule: dict = RULE) -> dict:
+    """The rule's convincing negative: the gate passed, H - S (points, sharded P on B-dev) reaches
+    `h_min`, V's held-out divergence fell by DIVERGENCE_FALL in every seed, and the seed-level upper
+    bound of V - C2 is under NEGATIVE_BOUND. A figure not measured yet fails its check."""
+    checks = {"the gate passed": gate_passed,
+              f"H - S >= {rule['h_min']:g}": h_s is not None and h_s >= rule["h_min"],
+              f"V's held-out divergence fell >= {DIVERGENCE_FALL:.0%} in every seed":
+                  bool(falls) and all(f is not None and f >= DIVERGENCE_FALL for f in falls),
+              f"seed-level upper bound of V - C2 < {NEGATIVE_BOUND:g}":
+                  seed_level is not None and seed_level["high"] < NEGATIVE_BOUND}
+    return {"checks": checks, "convincing": all(checks.values())}
+
+
 def arm_rows(out: Path, seeds: list[int], lr: dict[str, str]) -> dict:
-    """Per-seed paired figures from the arms' evaluation logs (chosen rates `lr` for C1, C2)."""
+    """Per-seed paired figures from the arms' evaluation logs (chosen rates `lr` for C1, C2): the
+    rule's V - C2, V - S, P(full); V - C1 where C1 ran that seed, for the record."""
     def logs(name: str) -> tuple[list[dict], list[dict]]:
-        return tuple(read_log(out / "arms" / folder / name / "conversations.jsonl") for folder in ("eval", "eval-seen"))
+        found = []
+        for folder in (out / "arms" / "eval" / name, out / "arms" / "eval-seen" / name):
+            log = finished_log(folder)
+            if log is None:
+                raise FicError(f"{name}: this evaluation has not finished", path=str(folder))
+            found.append(log)
+        return found[0], found[1]
+
+    def paired(a, b, view="sharded"):
+        first, second = scores_by_id(a, view), scores_by_id(b, view)
+        ids = sorted(first)
+        return paired_difference([first[i]["score"] for i in ids], [second[i]["score"] for i in ids])
+
+    def full_p(*named):
+        return {name: paired(log, log, "full")["first"] for name, log in named}
 
     s_log, s_seen = logs("s")
     rows = {}
     for seed in seeds:
         v, v_seen = logs(f"v-s{seed}")
         c2, c2_seen = logs(f"c2-lr{lr['c2']}-s{seed}")
-
-        def paired(a, b, view="sharded"):
-            first, second = scores_by_id(a, view), scores_by_id(b, view)
-            ids = sorted(first)
-            return paired_difference([first[i]["score"] for i in ids], [second[i]["score"] for i in ids])
-
-        def full_p(*named):
-            return {name: paired(log, log, "full")["first"] for name, log in named}
-
         rows[seed] = {"v_c2": paired(v, c2), "v_s": paired(v, s_log),
                       "full": full_p(("V", v), ("C2", c2), ("S", s_log)),
                       "full_seen": full_p(("V", v_seen), ("C2", c2_seen), ("S", s_seen))}
+        c1 = finished_log(out / "arms" / "eval" / f"c1-lr{lr['c1']}-s{seed}") if lr.get("c1") else None
+        if c1 is not None:
+            rows[seed]["v_c1"] = paired(v, c1)
     return rows
+
+
+def verdict(out: Path, seeds: list[int], lrs: list[str]) -> dict:
+    """The rule on the arms' B-dev evaluations, C2's (and C1's, when its runs finished) rate chosen
+    on B-dev at the first seed, and the convincing negative's checks beside it."""
+    rates = {"c2": choose_rate(out, "c2", seeds[0], lrs)}
+    try:
+        rates["c1"] = choose_rate(out, "c1", seeds[0], lrs)
+    except FicError:  # C1 is reported when it finished; the rule does not read it
+        pass
+    result = decide(arm_rows(out, seeds, rates))
+    gate_file = out / "gate.json"
+    gate_passed = gate_file.exists() and bool((json.loads(gate_file.read_text()).get("verdict") or {}).get("passed"))
+    h, s = (finished_log(out / "arms" / "eval" / name) for name in ("h-s0", "s"))
+    h_s = view_gap(h, s, teacher_view="sharded", origin=str(out / "arms" / "eval"))["difference"] if h and s else None
+    falls = [held_out(out / "arms" / f"v-s{seed}")["fall"] if (out / "arms" / f"v-s{seed}" / "metrics.jsonl").exists()
+             else None for seed in seeds]
+    return {**result, "rates": rates, "h_minus_s": h_s, "v_held_out_fall_by_seed": falls,
+            "negative": negative(gate_passed, h_s, falls, result["seed_level"])}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -388,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--v-steps", type=int, default=32)
-    p.add_argument("--lrs", nargs="+", default=["3.0e-5", "1.0e-4", "2.0e-4"])
+    p.add_argument("--lrs", nargs="+", default=RATES)
     p.add_argument("--pilot-lr", default="1.0e-4", help="C2's rate in the pilot")
     p = sub.add_parser("mix")
     p.add_argument("--self", dest="own", type=Path, required=True)
@@ -404,10 +485,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr-c2", default="1.0e-4", help="C2's rate in the pilot")
+    p = sub.add_parser("choose")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--arm", choices=["c1", "c2"], required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lrs", nargs="+", default=RATES)
     p = sub.add_parser("decide")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--lr-c2", default="1.0e-4", help="C2's rate, chosen on B-dev")
+    p.add_argument("--lrs", nargs="+", default=RATES, help="the controls' rates; each one's is chosen at the first seed")
     args = parser.parse_args(argv)
     if args.command == "gate":
         report = gate_report(args.out)
@@ -428,12 +514,22 @@ def main(argv: list[str] | None = None) -> int:
         report = pilot_report(args.out, args.seed, args.lr_c2)
         write_json(args.out / "arms" / "pilot.json", report)
         print(pilot_markdown(report))
+    elif args.command == "choose":
+        try:
+            print(choose_rate(args.out, args.arm, args.seed, args.lrs))
+        except FicError as error:
+            print(error, file=sys.stderr)
+            return 2
     elif args.command == "decide":
         frozen = json.loads((args.out / "arms" / "rule.json").read_text())
         if frozen["hash"] != rule_hash():
             print("the rule changed since prepare froze it; refusing to decide", file=sys.stderr)
             return 2
-        result = decide(arm_rows(args.out, args.seeds, {"c2": args.lr_c2}))
+        try:
+            result = verdict(args.out, args.seeds, args.lrs)
+        except FicError as error:  # an arm's evaluation not finished
+            print(error, file=sys.stderr)
+            return 2
         write_json(args.out / "arms" / "decision.json", result)
         print(json.dumps(result, indent=2))
     return 0

@@ -23,7 +23,7 @@ from fic.training.vasd.config import VASDConfig
 RECIPES = Path(__file__).resolve().parents[2] / "recipes" / "smollm2-135m-instruct"
 VERBS = {("train", "vasd"): VASDConfig, ("train", "sft"): SFTConfig, ("eval",): EvalConfig, ("sft-data",): SFTDataConfig}
 # the shell variables arms.sh sets at run time, with values of their kind
-SHELL = {"$STEPS": "7", "$S": "/run/sft/final"}
+SHELL = {"$STEPS": "7", "$S": "/run/sft/final", "$C2_RATE": "2.0e-4"}
 
 
 def prepared(tmp_path: Path) -> Path:
@@ -55,6 +55,7 @@ def commands(script: Path) -> list[tuple[type, str, list[str]]]:
         overrides = [w for w in rest if "=" in w and not w.startswith("--")]
         for name, value in SHELL.items():
             overrides = [w.replace(name, value) for w in overrides]
+            config = config.replace(name, value)
         found.append((VERBS[verb], config, overrides))
     return found
 
@@ -230,6 +231,90 @@ def test_the_pilot_stops_when_v_gains_less_than_three_points_on_s(tmp_path):
         evaluation(arms / "eval" / name, {"full": [1] * 10, "sharded": [1] * 5 + [0] * 5})
     protocol.main(["pilot", "--out", str(tmp_path)])
     assert json.loads((arms / "pilot.json").read_text())["verdict"] == "stop: V - S = +0.0 < 3 points; H runs next"
+
+
+def test_arms_sh_runs_v_in_every_seed_then_each_controls_rates_in_the_first_then_its_chosen_rate(tmp_path):
+    """Seeds 0, 1, 2 and rates a, b: V's three seeds before any control; C2 at both rates in seed 0,
+    `choose` after both are evaluated, seeds 1 and 2 at the chosen rate; C1 in seed 0 only; decide last."""
+    script = protocol.prepare(tmp_path / "run", tmp_path / "out", seeds=[0, 1, 2], v_steps=32, lrs=["1.0e-4", "2.0e-4"])
+    lines = [line for line in script.read_text().split("\nS=", 1)[1].splitlines() if line and not line.startswith("#")]
+    trained = [line.split()[1] for line in lines if line.startswith("train ")]
+    assert trained == ["v-s0", "v-s1", "v-s2", "c2-lr1.0e-4-s0", "c2-lr2.0e-4-s0", "c2-lr$C2_RATE-s1",
+                       "c2-lr$C2_RATE-s2", "c1-lr1.0e-4-s0", "c1-lr2.0e-4-s0", "h-s0"]
+    choose = next(i for i, line in enumerate(lines) if line.startswith("C2_RATE="))
+    evaluated = [i for i, line in enumerate(lines) if "eval/c2-lr" in line and "-s0" in line]
+    assert max(evaluated) < choose < next(i for i, line in enumerate(lines) if line.startswith("train c2-lr$C2_RATE"))
+    assert "choose --out" in lines[choose] and lines[choose].endswith("--arm c2 --seed 0 --lrs 1.0e-4 2.0e-4)")
+    assert lines[-1].endswith("decide --out " + str(tmp_path / "out") + " --seeds 0 1 2 --lrs 1.0e-4 2.0e-4")
+    configs = {path.name for path in (script.parent / "configs").iterdir()}
+    assert {f"c2-lr{lr}-s{seed}.yaml" for lr in ("1.0e-4", "2.0e-4") for seed in (0, 1, 2)} <= configs
+    assert not any(name.startswith("c1-") and not name.endswith("-s0.yaml") for name in configs)
+
+
+def test_a_controls_rate_is_the_best_sharded_p_of_its_first_seed_on_b_dev(tmp_path, capsys):
+    arms = tmp_path / "arms"
+    for lr, right in (("3.0e-5", 4), ("1.0e-4", 6), ("2.0e-4", 6)):  # a tie: the first listed
+        evaluation(arms / "eval" / f"c2-lr{lr}-s0", {"full": [1] * 10, "sharded": [1] * right + [0] * (10 - right)})
+    assert protocol.main(["choose", "--out", str(tmp_path), "--arm", "c2"]) == 0
+    assert capsys.readouterr().out.strip() == "1.0e-4"
+    assert protocol.choose_rate(tmp_path, "c2", 0, ["2.0e-4", "1.0e-4"]) == "2.0e-4"
+    unfinished = arms / "eval" / "c2-lr2.0e-4-s0" / "conversations.jsonl"
+    unfinished.write_text(unfinished.read_text().splitlines(keepends=True)[0])
+    assert protocol.main(["choose", "--out", str(tmp_path), "--arm", "c2"]) == 2  # no choice among some rates
+    assert "c2-lr2.0e-4-s0: c2 at rate 2.0e-4, seed 0: its B-dev evaluation has not finished" in capsys.readouterr().err
+
+
+def test_decide_applies_the_frozen_rule_and_the_convincing_negative(tmp_path, capsys):
+    """Three seeds, ten B-dev instances. S right on 4 of 10 sharded; C2's rates: 1e-4 on 6 in seed 0,
+    2e-4 on 5 (1e-4 chosen); V on 5 in every seed, C2 at 1e-4 on 6, 7, 6 in seeds 0-2: V - C2 is
+    -10, -20, -10, V - S +10. H on 10: H - S +60. V's divergence fell 50%, 50%, 20% (seed 2 short)."""
+    out, arms = tmp_path, tmp_path / "arms"
+    protocol.prepare(tmp_path / "run", out, seeds=[0, 1, 2], v_steps=32, lrs=["1.0e-4", "2.0e-4"])
+    (out / "gate.json").write_text(json.dumps({"verdict": {"passed": True}}))
+    sharded = lambda right: [1] * right + [0] * (10 - right)  # noqa: E731
+    evaluation(arms / "eval" / "s", {"full": [1] * 9 + [0], "sharded": sharded(4)})
+    evaluation(arms / "eval" / "h-s0", {"full": [1] * 10, "sharded": sharded(10)})
+    evaluation(arms / "eval" / "c2-lr2.0e-4-s0", {"full": [1] * 10, "sharded": sharded(5)})
+    for seed, c2, fall in ((0, 6, 0.5), (1, 7, 0.5), (2, 6, 0.2)):
+        evaluation(arms / "eval" / f"v-s{seed}", {"full": [1] * 9 + [0], "sharded": sharded(5)})
+        evaluation(arms / "eval" / f"c2-lr1.0e-4-s{seed}", {"full": [1] * 9 + [0], "sharded": sharded(c2)})
+        (arms / f"v-s{seed}").mkdir()
+        (arms / f"v-s{seed}" / "metrics.jsonl").write_text(
+            json.dumps({"step": 0, "dev_divergence_per_token": 0.1}) + "\n"
+            + json.dumps({"step": 32, "dev_divergence_per_token": 0.1 * (1 - fall)}) + "\n")
+    for name in ("s", "v-s0", "v-s1", "v-s2", "c2-lr1.0e-4-s0", "c2-lr1.0e-4-s1", "c2-lr1.0e-4-s2"):
+        evaluation(arms / "eval-seen" / name, {"full": [1, 1, 1, 0]})
+    assert protocol.main(["decide", "--out", str(out), "--lrs", "1.0e-4", "2.0e-4"]) == 0
+    result = json.loads((arms / "decision.json").read_text())
+    assert result["rates"] == {"c2": "1.0e-4"} and result["v_minus_c2_by_seed"] == [-10.0, -20.0, -10.0]
+    assert result["checks"] == {"V beats C2 in every seed": False, "mean V - C2 >= 3.0": False,
+                                "p < 0.05 in >= 2 seeds": False, "V beats S in every seed": True,
+                                "P(full) within 2.0 of C2 and S on both sets": True}
+    assert not result["v_wins_on_dev"] and result["h_minus_s"] == 60.0
+    assert result["v_held_out_fall_by_seed"] == pytest.approx([0.5, 0.5, 0.2])
+    level = result["seed_level"]  # mean -13.3, sd 5.77, t(2) 4.303: upper bound +1.0
+    assert level["mean"] == pytest.approx(-40 / 3) and level["high"] == pytest.approx(-40 / 3 + 4.303 * 5.7735 / 3 ** 0.5, abs=0.01)
+    assert result["negative"]["checks"] == {"the gate passed": True, "H - S >= 5": True,
+                                            "V's held-out divergence fell >= 30% in every seed": False,
+                                            "seed-level upper bound of V - C2 < 3": True}
+    assert not result["negative"]["convincing"]
+
+    (arms / "eval-seen" / "c2-lr1.0e-4-s2" / "conversations.jsonl").write_text("")  # an arm not evaluated
+    assert protocol.main(["decide", "--out", str(out), "--lrs", "1.0e-4", "2.0e-4"]) == 2
+    assert "c2-lr1.0e-4-s2: this evaluation has not finished" in capsys.readouterr().err
+
+
+def test_the_rule_counts_a_seeds_p_only_when_v_is_the_better_arm():
+    def rows(differences, p_value, v_full=80.0):
+        return {seed: {"v_c2": {"difference": d, "p_value": p_value}, "v_s": {"difference": 4.0},
+                       "full": {"V": v_full, "C2": 80.0, "S": 81.0}, "full_seen": {"V": 90.0, "C2": 90.0, "S": 90.0}}
+                for seed, d in enumerate(differences)}
+
+    win = protocol.decide(rows([4.0, 3.0, 5.0], 0.01))
+    assert win["v_wins_on_dev"] and all(win["checks"].values()) and win["seed_level"]["mean"] == pytest.approx(4.0)
+    loss = protocol.decide(rows([-4.0, -3.0, -5.0], 0.01))  # significant, the wrong way
+    assert not loss["checks"]["p < 0.05 in >= 2 seeds"]
+    assert not protocol.decide(rows([4.0, 3.0, 5.0], 0.01, v_full=78.9))["v_wins_on_dev"]  # 2.1 under S's P(full)
 
 
 def test_the_scripts_time_a_commands_cpu_seconds_in_the_main_shell_and_in_a_lane(tmp_path):
