@@ -29,6 +29,7 @@ same however positions fall across micro-batches and processes.
 
 from __future__ import annotations
 
+import contextvars
 import math
 from typing import Any, Callable
 
@@ -241,6 +242,11 @@ def teacher_logprobs(teacher_hidden: torch.Tensor, head: Callable, softcap: floa
         return torch.logsumexp(torch.stack(views), dim=0) - math.log(len(views))
 
 
+# Set while a window measures each term's own gradient: its graph is walked once a term and once
+# more for the step, so a backward pass must leave what it saved as it found it.
+_WALKED_AGAIN = contextvars.ContextVar("walked_again", default=False)
+
+
 class _FusedHead(torch.autograd.Function):
     """sum over chunks of `chunk_loss(logits of the chunk, *row chunks)`, with the gradients of
     the hidden rows and of the head's weight worked out chunk by chunk during the forward pass
@@ -276,13 +282,18 @@ class _FusedHead(torch.autograd.Function):
             total += loss.detach().to(total.dtype)
         ctx.save_for_backward(grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype),
                               None if grad_bias is None else grad_bias.to(bias.dtype))
+        ctx.walked_again = _WALKED_AGAIN.get()
         return total
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple:
         grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
-        # In place: the buffers are ours and used once; a copy would be another head-sized tensor.
-        scale = lambda g: None if g is None else g.mul_(grad_output.to(g.dtype))  # noqa: E731
+        # In place: the buffers are ours and used once; a copy would be another head-sized tensor
+        # (the same values either way, so a window that walks the graph again steps identically).
+        if ctx.walked_again:
+            scale = lambda g: None if g is None else g * grad_output.to(g.dtype)  # noqa: E731
+        else:
+            scale = lambda g: None if g is None else g.mul_(grad_output.to(g.dtype))  # noqa: E731
         return (scale(grad_hidden), scale(grad_weight), scale(grad_bias), None, None, *[None] * 8)
 
 
@@ -340,7 +351,8 @@ def to_device(value: Any, device: Any) -> Any:
 
 def window_backward(accelerator: Any, loss_module: torch.nn.Module, batches: list[dict],
                     counts: list[dict[str, float]], weights: dict[str, float],
-                    after_backward: Callable[[], None] | None = None) -> dict[str, float]:
+                    after_backward: Callable[[], None] | None = None,
+                    term_norms: bool = False) -> dict[str, float]:
     """Forward and backward over one accumulation window; return each term's mean and `loss`.
 
     `loss_module(**batch)` returns a dict of summed loss terms; `counts[i][term]` is the number
@@ -352,6 +364,13 @@ def window_backward(accelerator: Any, loss_module: torch.nn.Module, batches: lis
     Counts of names that are not loss terms (e.g. `tokens`) are only summed and returned.
     `after_backward` runs after each micro-batch's backward pass (the bf16 compute copy moves its
     gradients into the float32 masters there).
+
+    `term_norms`: also return `grad_norm_<term>`, the norm of each weighted term's own gradient
+    over the window and all ranks (the total's is the optimizer step's `grad_norm`), which tells
+    a term that steers the update from one that is drowned out. It costs one more backward pass
+    a term and a float32 copy of the trainable parameters a term, and leaves the gradients the
+    step uses as they are (`torch.autograd.grad` fills no `.grad`); the parameters must be whole
+    on each rank (one process or DDP).
     """
     device = accelerator.device
     names = sorted({name for c in counts for name in c})
@@ -360,10 +379,23 @@ def window_backward(accelerator: Any, loss_module: torch.nn.Module, batches: lis
     totals = dict(zip(names, accelerator.reduce(local, reduction="sum").tolist()))
     scale = accelerator.gradient_accumulation_steps * accelerator.num_processes
     sums = {name: torch.zeros((), dtype=torch.float64, device=device) for name in weights}
+    trained = [p for p in loss_module.parameters() if p.requires_grad] if term_norms else []
+    own = {name: [torch.zeros_like(p, dtype=torch.float32) for p in trained] for name in weights if term_norms}
     for index, batch in enumerate(progress.counting(batches, "micro-batches")):  # for the heartbeat
         with accelerator.accumulate(loss_module):
-            terms = loss_module(**to_device(batch, device))
-            loss = sum(weights[name] * terms[name] / totals[name] for name in weights if totals.get(name, 0) > 0)
+            walked_again = _WALKED_AGAIN.set(term_norms)
+            try:
+                terms = loss_module(**to_device(batch, device))
+            finally:
+                _WALKED_AGAIN.reset(walked_again)
+            parts = {name: weights[name] * terms[name] / totals[name] for name in weights if totals.get(name, 0) > 0}
+            for name, part in parts.items() if term_norms else ():
+                if part.requires_grad:  # a term with no position in this micro-batch has no graph
+                    grads = torch.autograd.grad(part, trained, retain_graph=True, allow_unused=True)
+                    for kept, grad in zip(own[name], grads):
+                        if grad is not None:
+                            kept += grad.float()
+            loss = sum(parts.values())
             if not torch.is_tensor(loss):  # no positions anywhere: still run backward so ranks stay in step
                 loss = sum(terms[name] * 0.0 for name in weights)
             accelerator.backward(loss * scale)
@@ -378,4 +410,7 @@ def window_backward(accelerator: Any, loss_module: torch.nn.Module, batches: lis
              for name, value in zip(weights, reduced)}
     figures: dict[str, Any] = {"loss": sum(weights[n] * m for n, m in means.items() if m is not None), **means}
     figures.update({f"n_{name}": totals[name] for name in names})
+    for name, kept in own.items():  # each rank's share is its part of the sum the loss is written as
+        squares = sum(accelerator.reduce(grad, reduction="sum").double().pow(2).sum() for grad in kept)
+        figures[f"grad_norm_{name}"] = math.sqrt(float(squares)) if kept else 0.0
     return figures

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fic.core.errors import FicError
-from fic.training.losses import divergence, trust_region
+from fic.training.losses import divergence, trust_region, window_backward
 
 
 def naive(kind, s_logits, t_logits, beta=0.5, temperature=1.0):
@@ -88,3 +88,47 @@ def test_the_trust_region_bounds_each_tokens_pull_and_is_exact_when_wide():
     assert torch.allclose(bounded.exp().sum(-1), torch.ones(6))
     assert float((ratio.max(-1).values - ratio.min(-1).values).max()) <= 1.0 + 1e-5  # a shift of a [-c, c] clip
     assert divergence(student, bounded, "forward_kl").sum() < divergence(student, teacher, "forward_kl").sum()
+
+
+class TwoTerms(torch.nn.Module):
+    """Two loss terms on one weight: `a` on the rows of x, `b` on the rows of y, each a sum."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(3, 2)
+
+    def forward(self, x, y):
+        return {"a": self.linear(x).pow(2).sum(), "b": self.linear(y).tanh().sum()}
+
+
+@pytest.mark.usefixtures("fresh_accelerate_state")
+def test_each_terms_own_gradient_norm_is_that_terms_gradient_and_the_step_is_unchanged():
+    """Two micro-batches, term b absent from the second: grad_norm_<term> is the norm of
+    weight * term / its count over the window, computed alone; the gradients the optimizer reads
+    equal those of a window that measured nothing."""
+    from accelerate import Accelerator
+
+    g = torch.Generator().manual_seed(0)
+    batches = [{"x": torch.randn(2, 3, generator=g), "y": torch.randn(1, 3, generator=g)},
+               {"x": torch.randn(3, 3, generator=g), "y": torch.zeros(0, 3)}]
+    counts = [{"a": 2, "b": 1}, {"a": 3, "b": 0}]
+    weights = {"a": 0.5, "b": 2.0}
+    torch.manual_seed(0)
+    measured, plain = TwoTerms(), TwoTerms()
+    plain.load_state_dict(measured.state_dict())
+    reference = [TwoTerms() for _ in weights]
+    for model in reference:
+        model.load_state_dict(measured.state_dict())
+
+    figures = window_backward(Accelerator(gradient_accumulation_steps=2), measured, [dict(b) for b in batches],
+                              counts, weights, term_norms=True)
+    window_backward(Accelerator(gradient_accumulation_steps=2), plain, [dict(b) for b in batches], counts, weights)
+    for a, b in zip(measured.parameters(), plain.parameters()):
+        assert torch.equal(a.grad, b.grad)
+    for (name, weight), model in zip(weights.items(), reference):
+        total = sum(count[name] for count in counts)
+        (weight * sum(model(**batch)[name] for batch in batches) / total).backward()
+        want = torch.sqrt(sum(p.grad.pow(2).sum() for p in model.parameters())).item()
+        assert figures[f"grad_norm_{name}"] == pytest.approx(want, rel=1e-6) and want > 0
+    assert "grad_norm_a" not in window_backward(Accelerator(gradient_accumulation_steps=2), plain,
+                                                [dict(b) for b in batches], counts, weights)

@@ -121,7 +121,7 @@ def test_two_processes_train_like_one_with_the_same_global_batch(tiny_model_dir,
     """Greedy rollouts (the same replies however they are batched), DDP over 2 CPU processes
     with half the rollouts and anchors each: the same losses as 1 process with all of them."""
     common = ("train.max_steps=2", "checkpoint.every=0", "rollout.temperature=0", "train.grad_accum_steps=1",
-              "terms.reference.weight=1.0", "logging.progress=false")
+              "terms.reference.weight=1.0", "logging.progress=false", "logging.term_grad_norms_every=2")
     one = tmp_path / "one"
     train(load_config(VASDConfig, None, settings(tiny_model_dir, anchor_corpus, one, *common,
                                                   "train.micro_batch_size=4")))
@@ -137,6 +137,33 @@ def test_two_processes_train_like_one_with_the_same_global_batch(tiny_model_dir,
         assert a["answer_tokens"] == b["answer_tokens"]
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-6)
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-3)
+        # each term's own gradient, summed over the ranks before its norm (step 2 only: every 2 steps)
+        terms = sorted(key for key in b if key.startswith("grad_norm_"))
+        assert terms == ([] if b["step"] == 1 else ["grad_norm_anchor", "grad_norm_distill", "grad_norm_reference"])
+        for key in terms:
+            assert 0 < a[key] == pytest.approx(b[key], rel=1e-3)
+
+
+@pytest.mark.slow  # two runs compared weight by weight
+def test_measuring_each_terms_gradient_norm_leaves_every_update_as_it_was(tiny_model_dir, anchor_corpus, tmp_path):
+    """Each term's own gradient walks the step's graph once more a term (the fused LM head's saved
+    gradients included): the run's losses, total gradient norms and final weights are those of a
+    run that measured nothing, and the measured steps log a norm per term."""
+    from safetensors.torch import load_file
+
+    common = ("train.max_steps=2", "checkpoint.every=0", "terms.reference.weight=1.0", "anchor.share=0.5")
+    runs = {}
+    for name, every in (("plain", 0), ("measured", 1)):
+        runs[name] = tmp_path / name
+        train(load_config(VASDConfig, None, settings(tiny_model_dir, anchor_corpus, runs[name], *common,
+                                                     f"logging.term_grad_norms_every={every}")))
+    for a, b in zip(metrics(runs["measured"]), metrics(runs["plain"])):
+        assert (a["loss"], a["grad_norm"], a["answer_tokens"]) == (b["loss"], b["grad_norm"], b["answer_tokens"])
+        norms = {key: a[key] for key in a if key.startswith("grad_norm_")}
+        assert set(norms) == {"grad_norm_distill", "grad_norm_anchor", "grad_norm_reference"} and min(norms.values()) > 0
+        assert not any(key.startswith("grad_norm_") for key in b)
+    measured, plain = (load_file(runs[name] / "final" / "model.safetensors") for name in ("measured", "plain"))
+    assert measured.keys() == plain.keys() and all(torch.equal(measured[k], plain[k]) for k in plain)
 
 
 @pytest.mark.slow  # end to end: the recipe

@@ -190,3 +190,17 @@ def test_partitioned_weights_refuse_a_second_copy_of_the_model(settings, copies,
     if copies:
         with pytest.raises(FicError, match="partitioned over the ranks .ZeRO-3, FSDP."):
             VASDStep(cfg, None, None, None, [], [], 1)
+
+
+def test_partitioned_weights_refuse_each_terms_gradient_norm(monkeypatch):
+    """Each term's own gradient needs the whole weights on a rank: under ZeRO-3 or FSDP the setting
+    is refused in one line naming it, before anything is built."""
+    from fic.training import loop
+    from fic.training.vasd.step import VASDStep
+
+    cfg = load_config(VASDConfig, None, ["teacher.mode=live", "anchor.share=0", "train.max_steps=1",
+                                         "logging.term_grad_norms_every=4"])
+    monkeypatch.setattr(loop, "shards_weights", lambda accelerator: True)
+    with pytest.raises(FicError, match="logging.term_grad_norms_every"):
+        VASDStep(cfg, None, None, None, [], [], 1)
+

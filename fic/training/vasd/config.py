@@ -121,6 +121,12 @@ TermsSection.__module__, TermsSection.__doc__ = __name__, "The plug-in terms (fi
 class VASDLoggingSection(LoggingSection):
     samples_every: int = setting(10, "Write sample conversations (samples.jsonl, wandb table) every this many "
                                  "steps (0: never).", min=0, max=MAX_STEPS)
+    term_grad_norms_every: int = setting(0, "Log each loss term's own gradient norm (grad_norm_<term>, beside the "
+                                         "total's grad_norm) every this many steps (0: never): whether the "
+                                         "divergence or the anchor steers the update. Costs one more backward "
+                                         "pass and one float32 copy of the trained weights a term on those "
+                                         "steps; one process or DDP only (not ZeRO-3 or FSDP).",
+                                         min=0, max=MAX_STEPS)
 
 
 @dataclass

@@ -62,6 +62,9 @@ class VASDStep:
             raise FicError("with the weights partitioned over the ranks (ZeRO-3, FSDP) the teacher and reference must "
                            "not be a second copy of the model: use LoRA (the frozen teacher and the reference are the "
                            "adapter-free model) or teacher.mode=live without terms.reference", field="teacher.mode")
+        if loop.shards_weights(accelerator) and cfg.logging.term_grad_norms_every:
+            raise FicError("each term's gradient norm needs the whole weights on every rank: with ZeRO-3 or FSDP set "
+                           "logging.term_grad_norms_every=0", field="logging.term_grad_norms_every")
         self.cfg, self.accelerator, self.tokenizer, self.instances, self.anchors = (
             cfg, accelerator, tokenizer, instances, anchors)
         self.parts = teacher_parts(cfg, model, torch.bfloat16 if loop.computes_on_copy(cfg, accelerator) else None)
@@ -124,9 +127,10 @@ class VASDStep:
             convs = timed("rollouts", "", self.rollouts, step)
             values, value_figures = self.values(convs)
             batches, left_out = timed("teacher", "forward, no gradient", self.teacher, convs, step, values)
-            window = timed("student", "forward and backward", self.student, batches)
+            window = timed("student", "forward and backward", self.student, batches, step)
             figures = timed("update", "optimizer step", self.update, convs)
         return {"loss": window["loss"], **{term.metric: window.get(term.name) for term in self.terms},
+                **{key: value for key, value in window.items() if key.startswith("grad_norm_")},
                 "answer_tokens": int(window.get("n_distill", 0)), **figures, **rollout_figures(convs), **value_figures,
                 **{f"left_out_{k}": v for k, v in left_out.items() if k != "empty_micro_batches"},
                 "empty_micro_batches": left_out["empty_micro_batches"], **seconds}, convs
@@ -172,11 +176,12 @@ class VASDStep:
         finally:
             self.policy.train()
 
-    def student(self, batches: list[dict]) -> dict:
+    def student(self, batches: list[dict], step: int) -> dict:
         counts = [b.pop("counts") for b in batches]
+        every = self.cfg.logging.term_grad_norms_every
         with self.copy:
             return window_backward(self.accelerator, self.loss_model, batches, counts, self.loss.weights,
-                                   self.copy.accumulate)
+                                   self.copy.accumulate, term_norms=bool(every) and step % every == 0)
 
     def update(self, convs: list) -> dict:
         figures = loop.optimizer_step(self.accelerator, self.loss_model, self.optimizer, self.scheduler,
