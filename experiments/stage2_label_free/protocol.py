@@ -7,6 +7,7 @@
                                                              # --less-held-out V: less V's held-out measuring)
     python protocol.py pilot --out OUT                # seed 0 of V and C2 against S and each other, the pilot's rule
     python protocol.py choose --out OUT --arm c2      # a control's rate: the best of its seed-0 runs on B-dev
+    python protocol.py report --out OUT               # every arm so far: P, premature, never answered, paired differences
     python protocol.py decide --out OUT               # the rule applied to the arms' B-dev evaluations
 
 The decision rule (`RULE`) is written here, before any arm's row exists; `prepare` copies it with
@@ -237,9 +238,15 @@ def prepare(run: Path, out: Path, seeds: list[int], v_steps: int, lrs: list[str]
     for lr in lrs:
         sh += sft_arm("c1", lr, first)
     sh += ["", "# H, one seed: the hinted teacher reads B-train's true gold (the positive control).",
-           f"train h-s0 {arms}/h-s0 fic train vasd --config {configs}/h-s0.yaml",
-           f"{ev} model.model={arms}/h-s0/final out={arms}/eval/h-s0",
-           f"{me} decide --out {out} --seeds {' '.join(map(str, seeds))} --lrs {rates}"]
+           f"train h-s0 {arms}/h-s0 fic train vasd --config {configs}/h-s0.yaml", *evaluated("h-s0"),
+           f"{me} report --out {out} --seeds {' '.join(map(str, seeds))} --lrs {rates}",
+           f"{me} decide --out {out} --seeds {' '.join(map(str, seeds))} --lrs {rates}", "",
+           f"# Each loss term's gradient norm: V seed {first} again with logging.term_grad_norms_every=4 and no held-out",
+           "# measuring (neither changes an update: its weights must equal V's, so the norms are V's own).",
+           f"train v-s{first}-norms {arms}/v-s{first}-norms fic train vasd --config {configs}/v-s{first}.yaml "
+           f"out={arms}/v-s{first}-norms logging.term_grad_norms_every=4 dev.every=0",
+           f"cmp {arms}/v-s{first}/final/model.safetensors {arms}/v-s{first}-norms/final/model.safetensors "
+           f"&& echo \"v-s{first}-norms: the same weights as v-s{first}\""]
     write_text(arms / "arms.sh", "\n".join(sh) + "\n")
     (arms / "arms.sh").chmod(0o755)
 
@@ -279,6 +286,19 @@ def held_out(run: Path) -> dict:
     return {"curve": curve, "fall": fall, "cpu_s": sum(r.get("held_out_cpu_s", 0.0) for r in rows)}
 
 
+def rollout_blocks(run: Path, every: int = 8) -> list[dict]:
+    """A VASD run's rollouts by blocks of `every` steps: the mean rollout accuracy (for a label-free
+    arm, agreement with the starting model's own full-view call, the blinded label) and premature-
+    answer rate (%) over the steps of each block (a resumed run's repeated step counted once)."""
+    steps = {r["step"]: r for r in read_metrics(run / "metrics.jsonl") if r.get("step", 0) > 0 and "rollout_accuracy" in r}
+    blocks = []
+    for end in range(every, max(steps, default=0) + 1, every):
+        block = [steps[s] for s in range(end - every + 1, end + 1) if s in steps]
+        blocks.append({"steps": f"{end - every + 1}-{end}", **{
+            key: 100.0 * sum(r[key] for r in block) / len(block) for key in ("rollout_accuracy", "premature_answer_rate")}})
+    return blocks
+
+
 def mix(self_corpus: Path, seen_corpus: Path, out: Path, seed: int = 0) -> int:
     """Every self-labelled conversation and as many seen-function ones (V's anchor share, 0.5), shuffled."""
     own, seen = read_records(self_corpus), read_records(seen_corpus)
@@ -296,13 +316,12 @@ def finished_log(folder: Path) -> list[dict] | None:
     return log if log and len(log) == _expected(folder) else None
 
 
-def pilot_report(out: Path, seed: int, lr: str) -> dict:
-    """Seed `seed` of V and of C2 (rate `lr`) against S and each other on B-dev, from whichever
-    evaluations have finished, and the pilot's rule: on to the other seeds only if V beats S by
-    RULE["min_win"] points (sharded P on B-dev); otherwise H next."""
-    names = {"S": "s", "V": f"v-s{seed}", "C2": f"c2-lr{lr}-s{seed}"}
+def compare(out: Path, names: dict[str, str], pairs: list[tuple[str, str]]) -> dict:
+    """Models (label -> evaluation folder under OUT/arms/eval and eval-seen) from whichever
+    evaluations have finished, and the paired sharded differences on B-dev of `pairs` among them."""
     bdev = {m: finished_log(out / "arms" / "eval" / f) for m, f in names.items()}
     seen = {m: finished_log(out / "arms" / "eval-seen" / f) for m, f in names.items()}
+
     def p_full(log: list[dict]) -> float:
         full = scores_by_id(log, "full").values()
         return 100.0 * sum(r["score"] for r in full) / len(full)
@@ -317,21 +336,29 @@ def pilot_report(out: Path, seed: int, lr: str) -> dict:
                          "premature": 100.0 * sum(bool(r.get("premature_answer")) for r in sharded) / len(sharded),
                          "never_answered": 100.0 * sum(timing_bin(r) == "never" for r in sharded) / len(sharded),
                          "seen_full": None if seen[model] is None else p_full(seen[model])}
-    pairs = {f"{a} - {b}": view_gap(bdev[a], bdev[b], teacher_view="sharded", origin=str(out / "arms" / "eval"))
-             for a, b in (("V", "S"), ("C2", "S"), ("V", "C2")) if bdev[a] is not None and bdev[b] is not None}
-    v_s = pairs.get("V - S")
-    verdict = None if v_s is None else (
-        f"continue: V beats S by {v_s['difference']:+.1f} >= {RULE['min_win']:g} points" if v_s["difference"] >= RULE["min_win"]
-        else f"stop: V - S = {v_s['difference']:+.1f} < {RULE['min_win']:g} points; H runs next")
-    v_run = out / "arms" / names["V"]
-    divergence = held_out(v_run) if (v_run / "metrics.jsonl").exists() else None
-    return {"seed": seed, "c2_lr": lr, "models": models, "pairs": pairs, "verdict": verdict,
-            "v_held_out_divergence": divergence,
+    paired = {f"{a} - {b}": view_gap(bdev[a], bdev[b], teacher_view="sharded", origin=str(out / "arms" / "eval"))
+              for a, b in pairs if bdev[a] is not None and bdev[b] is not None}
+    return {"models": models, "pairs": paired,
             "not_finished": sorted([f"{m} on B-dev" for m in names if bdev[m] is None]
                                    + [f"{m} on the seen dev set" for m in names if seen[m] is None])}
 
 
-def pilot_markdown(report: dict) -> str:
+def pilot_report(out: Path, seed: int, lr: str) -> dict:
+    """Seed `seed` of V and of C2 (rate `lr`) against S and each other on B-dev, from whichever
+    evaluations have finished, and the pilot's rule: on to the other seeds only if V beats S by
+    RULE["min_win"] points (sharded P on B-dev); otherwise H next."""
+    found = compare(out, {"S": "s", "V": f"v-s{seed}", "C2": f"c2-lr{lr}-s{seed}"},
+                    [("V", "S"), ("C2", "S"), ("V", "C2")])
+    v_s = found["pairs"].get("V - S")
+    verdict = None if v_s is None else (
+        f"continue: V beats S by {v_s['difference']:+.1f} >= {RULE['min_win']:g} points" if v_s["difference"] >= RULE["min_win"]
+        else f"stop: V - S = {v_s['difference']:+.1f} < {RULE['min_win']:g} points; H runs next")
+    v_run = out / "arms" / f"v-s{seed}"
+    divergence = held_out(v_run) if (v_run / "metrics.jsonl").exists() else None
+    return {"seed": seed, "c2_lr": lr, **found, "verdict": verdict, "v_held_out_divergence": divergence}
+
+
+def comparison_markdown(report: dict) -> list[str]:
     lines = ["| model | N | P(full) | P(sharded) | premature | never answered | P(full), seen dev |", "|---|---|---|---|---|---|---|"]
     for model, m in report["models"].items():
         seen = "not finished" if m["seen_full"] is None else f"{m['seen_full']:.1f}"
@@ -341,14 +368,66 @@ def pilot_markdown(report: dict) -> str:
     for name, g in report["pairs"].items():
         lines.append(f"| {name} | {g['n']} | {g['difference']:+.1f} ({g['low']:+.1f} to {g['high']:+.1f}) | "
                      f"{g['better']} / {g['worse']} | {g['p_value']:.2g} |")
-    divergence = report.get("v_held_out_divergence")
-    if divergence and divergence["fall"] is not None:
-        lines += ["", "V's held-out divergence per answer token: "
-                  + ", ".join(f"step {step} {value:.4f}" for step, value in divergence["curve"])
-                  + f" (fell {100 * divergence['fall']:.0f}%; its measuring took {divergence['cpu_s']:.0f} CPU s)"]
+    return lines
+
+
+def divergence_line(name: str, divergence: dict | None) -> list[str]:
+    if not divergence or divergence["fall"] is None:
+        return []
+    return [f"{name}'s held-out divergence per answer token: "
+            + ", ".join(f"step {step} {value:.4f}" for step, value in divergence["curve"])
+            + f" (fell {100 * divergence['fall']:.0f}%; its measuring took {divergence['cpu_s']:.0f} CPU s)"]
+
+
+def pilot_markdown(report: dict) -> str:
+    lines = comparison_markdown(report)
+    lines += ["", *divergence_line("V", report.get("v_held_out_divergence"))]
     lines += ["", "pilot: " + (report["verdict"] or "not decided yet (V on B-dev not finished)")]
     if report["not_finished"]:
         lines.append("not finished: " + ", ".join(report["not_finished"]))
+    return "\n".join(lines)
+
+
+def arms_report(out: Path, seeds: list[int], lrs: list[str]) -> dict:
+    """Every arm in every seed from whichever evaluations have finished: each V seed against S,
+    against C2 at its chosen rate in the same seed and against C1 at its chosen rate (one seed);
+    C2 and H against S; every rate C2 and C1 ran in the first seed; V's held-out curves."""
+    first, rates = seeds[0], {}
+    for arm in ("c2", "c1"):
+        try:
+            rates[arm] = choose_rate(out, arm, first, lrs)
+        except FicError:  # its first seed's rates not all evaluated yet
+            rates[arm] = None
+    names, pairs = {"S": "s"}, []
+    for seed in seeds:
+        names[f"V s{seed}"] = f"v-s{seed}"
+        pairs.append((f"V s{seed}", "S"))
+        if rates["c2"] is not None:
+            names[f"C2 s{seed}"] = f"c2-lr{rates['c2']}-s{seed}"
+            pairs += [(f"V s{seed}", f"C2 s{seed}"), (f"C2 s{seed}", "S")]
+        if rates["c1"] is not None:
+            pairs.append((f"V s{seed}", f"C1 s{first}"))
+    for arm, label in (("c2", "C2"), ("c1", "C1")):
+        for lr in lrs:
+            name = f"{label} s{first}" if lr == rates[arm] else f"{label} s{first} lr {lr}"
+            names[name] = f"{arm}-lr{lr}-s{first}"
+    names["H"] = "h-s0"
+    found = compare(out, names, [*pairs, ("H", "S")])
+    ran = [seed for seed in seeds if (out / "arms" / f"v-s{seed}" / "metrics.jsonl").exists()]
+    return {"rates": rates, **found, "v_held_out_divergence": {seed: held_out(out / "arms" / f"v-s{seed}") for seed in ran},
+            "v_rollouts": {seed: rollout_blocks(out / "arms" / f"v-s{seed}") for seed in ran}}
+
+
+def arms_markdown(report: dict) -> str:
+    rates = ", ".join(f"{arm.upper()} {rate or 'not chosen yet'}" for arm, rate in report["rates"].items())
+    lines = [f"Rates chosen on B-dev in the first seed: {rates}.", "", *comparison_markdown(report), ""]
+    for seed, divergence in report["v_held_out_divergence"].items():
+        lines += divergence_line(f"V s{seed}", divergence)
+        lines += [f"V s{seed}'s rollouts by steps: " + "; ".join(
+            f"{b['steps']} agree {b['rollout_accuracy']:.1f}%, premature {b['premature_answer_rate']:.1f}%"
+            for b in report["v_rollouts"][seed])]
+    if report["not_finished"]:
+        lines += ["", "not finished: " + ", ".join(report["not_finished"])]
     return "\n".join(lines)
 
 
@@ -485,6 +564,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr-c2", default="1.0e-4", help="C2's rate in the pilot")
+    p = sub.add_parser("report")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--lrs", nargs="+", default=RATES)
     p = sub.add_parser("choose")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--arm", choices=["c1", "c2"], required=True)
@@ -514,6 +597,10 @@ def main(argv: list[str] | None = None) -> int:
         report = pilot_report(args.out, args.seed, args.lr_c2)
         write_json(args.out / "arms" / "pilot.json", report)
         print(pilot_markdown(report))
+    elif args.command == "report":
+        report = arms_report(args.out, args.seeds, args.lrs)
+        write_json(args.out / "arms" / "report.json", report)
+        print(arms_markdown(report))
     elif args.command == "choose":
         try:
             print(choose_rate(args.out, args.arm, args.seed, args.lrs))

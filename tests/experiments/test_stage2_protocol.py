@@ -235,17 +235,21 @@ def test_the_pilot_stops_when_v_gains_less_than_three_points_on_s(tmp_path):
 
 def test_arms_sh_runs_v_in_every_seed_then_each_controls_rates_in_the_first_then_its_chosen_rate(tmp_path):
     """Seeds 0, 1, 2 and rates a, b: V's three seeds before any control; C2 at both rates in seed 0,
-    `choose` after both are evaluated, seeds 1 and 2 at the chosen rate; C1 in seed 0 only; decide last."""
+    `choose` after both are evaluated, seeds 1 and 2 at the chosen rate; C1 in seed 0 only; decide;
+    then V seed 0 again for each term's gradient norm, its weights compared with V's."""
     script = protocol.prepare(tmp_path / "run", tmp_path / "out", seeds=[0, 1, 2], v_steps=32, lrs=["1.0e-4", "2.0e-4"])
     lines = [line for line in script.read_text().split("\nS=", 1)[1].splitlines() if line and not line.startswith("#")]
     trained = [line.split()[1] for line in lines if line.startswith("train ")]
     assert trained == ["v-s0", "v-s1", "v-s2", "c2-lr1.0e-4-s0", "c2-lr2.0e-4-s0", "c2-lr$C2_RATE-s1",
-                       "c2-lr$C2_RATE-s2", "c1-lr1.0e-4-s0", "c1-lr2.0e-4-s0", "h-s0"]
+                       "c2-lr$C2_RATE-s2", "c1-lr1.0e-4-s0", "c1-lr2.0e-4-s0", "h-s0", "v-s0-norms"]
     choose = next(i for i, line in enumerate(lines) if line.startswith("C2_RATE="))
     evaluated = [i for i, line in enumerate(lines) if "eval/c2-lr" in line and "-s0" in line]
     assert max(evaluated) < choose < next(i for i, line in enumerate(lines) if line.startswith("train c2-lr$C2_RATE"))
     assert "choose --out" in lines[choose] and lines[choose].endswith("--arm c2 --seed 0 --lrs 1.0e-4 2.0e-4)")
-    assert lines[-1].endswith("decide --out " + str(tmp_path / "out") + " --seeds 0 1 2 --lrs 1.0e-4 2.0e-4")
+    assert any(line.endswith(f"out={tmp_path / 'out' / 'arms' / 'eval-seen' / 'h-s0'}") for line in lines)  # H's retention
+    decide = next(line for line in lines if " decide " in line)
+    assert decide.endswith("decide --out " + str(tmp_path / "out") + " --seeds 0 1 2 --lrs 1.0e-4 2.0e-4")
+    assert lines[-2].endswith("logging.term_grad_norms_every=4 dev.every=0") and lines[-1].startswith("cmp ")
     configs = {path.name for path in (script.parent / "configs").iterdir()}
     assert {f"c2-lr{lr}-s{seed}.yaml" for lr in ("1.0e-4", "2.0e-4") for seed in (0, 1, 2)} <= configs
     assert not any(name.startswith("c1-") and not name.endswith("-s0.yaml") for name in configs)
@@ -281,6 +285,8 @@ def test_decide_applies_the_frozen_rule_and_the_convincing_negative(tmp_path, ca
         (arms / f"v-s{seed}").mkdir()
         (arms / f"v-s{seed}" / "metrics.jsonl").write_text(
             json.dumps({"step": 0, "dev_divergence_per_token": 0.1}) + "\n"
+            + "".join(json.dumps({"step": step, "rollout_accuracy": 0.5 if step <= 8 else 1.0,
+                                  "premature_answer_rate": 0.25}) + "\n" for step in range(1, 17))
             + json.dumps({"step": 32, "dev_divergence_per_token": 0.1 * (1 - fall)}) + "\n")
     for name in ("s", "v-s0", "v-s1", "v-s2", "c2-lr1.0e-4-s0", "c2-lr1.0e-4-s1", "c2-lr1.0e-4-s2"):
         evaluation(arms / "eval-seen" / name, {"full": [1, 1, 1, 0]})
@@ -298,6 +304,18 @@ def test_decide_applies_the_frozen_rule_and_the_convincing_negative(tmp_path, ca
                                             "V's held-out divergence fell >= 30% in every seed": False,
                                             "seed-level upper bound of V - C2 < 3": True}
     assert not result["negative"]["convincing"]
+
+    assert protocol.main(["report", "--out", str(out), "--lrs", "1.0e-4", "2.0e-4"]) == 0
+    report = json.loads((arms / "report.json").read_text())
+    assert report["rates"] == {"c2": "1.0e-4", "c1": None}
+    assert list(report["pairs"]) == ["V s0 - S", "V s0 - C2 s0", "C2 s0 - S", "V s1 - S", "V s1 - C2 s1", "C2 s1 - S",
+                                     "V s2 - S", "V s2 - C2 s2", "C2 s2 - S", "H - S"]
+    assert [report["pairs"][f"V s{seed} - C2 s{seed}"]["difference"] for seed in (0, 1, 2)] == [-10.0, -20.0, -10.0]
+    assert report["models"]["C2 s0 lr 2.0e-4"]["sharded"] == 50.0 and report["models"]["C2 s0"]["sharded"] == 60.0
+    assert "C1 s0 lr 1.0e-4 on B-dev" in report["not_finished"] and "H on the seen dev set" in report["not_finished"]
+    printed = capsys.readouterr().out
+    assert "V s2's held-out divergence per answer token: step 0 0.1000, step 32 0.0800 (fell 20%" in printed
+    assert "V s2's rollouts by steps: 1-8 agree 50.0%, premature 25.0%; 9-16 agree 100.0%, premature 25.0%" in printed
 
     (arms / "eval-seen" / "c2-lr1.0e-4-s2" / "conversations.jsonl").write_text("")  # an arm not evaluated
     assert protocol.main(["decide", "--out", str(out), "--lrs", "1.0e-4", "2.0e-4"]) == 2
