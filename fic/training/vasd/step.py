@@ -176,12 +176,14 @@ class VASDStep:
         finally:
             self.policy.train()
 
-    def student(self, batches: list[dict], step: int) -> dict:
+    def student(self, batches: list[dict], step: int | None = None) -> dict:
+        """Forward and backward over the window; each term's own gradient norm too on the steps
+        `logging.term_grad_norms_every` names (a pass outside training, `step` None: never)."""
         counts = [b.pop("counts") for b in batches]
         every = self.cfg.logging.term_grad_norms_every
         with self.copy:
             return window_backward(self.accelerator, self.loss_model, batches, counts, self.loss.weights,
-                                   self.copy.accumulate, term_norms=bool(every) and step % every == 0)
+                                   self.copy.accumulate, term_norms=bool(every) and step is not None and step % every == 0)
 
     def update(self, convs: list) -> dict:
         figures = loop.optimizer_step(self.accelerator, self.loss_model, self.optimizer, self.scheduler,
