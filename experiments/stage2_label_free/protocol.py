@@ -145,9 +145,12 @@ def prepare(run: Path, out: Path, seeds: list[int], v_steps: int, lrs: list[str]
                "source": f"jsonl:{data}"}, "out": f"{arms}/eval/{name}"}
         write_text(configs / f"eval-{name}.yaml", yaml.safe_dump(cfg, sort_keys=False))
     write_text(configs / "c2-data.yaml", fill(HERE / "configs" / "c2-data.yaml", run=run, out=out))
+    # A VASD seed draws its rollout prompts and anchors too (data.seed), as a control's seed draws its
+    # corpus order; seed + 1 keeps seed 0 on VASD's default draw (data.seed 1), the one V seed 0 and H ran.
     for seed in seeds:
-        write_text(configs / f"v-s{seed}.yaml", fill(HERE / "configs" / "v.yaml", run=run, out=out, seed=seed, steps=v_steps))
-    write_text(configs / "h-s0.yaml", fill(HERE / "configs" / "h.yaml", run=run, out=out, seed=0, steps=v_steps))
+        write_text(configs / f"v-s{seed}.yaml", fill(HERE / "configs" / "v.yaml", run=run, out=out, seed=seed,
+                                                     data_seed=seed + 1, steps=v_steps))
+    write_text(configs / "h-s0.yaml", fill(HERE / "configs" / "h.yaml", run=run, out=out, seed=0, data_seed=1, steps=v_steps))
     me = f"python {HERE / 'protocol.py'}"
     short, long = CALIBRATION_STEPS
     # CPU seconds of the children a command ran (cutime + cstime of the shell that waits for it: its

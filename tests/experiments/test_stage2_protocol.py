@@ -103,8 +103,11 @@ def test_v_is_the_demos_stage_2_without_the_gold_and_h_only_adds_it(tmp_path):
     assert {k: v["train"][k] for k in v["train"] if k != "seed"} == {k: demo["train"][k] for k in demo["train"]
                                                                        if k != "seed"}
     assert v["train"]["seed"] == 1 and v["teacher"] == {**demo["teacher"], "view": "full"}
-    # a seed draws the rollout prompts and anchors too, as each control's seed draws its corpus order
-    assert v["data"]["seed"] == 1 and h["data"]["seed"] == 0
+    # a seed draws the rollout prompts and anchors too, as each control's seed draws its corpus order;
+    # seed 0 (and H) keep VASD's default draw
+    assert v["data"]["seed"] == 2 and h["data"]["seed"] == VASDConfig().data.seed == 1
+    v0 = config_to_dict(load_config(VASDConfig, script.parent / "configs" / "v-s0.yaml"))
+    assert v0["data"]["seed"] == 1
     assert v["data"]["source"] == [f"jsonl:{tmp_path / 'out'}/arms/b-train.blind.jsonl"]
     assert h["teacher"]["view"] == "gold-hinted" and h["data"]["source"] == [f"jsonl:{tmp_path / 'out'}/B/train.jsonl"]
     differ = {k for k in v if v[k] != h[k]}
