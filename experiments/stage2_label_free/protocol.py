@@ -28,7 +28,7 @@ import yaml
 from fic.core.errors import FicError
 from fic.core.files import write_json, write_jsonl, write_text
 from fic.core.records import read_log, read_records
-from fic.core.stats import mean_interval, paired_difference
+from fic.core.stats import mean_interval
 from fic.evaluation.gap import gate, scores_by_id, view_gap
 from fic.evaluation.metrics import timing_bin
 from fic.training.curves import read_metrics
@@ -319,26 +319,26 @@ def finished_log(folder: Path) -> list[dict] | None:
     return log if log and len(log) == _expected(folder) else None
 
 
+def view_p(log: list[dict], view: str, origin: str = "log") -> float:
+    """P (0-100) of an evaluation log's `view`: the mean score of its conversations."""
+    played = scores_by_id(log, view, origin=origin).values()
+    return 100.0 * sum(r["score"] for r in played) / len(played)
+
+
 def compare(out: Path, names: dict[str, str], pairs: list[tuple[str, str]]) -> dict:
     """Models (label -> evaluation folder under OUT/arms/eval and eval-seen) from whichever
     evaluations have finished, and the paired sharded differences on B-dev of `pairs` among them."""
     bdev = {m: finished_log(out / "arms" / "eval" / f) for m, f in names.items()}
     seen = {m: finished_log(out / "arms" / "eval-seen" / f) for m, f in names.items()}
-
-    def p_full(log: list[dict]) -> float:
-        full = scores_by_id(log, "full").values()
-        return 100.0 * sum(r["score"] for r in full) / len(full)
-
     models = {}
     for model, log in bdev.items():
         if log is None:
             continue
         sharded = list(scores_by_id(log, "sharded").values())
-        models[model] = {"n": len(sharded), "full": p_full(log),
-                         "sharded": 100.0 * sum(r["score"] for r in sharded) / len(sharded),
+        models[model] = {"n": len(sharded), "full": view_p(log, "full"), "sharded": view_p(log, "sharded"),
                          "premature": 100.0 * sum(bool(r.get("premature_answer")) for r in sharded) / len(sharded),
                          "never_answered": 100.0 * sum(timing_bin(r) == "never" for r in sharded) / len(sharded),
-                         "seen_full": None if seen[model] is None else p_full(seen[model])}
+                         "seen_full": None if seen[model] is None else view_p(seen[model], "full")}
     paired = {f"{a} - {b}": view_gap(bdev[a], bdev[b], teacher_view="sharded", origin=str(out / "arms" / "eval"))
               for a, b in pairs if bdev[a] is not None and bdev[b] is not None}
     return {"models": models, "pairs": paired,
@@ -446,14 +446,13 @@ def choose_rate(out: Path, name: str, seed: int, lrs: list[str]) -> str:
         if log is None:
             raise FicError(f"{name} at rate {lr}, seed {seed}: its B-dev evaluation has not finished, so no rate "
                            "is chosen yet", path=str(folder))
-        sharded = scores_by_id(log, "sharded", origin=str(folder)).values()
-        scores[lr] = sum(r["score"] for r in sharded) / len(sharded)
+        scores[lr] = view_p(log, "sharded", origin=str(folder))
     return max(lrs, key=scores.__getitem__)
 
 
 def decide(rows: dict, rule: dict = RULE) -> dict:
     """The rule applied to per-seed paired figures. `rows[seed]` holds `v_c2` and `v_s`
-    (`paired_difference` of sharded scores on B-dev) and `full` ({"V", "C2", "S"}: P(full) on
+    (`view_gap` of sharded scores on B-dev) and `full` ({"V", "C2", "S"}: P(full) on
     B-dev) and `full_seen` (the same on the seen-function dev set)."""
     seeds = sorted(rows)
     v_c2 = [rows[s]["v_c2"]["difference"] for s in seeds]
@@ -500,13 +499,11 @@ def arm_rows(out: Path, seeds: list[int], lr: dict[str, str]) -> dict:
             found.append(log)
         return found[0], found[1]
 
-    def paired(a, b, view="sharded"):
-        first, second = scores_by_id(a, view), scores_by_id(b, view)
-        ids = sorted(first)
-        return paired_difference([first[i]["score"] for i in ids], [second[i]["score"] for i in ids])
+    def paired(a: list[dict], b: list[dict]) -> dict:
+        return view_gap(a, b, teacher_view="sharded", origin=str(out / "arms" / "eval"))
 
-    def full_p(*named):
-        return {name: paired(log, log, "full")["first"] for name, log in named}
+    def full_p(*named: tuple[str, list[dict]]) -> dict[str, float]:
+        return {name: view_p(log, "full") for name, log in named}
 
     s_log, s_seen = logs("s")
     rows = {}
