@@ -4,7 +4,9 @@
 # reads them and writes gate.json. Usage:
 #   RUN=/work/runs/b55 OUT=/work/runs/gate55 experiments/stage2_label_free/gate.sh
 # RUN: a `fic demo` folder stopped after stage 1 (S = $RUN/sft/final; $RUN/data/train.jsonl the
-# seen-function prompts stage 1 trained on). OUT: where B and the evaluations go.
+# seen-function prompts stage 1 trained on). OUT: where B and the evaluations go. After a machine
+# loss, rebuild S and run `protocol.py restore --out OUT --s S` first: what records/ holds is not
+# played again (when the rebuilt S has the same weights).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 RUN=${RUN:?set RUN to the demo folder}
@@ -30,3 +32,4 @@ ev data.source="jsonl:$OUT/B/train.jsonl" views=[sharded] temperature="$ROLLOUT_
 ev data.source="jsonl:$RUN/data/train.jsonl" views=[full] out="$OUT/seen-full"
 ev data.source="jsonl:$RUN/data/train.jsonl" views=[sharded] temperature="$ROLLOUT_T" out="$OUT/seen-sharded"
 python "$HERE/protocol.py" gate --out "$OUT"
+python "$HERE/protocol.py" keep --out "$OUT" --s "$S"  # into records/: commit them

@@ -9,6 +9,8 @@
     python protocol.py choose --out OUT --arm c2      # a control's rate: the best of its seed-0 runs on B-dev
     python protocol.py report --out OUT               # every arm so far: P, premature, never answered, paired differences
     python protocol.py decide --out OUT               # the rule applied to the arms' B-dev evaluations
+    python protocol.py keep --out OUT --s S           # what the figures are read from, into records/ (commit it)
+    python protocol.py restore --out OUT --s S        # records/ back into OUT, for a rebuilt S with the same weights
 
 The decision rule (`RULE`) is written here, before any arm's row exists; `prepare` copies it with
 its hash into OUT/arms/rule.json, and `decide` refuses a rule that changed since.
@@ -17,6 +19,7 @@ its hash into OUT/arms/rule.json, and `decide` refuses a rule that changed since
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import json
 import random
@@ -26,7 +29,7 @@ from pathlib import Path
 import yaml
 
 from fic.core.errors import FicError
-from fic.core.files import write_json, write_jsonl, write_text
+from fic.core.files import atomic_open, write_json, write_jsonl, write_text
 from fic.core.records import read_log, read_records
 from fic.core.stats import mean_interval
 from fic.evaluation.gap import gate, scores_by_id, view_gap
@@ -34,6 +37,10 @@ from fic.evaluation.metrics import timing_bin
 from fic.training.curves import read_metrics
 
 HERE = Path(__file__).resolve().parent
+# What the figures are read from, kept in the repository: the machine and its runs/ were replaced
+# twice between sessions, taking every evaluation log with them (experiments/LOG.md, 2026-12-06 and
+# 2026-12-07).
+RECORDS = HERE / "records"
 # An SFT arm's CPU seconds a step: two short runs of its own config, alone on the machine like V's
 # run, their difference (start-up cancels). Not S's stage-1 average: CPU seconds a step move with the
 # load a run shares the machine with (stage 1 took 15.0 for the old S, 26.7 for the rebuilt one; C2's
@@ -162,13 +169,18 @@ def prepare(run: Path, out: Path, seeds: list[int], v_steps: int, lrs: list[str]
                f'spent() {{ awk -v l="$1" \'$1 == l {{s += $2}} END {{print s + 0}}\' {arms}/times.tsv; }}\n'
                '# once MADE CMD...: CMD unless MADE exists (a finished step of an earlier attempt)\n'
                'once() { local made=$1; shift; if [ -e "$made" ]; then echo "done before: $made"; else "$@"; fi; }\n'
-               '# train LABEL OUT CMD...: timed; passed over when OUT/final exists, resumed from a checkpoint\n'
+               '# train LABEL OUT CMD...: timed, then its weights hash written; passed over when the hash is there\n'
+               '# (restored from records/ too, where the weights themselves are gone), resumed from a checkpoint\n'
                'train() {\n'
                '  local label=$1 out=$2; shift 2\n'
-               '  if [ -e "$out/final" ]; then echo "done before: $out"; return; fi\n'
+               '  if [ -e "$out/weights.sha256" ]; then echo "done before: $out"; return; fi\n'
                '  if compgen -G "$out/checkpoints/step-*/complete" > /dev/null; then set -- "$@" resume=true; fi\n'
                '  timed "$label" "$@"\n'
+               '  sha256sum < "$out/final/model.safetensors" | cut -d" " -f1 > "$out/weights.sha256"\n'
                '}\n'
+               '# evaluate FOLDER CMD...: CMD unless FOLDER holds a whole log (the model it read may be gone)\n'
+               f'evaluate() {{ local folder=$1; shift; if {me} finished "$folder"; then echo "done before: $folder"; '
+               'else "$@"; fi; }\n'
                f'# calibrate NAME CONFIG: {short} and {long} steps of an SFT arm\'s config into scratch folders, timed '
                'as cal-NAME-STEPS (once: a label in times.tsv is a finished run)\n'
                'calibrate() {\n'
@@ -196,9 +208,12 @@ def prepare(run: Path, out: Path, seeds: list[int], v_steps: int, lrs: list[str]
     s_bdev = [f"once {arms}/eval/s cp -r {out}/bdev {arms}/eval/s  # S on B-dev is the gate's evaluation (same settings):",
               f"{ev} model.model=$S out={arms}/eval/s  # resumed, its fingerprint checked: nothing left to play"]
 
+    keep_now = f"{me} keep --out {out} --s $S  # into records/: commit them, they outlive the machine"
+
     def evaluated(name: str) -> list[str]:
-        return [f"{ev} model.model={arms}/{name}/final out={arms}/eval/{name}",
-                f"{seen} model.model={arms}/{name}/final out={arms}/eval-seen/{name}"]
+        return [f"evaluate {arms}/eval/{name} {ev} model.model={arms}/{name}/final out={arms}/eval/{name}",
+                f"evaluate {arms}/eval-seen/{name} {seen} model.model={arms}/{name}/final out={arms}/eval-seen/{name}",
+                keep_now]
 
     def v_arm(seed: int) -> list[str]:
         return [f"train v-s{seed} {arms}/v-s{seed} fic train vasd --config {configs}/v-s{seed}.yaml"]
@@ -248,7 +263,7 @@ def prepare(run: Path, out: Path, seeds: list[int], v_steps: int, lrs: list[str]
            "# measuring (neither changes an update: its weights must equal V's, so the norms are V's own).",
            f"train v-s{first}-norms {arms}/v-s{first}-norms fic train vasd --config {configs}/v-s{first}.yaml "
            f"out={arms}/v-s{first}-norms logging.term_grad_norms_every=4 dev.every=0",
-           f"cmp {arms}/v-s{first}/final/model.safetensors {arms}/v-s{first}-norms/final/model.safetensors "
+           f"cmp {arms}/v-s{first}/weights.sha256 {arms}/v-s{first}-norms/weights.sha256 "
            f"&& echo \"v-s{first}-norms: the same weights as v-s{first}\""]
     write_text(arms / "arms.sh", "\n".join(sh) + "\n")
     (arms / "arms.sh").chmod(0o755)
@@ -260,8 +275,8 @@ def prepare(run: Path, out: Path, seeds: list[int], v_steps: int, lrs: list[str]
              f"V's evaluations, then C2 (rate {pilot_lr}: its step calibration, training and evaluations). "
              "Continue to arms.sh only if V beats S by >= 3 points on B-dev.",
              *blind, *s_bdev, *v_arm(seed), *c2_corpus, "",
-             f"{ev} model.model={arms}/v-s{seed}/final out={arms}/eval/v-s{seed}", report,
-             f"{seen} model.model={arms}/v-s{seed}/final out={arms}/eval-seen/v-s{seed}",
+             f"evaluate {arms}/eval/v-s{seed} {ev} model.model={arms}/v-s{seed}/final out={arms}/eval/v-s{seed}", report,
+             f"evaluate {arms}/eval-seen/v-s{seed} {seen} model.model={arms}/v-s{seed}/final out={arms}/eval-seen/v-s{seed}",
              f"{seen} model.model=$S out={arms}/eval-seen/s",
              *sft_arm("c2", pilot_lr, seed), report]
     write_text(arms / "pilot.sh", "\n".join(pilot) + "\n")
@@ -434,6 +449,98 @@ def arms_markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------------------- records
+
+def weights_sha256(model: Path) -> str:
+    """The sha256 of a model folder's weights: which S records were measured from."""
+    digest = hashlib.sha256()
+    with open(model / "model.safetensors", "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def evaluation_folders(out: Path) -> list[Path]:
+    """Every evaluation folder of the gate and the arms, finished or not."""
+    gate = [out / folder for folder in dict.fromkeys(f for pair in GATE_LOGS.values() for f in pair)]
+    arms = [f for kind in ("eval", "eval-seen") for f in sorted((out / "arms" / kind).glob("*")) if f.is_dir()]
+    return [f for f in gate + arms if (f / "config.yaml").exists()]
+
+
+def trained_runs(out: Path) -> list[Path]:
+    """Every arm's training run that finished (its weights hash written by the scripts' `train`)."""
+    return sorted(run.parent for run in (out / "arms").glob("*/weights.sha256"))
+
+
+def kept_files(out: Path) -> dict[str, Path]:
+    """Relative path -> file, of what the figures are read from: each finished evaluation's config,
+    fingerprint and conversations, the gate's verdict, the frozen rule, the CPU seconds, each finished run's metrics
+    and weights hash. Checkpoints and the corpora S rebuilds are left out."""
+    files = {}
+    for folder in evaluation_folders(out):
+        if finished_log(folder) is not None:
+            files.update({str((folder / name).relative_to(out)): folder / name  # the fingerprint: fic eval resumes
+                          for name in ("config.yaml", "fingerprint.json", "conversations.jsonl") if (folder / name).exists()})
+    for run in trained_runs(out):
+        files.update({str((run / name).relative_to(out)): run / name
+                      for name in ("weights.sha256", "metrics.jsonl") if (run / name).exists()})
+    for name in ("gate.json", "arms/rule.json", "arms/times.tsv"):
+        if (out / name).exists():
+            files[name] = out / name
+    return files
+
+
+def keep(out: Path, s: Path, records: Path = RECORDS) -> list[str]:
+    """Copy what the figures are read from into `records` (logs gzipped, byte-stable), stamped with
+    S's weights hash; records of another S are refused. Returns the paths written or changed."""
+    stamp = {"s_sha256": weights_sha256(s), "out": str(out)}
+    found = records / "s.json"
+    if found.exists() and json.loads(found.read_text()) != stamp:
+        raise FicError(f"these records are of another S or OUT ({json.loads(found.read_text())}, not {stamp}): "
+                       "move them aside before keeping a new start's", path=str(found))
+    write_json(found, stamp)
+    written = []
+    for name, source in kept_files(out).items():
+        data = source.read_bytes()
+        if name.endswith(".jsonl"):
+            name, data = name + ".gz", gzip.compress(data, mtime=0)
+        target = records / name
+        if not target.exists() or target.read_bytes() != data:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_open(target, "wb", encoding=None) as handle:
+                handle.write(data)
+            written.append(name)
+    return written
+
+
+def restore(out: Path, s: Path, records: Path = RECORDS) -> list[str]:
+    """Copy `records` back into OUT, for a rebuilt S whose weights are the ones they were measured
+    from (else an error: they cannot be paired with it). A finished step found there is passed over
+    by the scripts: an evaluation whose log is whole, a run whose weights hash is written."""
+    found = records / "s.json"
+    if not found.exists():
+        raise FicError("no records here", path=str(records))
+    stamp = json.loads(found.read_text())
+    if stamp["s_sha256"] != weights_sha256(s):
+        raise FicError(f"the records were measured from S {stamp['s_sha256'][:16]}, this S is "
+                       f"{weights_sha256(s)[:16]}: not the same model, so nothing of them can be paired with it",
+                       path=str(s))
+    if stamp["out"] != str(out):
+        raise FicError(f"the records' configs name the folder {stamp['out']}: restore into it", path=str(out))
+    restored = []
+    for source in sorted(p for p in records.rglob("*") if p.is_file() and p != found):
+        name = str(source.relative_to(records)).removesuffix(".gz")
+        data = gzip.decompress(source.read_bytes()) if source.suffix == ".gz" else source.read_bytes()
+        target = out / name
+        if target.exists() and len(target.read_bytes()) >= len(data):  # as far or further on here
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_open(target, "wb", encoding=None) as handle:
+            handle.write(data)
+        restored.append(name)
+    return restored
+
+
 # ---------------------------------------------------------------------------- the decision
 
 def choose_rate(out: Path, name: str, seed: int, lrs: list[str]) -> str:
@@ -577,8 +684,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--lrs", nargs="+", default=RATES, help="the controls' rates; each one's is chosen at the first seed")
+    for name in ("keep", "restore"):
+        p = sub.add_parser(name)
+        p.add_argument("--out", type=Path, required=True)
+        p.add_argument("--s", type=Path, required=True, help="S's model folder (RUN/sft/final)")
+        p.add_argument("--records", type=Path, default=RECORDS)
+    p = sub.add_parser("finished", help="exit 0 when an evaluation folder holds a whole log")
+    p.add_argument("folder", type=Path)
     args = parser.parse_args(argv)
-    if args.command == "gate":
+    if args.command in ("keep", "restore"):
+        try:
+            done = (keep if args.command == "keep" else restore)(args.out, args.s, args.records)
+        except FicError as error:
+            print(error, file=sys.stderr)
+            return 2
+        print(f"{args.command}: {len(done)} files" + "".join(f"\n  {name}" for name in done))
+    elif args.command == "finished":
+        return 0 if finished_log(args.folder) is not None else 1
+    elif args.command == "gate":
         report = gate_report(args.out)
         write_json(args.out / "gate.json", report)
         print(gate_markdown(report))

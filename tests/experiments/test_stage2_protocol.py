@@ -187,13 +187,15 @@ def test_calibrate_times_each_run_once_into_a_fresh_scratch_folder(tmp_path):
     assert labels == ["cal-c2-2", "cal-c2-22"]
 
 
-def evaluation(folder: Path, views: dict[str, list[int]], *, premature=(), never=()) -> None:
+def evaluation(folder: Path, views: dict[str, list[int]], *, premature=(), never=(), instances: Path | None = None) -> None:
     """An evaluation folder as `fic eval` leaves it: config.yaml (its instances file, views, runs) and
-    conversations.jsonl, each view's scores in the order of the instances."""
+    conversations.jsonl, each view's scores in the order of the instances (`instances`: where the
+    instances file goes, in the folder unless given)."""
     folder.mkdir(parents=True)
     n = len(next(iter(views.values())))
-    (folder / "instances.jsonl").write_text("".join(json.dumps({"task_id": f"t{i}"}) + "\n" for i in range(n)))
-    (folder / "config.yaml").write_text(yaml.safe_dump({"data": {"source": [f"jsonl:{folder / 'instances.jsonl'}"]},
+    instances = instances or folder / "instances.jsonl"
+    instances.write_text("".join(json.dumps({"task_id": f"t{i}"}) + "\n" for i in range(n)))
+    (folder / "config.yaml").write_text(yaml.safe_dump({"data": {"source": [f"jsonl:{instances}"]},
                                                         "views": list(views), "runs": 1}))
     (folder / "conversations.jsonl").write_text("".join(
         json.dumps({"task_id": f"t{i}", "view": view, "run": 0, "score": float(s),
@@ -353,3 +355,85 @@ def test_the_scripts_time_a_commands_cpu_seconds_in_the_main_shell_and_in_a_lane
     subprocess.run(["bash", str(probe)], check=True, timeout=60)
     spent = dict(line.split() for line in (tmp_path / "out" / "arms" / "times.tsv").read_text().splitlines())
     assert set(spent) == {"main", "lane"} and all(float(s) >= 0.25 for s in spent.values()), spent
+
+
+def s_model(folder: Path, weights: bytes) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "model.safetensors").write_bytes(weights)
+    return folder
+
+
+def test_records_keep_what_the_figures_are_read_from_and_restore_it_for_the_same_s_only(tmp_path, capsys):
+    """The machine is lost: OUT goes, the B files and a rebuilt S come back. What `keep` put in the
+    records (finished evaluations, the runs' metrics and weights hashes, the gate, the CPU seconds)
+    restores into OUT and the report reads the same figures; an unfinished evaluation, checkpoints
+    and weights are not kept; records of one S are refused for another, and a second S's keep."""
+    out, records, b = tmp_path / "out", tmp_path / "records", tmp_path / "b"
+    b.mkdir()
+    s = s_model(tmp_path / "s", b"S's weights")
+    arms = out / "arms"
+    evaluation(out / "bdev", {"full": [1] * 8 + [0] * 2, "sharded": [1] * 4 + [0] * 6}, instances=b / "dev.jsonl")
+    evaluation(arms / "eval" / "s", {"full": [1] * 8 + [0] * 2, "sharded": [1] * 4 + [0] * 6}, instances=b / "dev.jsonl")
+    evaluation(arms / "eval" / "v-s0", {"full": [1] * 8 + [0] * 2, "sharded": [1] * 6 + [0] * 4}, instances=b / "dev.jsonl")
+    evaluation(arms / "eval" / "h-s0", {"full": [1] * 10, "sharded": [1] * 10}, instances=b / "dev.jsonl")
+    half = arms / "eval" / "h-s0" / "conversations.jsonl"
+    half.write_text(half.read_text().splitlines(keepends=True)[0])  # H's evaluation not finished
+    (arms / "v-s0" / "final").mkdir(parents=True)
+    (arms / "v-s0" / "final" / "model.safetensors").write_bytes(b"V's weights")
+    (arms / "v-s0" / "weights.sha256").write_text("abc\n")
+    (arms / "v-s0" / "metrics.jsonl").write_text(json.dumps({"step": 0, "dev_divergence_per_token": 0.1}) + "\n")
+    (arms / "times.tsv").write_text("v-s0 100\n")
+    (arms / "c2-lr1.0e-4-s0" / "checkpoints").mkdir(parents=True)  # a run still training: nothing of it kept
+    (arms / "c2-lr1.0e-4-s0" / "metrics.jsonl").write_text("{}\n")
+
+    assert protocol.main(["keep", "--out", str(out), "--s", str(s), "--records", str(records)]) == 0
+    kept = sorted(str(p.relative_to(records)) for p in records.rglob("*") if p.is_file())
+    assert kept == ["arms/eval/s/config.yaml", "arms/eval/s/conversations.jsonl.gz", "arms/eval/v-s0/config.yaml",
+                    "arms/eval/v-s0/conversations.jsonl.gz", "arms/times.tsv", "arms/v-s0/metrics.jsonl.gz",
+                    "arms/v-s0/weights.sha256", "bdev/config.yaml", "bdev/conversations.jsonl.gz", "s.json"]
+    assert protocol.keep(out, s, records) == []  # nothing changed: nothing written
+    before = protocol.compare(out, {"S": "s", "V": "v-s0"}, [("V", "S")])
+
+    import shutil
+    shutil.rmtree(out)
+    assert protocol.main(["restore", "--out", str(out), "--s", str(s_model(tmp_path / "other", b"other")),
+                          "--records", str(records)]) == 2
+    assert "not the same model" in capsys.readouterr().err and not out.exists()
+    assert protocol.main(["restore", "--out", str(out), "--s", str(s), "--records", str(records)]) == 0
+    assert protocol.compare(out, {"S": "s", "V": "v-s0"}, [("V", "S")]) == before
+    assert before["pairs"]["V - S"]["difference"] == 20.0
+    assert (arms / "v-s0" / "weights.sha256").read_text() == "abc\n" and not (arms / "v-s0" / "final").exists()
+    assert protocol.main(["finished", str(arms / "eval" / "v-s0")]) == 0
+    assert protocol.main(["finished", str(arms / "eval" / "h-s0")]) == 1
+
+    with pytest.raises(FicError, match="another S"):
+        protocol.keep(out, s_model(tmp_path / "other", b"other"), records)
+
+
+def test_a_finished_step_is_passed_over_even_when_its_weights_are_gone(tmp_path):
+    """The scripts' `train` writes the weights hash when a run ends and passes a run with one over (a
+    restored run has the hash, not the weights); `evaluate` plays nothing into a whole log. `fic` is a
+    stand-in that records its arguments and writes a run's weights."""
+    import subprocess
+
+    script = prepared(tmp_path).parent / "arms.sh"
+    helpers = script.read_text().split("\nS=")[0]
+    arms = tmp_path / "out" / "arms"
+    evaluation(arms / "eval" / "v-s0", {"full": [1, 0], "sharded": [0, 1]})
+    evaluation(arms / "eval" / "v-s1", {"full": [1, 0], "sharded": [0, 1]})
+    (arms / "eval" / "v-s1" / "conversations.jsonl").write_text("")
+    (arms / "v-s0").mkdir()
+    (arms / "v-s0" / "weights.sha256").write_text("restored\n")
+    calls = tmp_path / "calls"
+    probe = tmp_path / "probe.sh"
+    probe.write_text(f'{helpers}\nfic() {{ echo "$*" >> {calls}; local out=${{@: -1}}; out=${{out#out=}}; '
+                     f'mkdir -p "$out/final"; echo weights > "$out/final/model.safetensors"; }}\n'
+                     f'train v-s0 {arms}/v-s0 fic train vasd out={arms}/v-s0\n'
+                     f'train v-s1 {arms}/v-s1 fic train vasd out={arms}/v-s1\n'
+                     f'evaluate {arms}/eval/v-s0 fic eval out={arms}/eval/v-s0\n'
+                     f'evaluate {arms}/eval/v-s1 fic eval out={arms}/eval/v-s1\n')
+    subprocess.run(["bash", str(probe)], check=True, timeout=60)
+    assert calls.read_text().splitlines() == [f"train vasd out={arms}/v-s1", f"eval out={arms}/eval/v-s1"]
+    import hashlib
+    assert (arms / "v-s1" / "weights.sha256").read_text().strip() == hashlib.sha256(b"weights\n").hexdigest()
+    assert [line.split()[0] for line in (arms / "times.tsv").read_text().splitlines()] == ["v-s1"]
