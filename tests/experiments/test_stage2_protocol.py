@@ -376,6 +376,7 @@ def test_records_keep_what_the_figures_are_read_from_and_restore_it_for_the_same
     evaluation(arms / "eval" / "s", {"full": [1] * 8 + [0] * 2, "sharded": [1] * 4 + [0] * 6}, instances=b / "dev.jsonl")
     evaluation(arms / "eval" / "v-s0", {"full": [1] * 8 + [0] * 2, "sharded": [1] * 6 + [0] * 4}, instances=b / "dev.jsonl")
     evaluation(arms / "eval" / "h-s0", {"full": [1] * 10, "sharded": [1] * 10}, instances=b / "dev.jsonl")
+    (arms / "eval" / "v-s0" / "fingerprint.json").write_text('{"model": "v"}')  # what fic eval resumes by
     half = arms / "eval" / "h-s0" / "conversations.jsonl"
     half.write_text(half.read_text().splitlines(keepends=True)[0])  # H's evaluation not finished
     (arms / "v-s0" / "final").mkdir(parents=True)
@@ -389,7 +390,7 @@ def test_records_keep_what_the_figures_are_read_from_and_restore_it_for_the_same
     assert protocol.main(["keep", "--out", str(out), "--s", str(s), "--records", str(records)]) == 0
     kept = sorted(str(p.relative_to(records)) for p in records.rglob("*") if p.is_file())
     assert kept == ["arms/eval/s/config.yaml", "arms/eval/s/conversations.jsonl.gz", "arms/eval/v-s0/config.yaml",
-                    "arms/eval/v-s0/conversations.jsonl.gz", "arms/times.tsv", "arms/v-s0/metrics.jsonl.gz",
+                    "arms/eval/v-s0/conversations.jsonl.gz", "arms/eval/v-s0/fingerprint.json.gz", "arms/times.tsv", "arms/v-s0/metrics.jsonl.gz",
                     "arms/v-s0/weights.sha256", "bdev/config.yaml", "bdev/conversations.jsonl.gz", "s.json"]
     assert protocol.keep(out, s, records) == []  # nothing changed: nothing written
     before = protocol.compare(out, {"S": "s", "V": "v-s0"}, [("V", "S")])
@@ -402,6 +403,7 @@ def test_records_keep_what_the_figures_are_read_from_and_restore_it_for_the_same
     assert protocol.main(["restore", "--out", str(out), "--s", str(s), "--records", str(records)]) == 0
     assert protocol.compare(out, {"S": "s", "V": "v-s0"}, [("V", "S")]) == before
     assert before["pairs"]["V - S"]["difference"] == 20.0
+    assert (arms / "eval" / "v-s0" / "fingerprint.json").read_text() == '{"model": "v"}'
     assert (arms / "v-s0" / "weights.sha256").read_text() == "abc\n" and not (arms / "v-s0" / "final").exists()
     assert protocol.main(["finished", str(arms / "eval" / "v-s0")]) == 0
     assert protocol.main(["finished", str(arms / "eval" / "h-s0")]) == 1
