@@ -468,14 +468,29 @@ def evaluation_folders(out: Path) -> list[Path]:
 
 
 def trained_runs(out: Path) -> list[Path]:
-    """Every arm's training run that finished (its weights hash written by the scripts' `train`)."""
-    return sorted(run.parent for run in (out / "arms").glob("*/weights.sha256"))
+    """Every arm's training run that finished (its weights hash written by the scripts' `train`) and
+    whose evaluations did too: restored, such a run is not trained again, so one whose weights are
+    gone before its evaluations finished must train again. The gradient-norm run is never evaluated
+    (its figures are its metrics)."""
+    arms = out / "arms"
+    return sorted(run.parent for run in arms.glob("*/weights.sha256")
+                  if run.parent.name.endswith("-norms")
+                  or all(finished_log(arms / kind / run.parent.name) is not None for kind in ("eval", "eval-seen")))
+
+
+def kept_times(out: Path, runs: list[Path]) -> str:
+    """times.tsv's lines of what a restore does not run again: the kept runs and the calibrations
+    (whose figure is their time); the labelling runs again after a loss (its files are S's to
+    remake), and a line kept for it would count its CPU seconds twice."""
+    names = {run.name for run in runs}
+    lines = (out / "arms" / "times.tsv").read_text().splitlines(keepends=True)
+    return "".join(line for line in lines if line.split()[0] in names or line.startswith("cal-"))
 
 
 def kept_files(out: Path) -> dict[str, Path]:
     """Relative path -> file, of what the figures are read from: each finished evaluation's config,
-    fingerprint and conversations, the gate's verdict, the frozen rule, the CPU seconds, each finished run's metrics
-    and weights hash. Checkpoints and the corpora S rebuilds are left out."""
+    fingerprint and conversations, the gate's verdict, the frozen rule, each finished run's metrics
+    and weights hash (`keep` adds the CPU seconds). Checkpoints and the corpora S remakes are left out."""
     files = {}
     for folder in evaluation_folders(out):
         if finished_log(folder) is not None:
@@ -484,7 +499,7 @@ def kept_files(out: Path) -> dict[str, Path]:
     for run in trained_runs(out):
         files.update({str((run / name).relative_to(out)): run / name
                       for name in ("weights.sha256", "metrics.jsonl") if (run / name).exists()})
-    for name in ("gate.json", "arms/rule.json", "arms/times.tsv"):
+    for name in ("gate.json", "arms/rule.json"):
         if (out / name).exists():
             files[name] = out / name
     return files
@@ -500,8 +515,10 @@ def keep(out: Path, s: Path, records: Path = RECORDS) -> list[str]:
                        "move them aside before keeping a new start's", path=str(found))
     write_json(found, stamp)
     written = []
-    for name, source in kept_files(out).items():
-        data = source.read_bytes()
+    contents = {name: source.read_bytes() for name, source in kept_files(out).items()}
+    if (out / "arms" / "times.tsv").exists():
+        contents["arms/times.tsv"] = kept_times(out, trained_runs(out)).encode()
+    for name, data in contents.items():
         if name.endswith((".jsonl", "fingerprint.json")):  # the bulk: 2.2 MB of B-dev log gzips to 0.12
             name, data = name + ".gz", gzip.compress(data, mtime=0)
         target = records / name

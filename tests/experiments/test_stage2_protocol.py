@@ -365,9 +365,9 @@ def s_model(folder: Path, weights: bytes) -> Path:
 
 def test_records_keep_what_the_figures_are_read_from_and_restore_it_for_the_same_s_only(tmp_path, capsys):
     """The machine is lost: OUT goes, the B files and a rebuilt S come back. What `keep` put in the
-    records (finished evaluations, the runs' metrics and weights hashes, the gate, the CPU seconds)
-    restores into OUT and the report reads the same figures; an unfinished evaluation, checkpoints
-    and weights are not kept; records of one S are refused for another, and a second S's keep."""
+    records (finished evaluations, the metrics and weights hashes of runs evaluated in full, the gate,
+    the CPU seconds of what will not run again) restores into OUT and the report reads the same
+    figures; an unfinished evaluation, a run not yet evaluated, checkpoints and weights are not kept; records of one S are refused for another, and a second S's keep."""
     out, records, b = tmp_path / "out", tmp_path / "records", tmp_path / "b"
     b.mkdir()
     s = s_model(tmp_path / "s", b"S's weights")
@@ -383,15 +383,23 @@ def test_records_keep_what_the_figures_are_read_from_and_restore_it_for_the_same
     (arms / "v-s0" / "final" / "model.safetensors").write_bytes(b"V's weights")
     (arms / "v-s0" / "weights.sha256").write_text("abc\n")
     (arms / "v-s0" / "metrics.jsonl").write_text(json.dumps({"step": 0, "dev_divergence_per_token": 0.1}) + "\n")
-    (arms / "times.tsv").write_text("v-s0 100\n")
-    (arms / "c2-lr1.0e-4-s0" / "checkpoints").mkdir(parents=True)  # a run still training: nothing of it kept
+    evaluation(arms / "eval-seen" / "v-s0", {"full": [1, 0]}, instances=b / "seen.jsonl")
+    # C2 trained, not evaluated yet: after a loss it trains again, so neither it nor its time is kept
+    (arms / "c2-lr1.0e-4-s0").mkdir(parents=True)
+    (arms / "c2-lr1.0e-4-s0" / "weights.sha256").write_text("def\n")
     (arms / "c2-lr1.0e-4-s0" / "metrics.jsonl").write_text("{}\n")
+    (arms / "c1-lr1.0e-4-s0" / "checkpoints").mkdir(parents=True)  # still training: nothing of it kept
+    # the labelling runs again after a loss (its files are not kept): its time too, or it counts twice
+    (arms / "times.tsv").write_text("label-self 5\nv-s0 100\ncal-c2-2 3\ncal-c2-22 13\nc2-lr1.0e-4-s0 70\n")
 
     assert protocol.main(["keep", "--out", str(out), "--s", str(s), "--records", str(records)]) == 0
     kept = sorted(str(p.relative_to(records)) for p in records.rglob("*") if p.is_file())
-    assert kept == ["arms/eval/s/config.yaml", "arms/eval/s/conversations.jsonl.gz", "arms/eval/v-s0/config.yaml",
-                    "arms/eval/v-s0/conversations.jsonl.gz", "arms/eval/v-s0/fingerprint.json.gz", "arms/times.tsv", "arms/v-s0/metrics.jsonl.gz",
-                    "arms/v-s0/weights.sha256", "bdev/config.yaml", "bdev/conversations.jsonl.gz", "s.json"]
+    assert kept == ["arms/eval-seen/v-s0/config.yaml", "arms/eval-seen/v-s0/conversations.jsonl.gz",
+                    "arms/eval/s/config.yaml", "arms/eval/s/conversations.jsonl.gz", "arms/eval/v-s0/config.yaml",
+                    "arms/eval/v-s0/conversations.jsonl.gz", "arms/eval/v-s0/fingerprint.json.gz", "arms/times.tsv",
+                    "arms/v-s0/metrics.jsonl.gz", "arms/v-s0/weights.sha256", "bdev/config.yaml",
+                    "bdev/conversations.jsonl.gz", "s.json"]
+    assert (records / "arms" / "times.tsv").read_text() == "v-s0 100\ncal-c2-2 3\ncal-c2-22 13\n"
     assert protocol.keep(out, s, records) == []  # nothing changed: nothing written
     before = protocol.compare(out, {"S": "s", "V": "v-s0"}, [("V", "S")])
 
