@@ -13,6 +13,7 @@ RUN=${RUN:?set RUN to the demo folder}
 OUT=${OUT:?set OUT to the gate folder}
 S=${S:-$RUN/sft/final}
 ROLLOUT_T=${ROLLOUT_T:-0.3}   # the demo recipe's vasd.rollout.temperature
+RECORDS=${RECORDS:-$HERE/records}  # where each finished evaluation is kept (protocol.py keep)
 EVAL=${EVAL:-$HERE/eval.yaml}  # settings of every evaluation (float32, greedy unless overridden)
 B_TEST=${B_TEST:-256} B_DEV=${B_DEV:-512} B_TRAIN=${B_TRAIN:-600}   # sizes of B's three slices
 mkdir -p "$OUT/B"
@@ -32,4 +33,4 @@ ev data.source="jsonl:$OUT/B/train.jsonl" views=[sharded] temperature="$ROLLOUT_
 ev data.source="jsonl:$RUN/data/train.jsonl" views=[full] out="$OUT/seen-full"
 ev data.source="jsonl:$RUN/data/train.jsonl" views=[sharded] temperature="$ROLLOUT_T" out="$OUT/seen-sharded"
 python "$HERE/protocol.py" gate --out "$OUT"
-python "$HERE/protocol.py" keep --out "$OUT" --s "$S"  # into records/: commit them
+python "$HERE/protocol.py" keep --out "$OUT" --s "$S" --records "$RECORDS"  # commit them

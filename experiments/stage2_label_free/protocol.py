@@ -137,10 +137,11 @@ def fill(template: Path, **values: object) -> str:
 
 
 def prepare(run: Path, out: Path, seeds: list[int], v_steps: int, lrs: list[str] = RATES,
-            pilot_lr: str = "1.0e-4") -> Path:
+            pilot_lr: str = "1.0e-4", records: Path = RECORDS) -> Path:
     """OUT/arms: the filled configs, rule.json, arms.sh (every arm, in order) and pilot.sh (seed 0 of V
     and of C2 at `pilot_lr`, and their evaluations); nothing is run. Both scripts run one command at a
-    time and resume: a finished step is passed over, a training run with a checkpoint continues from it."""
+    time and resume: a finished step is passed over, a training run with a checkpoint continues from it;
+    each arm's evaluations end with `keep` into `records`."""
     arms = out / "arms"
     configs = arms / "configs"
     configs.mkdir(parents=True, exist_ok=True)
@@ -208,7 +209,7 @@ def prepare(run: Path, out: Path, seeds: list[int], v_steps: int, lrs: list[str]
     s_bdev = [f"once {arms}/eval/s cp -r {out}/bdev {arms}/eval/s  # S on B-dev is the gate's evaluation (same settings):",
               f"{ev} model.model=$S out={arms}/eval/s  # resumed, its fingerprint checked: nothing left to play"]
 
-    keep_now = f"{me} keep --out {out} --s $S  # into records/: commit them, they outlive the machine"
+    keep_now = f"{me} keep --out {out} --s $S --records {records}  # commit them: they outlive the machine"
 
     def evaluated(name: str) -> list[str]:
         return [f"evaluate {arms}/eval/{name} {ev} model.model={arms}/{name}/final out={arms}/eval/{name}",
@@ -674,6 +675,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--v-steps", type=int, default=32)
     p.add_argument("--lrs", nargs="+", default=RATES)
     p.add_argument("--pilot-lr", default="1.0e-4", help="C2's rate in the pilot")
+    p.add_argument("--records", type=Path, default=RECORDS, help="where the scripts keep each finished step")
     p = sub.add_parser("mix")
     p.add_argument("--self", dest="own", type=Path, required=True)
     p.add_argument("--seen", type=Path, required=True)
@@ -723,7 +725,7 @@ def main(argv: list[str] | None = None) -> int:
         write_json(args.out / "gate.json", report)
         print(gate_markdown(report))
     elif args.command == "prepare":
-        print(prepare(args.run, args.out, args.seeds, args.v_steps, args.lrs, args.pilot_lr))
+        print(prepare(args.run, args.out, args.seeds, args.v_steps, args.lrs, args.pilot_lr, args.records))
     elif args.command == "mix":
         print(f"{mix(args.own, args.seen, args.out)} conversations to {args.out}")
     elif args.command == "steps":

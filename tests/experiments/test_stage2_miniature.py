@@ -66,13 +66,15 @@ def self_labels(arms: Path, b_train: Path, monkeypatch) -> None:
 def test_the_protocol_runs_from_the_gate_to_the_pilots_report(tiny_model_dir, tmp_path, monkeypatch):
     run, out = tmp_path / "run", tmp_path / "gate"
     starting_run(run, tiny_model_dir)
-    printed = script(HERE / "gate.sh", RUN=str(run), OUT=str(out), B_TEST="2", B_DEV="2", B_TRAIN="3")
+    records = tmp_path / "records"
+    printed = script(HERE / "gate.sh", RUN=str(run), OUT=str(out), B_TEST="2", B_DEV="2", B_TRAIN="3", RECORDS=str(records))
     gate = json.loads((out / "gate.json").read_text())
     assert set(gate["gaps"]) == set(protocol.GATE_LOGS) and gate["verdict"] is not None
     assert gate["progress"]["bdev_own_gap"] == "4 of 4 conversations"  # 2 instances x full and sharded
     assert "gate: " in printed
 
-    pilot = protocol.prepare(run, out, seeds=[0], v_steps=1, lrs=["1.0e-4"]).parent / "pilot.sh"
+    assert (records / "bdev" / "conversations.jsonl.gz").exists()  # the gate's logs kept
+    pilot = protocol.prepare(run, out, seeds=[0], v_steps=1, lrs=["1.0e-4"], records=records).parent / "pilot.sh"
     self_labels(out / "arms", out / "B" / "train.jsonl", monkeypatch)
     # C2's step calibration as if run (a tiny model's 20 steps are shorter than start-up's noise):
     # 1 CPU s a step; `calibrate` finds both labels and runs nothing (it is tested in test_stage2_protocol)
@@ -102,3 +104,12 @@ def test_the_protocol_runs_from_the_gate_to_the_pilots_report(tiny_model_dir, tm
     again = script(pilot)  # everything finished: passed over, nothing trained twice
     assert f"done before: {arms}/v-s0" in again and f"done before: {arms}/c2-lr1.0e-4-s0" in again
     assert (arms / "times.tsv").read_text().count("\n") == 4
+
+    # The weights lost with the machine, the evaluations kept: neither arm trains or plays again
+    for model in ("v-s0", "c2-lr1.0e-4-s0"):
+        assert (records / "arms" / model / "weights.sha256").read_text() == (arms / model / "weights.sha256").read_text()
+        shutil.rmtree(arms / model / "final")
+    lost = script(pilot)
+    assert all(f"done before: {arms}/{kind}/{model}" in lost for kind in ("eval", "eval-seen")
+               for model in ("v-s0", "c2-lr1.0e-4-s0"))
+    assert json.loads((records / "s.json").read_text())["s_sha256"] == protocol.weights_sha256(run / "sft" / "final")
