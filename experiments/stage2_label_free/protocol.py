@@ -33,7 +33,7 @@ from fic.core.files import atomic_open, write_json, write_jsonl, write_text
 from fic.core.records import read_log, read_records
 from fic.core.stats import mean_interval
 from fic.evaluation.gap import gate, scores_by_id, view_gap
-from fic.evaluation.metrics import timing_bin
+from fic.evaluation.metrics import first_answer_score, timing_bin
 from fic.training.curves import read_metrics
 
 HERE = Path(__file__).resolve().parent
@@ -354,6 +354,7 @@ def compare(out: Path, names: dict[str, str], pairs: list[tuple[str, str]]) -> d
         models[model] = {"n": len(sharded), "full": view_p(log, "full"), "sharded": view_p(log, "sharded"),
                          "premature": 100.0 * sum(bool(r.get("premature_answer")) for r in sharded) / len(sharded),
                          "never_answered": 100.0 * sum(timing_bin(r) == "never" for r in sharded) / len(sharded),
+                         "first_answer": 100.0 * sum(first_answer_score(r) for r in sharded) / len(sharded),
                          "seen_full": None if seen[model] is None else view_p(seen[model], "full")}
     paired = {f"{a} - {b}": view_gap(bdev[a], bdev[b], teacher_view="sharded", origin=str(out / "arms" / "eval"))
               for a, b in pairs if bdev[a] is not None and bdev[b] is not None}
@@ -378,11 +379,12 @@ def pilot_report(out: Path, seed: int, lr: str) -> dict:
 
 
 def comparison_markdown(report: dict) -> list[str]:
-    lines = ["| model | N | P(full) | P(sharded) | premature | never answered | P(full), seen dev |", "|---|---|---|---|---|---|---|"]
+    lines = ["| model | N | P(full) | P(sharded) | premature | never answered | first-answer accuracy | P(full), seen dev |",
+             "|---|---|---|---|---|---|---|---|"]
     for model, m in report["models"].items():
         seen = "not finished" if m["seen_full"] is None else f"{m['seen_full']:.1f}"
         lines.append(f"| {model} | {m['n']} | {m['full']:.1f} | {m['sharded']:.1f} | {m['premature']:.1f}% | "
-                     f"{m['never_answered']:.1f}% | {seen} |")
+                     f"{m['never_answered']:.1f}% | {m['first_answer']:.1f} | {seen} |")
     lines += ["", "| sharded P on B-dev | N | difference (95% CI) | better / worse | exact p |", "|---|---|---|---|---|"]
     for name, g in report["pairs"].items():
         lines.append(f"| {name} | {g['n']} | {g['difference']:+.1f} ({g['low']:+.1f} to {g['high']:+.1f}) | "

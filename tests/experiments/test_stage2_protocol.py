@@ -187,10 +187,12 @@ def test_calibrate_times_each_run_once_into_a_fresh_scratch_folder(tmp_path):
     assert labels == ["cal-c2-2", "cal-c2-22"]
 
 
-def evaluation(folder: Path, views: dict[str, list[int]], *, premature=(), never=(), instances: Path | None = None) -> None:
+def evaluation(folder: Path, views: dict[str, list[int]], *, premature=(), never=(), wrong_first=(),
+               instances: Path | None = None) -> None:
     """An evaluation folder as `fic eval` leaves it: config.yaml (its instances file, views, runs) and
     conversations.jsonl, each view's scores in the order of the instances (`instances`: where the
-    instances file goes, in the folder unless given)."""
+    instances file goes, in the folder unless given). A sharded conversation answers once, with its
+    score, unless it never answers or is in `wrong_first` (a wrong answer first, then its score)."""
     folder.mkdir(parents=True)
     n = len(next(iter(views.values())))
     instances = instances or folder / "instances.jsonl"
@@ -201,7 +203,10 @@ def evaluation(folder: Path, views: dict[str, list[int]], *, premature=(), never
         json.dumps({"task_id": f"t{i}", "view": view, "run": 0, "score": float(s),
                     "premature_answer": view == "sharded" and i in premature,
                     "first_answer_turn": None if view == "sharded" and i in never else 1,
-                    "shards_at_first_answer": 2, "num_shards": 3}) + "\n"
+                    "shards_at_first_answer": 2, "num_shards": 3,
+                    "turns": [] if view == "sharded" and i in never else
+                    [{"label": "answer_attempt", "score": 0.0}] * (view == "sharded" and i in wrong_first)
+                    + [{"label": "answer_attempt", "score": float(s)}]}) + "\n"
         for view, scores in views.items() for i, s in enumerate(scores)))
 
 
@@ -210,7 +215,8 @@ def test_the_pilot_pairs_v_and_c2_with_s_and_applies_its_rule_to_v_minus_s(tmp_p
     on 4 (V better on 2, C2 on 1); the rule needs V - S >= 3: it holds. C2's seen-dev run is unfinished."""
     arms = tmp_path / "arms"
     full = [1] * 8 + [0] * 2
-    evaluation(arms / "eval" / "s", {"full": full, "sharded": [1] * 4 + [0] * 6}, premature={5, 6}, never={9})
+    evaluation(arms / "eval" / "s", {"full": full, "sharded": [1] * 4 + [0] * 6}, premature={5, 6}, never={9},
+               wrong_first={0})
     evaluation(arms / "eval" / "v-s0", {"full": full, "sharded": [1] * 5 + [0] * 5}, premature={6})
     evaluation(arms / "eval" / "c2-lr1.0e-4-s0", {"full": [1] * 7 + [0] * 3, "sharded": [0, 0, 1, 1, 1, 0, 0, 0, 0, 1]})
     for name in ("s", "v-s0"):
@@ -218,7 +224,7 @@ def test_the_pilot_pairs_v_and_c2_with_s_and_applies_its_rule_to_v_minus_s(tmp_p
     assert protocol.main(["pilot", "--out", str(tmp_path)]) == 0
     report = json.loads((arms / "pilot.json").read_text())
     assert report["models"]["S"] == {"n": 10, "full": 80.0, "sharded": 40.0, "premature": 20.0, "never_answered": 10.0,
-                                     "seen_full": 75.0}
+                                     "first_answer": 30.0, "seen_full": 75.0}
     assert report["models"]["C2"]["seen_full"] is None and report["not_finished"] == ["C2 on the seen dev set"]
     v_s, v_c2 = report["pairs"]["V - S"], report["pairs"]["V - C2"]
     assert (v_s["difference"], v_s["better"], v_s["worse"]) == (10.0, 1, 0)
