@@ -490,16 +490,17 @@ def kept_times(out: Path, runs: list[Path]) -> str:
     return "".join(line for line in lines if line.split()[0] in names or line.startswith("cal-"))
 
 
-def kept_files(out: Path) -> dict[str, Path]:
+def kept_files(out: Path, runs: list[Path]) -> dict[str, Path]:
     """Relative path -> file, of what the figures are read from: each finished evaluation's config,
-    fingerprint and conversations, the gate's verdict, the frozen rule, each finished run's metrics
-    and weights hash (`keep` adds the CPU seconds). Checkpoints and the corpora S remakes are left out."""
+    fingerprint and conversations, the gate's verdict, the frozen rule, the metrics and weights hash
+    of `runs` (`trained_runs`; `keep` adds the CPU seconds). Checkpoints and the corpora S remakes
+    are left out."""
     files = {}
     for folder in evaluation_folders(out):
         if finished_log(folder) is not None:
             files.update({str((folder / name).relative_to(out)): folder / name  # the fingerprint: fic eval resumes
                           for name in ("config.yaml", "fingerprint.json", "conversations.jsonl") if (folder / name).exists()})
-    for run in trained_runs(out):
+    for run in runs:
         files.update({str((run / name).relative_to(out)): run / name
                       for name in ("weights.sha256", "metrics.jsonl") if (run / name).exists()})
     for name in ("gate.json", "arms/rule.json"):
@@ -518,9 +519,10 @@ def keep(out: Path, s: Path, records: Path = RECORDS) -> list[str]:
                        "move them aside before keeping a new start's", path=str(found))
     write_json(found, stamp)
     written = []
-    contents = {name: source.read_bytes() for name, source in kept_files(out).items()}
+    runs = trained_runs(out)  # reads every arm's logs whole: once
+    contents = {name: source.read_bytes() for name, source in kept_files(out, runs).items()}
     if (out / "arms" / "times.tsv").exists():
-        contents["arms/times.tsv"] = kept_times(out, trained_runs(out)).encode()
+        contents["arms/times.tsv"] = kept_times(out, runs).encode()
     for name, data in contents.items():
         if name.endswith((".jsonl", "fingerprint.json")):  # the bulk: 2.2 MB of B-dev log gzips to 0.12
             name, data = name + ".gz", gzip.compress(data, mtime=0)

@@ -373,7 +373,8 @@ def test_records_keep_what_the_figures_are_read_from_and_restore_it_for_the_same
     """The machine is lost: OUT goes, the B files and a rebuilt S come back. What `keep` put in the
     records (finished evaluations, the metrics and weights hashes of runs evaluated in full, the gate,
     the CPU seconds of what will not run again) restores into OUT and the report reads the same
-    figures; an unfinished evaluation, a run not yet evaluated, checkpoints and weights are not kept; records of one S are refused for another, and a second S's keep."""
+    figures; an unfinished evaluation, a run not yet evaluated, checkpoints and weights are not kept;
+    records of one S are refused for another, and a second S's keep."""
     out, records, b = tmp_path / "out", tmp_path / "records", tmp_path / "b"
     b.mkdir()
     s = s_model(tmp_path / "s", b"S's weights")
