@@ -435,8 +435,9 @@ def arms_report(out: Path, seeds: list[int], lrs: list[str]) -> dict:
     names["H"] = "h-s0"
     found = compare(out, names, [*pairs, ("H", "S")])
     ran = [seed for seed in seeds if (out / "arms" / f"v-s{seed}" / "metrics.jsonl").exists()]
-    return {"rates": rates, **found, "v_held_out_divergence": {seed: held_out(out / "arms" / f"v-s{seed}") for seed in ran},
-            "v_rollouts": {seed: rollout_blocks(out / "arms" / f"v-s{seed}") for seed in ran}}
+    report = {"rates": rates, **found, "v_held_out_divergence": {seed: held_out(out / "arms" / f"v-s{seed}") for seed in ran},
+              "v_rollouts": {seed: rollout_blocks(out / "arms" / f"v-s{seed}") for seed in ran}}
+    return {**report, "settled": settled(report, seeds)}
 
 
 def arms_markdown(report: dict) -> str:
@@ -447,9 +448,26 @@ def arms_markdown(report: dict) -> str:
         lines += [f"V s{seed}'s rollouts by steps: " + "; ".join(
             f"{b['steps']} agree {b['rollout_accuracy']:.1f}%, premature {b['premature_answer_rate']:.1f}%"
             for b in report["v_rollouts"][seed])]
+    lines += ["", *settled_markdown(report["settled"])]
     if report["not_finished"]:
         lines += ["", "not finished: " + ", ".join(report["not_finished"])]
     return "\n".join(lines)
+
+
+def settled_markdown(found: dict) -> list[str]:
+    word = {True: "holds", False: "fails", None: "open"}
+    lines = ["Settled by V and S alone (no control can change these):"]
+    for part, checks in (("win", found["win"]), ("convincing negative", found["negative"])):
+        lines += [f"- {part}: {name}: {word[check]}" for name, check in checks.items()]
+    if found["failing"]["retention"]:
+        lines.append("- under S's P(full) by more than the margin: " + ", ".join(found["failing"]["retention"]))
+    if found["failing"]["falls"]:
+        lines.append("- divergence fell less: " + ", ".join(found["failing"]["falls"]))
+    if found["v_cannot_win"]:
+        lines.append("V cannot win by the rule, whatever the controls show.")
+    if found["negative_out_of_reach"]:
+        lines.append("The convincing negative is out of reach.")
+    return lines
 
 
 # ---------------------------------------------------------------------------- records
@@ -579,6 +597,43 @@ def choose_rate(out: Path, name: str, seed: int, lrs: list[str]) -> str:
     return max(lrs, key=scores.__getitem__)
 
 
+def kept_full(v: float, other: float, rule: dict = RULE) -> bool:
+    """The rule's retention clause: V's P(full) at most `full_margin` points under the other model's."""
+    return v >= other - rule["full_margin"]
+
+
+def every_seed(values: list, holds) -> bool | None:
+    """A check over seeds while some are unmeasured (None): False once a measured one fails (no later
+    seed can mend it), True when every one is measured and holds, else None (still open)."""
+    if any(v is not None and not holds(v) for v in values):
+        return False
+    return True if all(v is not None for v in values) else None
+
+
+def settled(report: dict, seeds: list[int], rule: dict = RULE) -> dict:
+    """The rule's checks that V and S alone decide (both measured before any control ran): V beats S
+    in every seed, the S half of the retention clause, V's held-out divergence fall. Each is True,
+    False or None (a figure still missing). One False win check means V cannot win whatever the
+    controls show; one False negative check, that the convincing negative is out of reach."""
+    s = report["models"].get("S")
+    v = {seed: report["models"].get(f"V s{seed}") for seed in seeds}
+    v_s = [None if (g := report["pairs"].get(f"V s{seed} - S")) is None else g["difference"] for seed in seeds]
+    retention = {(seed, key): None if s is None or v[seed] is None or v[seed][key] is None or s[key] is None
+                 else (v[seed][key], s[key]) for seed in seeds for key in ("full", "seen_full")}
+    falls = {seed: (report["v_held_out_divergence"].get(seed) or {}).get("fall") for seed in seeds}
+    win = {"V beats S in every seed": every_seed(v_s, lambda d: d > 0),
+           f"P(full) within {rule['full_margin']:g} of S on both sets":
+               every_seed(list(retention.values()), lambda pair: kept_full(*pair, rule))}
+    negative = {f"V's held-out divergence fell >= {DIVERGENCE_FALL:.0%} in every seed":
+                    every_seed(list(falls.values()), lambda f: f >= DIVERGENCE_FALL)}
+    failing = {"retention": [f"V s{seed} {'seen dev' if key == 'seen_full' else 'B-dev'} {pair[0]:.1f} vs S {pair[1]:.1f}"
+                             for (seed, key), pair in retention.items() if pair and not kept_full(*pair, rule)],
+               "falls": [f"V s{seed} {100 * f:.0f}%" for seed, f in falls.items() if f is not None and f < DIVERGENCE_FALL]}
+    return {"win": win, "negative": negative, "failing": failing,
+            "v_cannot_win": any(check is False for check in win.values()),
+            "negative_out_of_reach": any(check is False for check in negative.values())}
+
+
 def decide(rows: dict, rule: dict = RULE) -> dict:
     """The rule applied to per-seed paired figures. `rows[seed]` holds `v_c2` and `v_s`
     (`view_gap` of sharded scores on B-dev) and `full` ({"V", "C2", "S"}: P(full) on
@@ -594,7 +649,7 @@ def decide(rows: dict, rule: dict = RULE) -> dict:
             for s in seeds) >= rule["p_seeds"],
         "V beats S in every seed": all(rows[s]["v_s"]["difference"] > 0 for s in seeds),
         f"P(full) within {rule['full_margin']} of C2 and S on both sets": all(
-            rows[s][key]["V"] >= rows[s][key][other] - rule["full_margin"]
+            kept_full(rows[s][key]["V"], rows[s][key][other], rule)
             for s in seeds for key in ("full", "full_seen") for other in ("C2", "S")),
     }
     seed_level = mean_interval(v_c2) if len(v_c2) >= 2 else None

@@ -329,10 +329,38 @@ def test_decide_applies_the_frozen_rule_and_the_convincing_negative(tmp_path, ca
     printed = capsys.readouterr().out
     assert "V s2's held-out divergence per answer token: step 0 0.1000, step 32 0.0800 (fell 20%" in printed
     assert "V s2's rollouts by steps: 1-8 agree 50.0%, premature 25.0%; 9-16 agree 100.0%, premature 25.0%" in printed
+    assert report["settled"]["win"] == {"V beats S in every seed": True, "P(full) within 2 of S on both sets": True}
+    assert "divergence fell less: V s2 20%\nThe convincing negative is out of reach." in printed
+    assert "V cannot win" not in printed
 
     (arms / "eval-seen" / "c2-lr1.0e-4-s2" / "conversations.jsonl").write_text("")  # an arm not evaluated
     assert protocol.main(["decide", "--out", str(out), "--lrs", "1.0e-4", "2.0e-4"]) == 2
     assert "c2-lr1.0e-4-s2: this evaluation has not finished" in capsys.readouterr().err
+
+
+def test_v_and_s_settle_their_checks_before_the_controls_finish():
+    """V s0 is 2.4 under S on the seen dev set (the margin is 2): the win fails with V s1's seen run
+    and V s2 unmeasured. V s2 unmeasured leaves "V beats S in every seed" open, until it loses."""
+    def model(full, seen):
+        return {"full": full, "seen_full": seen}
+
+    report = {"models": {"S": model(58.4, 88.3), "V s0": model(71.5, 85.9), "V s1": model(69.3, None)},
+              "pairs": {"V s0 - S": {"difference": 21.9}, "V s1 - S": {"difference": 12.7}},
+              "v_held_out_divergence": {0: {"fall": 0.52}, 1: {"fall": 0.31}}}
+    found = protocol.settled(report, [0, 1, 2])
+    assert found["win"] == {"V beats S in every seed": None, "P(full) within 2 of S on both sets": False}
+    assert found["failing"]["retention"] == ["V s0 seen dev 85.9 vs S 88.3"] and found["v_cannot_win"]
+    assert list(found["negative"].values()) == [None] and not found["negative_out_of_reach"]
+
+    report["models"]["V s0"]["seen_full"] = 86.3  # exactly the margin under S: kept
+    report["models"]["V s1"]["seen_full"] = 88.0
+    report["models"]["V s2"] = model(60.0, 90.0)
+    report["pairs"]["V s2 - S"] = {"difference": 0.0}  # a tie is no win
+    report["v_held_out_divergence"][2] = {"fall": 0.29}
+    found = protocol.settled(report, [0, 1, 2])
+    assert found["win"] == {"V beats S in every seed": False, "P(full) within 2 of S on both sets": True}
+    assert found["failing"] == {"retention": [], "falls": ["V s2 29%"]} and found["negative_out_of_reach"]
+    assert "- win: P(full) within 2 of S on both sets: holds" in protocol.settled_markdown(found)
 
 
 def test_the_rule_counts_a_seeds_p_only_when_v_is_the_better_arm():
