@@ -358,7 +358,11 @@ def compare(out: Path, names: dict[str, str], pairs: list[tuple[str, str]]) -> d
                          "seen_full": None if seen[model] is None else view_p(seen[model], "full")}
     paired = {f"{a} - {b}": view_gap(bdev[a], bdev[b], teacher_view="sharded", origin=str(out / "arms" / "eval"))
               for a, b in pairs if bdev[a] is not None and bdev[b] is not None}
-    return {"models": models, "pairs": paired,
+    # retention: the same pairs' P(full) on the seen-function dev set, paired too
+    seen_paired = {f"{a} - {b}": view_gap(seen[a], seen[b], teacher_view="full", student_view="full",
+                                          origin=str(out / "arms" / "eval-seen"))
+                   for a, b in pairs if seen[a] is not None and seen[b] is not None}
+    return {"models": models, "pairs": paired, "seen_pairs": seen_paired,
             "not_finished": sorted([f"{m} on B-dev" for m in names if bdev[m] is None]
                                    + [f"{m} on the seen dev set" for m in names if seen[m] is None])}
 
@@ -385,10 +389,12 @@ def comparison_markdown(report: dict) -> list[str]:
         seen = "not finished" if m["seen_full"] is None else f"{m['seen_full']:.1f}"
         lines.append(f"| {model} | {m['n']} | {m['full']:.1f} | {m['sharded']:.1f} | {m['premature']:.1f}% | "
                      f"{m['never_answered']:.1f}% | {m['first_answer']:.1f} | {seen} |")
-    lines += ["", "| sharded P on B-dev | N | difference (95% CI) | better / worse | exact p |", "|---|---|---|---|---|"]
-    for name, g in report["pairs"].items():
-        lines.append(f"| {name} | {g['n']} | {g['difference']:+.1f} ({g['low']:+.1f} to {g['high']:+.1f}) | "
-                     f"{g['better']} / {g['worse']} | {g['p_value']:.2g} |")
+    for title, pairs in (("sharded P on B-dev", report["pairs"]), ("P(full), seen dev", report.get("seen_pairs", {}))):
+        if pairs:
+            lines += ["", f"| {title} | N | difference (95% CI) | better / worse | exact p |", "|---|---|---|---|---|"]
+        for name, g in pairs.items():
+            lines.append(f"| {name} | {g['n']} | {g['difference']:+.1f} ({g['low']:+.1f} to {g['high']:+.1f}) | "
+                         f"{g['better']} / {g['worse']} | {g['p_value']:.2g} |")
     return lines
 
 

@@ -219,8 +219,8 @@ def test_the_pilot_pairs_v_and_c2_with_s_and_applies_its_rule_to_v_minus_s(tmp_p
                wrong_first={0})
     evaluation(arms / "eval" / "v-s0", {"full": full, "sharded": [1] * 5 + [0] * 5}, premature={6})
     evaluation(arms / "eval" / "c2-lr1.0e-4-s0", {"full": [1] * 7 + [0] * 3, "sharded": [0, 0, 1, 1, 1, 0, 0, 0, 0, 1]})
-    for name in ("s", "v-s0"):
-        evaluation(arms / "eval-seen" / name, {"full": [1, 1, 1, 0]})
+    evaluation(arms / "eval-seen" / "s", {"full": [1, 1, 1, 0]})
+    evaluation(arms / "eval-seen" / "v-s0", {"full": [1, 1, 0, 0]})
     assert protocol.main(["pilot", "--out", str(tmp_path)]) == 0
     report = json.loads((arms / "pilot.json").read_text())
     assert report["models"]["S"] == {"n": 10, "full": 80.0, "sharded": 40.0, "premature": 20.0, "never_answered": 10.0,
@@ -229,9 +229,11 @@ def test_the_pilot_pairs_v_and_c2_with_s_and_applies_its_rule_to_v_minus_s(tmp_p
     v_s, v_c2 = report["pairs"]["V - S"], report["pairs"]["V - C2"]
     assert (v_s["difference"], v_s["better"], v_s["worse"]) == (10.0, 1, 0)
     assert (v_c2["difference"], v_c2["better"], v_c2["worse"]) == (10.0, 2, 1)
+    seen = report["seen_pairs"]  # retention, paired; C2's seen run unfinished
+    assert list(seen) == ["V - S"] and (seen["V - S"]["difference"], seen["V - S"]["worse"]) == (-25.0, 1)
     assert report["verdict"].startswith("continue: V beats S by +10.0")
     printed = capsys.readouterr().out
-    assert "| V - C2 | 10 | +10.0 (" in printed and "not finished: C2 on the seen dev set" in printed
+    assert "| V - C2 | 10 | +10.0 (" in printed and "| P(full), seen dev |" in printed and "not finished: C2 on the seen dev set" in printed
 
     (arms / "eval" / "v-s0" / "conversations.jsonl").write_text("")  # V not evaluated yet: no verdict
     protocol.main(["pilot", "--out", str(tmp_path)])
