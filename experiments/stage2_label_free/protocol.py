@@ -9,6 +9,7 @@
     python protocol.py choose --out OUT --arm c2      # a control's rate: the best of its seed-0 runs on B-dev
     python protocol.py report --out OUT               # every arm so far: P, premature, never answered, paired differences
     python protocol.py decide --out OUT               # the rule applied to the arms' B-dev evaluations
+    python protocol.py btest --out OUT                # the rule's last clause on B-test, read once after decide (btest.sh)
     python protocol.py keep --out OUT --s S           # what the figures are read from, into records/ (commit it)
     python protocol.py restore --out OUT --s S        # records/ back into OUT, for a rebuilt S with the same weights
 
@@ -138,8 +139,8 @@ def fill(template: Path, **values: object) -> str:
 
 def prepare(run: Path, out: Path, seeds: list[int], v_steps: int, lrs: list[str] = RATES,
             pilot_lr: str = "1.0e-4", records: Path = RECORDS) -> Path:
-    """OUT/arms: the filled configs, rule.json, arms.sh (every arm, in order) and pilot.sh (seed 0 of V
-    and of C2 at `pilot_lr`, and their evaluations); nothing is run. Both scripts run one command at a
+    """OUT/arms: the filled configs, rule.json, arms.sh (every arm, in order), pilot.sh (seed 0 of V
+    and of C2 at `pilot_lr`, and their evaluations) and btest.sh (the one B-test read); nothing is run. Both scripts run one command at a
     time and resume: a finished step is passed over, a training run with a checkpoint continues from it;
     each arm's evaluations end with `keep` into `records`."""
     arms = out / "arms"
@@ -269,6 +270,21 @@ def prepare(run: Path, out: Path, seeds: list[int], v_steps: int, lrs: list[str]
     write_text(arms / "arms.sh", "\n".join(sh) + "\n")
     (arms / "arms.sh").chmod(0o755)
 
+    # The rule's last clause reads B-test once, after decide: a script of its own, which refuses to
+    # start before decision.json exists (dev speaks first).
+    bt = f"fic eval --config {configs}/eval-btest.yaml --quiet views=[full,sharded]"
+    btest = [*head, "# The one B-test read: S, V and C2 at its chosen rate in every seed, each once; B-test chose nothing.",
+             f'[ -e {arms}/decision.json ] || {{ echo "B-test is read after decide: run arms.sh to its end first" >&2; exit 2; }}',
+             f"mkdir -p {arms}/eval-btest",
+             f"C2_RATE=$({me} choose --out {out} --arm c2 --seed {first} --lrs {rates})",
+             f"evaluate {arms}/eval-btest/s {bt} model.model=$S out={arms}/eval-btest/s"]
+    for seed in seeds:
+        btest += [f"evaluate {arms}/eval-btest/{name} {bt} model.model={arms}/{name}/final out={arms}/eval-btest/{name}"
+                  for name in (f"v-s{seed}", f"c2-lr$C2_RATE-s{seed}")]
+    btest += [keep_now, f"{me} btest --out {out} --seeds {' '.join(map(str, seeds))} --lrs {rates}"]
+    write_text(arms / "btest.sh", "\n".join(btest) + "\n")
+    (arms / "btest.sh").chmod(0o755)
+
     seed, report = seeds[0], f"{me} pilot --out {out} --seed {seeds[0]} --lr-c2 {pilot_lr}"
     # One command at a time: two torch processes on 2 cores ran 5 times slower together than in turn
     # (each one's threads wait on the other's), so lanes side by side bought nothing.
@@ -341,11 +357,12 @@ def view_p(log: list[dict], view: str, origin: str = "log") -> float:
     return 100.0 * sum(r["score"] for r in played) / len(played)
 
 
-def compare(out: Path, names: dict[str, str], pairs: list[tuple[str, str]]) -> dict:
-    """Models (label -> evaluation folder under OUT/arms/eval and eval-seen) from whichever
-    evaluations have finished, and the paired sharded differences on B-dev of `pairs` among them."""
-    bdev = {m: finished_log(out / "arms" / "eval" / f) for m, f in names.items()}
-    seen = {m: finished_log(out / "arms" / "eval-seen" / f) for m, f in names.items()}
+def compare(out: Path, names: dict[str, str], pairs: list[tuple[str, str]], kind: str = "eval",
+            seen_kind: str | None = "eval-seen") -> dict:
+    """Models (label -> evaluation folder under OUT/arms/`kind`, B-dev unless told, and `seen_kind`)
+    from whichever evaluations have finished, and the paired sharded differences of `pairs` among them."""
+    bdev = {m: finished_log(out / "arms" / kind / f) for m, f in names.items()}
+    seen = {m: None if seen_kind is None else finished_log(out / "arms" / seen_kind / f) for m, f in names.items()}
     models = {}
     for model, log in bdev.items():
         if log is None:
@@ -356,15 +373,16 @@ def compare(out: Path, names: dict[str, str], pairs: list[tuple[str, str]]) -> d
                          "never_answered": 100.0 * sum(timing_bin(r) == "never" for r in sharded) / len(sharded),
                          "first_answer": 100.0 * sum(first_answer_score(r) for r in sharded) / len(sharded),
                          "seen_full": None if seen[model] is None else view_p(seen[model], "full")}
-    paired = {f"{a} - {b}": view_gap(bdev[a], bdev[b], teacher_view="sharded", origin=str(out / "arms" / "eval"))
+    paired = {f"{a} - {b}": view_gap(bdev[a], bdev[b], teacher_view="sharded", origin=str(out / "arms" / kind))
               for a, b in pairs if bdev[a] is not None and bdev[b] is not None}
     # retention: the same pairs' P(full) on the seen-function dev set, paired too
     seen_paired = {f"{a} - {b}": view_gap(seen[a], seen[b], teacher_view="full", student_view="full",
-                                          origin=str(out / "arms" / "eval-seen"))
+                                          origin=str(out / "arms" / str(seen_kind)))
                    for a, b in pairs if seen[a] is not None and seen[b] is not None}
+    where = "B-test" if kind == "eval-btest" else "B-dev"
     return {"models": models, "pairs": paired, "seen_pairs": seen_paired,
-            "not_finished": sorted([f"{m} on B-dev" for m in names if bdev[m] is None]
-                                   + [f"{m} on the seen dev set" for m in names if seen[m] is None])}
+            "not_finished": sorted([f"{m} on {where}" for m in names if bdev[m] is None]
+                                   + [f"{m} on the seen dev set" for m in names if seen_kind and seen[m] is None])}
 
 
 def pilot_report(out: Path, seed: int, lr: str) -> dict:
@@ -382,14 +400,14 @@ def pilot_report(out: Path, seed: int, lr: str) -> dict:
     return {"seed": seed, "c2_lr": lr, **found, "verdict": verdict, "v_held_out_divergence": divergence}
 
 
-def comparison_markdown(report: dict) -> list[str]:
-    lines = ["| model | N | P(full) | P(sharded) | premature | never answered | first-answer accuracy | P(full), seen dev |",
-             "|---|---|---|---|---|---|---|---|"]
+def comparison_markdown(report: dict, where: str = "B-dev", seen: bool = True) -> list[str]:
+    lines = ["| model | N | P(full) | P(sharded) | premature | never answered | first-answer accuracy |"
+             + " P(full), seen dev |" * seen, "|---|---|---|---|---|---|---|" + "---|" * seen]
     for model, m in report["models"].items():
-        seen = "not finished" if m["seen_full"] is None else f"{m['seen_full']:.1f}"
+        retained = "not finished" if m["seen_full"] is None else f"{m['seen_full']:.1f}"
         lines.append(f"| {model} | {m['n']} | {m['full']:.1f} | {m['sharded']:.1f} | {m['premature']:.1f}% | "
-                     f"{m['never_answered']:.1f}% | {m['first_answer']:.1f} | {seen} |")
-    for title, pairs in (("sharded P on B-dev", report["pairs"]), ("P(full), seen dev", report.get("seen_pairs", {}))):
+                     f"{m['never_answered']:.1f}% | {m['first_answer']:.1f} |" + f" {retained} |" * seen)
+    for title, pairs in ((f"sharded P on {where}", report["pairs"]), ("P(full), seen dev", report.get("seen_pairs", {}))):
         if pairs:
             lines += ["", f"| {title} | N | difference (95% CI) | better / worse | exact p |", "|---|---|---|---|---|"]
         for name, g in pairs.items():
@@ -490,7 +508,7 @@ def weights_sha256(model: Path) -> str:
 def evaluation_folders(out: Path) -> list[Path]:
     """Every evaluation folder of the gate and the arms, finished or not."""
     gate = [out / folder for folder in dict.fromkeys(f for pair in GATE_LOGS.values() for f in pair)]
-    arms = [f for kind in ("eval", "eval-seen") for f in sorted((out / "arms" / kind).glob("*")) if f.is_dir()]
+    arms = [f for kind in ("eval", "eval-seen", "eval-btest") for f in sorted((out / "arms" / kind).glob("*")) if f.is_dir()]
     return [f for f in gate + arms if (f / "config.yaml").exists()]
 
 
@@ -728,6 +746,34 @@ def verdict(out: Path, seeds: list[int], lrs: list[str]) -> dict:
             "negative": negative(gate_passed, h_s, falls, result["seed_level"])}
 
 
+def btest_read(out: Path, seeds: list[int], lrs: list[str]) -> dict:
+    """The rule's last clause, read once after `decide` on B-test (which chose nothing): each V seed
+    against C2 at its chosen rate in the same seed and against S, sharded P; the clause holds when
+    the mean over seeds of V - C2 is above 0. Every evaluation must have finished."""
+    rate = choose_rate(out, "c2", seeds[0], lrs)
+    names = {"S": "s", **{f"{arm} s{seed}": f"{folder}-s{seed}" for seed in seeds
+                          for arm, folder in (("V", "v"), ("C2", f"c2-lr{rate}"))}}
+    pairs = [(f"V s{seed}", other) for seed in seeds for other in (f"C2 s{seed}", "S")]
+    found = compare(out, names, pairs, kind="eval-btest", seen_kind=None)
+    if found["not_finished"]:
+        raise FicError("the B-test read waits for every evaluation: not finished: " + ", ".join(found["not_finished"]),
+                       path=str(out / "arms" / "eval-btest"))
+    v_c2 = [found["pairs"][f"V s{seed} - C2 s{seed}"]["difference"] for seed in seeds]
+    mean = sum(v_c2) / len(v_c2)
+    return {"c2_rate": rate, **found, "v_minus_c2_by_seed": v_c2, "v_minus_c2_mean": mean,
+            "seed_level": mean_interval(v_c2) if len(v_c2) >= 2 else None,
+            "clause": "V - C2 > 0 (mean over seeds)", "holds": mean > 0, "rule_hash": rule_hash()}
+
+
+def btest_markdown(read: dict) -> str:
+    level = read["seed_level"]
+    interval = "" if level is None else f" (t interval {level['low']:+.1f} to {level['high']:+.1f})"
+    return "\n".join([f"B-test, read once; C2 at its chosen rate {read['c2_rate']}.", "",
+                      *comparison_markdown(read, where="B-test", seen=False), "",
+                      f"mean over seeds of V - C2: {read['v_minus_c2_mean']:+.1f}{interval}; "
+                      f"the rule's last clause ({read['clause']}): {'holds' if read['holds'] else 'fails'}"])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -763,6 +809,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--arm", choices=["c1", "c2"], required=True)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lrs", nargs="+", default=RATES)
+    p = sub.add_parser("btest", help="the one B-test read, after decide (btest.sh runs its evaluations)")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--lrs", nargs="+", default=RATES)
     p = sub.add_parser("decide")
     p.add_argument("--out", type=Path, required=True)
@@ -814,6 +864,14 @@ def main(argv: list[str] | None = None) -> int:
         except FicError as error:
             print(error, file=sys.stderr)
             return 2
+    elif args.command == "btest":
+        try:
+            read = btest_read(args.out, args.seeds, args.lrs)
+        except FicError as error:
+            print(error, file=sys.stderr)
+            return 2
+        write_json(args.out / "arms" / "btest.json", read)
+        print(btest_markdown(read))
     elif args.command == "decide":
         frozen = json.loads((args.out / "arms" / "rule.json").read_text())
         if frozen["hash"] != rule_hash():

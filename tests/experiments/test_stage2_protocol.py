@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -68,9 +69,10 @@ def test_every_config_the_protocol_fills_loads_with_its_verbs_class(tmp_path):
         text = path.read_text()
         assert "{" + "run}" not in text and "{" + "out}" not in text and "{" + "seed}" not in text, path.name
         load_config(config_class(path.name), path)  # unknown keys are errors
-    for written in (script, script.parent / "pilot.sh"):
+    for written in (script, script.parent / "pilot.sh", script.parent / "btest.sh"):
         checked = commands(written)
-        assert {cls for cls, _, _ in checked} == set(VERBS.values()), written.name
+        assert {cls for cls, _, _ in checked} == (set(VERBS.values()) if written != script.parent / "btest.sh"
+                                                  else {EvalConfig}), written.name
         for cls, config, overrides in checked:
             load_config(cls, config, overrides)
 
@@ -363,6 +365,36 @@ def test_v_and_s_settle_their_checks_before_the_controls_finish():
     assert found["win"] == {"V beats S in every seed": False, "P(full) within 2 of S on both sets": True}
     assert found["failing"] == {"retention": [], "falls": ["V s2 29%"]} and found["negative_out_of_reach"]
     assert "- win: P(full) within 2 of S on both sets: holds" in protocol.settled_markdown(found)
+
+
+def test_b_test_is_read_once_after_decide_v_against_c2_at_its_chosen_rate_in_every_seed(tmp_path, capsys):
+    """btest.sh refuses to start before decide; its read pairs each V seed with C2 at the rate chosen
+    on B-dev (1e-4 here) on B-test. V right on 6 of 10 in both seeds, C2 on 5 and 7: mean V - C2 0."""
+    out, arms = tmp_path / "out", tmp_path / "out" / "arms"
+    script = protocol.prepare(tmp_path / "run", out, seeds=[0, 1], v_steps=32, lrs=["1.0e-4", "2.0e-4"])
+    btest = (script.parent / "btest.sh").read_text()
+    evaluated = [line.split()[1] for line in btest.splitlines() if line.startswith("evaluate ")]
+    assert evaluated == [f"{arms}/eval-btest/{name}" for name in ("s", "v-s0", "c2-lr$C2_RATE-s0", "v-s1", "c2-lr$C2_RATE-s1")]
+    refused = subprocess.run(["bash", str(script.parent / "btest.sh")], capture_output=True, text=True)
+    assert refused.returncode == 2 and "B-test is read after decide" in refused.stderr
+
+    sharded = lambda right: [1] * right + [0] * (10 - right)  # noqa: E731
+    for lr, right in (("1.0e-4", 6), ("2.0e-4", 5)):
+        evaluation(arms / "eval" / f"c2-lr{lr}-s0", {"full": [1] * 10, "sharded": sharded(right)})
+    for name, right in (("s", 3), ("v-s0", 6), ("v-s1", 6), ("c2-lr1.0e-4-s0", 5), ("c2-lr1.0e-4-s1", 7)):
+        evaluation(arms / "eval-btest" / name, {"full": [1] * 10, "sharded": sharded(right)})
+    assert protocol.main(["btest", "--out", str(out), "--seeds", "0", "1", "--lrs", "1.0e-4", "2.0e-4"]) == 0
+    read = json.loads((arms / "btest.json").read_text())
+    assert read["c2_rate"] == "1.0e-4" and read["v_minus_c2_by_seed"] == [10.0, -10.0] and not read["holds"]
+    assert read["pairs"]["V s1 - S"]["difference"] == 30.0
+    printed = capsys.readouterr().out
+    assert "| V s0 - C2 s0 | 10 | +10.0 (" in printed and "P(full), seen dev" not in printed
+    assert printed.rstrip().endswith("(V - C2 > 0 (mean over seeds)): fails")
+    assert "arms/eval-btest/v-s1/conversations.jsonl.gz" in protocol.keep(out, s_model(tmp_path / "s", b"w"), tmp_path / "rec")
+
+    (arms / "eval-btest" / "v-s1" / "conversations.jsonl").write_text("")
+    assert protocol.main(["btest", "--out", str(out), "--seeds", "0", "1", "--lrs", "1.0e-4", "2.0e-4"]) == 2
+    assert "not finished: V s1 on B-test" in capsys.readouterr().err
 
 
 def test_the_rule_counts_a_seeds_p_only_when_v_is_the_better_arm():
