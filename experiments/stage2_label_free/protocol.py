@@ -461,7 +461,19 @@ def arms_report(out: Path, seeds: list[int], lrs: list[str]) -> dict:
     ran = [seed for seed in seeds if (out / "arms" / f"v-s{seed}" / "metrics.jsonl").exists()]
     report = {"rates": rates, **found, "v_held_out_divergence": {seed: held_out(out / "arms" / f"v-s{seed}") for seed in ran},
               "v_rollouts": {seed: rollout_blocks(out / "arms" / f"v-s{seed}") for seed in ran}}
-    return {**report, "settled": settled(report, seeds)}
+    return {**report, "seed_level": seed_level(report["pairs"], seeds), "settled": settled(report, seeds)}
+
+
+def seed_level(pairs: dict, seeds: list[int]) -> dict:
+    """The seed as the unit: for V - S and V - C2 (sharded P on B-dev, paired within a seed), the mean
+    over the seeds measured and its 95% t interval, where at least two are."""
+    found = {}
+    for other in ("S", "C2"):
+        values = [pairs[name]["difference"] for seed in seeds
+                  if (name := f"V s{seed} - {other if other == 'S' else f'C2 s{seed}'}") in pairs]
+        if len(values) >= 2:
+            found[f"V - {other}"] = mean_interval(values)
+    return found
 
 
 def arms_markdown(report: dict) -> str:
@@ -472,6 +484,8 @@ def arms_markdown(report: dict) -> str:
         lines += [f"V s{seed}'s rollouts by steps: " + "; ".join(
             f"{b['steps']} agree {b['rollout_accuracy']:.1f}%, premature {b['premature_answer_rate']:.1f}%"
             for b in report["v_rollouts"][seed])]
+    lines += ["", *(f"{name} over {level['n']} seeds: {level['mean']:+.1f} (t interval {level['low']:+.1f} to "
+                    f"{level['high']:+.1f})" for name, level in report["seed_level"].items())]
     lines += ["", *settled_markdown(report["settled"])]
     if report["not_finished"]:
         lines += ["", "not finished: " + ", ".join(report["not_finished"])]

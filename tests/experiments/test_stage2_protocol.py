@@ -334,6 +334,8 @@ def test_decide_applies_the_frozen_rule_and_the_convincing_negative(tmp_path, ca
     assert "V s2's held-out divergence per answer token: step 0 0.1000, step 32 0.0800 (fell 20%" in printed
     assert "V s2's rollouts by steps: 1-8 agree 50.0%, premature 25.0%; 9-16 agree 100.0%, premature 25.0%" in printed
     assert report["settled"]["win"] == {"V beats S in every seed": True, "P(full) within 2 of S on both sets": True}
+    assert report["seed_level"]["V - C2"]["mean"] == pytest.approx(-40 / 3) and report["seed_level"]["V - S"]["high"] == 10.0
+    assert "V - C2 over 3 seeds: -13.3 (t interval -27.7 to +1.0)" in printed
     assert "divergence fell less: V s2 20%\nThe convincing negative is out of reach." in printed
     assert "V cannot win" not in printed
 
