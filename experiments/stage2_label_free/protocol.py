@@ -494,15 +494,15 @@ def arms_markdown(report: dict) -> str:
 
 def settled_markdown(found: dict) -> list[str]:
     word = {True: "holds", False: "fails", None: "open"}
-    lines = ["Settled by V and S alone (no control can change these):"]
+    lines = ["Settled by the figures so far (no arm still to come can change these):"]
     for part, checks in (("win", found["win"]), ("convincing negative", found["negative"])):
         lines += [f"- {part}: {name}: {word[check]}" for name, check in checks.items()]
     if found["failing"]["retention"]:
-        lines.append("- under S's P(full) by more than the margin: " + ", ".join(found["failing"]["retention"]))
+        lines.append("- P(full) under the comparator's by more than the margin: " + ", ".join(found["failing"]["retention"]))
     if found["failing"]["falls"]:
         lines.append("- divergence fell less: " + ", ".join(found["failing"]["falls"]))
     if found["v_cannot_win"]:
-        lines.append("V cannot win by the rule, whatever the controls show.")
+        lines.append("V cannot win by the rule, whatever the arms still to come show.")
     if found["negative_out_of_reach"]:
         lines.append("The convincing negative is out of reach.")
     return lines
@@ -649,23 +649,30 @@ def every_seed(values: list, holds) -> bool | None:
 
 
 def settled(report: dict, seeds: list[int], rule: dict = RULE) -> dict:
-    """The rule's checks that V and S alone decide (both measured before any control ran): V beats S
-    in every seed, the S half of the retention clause, V's held-out divergence fall. Each is True,
-    False or None (a figure still missing). One False win check means V cannot win whatever the
-    controls show; one False negative check, that the convincing negative is out of reach."""
-    s = report["models"].get("S")
-    v = {seed: report["models"].get(f"V s{seed}") for seed in seeds}
-    v_s = [None if (g := report["pairs"].get(f"V s{seed} - S")) is None else g["difference"] for seed in seeds]
-    retention = {(seed, key): None if s is None or v[seed] is None or v[seed][key] is None or s[key] is None
-                 else (v[seed][key], s[key]) for seed in seeds for key in ("full", "seen_full")}
+    """The rule's checks that the figures measured so far decide already: V beats S and C2 (at its
+    chosen rate) in every seed, V's P(full) within the margin of theirs, V's held-out divergence
+    fall. Each is True, False or None (a figure still missing). One False win check means V cannot
+    win whatever the arms to come show; one False negative check, that the convincing negative is
+    out of reach."""
+    models, pairs = report["models"], report["pairs"]
+    against = {"S": lambda seed: "S", "C2": lambda seed: f"C2 s{seed}"}
+    win, retention = {}, {}
+    for other, name in against.items():
+        gaps = [None if (g := pairs.get(f"V s{seed} - {name(seed)}")) is None else g["difference"] for seed in seeds]
+        win[f"V beats {other} in every seed"] = every_seed(gaps, lambda d: d > 0)
+        for seed in seeds:
+            mine, theirs = models.get(f"V s{seed}"), models.get(name(seed))
+            for key in ("full", "seen_full"):
+                retention[(seed, key, other)] = (None if mine is None or theirs is None or mine[key] is None
+                                                 or theirs[key] is None else (mine[key], theirs[key]))
+    win[f"P(full) within {rule['full_margin']:g} of S and C2 on both sets"] = every_seed(
+        list(retention.values()), lambda pair: kept_full(*pair, rule))
     falls = {seed: (report["v_held_out_divergence"].get(seed) or {}).get("fall") for seed in seeds}
-    win = {"V beats S in every seed": every_seed(v_s, lambda d: d > 0),
-           f"P(full) within {rule['full_margin']:g} of S on both sets":
-               every_seed(list(retention.values()), lambda pair: kept_full(*pair, rule))}
     negative = {f"V's held-out divergence fell >= {DIVERGENCE_FALL:.0%} in every seed":
                     every_seed(list(falls.values()), lambda f: f >= DIVERGENCE_FALL)}
-    failing = {"retention": [f"V s{seed} {'seen dev' if key == 'seen_full' else 'B-dev'} {pair[0]:.1f} vs S {pair[1]:.1f}"
-                             for (seed, key), pair in retention.items() if pair and not kept_full(*pair, rule)],
+    failing = {"retention": [f"V s{seed} {'seen dev' if key == 'seen_full' else 'B-dev'} {pair[0]:.1f} vs {other} "
+                             f"{pair[1]:.1f}" for (seed, key, other), pair in retention.items()
+                             if pair and not kept_full(*pair, rule)],
                "falls": [f"V s{seed} {100 * f:.0f}%" for seed, f in falls.items() if f is not None and f < DIVERGENCE_FALL]}
     return {"win": win, "negative": negative, "failing": failing,
             "v_cannot_win": any(check is False for check in win.values()),

@@ -164,7 +164,6 @@ def test_calibrate_times_each_run_once_into_a_fresh_scratch_folder(tmp_path):
     """The scripts' `calibrate` runs an arm's config for 2 and 22 steps, each timed under its own
     label, into a scratch folder it empties first (a killed run's leftovers); a label already in
     times.tsv is a finished run and is not run again. `fic` is a stand-in that records its arguments."""
-    import subprocess
 
     script = prepared(tmp_path).parent / "arms.sh"
     assert "calibrate c2 " in script.read_text() and "calibrate c1 " in script.read_text()
@@ -333,20 +332,21 @@ def test_decide_applies_the_frozen_rule_and_the_convincing_negative(tmp_path, ca
     printed = capsys.readouterr().out
     assert "V s2's held-out divergence per answer token: step 0 0.1000, step 32 0.0800 (fell 20%" in printed
     assert "V s2's rollouts by steps: 1-8 agree 50.0%, premature 25.0%; 9-16 agree 100.0%, premature 25.0%" in printed
-    assert report["settled"]["win"] == {"V beats S in every seed": True, "P(full) within 2 of S on both sets": True}
+    assert report["settled"]["win"] == {"V beats S in every seed": True, "V beats C2 in every seed": False,
+                                        "P(full) within 2 of S and C2 on both sets": True}
     assert report["seed_level"]["V - C2"]["mean"] == pytest.approx(-40 / 3) and report["seed_level"]["V - S"]["high"] == 10.0
     assert "V - C2 over 3 seeds: -13.3 (t interval -27.7 to +1.0)" in printed
-    assert "divergence fell less: V s2 20%\nThe convincing negative is out of reach." in printed
-    assert "V cannot win" not in printed
+    assert "divergence fell less: V s2 20%" in printed and "The convincing negative is out of reach." in printed
+    assert "V cannot win by the rule, whatever the arms still to come show." in printed
 
     (arms / "eval-seen" / "c2-lr1.0e-4-s2" / "conversations.jsonl").write_text("")  # an arm not evaluated
     assert protocol.main(["decide", "--out", str(out), "--lrs", "1.0e-4", "2.0e-4"]) == 2
     assert "c2-lr1.0e-4-s2: this evaluation has not finished" in capsys.readouterr().err
 
 
-def test_v_and_s_settle_their_checks_before_the_controls_finish():
-    """V s0 is 2.4 under S on the seen dev set (the margin is 2): the win fails with V s1's seen run
-    and V s2 unmeasured. V s2 unmeasured leaves "V beats S in every seed" open, until it loses."""
+def test_the_figures_so_far_settle_the_checks_no_arm_to_come_can_change():
+    """V s0 is 2.4 under S on the seen dev set (the margin is 2): the win fails with V s1's seen run,
+    V s2 and every C2 seed unmeasured. An unmeasured seed leaves "in every seed" open, until one loses."""
     def model(full, seen):
         return {"full": full, "seen_full": seen}
 
@@ -354,7 +354,8 @@ def test_v_and_s_settle_their_checks_before_the_controls_finish():
               "pairs": {"V s0 - S": {"difference": 21.9}, "V s1 - S": {"difference": 12.7}},
               "v_held_out_divergence": {0: {"fall": 0.52}, 1: {"fall": 0.31}}}
     found = protocol.settled(report, [0, 1, 2])
-    assert found["win"] == {"V beats S in every seed": None, "P(full) within 2 of S on both sets": False}
+    assert found["win"] == {"V beats S in every seed": None, "V beats C2 in every seed": None,
+                            "P(full) within 2 of S and C2 on both sets": False}
     assert found["failing"]["retention"] == ["V s0 seen dev 85.9 vs S 88.3"] and found["v_cannot_win"]
     assert list(found["negative"].values()) == [None] and not found["negative_out_of_reach"]
 
@@ -364,9 +365,16 @@ def test_v_and_s_settle_their_checks_before_the_controls_finish():
     report["pairs"]["V s2 - S"] = {"difference": 0.0}  # a tie is no win
     report["v_held_out_divergence"][2] = {"fall": 0.29}
     found = protocol.settled(report, [0, 1, 2])
-    assert found["win"] == {"V beats S in every seed": False, "P(full) within 2 of S on both sets": True}
+    assert found["win"] == {"V beats S in every seed": False, "V beats C2 in every seed": None,
+                            "P(full) within 2 of S and C2 on both sets": None}  # C2's half unmeasured
     assert found["failing"] == {"retention": [], "falls": ["V s2 29%"]} and found["negative_out_of_reach"]
-    assert "- win: P(full) within 2 of S on both sets: holds" in protocol.settled_markdown(found)
+
+    report["models"]["C2 s1"] = model(72.0, 88.0)  # V s1's P(full) on B-dev is 2.7 under it
+    report["pairs"]["V s1 - C2 s1"] = {"difference": -2.3}
+    found = protocol.settled(report, [0, 1, 2])
+    assert found["win"]["V beats C2 in every seed"] is False
+    assert found["failing"]["retention"] == ["V s1 B-dev 69.3 vs C2 72.0"]
+    assert "- win: V beats C2 in every seed: fails" in protocol.settled_markdown(found)
 
 
 def test_b_test_is_read_once_after_decide_v_against_c2_at_its_chosen_rate_in_every_seed(tmp_path, capsys):
@@ -415,7 +423,6 @@ def test_the_rule_counts_a_seeds_p_only_when_v_is_the_better_arm():
 def test_the_scripts_time_a_commands_cpu_seconds_in_the_main_shell_and_in_a_lane(tmp_path):
     """`timed` reads the waiting shell's children's CPU seconds: in the script and in a `( ... ) &` lane
     (a command substitution's own subshell has no children: read there, every label would be 0)."""
-    import subprocess
 
     script = prepared(tmp_path).parent / "pilot.sh"
     helpers = script.read_text().split("\nS=")[0]
@@ -495,7 +502,6 @@ def test_a_finished_step_is_passed_over_even_when_its_weights_are_gone(tmp_path)
     """The scripts' `train` writes the weights hash when a run ends and passes a run with one over (a
     restored run has the hash, not the weights); `evaluate` plays nothing into a whole log. `fic` is a
     stand-in that records its arguments and writes a run's weights."""
-    import subprocess
 
     script = prepared(tmp_path).parent / "arms.sh"
     helpers = script.read_text().split("\nS=")[0]
