@@ -140,9 +140,9 @@ def fill(template: Path, **values: object) -> str:
 def prepare(run: Path, out: Path, seeds: list[int], v_steps: int, lrs: list[str] = RATES,
             pilot_lr: str = "1.0e-4", records: Path = RECORDS) -> Path:
     """OUT/arms: the filled configs, rule.json, arms.sh (every arm, in order), pilot.sh (seed 0 of V
-    and of C2 at `pilot_lr`, and their evaluations) and btest.sh (the one B-test read); nothing is run. Both scripts run one command at a
-    time and resume: a finished step is passed over, a training run with a checkpoint continues from it;
-    each arm's evaluations end with `keep` into `records`."""
+    and of C2 at `pilot_lr`, and their evaluations) and btest.sh (the one B-test read); nothing is
+    run. The scripts run one command at a time and resume: a finished step is passed over, a training
+    run with a checkpoint continues from it; each arm's evaluations end with `keep` into `records`."""
     arms = out / "arms"
     configs = arms / "configs"
     configs.mkdir(parents=True, exist_ok=True)
@@ -379,7 +379,7 @@ def compare(out: Path, names: dict[str, str], pairs: list[tuple[str, str]], kind
     seen_paired = {f"{a} - {b}": view_gap(seen[a], seen[b], teacher_view="full", student_view="full",
                                           origin=str(out / "arms" / str(seen_kind)))
                    for a, b in pairs if seen[a] is not None and seen[b] is not None}
-    where = "B-test" if kind == "eval-btest" else "B-dev"
+    where = {"eval": "B-dev", "eval-btest": "B-test"}[kind]
     return {"models": models, "pairs": paired, "seen_pairs": seen_paired,
             "not_finished": sorted([f"{m} on {where}" for m in names if bdev[m] is None]
                                    + [f"{m} on the seen dev set" for m in names if seen_kind and seen[m] is None])}
@@ -464,13 +464,17 @@ def arms_report(out: Path, seeds: list[int], lrs: list[str]) -> dict:
     return {**report, "seed_level": seed_level(report["pairs"], seeds), "settled": settled(report, seeds)}
 
 
+def comparator(other: str, seed: int) -> str:
+    """The report's label of V's comparator in `seed`: S, or a control at its chosen rate."""
+    return "S" if other == "S" else f"{other} s{seed}"
+
+
 def seed_level(pairs: dict, seeds: list[int]) -> dict:
     """The seed as the unit: for V - S and V - C2 (sharded P on B-dev, paired within a seed), the mean
     over the seeds measured and its 95% t interval, where at least two are."""
     found = {}
     for other in ("S", "C2"):
-        values = [pairs[name]["difference"] for seed in seeds
-                  if (name := f"V s{seed} - {other if other == 'S' else f'C2 s{seed}'}") in pairs]
+        values = [pairs[name]["difference"] for seed in seeds if (name := f"V s{seed} - {comparator(other, seed)}") in pairs]
         if len(values) >= 2:
             found[f"V - {other}"] = mean_interval(values)
     return found
@@ -655,13 +659,13 @@ def settled(report: dict, seeds: list[int], rule: dict = RULE) -> dict:
     win whatever the arms to come show; one False negative check, that the convincing negative is
     out of reach."""
     models, pairs = report["models"], report["pairs"]
-    against = {"S": lambda seed: "S", "C2": lambda seed: f"C2 s{seed}"}
     win, retention = {}, {}
-    for other, name in against.items():
-        gaps = [None if (g := pairs.get(f"V s{seed} - {name(seed)}")) is None else g["difference"] for seed in seeds]
+    for other in ("S", "C2"):
+        gaps = [None if (g := pairs.get(f"V s{seed} - {comparator(other, seed)}")) is None else g["difference"]
+                for seed in seeds]
         win[f"V beats {other} in every seed"] = every_seed(gaps, lambda d: d > 0)
         for seed in seeds:
-            mine, theirs = models.get(f"V s{seed}"), models.get(name(seed))
+            mine, theirs = models.get(f"V s{seed}"), models.get(comparator(other, seed))
             for key in ("full", "seen_full"):
                 retention[(seed, key, other)] = (None if mine is None or theirs is None or mine[key] is None
                                                  or theirs[key] is None else (mine[key], theirs[key]))
