@@ -787,6 +787,7 @@ def btest_read(out: Path, seeds: list[int], lrs: list[str]) -> dict:
     mean = sum(v_c2) / len(v_c2)
     return {"c2_rate": rate, **found, "v_minus_c2_by_seed": v_c2, "v_minus_c2_mean": mean,
             "seed_level": mean_interval(v_c2) if len(v_c2) >= 2 else None,
+            "v_minus_s_seed_level": seed_level(found["pairs"], seeds).get("V - S"),
             "clause": "V - C2 > 0 (mean over seeds)", "holds": mean > 0, "rule_hash": rule_hash()}
 
 
@@ -796,7 +797,9 @@ def btest_markdown(read: dict) -> str:
     return "\n".join([f"B-test, read once; C2 at its chosen rate {read['c2_rate']}.", "",
                       *comparison_markdown(read, where="B-test", seen=False), "",
                       f"mean over seeds of V - C2: {read['v_minus_c2_mean']:+.1f}{interval}; "
-                      f"the rule's last clause ({read['clause']}): {'holds' if read['holds'] else 'fails'}"])
+                      f"the rule's last clause ({read['clause']}): {'holds' if read['holds'] else 'fails'}",
+                      *([] if (v_s := read["v_minus_s_seed_level"]) is None else
+                        [f"V - S over {v_s['n']} seeds: {v_s['mean']:+.1f} (t interval {v_s['low']:+.1f} to {v_s['high']:+.1f})"])])
 
 
 def main(argv: list[str] | None = None) -> int:

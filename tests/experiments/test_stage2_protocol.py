@@ -399,7 +399,7 @@ def test_b_test_is_read_once_after_decide_v_against_c2_at_its_chosen_rate_in_eve
     assert read["pairs"]["V s1 - S"]["difference"] == 30.0
     printed = capsys.readouterr().out
     assert "| V s0 - C2 s0 | 10 | +10.0 (" in printed and "P(full), seen dev" not in printed
-    assert printed.rstrip().endswith("(V - C2 > 0 (mean over seeds)): fails")
+    assert "(V - C2 > 0 (mean over seeds)): fails\nV - S over 2 seeds: +30.0 (t interval +30.0 to +30.0)" in printed
     assert "arms/eval-btest/v-s1/conversations.jsonl.gz" in protocol.keep(out, s_model(tmp_path / "s", b"w"), tmp_path / "rec")
 
     (arms / "eval-btest" / "v-s1" / "conversations.jsonl").write_text("")
