@@ -470,14 +470,18 @@ def comparator(other: str, seed: int) -> str:
 
 
 def seed_level(pairs: dict, seeds: list[int]) -> dict:
-    """The seed as the unit: for V - S and V - C2 (sharded P on B-dev, paired within a seed), the mean
-    over the seeds measured and its 95% t interval, where at least two are."""
+    """The seed as the unit: for V - S and V - C2 (sharded P, paired within a seed), the mean over the
+    seeds measured and its 95% t interval, where at least two are."""
     found = {}
     for other in ("S", "C2"):
         values = [pairs[name]["difference"] for seed in seeds if (name := f"V s{seed} - {comparator(other, seed)}") in pairs]
         if len(values) >= 2:
             found[f"V - {other}"] = mean_interval(values)
     return found
+
+
+def level_line(name: str, level: dict) -> str:
+    return f"{name} over {level['n']} seeds: {level['mean']:+.1f} (t interval {level['low']:+.1f} to {level['high']:+.1f})"
 
 
 def arms_markdown(report: dict) -> str:
@@ -488,8 +492,7 @@ def arms_markdown(report: dict) -> str:
         lines += [f"V s{seed}'s rollouts by steps: " + "; ".join(
             f"{b['steps']} agree {b['rollout_accuracy']:.1f}%, premature {b['premature_answer_rate']:.1f}%"
             for b in report["v_rollouts"][seed])]
-    lines += ["", *(f"{name} over {level['n']} seeds: {level['mean']:+.1f} (t interval {level['low']:+.1f} to "
-                    f"{level['high']:+.1f})" for name, level in report["seed_level"].items())]
+    lines += ["", *(level_line(name, level) for name, level in report["seed_level"].items())]
     lines += ["", *settled_markdown(report["settled"])]
     if report["not_finished"]:
         lines += ["", "not finished: " + ", ".join(report["not_finished"])]
@@ -784,10 +787,9 @@ def btest_read(out: Path, seeds: list[int], lrs: list[str]) -> dict:
         raise FicError("the B-test read waits for every evaluation: not finished: " + ", ".join(found["not_finished"]),
                        path=str(out / "arms" / "eval-btest"))
     v_c2 = [found["pairs"][f"V s{seed} - C2 s{seed}"]["difference"] for seed in seeds]
-    mean = sum(v_c2) / len(v_c2)
+    mean, levels = sum(v_c2) / len(v_c2), seed_level(found["pairs"], seeds)
     return {"c2_rate": rate, **found, "v_minus_c2_by_seed": v_c2, "v_minus_c2_mean": mean,
-            "seed_level": mean_interval(v_c2) if len(v_c2) >= 2 else None,
-            "v_minus_s_seed_level": seed_level(found["pairs"], seeds).get("V - S"),
+            "seed_level": levels.get("V - C2"), "v_minus_s_seed_level": levels.get("V - S"),
             "clause": "V - C2 > 0 (mean over seeds)", "holds": mean > 0, "rule_hash": rule_hash()}
 
 
@@ -798,8 +800,7 @@ def btest_markdown(read: dict) -> str:
                       *comparison_markdown(read, where="B-test", seen=False), "",
                       f"mean over seeds of V - C2: {read['v_minus_c2_mean']:+.1f}{interval}; "
                       f"the rule's last clause ({read['clause']}): {'holds' if read['holds'] else 'fails'}",
-                      *([] if (v_s := read["v_minus_s_seed_level"]) is None else
-                        [f"V - S over {v_s['n']} seeds: {v_s['mean']:+.1f} (t interval {v_s['low']:+.1f} to {v_s['high']:+.1f})"])])
+                      *([] if read["v_minus_s_seed_level"] is None else [level_line("V - S", read["v_minus_s_seed_level"])])])
 
 
 def main(argv: list[str] | None = None) -> int:
