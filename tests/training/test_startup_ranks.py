@@ -21,18 +21,22 @@ import sys
 from fic.training import loop
 from fic.training.sft import SFTConfig
 accelerator = loop.make_accelerator(SFTConfig(out=sys.argv[1]))
-print("RANK", accelerator.process_index, accelerator.num_processes, accelerator.distributed_type.value, flush=True)
+# A file per rank, not stdout: unbuffered ranks share one pipe and their prints interleave word by word.
+with open(f"{sys.argv[2]}/rank{accelerator.process_index}", "w") as seen:
+    seen.write(f"{accelerator.process_index} {accelerator.num_processes} {accelerator.distributed_type.value}")
 """
 
 
 def ranks_seen(tmp_path: Path, launcher: list[str], env: dict | None = None) -> list[tuple]:
     probe = tmp_path / "probe.py"
     probe.write_text(PROBE)
-    proc = subprocess.run([sys.executable, "-m", *launcher, str(probe), str(tmp_path / "out")], cwd=REPO,
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    proc = subprocess.run([sys.executable, "-m", *launcher, str(probe), str(tmp_path / "out"), str(seen)], cwd=REPO,
                           env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **(env or {})},
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return sorted(tuple(line.split()[1:]) for line in proc.stdout.splitlines() if line.startswith("RANK"))
+    return sorted(tuple(path.read_text().split()) for path in seen.iterdir())
 
 
 @pytest.mark.skipif(find_spec("deepspeed") is None, reason="deepspeed does not import (pip install -e .[deepspeed])")
