@@ -107,7 +107,7 @@ def write_demo_report(cfg: Any, runs: dict[str, dict[str, Path]], stages: dict[s
 
     `runs[split][stage]` is the `fic eval` folder of a stage ("start", "sft", "vasd") on an
     evaluation set; `stages` what each finished stage recorded (its seconds and peak memory)."""
-    summary: dict[str, Any] = {"label": cfg.label, "sets": {}, "names": stage_names(cfg)}
+    summary: dict[str, Any] = {"label": cfg.label, "sets": {}}
     for split, by_stage in runs.items():
         start_run = by_stage["start"]
         start = {"scores": view_scores(start_run) if (start_run / "conversations.jsonl").is_file() else {}}
@@ -117,6 +117,7 @@ def write_demo_report(cfg: Any, runs: dict[str, dict[str, Path]], stages: dict[s
             if figures is not None:
                 rows[stage] = figures
         summary["sets"][split] = {"rows": rows, **{f"{a}_vs_{b}": _paired(rows, a, b) for a, b, _ in COMPARISONS}}
+    summary["names"] = stage_names(cfg, summary["sets"].get("test"))
     summary["seconds"] = {s: info.get("seconds") for s, info in stages.items() if "seconds" in info}
     summary["peak_rss_mb"] = max((info.get("peak_rss_mb", 0) for info in stages.values()), default=None)
     summary["disk_mb"] = round(_disk_mb(Path(cfg.out)))
@@ -126,11 +127,29 @@ def write_demo_report(cfg: Any, runs: dict[str, dict[str, Path]], stages: dict[s
     return {"table": table, "summary": _without_scores(summary)}
 
 
-def stage_names(cfg: Any) -> dict[str, str]:
-    """The table's stage names; a stage 2 whose teacher reads the gold answer says so (it is not
-    the paper's label-free VASD)."""
+def stage_names(cfg: Any, tests: dict | None = None) -> dict[str, str]:
+    """The table's stage names. A stage 2 whose teacher reads the gold answer says so (it is not
+    the paper's label-free VASD), and stage 2's name carries its verdict on `tests` (a set's
+    paired tests), so that no reader takes its row for a gain the tests do not show."""
     gold = getattr(getattr(getattr(cfg, "vasd", None), "teacher", None), "view", None) == "gold-hinted"
-    return {**STAGE_NAMES, **({"vasd": GOLD_TEACHER} if gold else {})}
+    vasd = GOLD_TEACHER if gold else STAGE_NAMES["vasd"]
+    verdict = stage2_verdict(tests)
+    return {**STAGE_NAMES, "vasd": f"{vasd}: {verdict}" if verdict else vasd}
+
+
+def stage2_verdict(tests: dict | None) -> str | None:
+    """A gain over stage 1 counts as stage 2's only where it is one over the equal-compute control
+    too: otherwise more SFT would have given it."""
+    over_sft, over_control = (tests or {}).get("vasd_vs_sft"), (tests or {}).get("vasd_vs_control")
+    if over_sft is None:
+        return None
+    if not over_sft["shown"]:
+        return "no reliable gain over stage 1 on this task"
+    if over_control is None:
+        return "a gain over stage 1 on this run (no equal-compute control)"
+    if not over_control["shown"]:
+        return "a gain over stage 1, not over the equal-compute control"
+    return "a gain over stage 1 and the equal-compute control on this run"
 
 
 def _paired(rows: dict, stage: str, other: str) -> dict | None:

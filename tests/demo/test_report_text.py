@@ -3,6 +3,8 @@ rows), counted in good English, and the figure's stage names never overlap."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from fic.demo.report import demo_figure, render_table
 
 
@@ -45,8 +47,6 @@ def test_the_figure_s_stage_names_do_not_overlap():
 
 
 def test_each_stage_shows_its_own_ratio_beside_r_and_a_gold_reading_teacher_is_named():
-    from types import SimpleNamespace
-
     from fic.demo.report import GOLD_TEACHER, stage_names
 
     table = render_table(summary(), "test").split("\n")
@@ -55,7 +55,25 @@ def test_each_stage_shows_its_own_ratio_beside_r_and_a_gold_reading_teacher_is_n
     assert header[header.index("R [95% CI]") + 1] == "own P(sharded)/P(full) [95% CI]"
     assert vasd[header.index("own P(sharded)/P(full) [95% CI]")] == f"{55 / 79:.2f} [{55 / 79 - 0.1:.2f}, {55 / 79 + 0.1:.2f}]"
     gold = SimpleNamespace(vasd=SimpleNamespace(teacher=SimpleNamespace(view="gold-hinted")))
+    label_free = SimpleNamespace(vasd=SimpleNamespace(teacher=SimpleNamespace(view="full")))
     assert stage_names(gold)["vasd"] == GOLD_TEACHER and "reads the gold" in GOLD_TEACHER
-    assert "gold" not in stage_names(SimpleNamespace(vasd=SimpleNamespace(teacher=SimpleNamespace(view="full"))))["vasd"]
+    assert "gold" not in stage_names(label_free)["vasd"]
     table = render_table({**summary(), "names": stage_names(gold)}, "test")
     assert f"| {GOLD_TEACHER} |" in table
+
+
+def test_stage_2_s_row_carries_its_verdict_against_stage_1_and_the_control():
+    from fic.demo.report import STAGE_NAMES, stage_names
+
+    cfg = SimpleNamespace(vasd=SimpleNamespace(teacher=SimpleNamespace(view="full")))
+    tests = summary()["sets"]["test"]  # ahead of SFT (92-1), behind the control (1-64)
+    name = stage_names(cfg, tests)["vasd"]
+    assert name == f"{STAGE_NAMES['vasd']}: a gain over stage 1, not over the equal-compute control"
+    table = render_table({**summary(), "names": stage_names(cfg, tests)}, "test")
+    assert f"| {name} |" in table
+    not_shown = {**tests, "vasd_vs_sft": {**tests["vasd_vs_sft"], "better": 30, "worse": 28, "shown": False}}
+    assert stage_names(cfg, not_shown)["vasd"].endswith(": no reliable gain over stage 1 on this task")
+    both = {**tests, "vasd_vs_control": tests["vasd_vs_sft"]}
+    assert stage_names(cfg, both)["vasd"].endswith("a gain over stage 1 and the equal-compute control on this run")
+    assert stage_names(cfg, {**tests, "vasd_vs_control": None})["vasd"].endswith("(no equal-compute control)")
+    assert stage_names(cfg)["vasd"] == STAGE_NAMES["vasd"]  # no tests (no stage 2 evaluated yet): no verdict
