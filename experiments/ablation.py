@@ -76,16 +76,18 @@ from fic.training.checkpoints import complete_checkpoints, step_of
 @dataclass
 class AblationSection:
     variants: dict[str, list[str]] = setting({
-        # over demo.yaml's vasd section: final-reply VASD, answer-hinted teacher, 1e-4 cosine, rollouts at 0.3
-        "vasd-hinted": [],
+        # over demo.yaml's vasd section (final-reply VASD, full-view teacher, 1e-4 cosine, rollouts at 0.3); the
+        # answer-hinted teacher named where the 2026-12-04/05 ablation ran with it, when the demo shipped it
+        "vasd-hinted": ["teacher.view=gold-hinted"],
         "vasd-full-view": ["teacher.view=full", "loss.max_log_ratio=0"],  # the paper's teacher
-        "vasd-hinted-decision": ["terms.turns.replies=all", "terms.turns.nonfinal_tokens=4", "train.max_steps=28"],
-        "vasd-labels": ["terms.labels.weight=1.0", "terms.labels.select=unanswerable", "terms.labels.max_turns=8",
-                        "train.max_steps=28"],
-        "corrections": ["loss.weight=0", "terms.corrections.weight=1.0"],
+        "vasd-hinted-decision": ["teacher.view=gold-hinted", "terms.turns.replies=all", "terms.turns.nonfinal_tokens=4",
+                                 "train.max_steps=28"],
+        "vasd-labels": ["teacher.view=gold-hinted", "terms.labels.weight=1.0", "terms.labels.select=unanswerable",
+                        "terms.labels.max_turns=8", "train.max_steps=28"],
+        "corrections": ["teacher.view=gold-hinted", "loss.weight=0", "terms.corrections.weight=1.0"],
         # the dev arm ahead of its control in every seed (45-25, 34-26, 34-27); its 16 rollouts a step in student
         # micro-batches of 2 x 8, not 4 x 4: the same update, a peak of 7,061 MiB against 9,575 over its 17 steps
-        "reward": ["loss.weight=0", "terms.reward.weight=1.0", "terms.reward.penalize=unanswerable",
+        "reward": ["teacher.view=gold-hinted", "loss.weight=0", "terms.reward.weight=1.0", "terms.reward.penalize=unanswerable",
                    "terms.reward.unanswered_reward=-0.5", "terms.reference.weight=1.0", "rollout.temperature=0.7",
                    "train.micro_batch_size=2", "train.grad_accum_steps=8", "train.max_steps=17"],
     }, "Name -> overrides of the vasd section (e.g. [terms.turns.replies=all]); each variant trains from the same SFT "

@@ -99,9 +99,9 @@ def test_a_cpu_without_fast_bf16_is_not_priced_from_the_reference_machine(tmp_pa
 
 
 def test_variants_that_come_to_the_same_settings_are_refused_before_anything_runs(tmp_path, capsys):
-    # demo.yaml's vasd section already has the hinted teacher, so [] and [teacher.view=gold-hinted] are one run
+    # demo.yaml's vasd section already has the full-view teacher, so [] and [teacher.view=full] are one run
     code = ablation.main(["--recipes", str(RECIPES), "--dry-run", f"out={tmp_path / 'demo'}",
-                          "ablation.variants={plain: [], labels: [teacher.view=gold-hinted]}"])
+                          "ablation.variants={plain: [], labels: [teacher.view=full]}"])
     err = capsys.readouterr().err
     assert code == 2
     assert "field 'ablation.variants'" in err and "variants plain and labels come to the same vasd settings" in err
