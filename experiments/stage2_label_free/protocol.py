@@ -254,12 +254,13 @@ def prepare(run: Path, out: Path, seeds: list[int], v_steps: int, lrs: list[str]
     sh.append(f"C2_RATE=$({me} choose --out {out} --arm c2 --seed {first} --lrs {rates})")
     for seed in later:
         sh += sft_arm("c2", "$C2_RATE", seed)
+    # H before C1's rates: the positive control tells more than a control's rate sweep
+    sh += ["", "# H, one seed: the hinted teacher reads B-train's true gold (the positive control).",
+           f"train h-s0 {arms}/h-s0 fic train vasd --config {configs}/h-s0.yaml", *evaluated("h-s0")]
     sh += ["", "# C1, one seed, its rate chosen the same way (decide reads the choice again)."]
     for lr in lrs:
         sh += sft_arm("c1", lr, first)
-    sh += ["", "# H, one seed: the hinted teacher reads B-train's true gold (the positive control).",
-           f"train h-s0 {arms}/h-s0 fic train vasd --config {configs}/h-s0.yaml", *evaluated("h-s0"),
-           f"{me} report --out {out} --seeds {' '.join(map(str, seeds))} --lrs {rates}",
+    sh += ["", f"{me} report --out {out} --seeds {' '.join(map(str, seeds))} --lrs {rates}",
            f"{me} decide --out {out} --seeds {' '.join(map(str, seeds))} --lrs {rates}", "",
            f"# Each loss term's gradient norm: V seed {first} again with logging.term_grad_norms_every=4 and no held-out",
            "# measuring (neither changes an update: its weights must equal V's, so the norms are V's own).",

@@ -251,13 +251,13 @@ def test_the_pilot_stops_when_v_gains_less_than_three_points_on_s(tmp_path):
 
 def test_arms_sh_runs_v_in_every_seed_then_each_controls_rates_in_the_first_then_its_chosen_rate(tmp_path):
     """Seeds 0, 1, 2 and rates a, b: V's three seeds before any control; C2 at both rates in seed 0,
-    `choose` after both are evaluated, seeds 1 and 2 at the chosen rate; C1 in seed 0 only; decide;
+    `choose` after both are evaluated, seeds 1 and 2 at the chosen rate; H; C1 in seed 0 only; decide;
     then V seed 0 again for each term's gradient norm, its weights compared with V's."""
     script = protocol.prepare(tmp_path / "run", tmp_path / "out", seeds=[0, 1, 2], v_steps=32, lrs=["1.0e-4", "2.0e-4"])
     lines = [line for line in script.read_text().split("\nS=", 1)[1].splitlines() if line and not line.startswith("#")]
     trained = [line.split()[1] for line in lines if line.startswith("train ")]
     assert trained == ["v-s0", "v-s1", "v-s2", "c2-lr1.0e-4-s0", "c2-lr2.0e-4-s0", "c2-lr$C2_RATE-s1",
-                       "c2-lr$C2_RATE-s2", "c1-lr1.0e-4-s0", "c1-lr2.0e-4-s0", "h-s0", "v-s0-norms"]
+                       "c2-lr$C2_RATE-s2", "h-s0", "c1-lr1.0e-4-s0", "c1-lr2.0e-4-s0", "v-s0-norms"]
     choose = next(i for i, line in enumerate(lines) if line.startswith("C2_RATE="))
     evaluated = [i for i, line in enumerate(lines) if "eval/c2-lr" in line and "-s0" in line]
     assert max(evaluated) < choose < next(i for i, line in enumerate(lines) if line.startswith("train c2-lr$C2_RATE"))
