@@ -128,7 +128,9 @@ def estimate(cfg: Any, stage: str, done: dict[str, dict], control: float | None 
         return None
     if stage == "control" and control is None:
         vasd = unit_cost("vasd", done)
-        control = cfg.control_steps or (vasd and cfg.vasd.train.max_steps * vasd["seconds"] / cost["seconds"]) or 0.0
+        if not cfg.control_steps and vasd is None:
+            return None  # its steps are what VASD's time buys: unknown until a VASD stage has run here
+        control = cfg.control_steps or cfg.vasd.train.max_steps * vasd["seconds"] / cost["seconds"]
     seconds = units(cfg, stage, control) * cost["seconds"] + dev_curve
     return {"minutes": seconds / 60, "peak_mb": cost["peak_mb"], "source": cost["source"]}
 

@@ -35,6 +35,19 @@ def test_stages_are_priced_only_from_what_finished_here(tmp_path):
     assert sft["minutes"] * 60 == pytest.approx(13.0 * cfg.sft.train.max_steps + 0.5 * conversations)
 
 
+def test_the_control_is_priced_only_once_its_steps_are_known(tmp_path):
+    """Its steps are what VASD's time buys at SFT's cost a step: before a VASD stage ran here it is not
+    priced (2026-12-08's rerun printed "about 0 min" for it), unless `control_steps` fixes them."""
+    cfg = load_demo(str(RECIPES), [f"out={tmp_path}"])
+    sft = {"stage": "sft", "seconds": 2000.0, "units": 200, "peak_rss_mb": 4096}
+    assert costs.estimate(cfg, "control", {"sft": sft}) is None
+    vasd = {"stage": "vasd", "seconds": 1000.0, "units": 32, "peak_rss_mb": 6000}
+    bought = cfg.vasd.train.max_steps * (1000.0 / 32) / 10.0  # VASD's seconds over SFT's 10 s a step
+    assert costs.estimate(cfg, "control", {"sft": sft, "vasd": vasd})["minutes"] * 60 == pytest.approx(10.0 * bought)
+    fixed = load_demo(str(RECIPES), [f"out={tmp_path}", "control_steps=30"])
+    assert costs.estimate(fixed, "control", {"sft": sft})["minutes"] == pytest.approx(30 * 10.0 / 60)
+
+
 def test_the_plan_says_the_load_at_start_and_what_it_does_to_a_stage(tmp_path):
     """A quiet machine's plan says nothing of load; a loaded one says the load and the slow-down, priced
     stages or none (the smoke run took 15 min quiet and 2 h under a load of 4-8 on 2 cores)."""
