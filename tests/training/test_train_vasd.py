@@ -166,6 +166,29 @@ def test_measuring_each_terms_gradient_norm_leaves_every_update_as_it_was(tiny_m
     assert measured.keys() == plain.keys() and all(torch.equal(measured[k], plain[k]) for k in plain)
 
 
+@pytest.mark.slow  # two runs compared weight by weight
+def test_the_held_out_measuring_leaves_every_update_as_it_was(tiny_model_dir, anchor_corpus, tmp_path):
+    """The held-out divergence plays its tasks with the rollouts' generator before step 1 and after
+    each step; an equal-compute control leaves its cost out, so it must not change what training
+    does: the same losses, rollouts and final weights as a run that measured nothing."""
+    from safetensors.torch import load_file
+
+    common = ("train.max_steps=2", "checkpoint.every=0", "anchor.share=0.5", "rollout.temperature=1.0",
+              "dev.data.source=reasoning-gym:gsm_symbolic", "dev.data.limit=2", "dev.views=[]")
+    runs = {}
+    for name, every in (("plain", 0), ("measured", 1)):
+        runs[name] = tmp_path / name
+        train(load_config(VASDConfig, None, settings(tiny_model_dir, anchor_corpus, runs[name], *common,
+                                                     f"dev.every={every}")))
+    measured = [row for row in metrics(runs["measured"]) if row["step"] > 0]
+    assert [row["step"] for row in measured] == [1, 2] and "dev_divergence_per_token" in measured[0]
+    for a, b in zip(measured, metrics(runs["plain"])):
+        assert (a["loss"], a["grad_norm"], a["answer_tokens"], a["rollout_tokens"]) == \
+            (b["loss"], b["grad_norm"], b["answer_tokens"], b["rollout_tokens"])
+    weights = {name: load_file(runs[name] / "final" / "model.safetensors") for name in runs}
+    assert all(torch.equal(weights["measured"][k], weights["plain"][k]) for k in weights["plain"])
+
+
 @pytest.mark.slow  # end to end: the recipe
 def test_fic_train_vasd_runs_the_shipped_recipe(tiny_model_dir, anchor_corpus, tmp_path, capsys):
     from fic.cli.main import main

@@ -41,6 +41,27 @@ def test_rollout_keys_and_values_are_forgotten_after_a_fused_optimizer_step(tiny
     assert again.token_ids == fresh.token_ids and again.logprobs == pytest.approx(fresh.logprobs, abs=1e-5)
 
 
+def test_the_held_out_play_leaves_no_keys_and_values_for_the_rollouts(tiny_model_dir, smollm2_tokenizer):
+    """The held-out rollouts share prefixes (the system turn) with the training rollouts after them;
+    reusing their keys and values, computed in another batch, rounds otherwise in bfloat16 than a
+    fresh prefill would, so the measuring would change what training samples. They are dropped."""
+    from fic.backends.hf import HFBackend
+    from fic.core.model import load_model
+    from fic.training.vasd.inputs import multi_turn_instances
+    from fic.training.vasd.rollouts import play_greedy
+
+    cfg = load_config(VASDConfig, None, ["model.path=unused", "train.max_steps=1", "anchor.share=0", "data.source=reasoning-gym:gsm_symbolic",
+                                         "rollout.max_new_tokens=4", "dev.every=1",
+                                         "dev.data.source=reasoning-gym:gsm_symbolic", "dev.data.limit=2"])
+    backend = HFBackend(load_model(tiny_model_dir, dtype="float32"), smollm2_tokenizer, kv_reuse_mb=64)
+    stored = []
+    put = backend.kv_store.put
+    backend.kv_store.put = lambda tokens, kv: (stored.append(len(tokens)), put(tokens, kv))[1]
+    convs = play_greedy(cfg, multi_turn_instances(cfg.dev.data, "dev.data"), backend)
+    assert len(convs) == 2 and all(conv.turns for conv in convs)
+    assert stored and not backend.kv_store.entries  # kept between its turns, gone once it is over
+
+
 def test_weight_sync_hands_the_engine_merged_lora_weights_under_its_own_names(tiny_model_dir):
     """vLLM is GPU-only; a stand-in engine with vLLM's attribute path and `load_weights` checks
     the part FiC owns: names without PEFT's prefixes, adapters merged into what the engine gets
