@@ -28,8 +28,8 @@ def play_greedy(cfg: Any, instances: list, generator: Any, ranks: Ranks | None =
          stop_at_correct=False, max_context=cfg.rollout.max_conversation_tokens, ranks=ranks)
     # The next rollouts would reuse these keys and values where prompts share a prefix (the system
     # turn, the tool list). Computed in another batch they round differently in bfloat16 from a fresh
-    # prefill, so a measured run would sample other tokens than an unmeasured one (2026-12-08: V's
-    # step 1 at loss 0.3524 measured, 0.3457 not): measuring must not change what training does.
+    # prefill, so a measured run would sample other tokens than an unmeasured one: measuring must not
+    # change what training does.
     if hasattr(generator, "weights_changed"):
         generator.weights_changed()
     return convs
