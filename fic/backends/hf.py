@@ -117,7 +117,8 @@ class HFBackend:
 
     def weights_changed(self) -> None:
         """Forget every stored key and value: the model was just updated (a trainer calls this
-        after each optimizer step; fused optimizers change weights without a trace)."""
+        after each optimizer step; fused optimizers change weights without a trace), or the calls
+        before must not shape the ones after (VASD's held-out play before its next rollouts)."""
         if self.kv_store is not None:
             self.kv_store.clear()
 

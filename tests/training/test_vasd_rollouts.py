@@ -50,9 +50,10 @@ def test_the_held_out_play_leaves_no_keys_and_values_for_the_rollouts(tiny_model
     from fic.training.vasd.inputs import multi_turn_instances
     from fic.training.vasd.rollouts import play_greedy
 
-    cfg = load_config(VASDConfig, None, ["model.path=unused", "train.max_steps=1", "anchor.share=0", "data.source=reasoning-gym:gsm_symbolic",
-                                         "rollout.max_new_tokens=4", "dev.every=1",
-                                         "dev.data.source=reasoning-gym:gsm_symbolic", "dev.data.limit=2"])
+    cfg = load_config(VASDConfig, None, ["model.path=unused", "train.max_steps=1", "anchor.share=0",
+                                         "data.source=reasoning-gym:gsm_symbolic", "rollout.max_new_tokens=4",
+                                         "dev.every=1", "dev.data.source=reasoning-gym:gsm_symbolic",
+                                         "dev.data.limit=2"])
     backend = HFBackend(load_model(tiny_model_dir, dtype="float32"), smollm2_tokenizer, kv_reuse_mb=64)
     stored = []
     put = backend.kv_store.put
